@@ -1,0 +1,26 @@
+#pragma once
+
+#include <string>
+
+#include <caf/fwd.hpp>
+
+#include <botmesh/actors/chat_services.hpp>
+
+namespace botmesh {
+
+/// Spawns the actor of one chat for `parent` (the router), which tells it
+/// when to exit.
+///
+/// Its mailbox is the chat's FIFO: it hands its queued messages (up to
+/// `max_batch`) to `chat_services::run_turns`, which runs them one after the
+/// other, and hands over more only when that batch reported done, so a chat's handlers never overlap and keep arrival order.
+/// It never blocks a CAF worker. Messages beyond `max_pending_per_chat` are
+/// refused with `errc::overloaded`. After `passivate_after` without messages
+/// it asks the router `(idle_atom, key, received)` and exits when allowed.
+///
+/// Protocol: `inbound_message`; `turn_done_atom`; `drain_atom` -> `bool`
+/// (replied once the queue is empty and no turn runs); `abandon_atom`.
+caf::actor spawn_chat(caf::event_based_actor* parent, std::string key,
+                      const router_config& cfg);
+
+} // namespace botmesh

@@ -1,0 +1,59 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/message.hpp>
+
+namespace botmesh {
+
+/// What the router and chat actors need from the runtime above them. The
+/// bot implements it; an application embedding the actors may too.
+///
+/// Every method is called from CAF worker threads and must return quickly
+/// without blocking.
+class chat_services {
+ public:
+  virtual ~chat_services();
+
+  /// Runs the turns of `batch` (consecutive messages of chat `key`, in
+  /// order, one after the other) off the CAF scheduler and returns at once.
+  /// `done` must be called exactly once, from any thread, when the last turn
+  /// has finished; the chat's next messages wait for it. A chat with a
+  /// backlog hands over several messages at once so the handoff to a handler
+  /// thread is paid once per batch, not per message. `first_of_activation`
+  /// is true when the batch starts the chat actor's (re)spawned life.
+  virtual void run_turns(const std::string& key,
+                         std::vector<inbound_message> batch,
+                         bool first_of_activation, std::function<void()> done)
+    = 0;
+
+  /// A message was refused without running: `errc::overloaded` (the chat's
+  /// pending queue is full) or `errc::stopped` (the bot is stopping).
+  virtual void refused(const std::string& key, inbound_message msg, errc code,
+                       std::string why) = 0;
+
+  /// A chat actor was spawned / passivated (for statistics).
+  virtual void chat_activated(const std::string& key);
+  virtual void chat_passivated(const std::string& key);
+};
+
+/// Settings of the router and its chat actors.
+struct router_config {
+  /// Not owned; must outlive the router.
+  chat_services* services = nullptr;
+  /// Messages a chat may hold waiting for its turn; more are refused with
+  /// `errc::overloaded`.
+  std::size_t max_pending_per_chat = 1000;
+  /// Most messages of one chat handed to a handler thread at once.
+  std::size_t max_batch = 64;
+  /// A chat actor with no message for this long is passivated (its actor
+  /// exits; the next message spawns a fresh one).
+  std::chrono::milliseconds passivate_after{60'000};
+};
+
+} // namespace botmesh

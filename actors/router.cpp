@@ -1,0 +1,129 @@
+#include <botmesh/actors/router.hpp>
+
+#include <memory>
+#include <unordered_map>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include <botmesh/actors/chat_actor.hpp>
+#include <botmesh/actors/messages.hpp>
+#include <botmesh/runtime/core/caf_error.hpp>
+#include <botmesh/runtime/core/checkpoint.hpp>
+
+
+namespace botmesh {
+
+namespace {
+
+struct chat_entry {
+  caf::actor handle;
+  std::uint64_t forwarded = 0; // messages sent to this activation
+};
+
+struct router_state {
+  router_config cfg;
+  std::unordered_map<std::string, chat_entry> chats;
+  bool draining = false;
+
+  static inline const char* name = "botmesh.router";
+};
+
+using router_actor_t = caf::stateful_actor<router_state>;
+
+caf::behavior router(router_actor_t* self, router_config cfg) {
+  self->state.cfg = cfg;
+  // Chat actors are not linked (unlinking costs O(links) per passivation):
+  // the router forwards its own exit to every live chat instead.
+  self->set_exit_handler([=](caf::exit_msg& msg) {
+    for (auto& [key, entry] : self->state.chats)
+      self->send_exit(entry.handle, msg.reason);
+    self->state.chats.clear();
+    self->quit(msg.reason);
+  });
+  return {
+    [=](inbound_message& msg) {
+      auto& st = self->state;
+      auto key = chat_key(msg);
+      if (st.draining) {
+        st.cfg.services->refused(key, std::move(msg), errc::stopped,
+                                 fmt::format("chat {}: the bot is stopping",
+                                             key));
+        return;
+      }
+      auto& entry = st.chats[key];
+      if (!entry.handle) {
+        entry.handle = spawn_chat(self, key, st.cfg);
+        st.cfg.services->chat_activated(key);
+      }
+      ++entry.forwarded;
+      self->send(entry.handle, std::move(msg));
+    },
+    // A chat may exit only if it has seen everything forwarded to it;
+    // otherwise a message is on its way and the chat stays.
+    [=](idle_atom, const std::string& key, std::uint64_t received) {
+      auto& st = self->state;
+      auto i = st.chats.find(key);
+      if (i == st.chats.end() || i->second.forwarded != received
+          || i->second.handle != self->current_sender())
+        return false;
+      st.chats.erase(i);
+      st.cfg.services->chat_passivated(key);
+      return true;
+    },
+    [=](live_atom) { return self->state.chats.size(); },
+    [=](drain_atom, std::chrono::milliseconds bound) -> caf::result<bool> {
+      auto& st = self->state;
+      st.draining = true;
+      if (st.chats.empty())
+        return true;
+      auto rp = self->make_response_promise<bool>();
+      struct progress {
+        std::size_t pending;
+        bool all_drained = true;
+      };
+      auto prog = std::make_shared<progress>(progress{st.chats.size()});
+      auto finish_one = [rp, prog]() mutable {
+        if (--prog->pending == 0)
+          rp.deliver(prog->all_drained);
+      };
+      for (auto& [key, entry] : st.chats) {
+        auto chat = entry.handle;
+        self->request(chat, bound, drain_atom::value)
+          .then([finish_one](bool) mutable { finish_one(); },
+                [=](caf::error&) mutable {
+                  // Timed out (or the chat is gone): refuse what it still holds.
+                  prog->all_drained = false;
+                  self->send(chat, abandon_atom::value);
+                  finish_one();
+                });
+      }
+      return rp;
+    },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_router(caf::actor_system& sys, router_config cfg) {
+  return sys.spawn(router, cfg);
+}
+
+void configure_actor_system(caf::actor_system_config& cfg) {
+  cfg.add_message_type<inbound_message>("botmesh.inbound_message");
+  cfg.add_message_type<outgoing_message>("botmesh.outgoing_message");
+  cfg.add_message_type<flow_checkpoint>("botmesh.flow_checkpoint");
+  cfg.add_error_category(error_category::value,
+                         [](uint8_t code, caf::atom_value,
+                            const caf::message& msg) {
+                           auto name = to_string(static_cast<errc>(code));
+                           std::string ctx;
+                           if (msg.match_elements<std::string>())
+                             ctx = msg.get_as<std::string>(0);
+                           return ctx.empty()
+                                    ? fmt::format("botmesh.{}", name)
+                                    : fmt::format("botmesh.{}: {}", name, ctx);
+                         });
+}
+
+} // namespace botmesh

@@ -1,0 +1,537 @@
+#include <botmesh/runtime/bot.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include <botmesh/actors/messages.hpp>
+#include <botmesh/actors/router.hpp>
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/internal/worker_pool.hpp>
+#include <botmesh/stores/memory_store.hpp>
+
+namespace botmesh {
+
+namespace {
+
+bool ascii_iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size())
+    return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto x = static_cast<unsigned char>(a[i]);
+    auto y = static_cast<unsigned char>(b[i]);
+    if (x < 0x80)
+      x = static_cast<unsigned char>(std::tolower(x));
+    if (y < 0x80)
+      y = static_cast<unsigned char>(std::tolower(y));
+    if (x != y)
+      return false;
+  }
+  return true;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
+    s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.remove_suffix(1);
+  return s;
+}
+
+struct route {
+  enum kind_t { any, keywords, pattern } kind;
+  std::vector<std::string> words;
+  std::regex re;
+  handler fn;
+};
+
+template <class Event>
+using listeners = std::vector<std::function<void(const Event&)>>;
+
+template <class Event>
+void emit(const listeners<Event>& ls, const Event& ev) {
+  for (auto& f : ls) {
+    try {
+      f(ev);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "botmesh: an event listener threw: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "botmesh: an event listener threw\n");
+    }
+  }
+}
+
+} // namespace
+
+struct bot::impl final : chat_services, provider_host {
+  impl(bot& owner, bot_options o) : self(owner), opts(std::move(o)) {
+    if (!opts.provider)
+      throw invalid_argument_error("provider",
+                                   "bot_options.provider is required");
+    if (!opts.store)
+      opts.store = std::make_shared<memory_store>();
+    if (opts.max_pending_per_chat == 0)
+      throw invalid_argument_error(
+        "max_pending_per_chat", "bot_options.max_pending_per_chat must be > 0");
+    if (opts.passivate_after.count() <= 0)
+      throw invalid_argument_error("passivate_after",
+                                   "bot_options.passivate_after must be > 0");
+    provider_id = opts.provider->id();
+  }
+
+  // -- owned actor system ----------------------------------------------------
+
+  void own_system() {
+    cfg = std::make_unique<caf::actor_system_config>();
+    auto threads = opts.scheduler_threads != 0
+                     ? opts.scheduler_threads
+                     : std::max(2u, std::thread::hardware_concurrency());
+    cfg->set("scheduler.max-threads", threads);
+    cfg->set("scheduler.max-throughput", std::max<size_t>(1, opts.max_throughput));
+    configure_actor_system(*cfg);
+    owned_sys = std::make_unique<caf::actor_system>(*cfg);
+    sys = owned_sys.get();
+  }
+
+  // -- chat_services ---------------------------------------------------------
+
+  void run_turns(const std::string& key, std::vector<inbound_message> batch,
+                 bool first, std::function<void()> done) override {
+    pool->post([this, key, batch = std::move(batch), first,
+                done = std::move(done)]() mutable {
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        // Past the stop bound, the rest of the batch is refused like the
+        // messages still queued in the chat actor.
+        if (stop_source.stop_requested()) {
+          refused(key, std::move(batch[i]), errc::stopped,
+                  fmt::format("chat {}: the bot stopped before this "
+                              "message's turn",
+                              key));
+          continue;
+        }
+        turn(key, batch[i], first && i == 0);
+      }
+      done();
+    });
+  }
+
+  void refused(const std::string& key, inbound_message msg, errc code,
+               std::string why) override {
+    if (code == errc::overloaded)
+      ++refused_overload;
+    else
+      ++refused_stopped;
+    raise(code, std::move(why), key, std::move(msg));
+  }
+
+  void chat_activated(const std::string&) override {
+    ++activations;
+  }
+
+  void chat_passivated(const std::string&) override {
+    ++passivations;
+  }
+
+  // -- provider_host ---------------------------------------------------------
+
+  void deliver(inbound_message msg) override {
+    if (msg.provider.empty())
+      msg.provider = provider_id;
+    if (msg.id.empty())
+      msg.id = fmt::format("{}-{}", provider_id, ++next_id);
+    if (msg.timestamp == time_point{})
+      msg.timestamp = clock::system().now();
+    try {
+      validate(msg, opts.limits);
+    } catch (const invalid_argument_error& e) {
+      ++refused_invalid;
+      auto key = msg.chat.empty() ? std::string{} : chat_key(msg);
+      raise(errc::invalid_argument, e.what(), std::move(key), std::move(msg));
+      return;
+    }
+    if (!accepting.load()) {
+      ++refused_stopped;
+      auto key = chat_key(msg);
+      raise(errc::stopped,
+            fmt::format("chat {}: message arrived while the bot is stopped",
+                        key),
+            key, std::move(msg));
+      return;
+    }
+    ++received;
+    caf::anon_send(router_handle, std::move(msg));
+  }
+
+  void state_changed(provider_state) override {
+    // nop: transport state matters once coordination elects leaders
+  }
+
+  void input_closed() override {
+    std::lock_guard guard{run_mtx};
+    input_done = true;
+    run_cv.notify_all();
+  }
+
+  // -- turns -----------------------------------------------------------------
+
+  void turn(const std::string& key, const inbound_message& msg, bool first) {
+    if (opts.log_messages) {
+      try {
+        if (first)
+          record_chat(key, msg);
+        opts.store->append_message(
+          key, logged_message{0, direction::in, msg.id, msg.sender, msg.text,
+                              msg.type, msg.timestamp});
+      } catch (const std::exception& e) {
+        raise(errc::store_error,
+              fmt::format("chat {}: recording message {} failed: {}", key,
+                          msg.id, e.what()),
+              key, msg);
+      }
+    }
+    emit(on_in, events::message_in{key, msg});
+    try {
+      dispatch(key, msg);
+    } catch (const std::exception& e) {
+      ++handler_errors;
+      raise(errc::handler_failed,
+            fmt::format("chat {}: handler failed on message {}: {}", key,
+                        msg.id, e.what()),
+            key, msg);
+    } catch (...) {
+      ++handler_errors;
+      raise(errc::handler_failed,
+            fmt::format("chat {}: handler failed on message {}", key, msg.id),
+            key, msg);
+    }
+    ++handled;
+  }
+
+  void record_chat(const std::string& key, const inbound_message& msg) {
+    chat_record rec;
+    if (auto old = opts.store->get_chat(key))
+      rec = std::move(*old);
+    rec.key = key;
+    rec.provider = msg.provider;
+    rec.chat = msg.chat;
+    rec.participant = msg.participant;
+    rec.last_message_at = msg.timestamp;
+    if (rec.created_at == time_point{})
+      rec.created_at = msg.timestamp;
+    opts.store->save_chat(rec);
+  }
+
+  void dispatch(const std::string& key, const inbound_message& msg) {
+    context ctx{self, key, msg};
+    auto text = trim(msg.text);
+    for (auto& r : routes) {
+      switch (r.kind) {
+        case route::any:
+          r.fn(ctx);
+          return;
+        case route::keywords:
+          for (auto& w : r.words) {
+            if (ascii_iequals(text, w)) {
+              r.fn(ctx);
+              return;
+            }
+          }
+          break;
+        case route::pattern: {
+          std::smatch m;
+          if (std::regex_search(msg.text, m, r.re)) {
+            for (auto& g : m)
+              ctx.matches_.push_back(g.str());
+            r.fn(ctx);
+            return;
+          }
+          break;
+        }
+      }
+    }
+  }
+
+  void send(outgoing_message msg, const std::string* key) {
+    if (msg.chat.empty())
+      throw invalid_argument_error("chat", "send: the chat must not be empty");
+    msg.provider = provider_id;
+    try {
+      opts.provider->send(msg);
+    } catch (const botmesh::error&) {
+      ++send_errors;
+      throw;
+    } catch (const std::exception& e) {
+      ++send_errors;
+      throw botmesh::error(errc::provider_error,
+                           fmt::format("send to {} failed: {}", msg.chat,
+                                       e.what()));
+    }
+    ++sent;
+    if (opts.log_messages) {
+      auto k = key ? *key : chat_key(msg.provider, msg.chat);
+      try {
+        opts.store->append_message(
+          k, logged_message{0, direction::out, msg.reply_to, {}, msg.text,
+                            message_type::text, clock::system().now()});
+      } catch (const std::exception& e) {
+        raise(errc::store_error,
+              fmt::format("chat {}: recording an outgoing message failed: {}",
+                          k, e.what()),
+              k, std::nullopt);
+      }
+    }
+    emit(on_out, events::message_out{msg});
+  }
+
+  void raise(errc code, std::string what, std::string key,
+             std::optional<inbound_message> msg) {
+    emit(on_error, events::error{code, std::move(what), std::move(key),
+                                 std::move(msg)});
+  }
+
+  void check_not_started() const {
+    if (started)
+      throw invalid_argument_error(
+        "handler", "handlers and listeners must be registered before start()");
+  }
+
+  bot& self;
+  bot_options opts;
+  std::string provider_id;
+
+  std::unique_ptr<caf::actor_system_config> cfg;
+  std::unique_ptr<caf::actor_system> owned_sys;
+  caf::actor_system* sys = nullptr;
+  caf::actor router_handle;
+  std::unique_ptr<internal::worker_pool> pool;
+  std::stop_source stop_source;
+
+  std::vector<route> routes;
+  listeners<events::error> on_error;
+  listeners<events::message_in> on_in;
+  listeners<events::message_out> on_out;
+
+  std::mutex lifecycle_mtx;
+  bool started = false;
+  bool stopped = false;
+  std::atomic<bool> accepting{false};
+
+  std::mutex run_mtx;
+  std::condition_variable run_cv;
+  bool input_done = false;
+  bool stop_requested = false;
+
+  std::atomic<std::uint64_t> next_id{0};
+  std::atomic<std::uint64_t> received{0}, handled{0}, refused_invalid{0},
+    refused_overload{0}, refused_stopped{0}, handler_errors{0}, sent{0},
+    send_errors{0}, activations{0}, passivations{0};
+};
+
+// -- context ------------------------------------------------------------------
+
+void context::reply(std::string_view text) {
+  outgoing_message out;
+  out.chat = msg_.chat;
+  out.text = std::string{text};
+  out.reply_to = msg_.id;
+  bot_.impl_->send(std::move(out), &key_);
+}
+
+botmesh::store& context::store() noexcept {
+  return *bot_.impl_->opts.store;
+}
+
+std::stop_token context::stop_token() const noexcept {
+  return bot_.impl_->stop_source.get_token();
+}
+
+// -- bot ----------------------------------------------------------------------
+
+bot::bot(bot_options opts) : impl_(std::make_unique<impl>(*this, std::move(opts))) {
+  impl_->own_system();
+}
+
+bot::bot(caf::actor_system& sys, bot_options opts)
+  : impl_(std::make_unique<impl>(*this, std::move(opts))) {
+  impl_->sys = &sys;
+}
+
+bot::~bot() {
+  stop();
+  // An owned system waits for its actors in its destructor; the router exits
+  // in stop(), taking its linked chat actors along.
+  impl_->owned_sys.reset();
+}
+
+bot& bot::on_message(handler h) {
+  impl_->check_not_started();
+  impl_->routes.push_back(route{route::any, {}, {}, std::move(h)});
+  return *this;
+}
+
+bot& bot::hears(std::string keyword, handler h) {
+  return hears(std::vector<std::string>{std::move(keyword)}, std::move(h));
+}
+
+bot& bot::hears(std::vector<std::string> keywords, handler h) {
+  impl_->check_not_started();
+  if (keywords.empty())
+    throw invalid_argument_error("keywords", "hears: no keyword given");
+  for (auto& k : keywords) {
+    auto t = trim(k);
+    if (t.empty())
+      throw invalid_argument_error("keywords", "hears: empty keyword");
+    k = std::string{t};
+  }
+  impl_->routes.push_back(
+    route{route::keywords, std::move(keywords), {}, std::move(h)});
+  return *this;
+}
+
+bot& bot::hears(std::initializer_list<const char*> keywords, handler h) {
+  return hears(std::vector<std::string>(keywords.begin(), keywords.end()),
+               std::move(h));
+}
+
+bot& bot::hears(std::regex pattern, handler h) {
+  impl_->check_not_started();
+  impl_->routes.push_back(
+    route{route::pattern, {}, std::move(pattern), std::move(h)});
+  return *this;
+}
+
+template <>
+bot& bot::on<events::error>(std::function<void(const events::error&)> f) {
+  impl_->check_not_started();
+  impl_->on_error.push_back(std::move(f));
+  return *this;
+}
+
+template <>
+bot& bot::on<events::message_in>(
+  std::function<void(const events::message_in&)> f) {
+  impl_->check_not_started();
+  impl_->on_in.push_back(std::move(f));
+  return *this;
+}
+
+template <>
+bot& bot::on<events::message_out>(
+  std::function<void(const events::message_out&)> f) {
+  impl_->check_not_started();
+  impl_->on_out.push_back(std::move(f));
+  return *this;
+}
+
+void bot::start() {
+  std::lock_guard guard{impl_->lifecycle_mtx};
+  if (impl_->started)
+    return;
+  impl_->opts.store->start();
+  auto cores = std::max(2u, std::thread::hardware_concurrency());
+  impl_->pool = std::make_unique<internal::worker_pool>(
+    cores, std::max<std::size_t>(1, impl_->opts.handler_threads));
+  router_config rc;
+  rc.services = impl_.get();
+  rc.max_pending_per_chat = impl_->opts.max_pending_per_chat;
+  rc.passivate_after = impl_->opts.passivate_after.ms();
+  impl_->router_handle = spawn_router(*impl_->sys, rc);
+  impl_->started = true;
+  impl_->accepting = true;
+  impl_->opts.provider->start(*impl_);
+}
+
+void bot::stop() {
+  std::lock_guard guard{impl_->lifecycle_mtx};
+  if (!impl_->started || impl_->stopped)
+    return;
+  impl_->stopped = true;
+  {
+    std::lock_guard run_guard{impl_->run_mtx};
+    impl_->stop_requested = true;
+    impl_->run_cv.notify_all();
+  }
+  // 1. No more intake: later deliveries are refused. The transport stays up
+  //    while draining, so turns in flight can still answer.
+  impl_->accepting = false;
+  // 2. Let every chat finish its queue within the bound.
+  auto bound = impl_->opts.stop_timeout.ms();
+  bool drained = false;
+  {
+    caf::scoped_actor self{*impl_->sys};
+    self->request(impl_->router_handle, bound + std::chrono::seconds(5),
+                  drain_atom::value, bound)
+      .receive([&](bool all) { drained = all; },
+               [&](caf::error&) { drained = false; });
+  }
+  // 3. Past the bound, running handlers are asked to give up; then wait for them.
+  if (!drained)
+    impl_->stop_source.request_stop();
+  impl_->pool->shutdown();
+  impl_->opts.provider->stop();
+  caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
+}
+
+int bot::run() {
+  start();
+  {
+    std::unique_lock guard{impl_->run_mtx};
+    impl_->run_cv.wait(guard, [this] {
+      return impl_->input_done || impl_->stop_requested;
+    });
+  }
+  stop();
+  return 0;
+}
+
+void bot::send(std::string_view chat, std::string_view text) {
+  outgoing_message msg;
+  msg.chat = std::string{chat};
+  msg.text = std::string{text};
+  impl_->send(std::move(msg), nullptr);
+}
+
+void bot::send(outgoing_message msg) {
+  impl_->send(std::move(msg), nullptr);
+}
+
+bot_stats bot::stats() const {
+  bot_stats s;
+  auto& i = *impl_;
+  s.received = i.received;
+  s.handled = i.handled;
+  s.refused_invalid = i.refused_invalid;
+  s.refused_overload = i.refused_overload;
+  s.refused_stopped = i.refused_stopped;
+  s.handler_errors = i.handler_errors;
+  s.sent = i.sent;
+  s.send_errors = i.send_errors;
+  s.activations = i.activations;
+  s.passivations = i.passivations;
+  s.live_chats = s.activations - s.passivations;
+  return s;
+}
+
+caf::actor_system& bot::system() noexcept {
+  return *impl_->sys;
+}
+
+caf::actor bot::router() const {
+  return impl_->router_handle;
+}
+
+botmesh::store& bot::store() noexcept {
+  return *impl_->opts.store;
+}
+
+botmesh::provider& bot::provider() noexcept {
+  return *impl_->opts.provider;
+}
+
+} // namespace botmesh

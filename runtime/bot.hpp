@@ -1,0 +1,221 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <regex>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <caf/fwd.hpp>
+
+#include <botmesh/providers/provider.hpp>
+#include <botmesh/runtime/core/duration.hpp>
+#include <botmesh/runtime/core/message.hpp>
+#include <botmesh/runtime/events.hpp>
+#include <botmesh/stores/store.hpp>
+
+namespace botmesh {
+
+class bot;
+
+/// What a handler gets for one message. Valid only during the handler call.
+class context {
+ public:
+  const inbound_message& message() const noexcept {
+    return msg_;
+  }
+
+  const std::string& text() const noexcept {
+    return msg_.text;
+  }
+
+  /// The chat key (`provider:chat[:participant]`).
+  const std::string& key() const noexcept {
+    return key_;
+  }
+
+  /// For regex handlers: the whole match and its groups; empty otherwise.
+  const std::vector<std::string>& matches() const noexcept {
+    return matches_;
+  }
+
+  /// Sends `text` to this message's chat. Throws `botmesh::error`
+  /// (`errc::provider_error`) when the provider fails.
+  void reply(std::string_view text);
+
+  botmesh::store& store() noexcept;
+
+  botmesh::bot& bot() noexcept {
+    return bot_;
+  }
+
+  /// Fires when the bot's stop bound runs out while this turn still runs:
+  /// a long handler should give up then.
+  std::stop_token stop_token() const noexcept;
+
+ private:
+  friend class bot;
+
+  context(botmesh::bot& b, const std::string& key, const inbound_message& msg)
+    : bot_(b), key_(key), msg_(msg) {
+    // nop
+  }
+
+  botmesh::bot& bot_;
+  const std::string& key_;
+  const inbound_message& msg_;
+  std::vector<std::string> matches_;
+};
+
+/// A message handler. It may block (I/O): it runs on the bot's handler
+/// threads, never on a CAF worker. An exception it throws becomes an
+/// `events::error` with `errc::handler_failed`; the chat goes on.
+using handler = std::function<void(context&)>;
+
+struct bot_options {
+  /// The transport. Required.
+  std::shared_ptr<botmesh::provider> provider{};
+  /// Persistent state; a fresh `memory_store` when null. The bot starts it
+  /// but never stops it (a store may be shared by several bots).
+  std::shared_ptr<botmesh::store> store{};
+  /// A chat with no message for this long gives its actor back; the next
+  /// message spawns a new one transparently.
+  duration passivate_after = "1m";
+  /// Messages one chat may hold waiting for its turn; more are refused with
+  /// an `events::error` (`errc::overloaded`).
+  std::size_t max_pending_per_chat = 1000;
+  /// Limits checked on every inbound message (refused with `errc::invalid_argument`).
+  message_limits limits{};
+  /// Most threads that run handlers: the most turns of different chats that
+  /// can block at once. The pool starts with one thread per core and adds
+  /// threads only while every running handler is stuck (blocking I/O), so
+  /// short handlers do not pay for contention between idle threads.
+  std::size_t handler_threads = 64;
+  /// How long `stop()` waits for queued and running turns.
+  duration stop_timeout = "10s";
+  /// Record chats and every inbound/outbound message in the store.
+  bool log_messages = true;
+  /// Only when the bot owns its actor system: CAF worker threads (0 = one
+  /// per core) and messages an actor may handle before yielding its worker
+  /// (finite, so one busy chat cannot starve the others).
+  std::size_t scheduler_threads = 0;
+  std::size_t max_throughput = 32;
+};
+
+/// Counters since construction.
+struct bot_stats {
+  std::uint64_t received = 0;         ///< accepted by intake
+  std::uint64_t handled = 0;          ///< turns completed
+  std::uint64_t refused_invalid = 0;  ///< failed validation
+  std::uint64_t refused_overload = 0; ///< over max_pending_per_chat
+  std::uint64_t refused_stopped = 0;  ///< arrived while stopping
+  std::uint64_t handler_errors = 0;
+  std::uint64_t sent = 0;
+  std::uint64_t send_errors = 0;
+  std::uint64_t activations = 0;  ///< chat actors spawned
+  std::uint64_t passivations = 0; ///< chat actors passivated
+  std::uint64_t live_chats = 0;   ///< activations - passivations
+};
+
+/// A chat bot: a provider, a store, handlers, and the actors that order
+/// each chat's messages.
+///
+/// Guarantees: the messages of one chat run their handlers one at a time,
+/// in the order they reached the bot; different chats run in parallel (up
+/// to `handler_threads` at once). No message is dropped silently: every
+/// refused message raises an `events::error` and a counter.
+///
+/// Handlers and event listeners are registered before `start()`; after it,
+/// registering throws `invalid_argument_error` (field "handler").
+class bot {
+ public:
+  /// A bot that owns its `caf::actor_system`. Throws `invalid_argument_error`
+  /// (field "provider") without a provider.
+  explicit bot(bot_options opts);
+
+  /// A bot inside an application's actor system (which must outlive it).
+  bot(caf::actor_system& sys, bot_options opts);
+
+  /// Stops (see `stop`).
+  ~bot();
+
+  bot(const bot&) = delete;
+  bot& operator=(const bot&) = delete;
+
+  /// Handles every message no earlier-registered handler matched.
+  bot& on_message(handler h);
+
+  /// Handles a message whose trimmed text equals `keyword`, ignoring ASCII case.
+  bot& hears(std::string keyword, handler h);
+
+  /// Same, for any of several keywords.
+  bot& hears(std::vector<std::string> keywords, handler h);
+
+  /// Same, for a braced list: `hears({"hola", "buenas"}, h)`.
+  bot& hears(std::initializer_list<const char*> keywords, handler h);
+
+  /// Handles a message whose text contains a match of `pattern`.
+  bot& hears(std::regex pattern, handler h);
+
+  /// Subscribes to an event type: `events::error`, `events::message_in`,
+  /// `events::message_out`.
+  template <class Event>
+  bot& on(std::function<void(const Event&)> listener);
+
+  /// Starts the store, the actors and the provider. Idempotent.
+  void start();
+
+  /// Graceful stop: stops intake (later messages are refused as
+  /// `errc::stopped`), waits up to `stop_timeout` for queued and running
+  /// turns (the transport stays up so they can answer), then refuses what
+  /// is still queued, fires the handlers' stop token, waits for running
+  /// handlers to return and stops the provider. Idempotent.
+  void stop();
+
+  /// `start()`, then waits until the provider's input ends or `stop()` is
+  /// called from elsewhere, then `stop()`. Returns 0.
+  int run();
+
+  /// Sends `text` to `chat` (a chat id of this bot's provider). Throws
+  /// `botmesh::error` (`errc::provider_error`) when the provider fails and
+  /// `invalid_argument_error` for an empty chat.
+  void send(std::string_view chat, std::string_view text);
+
+  /// Sends a prepared message (its provider is set to this bot's).
+  void send(outgoing_message msg);
+
+  bot_stats stats() const;
+
+  /// The actor system the bot runs in.
+  caf::actor_system& system() noexcept;
+
+  /// The router actor (see actors/router.hpp), for applications that talk
+  /// to the bot through CAF. Valid after `start()`.
+  caf::actor router() const;
+
+  botmesh::store& store() noexcept;
+  botmesh::provider& provider() noexcept;
+
+  struct impl;
+
+ private:
+  friend class context;
+
+  std::unique_ptr<impl> impl_;
+};
+
+template <>
+bot& bot::on<events::error>(std::function<void(const events::error&)>);
+template <>
+bot& bot::on<events::message_in>(
+  std::function<void(const events::message_in&)>);
+template <>
+bot& bot::on<events::message_out>(
+  std::function<void(const events::message_out&)>);
+
+} // namespace botmesh

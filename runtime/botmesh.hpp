@@ -1,0 +1,12 @@
+#pragma once
+
+/// Everything a bot needs: the bot facade, events, durations, errors, the
+/// store interface with the memory store, and the bundled providers.
+
+#include <botmesh/providers/console_provider.hpp>
+#include <botmesh/providers/testing_provider.hpp>
+#include <botmesh/runtime/bot.hpp>
+#include <botmesh/runtime/core/duration.hpp>
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/events.hpp>
+#include <botmesh/stores/memory_store.hpp>

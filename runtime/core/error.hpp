@@ -1,0 +1,105 @@
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace botmesh {
+
+/// The error codes of botmesh. Failures that cross an actor boundary travel
+/// as `caf::error` with category `botmesh` and one of these codes (see
+/// `caf_error.hpp`); failures of a synchronous call are thrown as
+/// `botmesh::error` (or a subclass) carrying the same code.
+enum class errc : std::uint8_t {
+  /// Not an error.
+  none = 0,
+  /// An argument or an input field is invalid; the message names the field.
+  invalid_argument,
+  /// The turn of a chat was lost; the reason says why: "superseded" (another
+  /// writer moved the checkpoint on), "expired" (the lease ran out),
+  /// "frozen" (renewals failed for almost the whole lease).
+  lease_lost,
+  /// A message could not get its chat's turn (turn wait exceeded, backend down).
+  coordination_unavailable,
+  /// `send()` on a replica that is not the leader of an exclusive transport.
+  provider_not_leader,
+  /// A chat's pending queue is full; the message was refused, not queued.
+  overloaded,
+  /// The bot is stopping or stopped; the message was not processed.
+  stopped,
+  /// A user handler threw; the message counts as handled.
+  handler_failed,
+  /// The provider failed to send or is closed.
+  provider_error,
+  /// A stored record cannot be decoded; the message names the record.
+  corrupted_record,
+  /// The store failed (I/O, server error); the message names the operation.
+  store_error,
+  /// An operation did not complete within its bound.
+  timeout,
+};
+
+/// Returns the stable name of a code, e.g. "lease_lost".
+std::string_view to_string(errc code) noexcept;
+
+/// A botmesh failure thrown from synchronous APIs. `what()` is the full text.
+class error : public std::runtime_error {
+ public:
+  error(errc code, const std::string& what);
+
+  errc code() const noexcept {
+    return code_;
+  }
+
+ private:
+  errc code_;
+};
+
+/// An invalid argument or input field: the spec's RangeError/TypeError.
+/// `field()` names the offending field ("duration", "chat", "text"...).
+class invalid_argument_error : public error {
+ public:
+  invalid_argument_error(std::string field, const std::string& what);
+
+  const std::string& field() const noexcept {
+    return field_;
+  }
+
+ private:
+  std::string field_;
+};
+
+/// The turn of a chat was lost; `reason()` is "superseded", "expired" or
+/// "frozen" (the spec's LeaseLostError).
+class lease_lost_error : public error {
+ public:
+  lease_lost_error(std::string key, std::string reason);
+
+  const std::string& key() const noexcept {
+    return key_;
+  }
+
+  const std::string& reason() const noexcept {
+    return reason_;
+  }
+
+ private:
+  std::string key_;
+  std::string reason_;
+};
+
+/// A message did not get its chat's turn (the spec's CoordinationUnavailableError).
+class coordination_unavailable_error : public error {
+ public:
+  explicit coordination_unavailable_error(const std::string& what);
+};
+
+/// `send()` on a standby replica of an exclusive transport (the spec's
+/// ProviderNotLeaderError).
+class provider_not_leader_error : public error {
+ public:
+  explicit provider_not_leader_error(std::string provider_id);
+};
+
+} // namespace botmesh

@@ -1,0 +1,149 @@
+#include <botmesh/runtime/core/message.hpp>
+
+#include <array>
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/json.hpp>
+#include <botmesh/runtime/core/internal/json_reader.hpp>
+
+namespace botmesh {
+
+namespace {
+
+constexpr std::array<std::string_view, 11> type_names{
+  "text",     "image",   "audio",   "video",  "document", "location",
+  "contact",  "sticker", "reaction", "button", "other"};
+
+void append_segment(std::string& out, std::string_view s) {
+  for (char c : s) {
+    if (c == '%')
+      out += "%25";
+    else if (c == ':')
+      out += "%3A";
+    else
+      out.push_back(c);
+  }
+}
+
+} // namespace
+
+std::string_view to_string(message_type t) noexcept {
+  auto i = static_cast<size_t>(t);
+  return i < type_names.size() ? type_names[i] : "other";
+}
+
+message_type parse_message_type(std::string_view name) {
+  for (size_t i = 0; i < type_names.size(); ++i)
+    if (type_names[i] == name)
+      return static_cast<message_type>(i);
+  throw invalid_argument_error(
+    "type", fmt::format("unknown message type \"{}\"", name));
+}
+
+std::string chat_key(std::string_view provider, std::string_view chat,
+                     std::string_view participant) {
+  std::string key;
+  key.reserve(provider.size() + chat.size() + participant.size() + 2);
+  append_segment(key, provider);
+  key.push_back(':');
+  append_segment(key, chat);
+  if (!participant.empty()) {
+    key.push_back(':');
+    append_segment(key, participant);
+  }
+  return key;
+}
+
+std::string chat_key(const inbound_message& msg) {
+  return chat_key(msg.provider, msg.chat, msg.participant);
+}
+
+void validate(const inbound_message& msg, const message_limits& limits) {
+  auto id_field = [&](std::string_view name, const std::string& value) {
+    if (value.size() > limits.max_id_bytes)
+      throw invalid_argument_error(
+        std::string{name},
+        fmt::format("inbound message field \"{}\" is {} bytes, over the limit "
+                    "of {} bytes",
+                    name, value.size(), limits.max_id_bytes));
+  };
+  if (msg.chat.empty())
+    throw invalid_argument_error(
+      "chat", "inbound message has an empty \"chat\": every message needs the "
+              "id of its chat");
+  if (msg.provider.empty())
+    throw invalid_argument_error("provider",
+                                 "inbound message has an empty \"provider\"");
+  id_field("chat", msg.chat);
+  id_field("participant", msg.participant);
+  id_field("sender", msg.sender);
+  id_field("id", msg.id);
+  if (msg.text.size() > limits.max_text_bytes)
+    throw invalid_argument_error(
+      "text", fmt::format("inbound message text is {} bytes, over the limit of "
+                          "{} bytes (chat {})",
+                          msg.text.size(), limits.max_text_bytes, msg.chat));
+  if (!is_valid_utf8(msg.text))
+    throw invalid_argument_error(
+      "text", fmt::format("inbound message text is not valid UTF-8 (chat {})",
+                          msg.chat));
+}
+
+std::string to_json(const inbound_message& msg) {
+  std::string out;
+  out.reserve(96 + msg.text.size() + msg.raw.size());
+  bool first = true;
+  auto field = [&](std::string_view name, std::string_view value) {
+    if (!first)
+      out.push_back(',');
+    first = false;
+    append_json_string(out, name);
+    out.push_back(':');
+    append_json_string(out, value);
+  };
+  out.push_back('{');
+  field("id", msg.id);
+  field("provider", msg.provider);
+  field("chat", msg.chat);
+  field("participant", msg.participant);
+  field("sender", msg.sender);
+  field("text", msg.text);
+  field("type", to_string(msg.type));
+  out += fmt::format(",\"ts\":{}", to_unix_ms(msg.timestamp));
+  field("raw", msg.raw);
+  out.push_back('}');
+  return out;
+}
+
+namespace internal {
+
+inbound_message read_inbound_message(const json_reader& r) {
+  inbound_message msg;
+  msg.id = r.string("id");
+  msg.provider = r.string("provider");
+  msg.chat = r.string("chat");
+  msg.participant = r.string("participant");
+  msg.sender = r.string("sender");
+  msg.text = r.string("text");
+  auto type = r.string("type");
+  try {
+    msg.type = parse_message_type(type);
+  } catch (const invalid_argument_error&) {
+    r.fail("type", fmt::format("unknown message type \"{}\"", type));
+  }
+  msg.timestamp = from_unix_ms(r.int64("ts"));
+  msg.raw = r.string("raw");
+  return msg;
+}
+
+} // namespace internal
+
+inbound_message inbound_message_from_json(std::string_view json) {
+  auto reader = internal::json_reader::parse(json, "inbound message");
+  return internal::read_inbound_message(reader);
+}
+
+} // namespace botmesh

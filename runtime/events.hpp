@@ -1,0 +1,37 @@
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/message.hpp>
+
+/// Events a bot raises; subscribe with `bot::on<botmesh::events::X>(fn)`.
+/// Listeners run synchronously on the thread that raises the event (a handler
+/// thread or a CAF worker): keep them short, thread-safe and non-blocking.
+/// An exception thrown by a listener is caught and written to stderr.
+namespace botmesh::events {
+
+/// Something went wrong with a message or the runtime ("error").
+struct error {
+  errc code = errc::none;
+  /// Full text, naming what was wrong.
+  std::string what;
+  /// The chat key, when the error concerns one chat.
+  std::string key;
+  /// The message concerned, when there is one (refused, failed handler...).
+  std::optional<inbound_message> message;
+};
+
+/// A message starts its turn ("message:in"), in chat order.
+struct message_in {
+  const std::string& key;
+  const inbound_message& message;
+};
+
+/// A message was sent by the provider ("message:out").
+struct message_out {
+  const outgoing_message& message;
+};
+
+} // namespace botmesh::events

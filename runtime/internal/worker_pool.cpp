@@ -1,0 +1,133 @@
+#include <botmesh/runtime/internal/worker_pool.hpp>
+
+#include <algorithm>
+
+namespace botmesh::internal {
+
+worker_pool::worker_pool(std::size_t core, std::size_t max,
+                         std::chrono::microseconds stall,
+                         std::chrono::milliseconds retire_after)
+  : core_(std::max<std::size_t>(1, std::min(core, max))),
+    max_(std::max<std::size_t>(1, max)),
+    stall_(stall),
+    retire_after_(retire_after) {
+  std::lock_guard guard{mtx_};
+  for (std::size_t i = 0; i < core_; ++i)
+    spawn_worker(false);
+  if (max_ > core_)
+    supervisor_ = std::thread{[this] { supervise(); }};
+}
+
+worker_pool::~worker_pool() {
+  shutdown();
+}
+
+void worker_pool::post(std::function<void()> job) {
+  {
+    std::lock_guard guard{mtx_};
+    if (!closed_) {
+      bool was_empty = jobs_.empty();
+      jobs_.push_back(std::move(job));
+      // Waking a worker is a syscall; skip it when none is asleep.
+      if (idle_ > 0)
+        cv_.notify_one();
+      if (was_empty)
+        sup_cv_.notify_one();
+      return;
+    }
+  }
+  job();
+}
+
+void worker_pool::shutdown() {
+  {
+    std::lock_guard guard{mtx_};
+    if (closed_ && workers_.empty())
+      return;
+    closed_ = true;
+  }
+  cv_.notify_all();
+  sup_cv_.notify_all();
+  if (supervisor_.joinable())
+    supervisor_.join();
+  // No worker is added after the supervisor stopped.
+  for (auto& w : workers_)
+    if (w.thread.joinable())
+      w.thread.join();
+  std::lock_guard guard{mtx_};
+  workers_.clear();
+}
+
+std::size_t worker_pool::threads() const {
+  std::lock_guard guard{mtx_};
+  return alive_;
+}
+
+void worker_pool::spawn_worker(bool extra) {
+  // Reap workers that retired, so the list stays as long as the live set.
+  for (auto i = workers_.begin(); i != workers_.end();) {
+    if (i->finished.load()) {
+      i->thread.join();
+      i = workers_.erase(i);
+    } else {
+      ++i;
+    }
+  }
+  auto& w = workers_.emplace_back();
+  ++alive_;
+  w.thread = std::thread{[this, ptr = &w, extra] { loop(ptr, extra); }};
+}
+
+void worker_pool::loop(worker* self, bool extra) {
+  std::unique_lock guard{mtx_};
+  for (;;) {
+    if (jobs_.empty() && !closed_) {
+      ++idle_;
+      if (extra) {
+        bool got = cv_.wait_for(guard, retire_after_, [this] {
+          return closed_ || !jobs_.empty();
+        });
+        if (!got) {
+          --idle_;
+          break; // retire: no work for a while
+        }
+      } else {
+        cv_.wait(guard, [this] { return closed_ || !jobs_.empty(); });
+      }
+      --idle_;
+    }
+    if (jobs_.empty())
+      break; // closed and drained
+    auto job = std::move(jobs_.front());
+    jobs_.pop_front();
+    ++started_jobs_;
+    guard.unlock();
+    job();
+    guard.lock();
+  }
+  --alive_;
+  self->finished = true;
+}
+
+void worker_pool::supervise() {
+  std::unique_lock guard{mtx_};
+  auto last_started = started_jobs_;
+  while (!closed_) {
+    if (jobs_.empty()) {
+      sup_cv_.wait(guard, [this] { return closed_ || !jobs_.empty(); });
+      last_started = started_jobs_;
+      continue;
+    }
+    sup_cv_.wait_for(guard, stall_);
+    if (closed_)
+      break;
+    // Jobs wait, and none started during the last interval: every worker
+    // is stuck, so one more thread is the only way forward.
+    if (!jobs_.empty() && started_jobs_ == last_started && idle_ == 0
+        && alive_ < max_)
+      spawn_worker(true);
+    last_started = started_jobs_;
+  }
+}
+
+} // namespace botmesh::internal

@@ -1,0 +1,71 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <thread>
+
+namespace botmesh::internal {
+
+/// Threads that run user handlers, which may block, away from CAF's
+/// scheduler. FIFO.
+///
+/// Elastic: it keeps `core` threads and adds one (up to `max`) whenever jobs
+/// are waiting and no job has started for `stall` — every worker is stuck
+/// in a long or blocking job. Short jobs therefore run on about one thread
+/// per core (more runnable threads only contend for the cores), while
+/// blocking handlers get as many threads as they need. Extra threads retire
+/// after `retire_after` without work. `shutdown()` runs what is queued, then
+/// joins.
+class worker_pool {
+ public:
+  worker_pool(std::size_t core, std::size_t max,
+              std::chrono::microseconds stall = std::chrono::milliseconds{1},
+              std::chrono::milliseconds retire_after = std::chrono::seconds{5});
+  ~worker_pool();
+
+  worker_pool(const worker_pool&) = delete;
+  worker_pool& operator=(const worker_pool&) = delete;
+
+  /// Queues `job`. After `shutdown()` the job runs on the caller's thread,
+  /// so a late turn still completes and reports done.
+  void post(std::function<void()> job);
+
+  void shutdown();
+
+  /// Threads alive now (core + extra).
+  std::size_t threads() const;
+
+ private:
+  struct worker {
+    std::thread thread;
+    std::atomic<bool> finished{false};
+  };
+
+  void spawn_worker(bool extra); // caller holds mtx_
+  void loop(worker* self, bool extra);
+  void supervise();
+
+  mutable std::mutex mtx_;
+  std::condition_variable cv_;     // workers wait for jobs
+  std::condition_variable sup_cv_; // the supervisor waits for a backlog
+  std::deque<std::function<void()>> jobs_;
+  std::list<worker> workers_;
+  std::thread supervisor_;
+  std::size_t core_;
+  std::size_t max_;
+  std::chrono::microseconds stall_;
+  std::chrono::milliseconds retire_after_;
+  std::size_t alive_ = 0;
+  std::size_t idle_ = 0; // workers waiting on cv_
+  std::uint64_t started_jobs_ = 0;
+  bool closed_ = false;
+};
+
+} // namespace botmesh::internal
