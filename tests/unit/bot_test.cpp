@@ -1,0 +1,301 @@
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <latch>
+
+#include <caf/all.hpp>
+
+#include <botmesh/actors/router.hpp>
+#include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/runtime/core/caf_error.hpp>
+
+#include "test_util.hpp"
+
+using namespace std::chrono_literals;
+using botmesh::errc;
+
+namespace {
+
+std::shared_ptr<botmesh::testing_provider> make_provider() {
+  return std::make_shared<botmesh::testing_provider>();
+}
+
+std::vector<std::string> texts(const std::vector<botmesh::outgoing_message>& v) {
+  std::vector<std::string> out;
+  for (auto& m : v)
+    out.push_back(m.text);
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("keyword, regex and catch-all handlers route in registration order") {
+  auto p = make_provider();
+  botmesh::bot b{{.provider = p}};
+  b.hears({"hola", "buenas"}, [](botmesh::context& c) { c.reply("¡Hola!"); });
+  b.hears(std::regex{R"(pedido (\d+))"}, [](botmesh::context& c) {
+    c.reply("pedido " + c.matches().at(1));
+  });
+  b.on_message([](botmesh::context& c) { c.reply("eco: " + c.text()); });
+  b.start();
+  p->inject("ana", "  HOLA ");
+  p->inject("ana", "mi pedido 42 por favor");
+  p->inject("ana", "buenas");
+  p->inject("ana", "hola que tal"); // not the keyword alone: catch-all
+  REQUIRE(p->wait_for_sent(4, 5s));
+  CHECK(texts(p->sent_to("ana"))
+        == std::vector<std::string>{"¡Hola!", "pedido 42", "¡Hola!",
+                                    "eco: hola que tal"});
+  CHECK(p->sent().at(0).reply_to == "test-1");
+}
+
+TEST_CASE("invalid inbound messages are refused naming the field and nothing "
+          "valid is lost") {
+  auto p = make_provider();
+  botmesh::bot b{{.provider = p, .limits = {.max_text_bytes = 100}}};
+  test::error_log errors;
+  errors.attach(b);
+  b.on_message([](botmesh::context& c) { c.reply("ok " + c.text()); });
+  b.start();
+  p->inject("ana", "uno");
+  p->inject("", "sin chat");
+  p->inject("ana", std::string(101, 'x'));
+  p->inject("ana", "bad \xff utf8");
+  p->inject("ana", "dos");
+  REQUIRE(p->wait_for_sent(2, 5s));
+  REQUIRE(test::eventually([&] { return errors.count(errc::invalid_argument) == 3; }));
+  auto all = errors.all();
+  CHECK(all[0].what.find("\"chat\"") != std::string::npos);
+  CHECK_FALSE(all[0].message->text.empty());
+  CHECK(all[1].what.find("over the limit of 100 bytes") != std::string::npos);
+  CHECK(all[1].key == "test:ana");
+  CHECK(all[2].what.find("not valid UTF-8") != std::string::npos);
+  CHECK(texts(p->sent_to("ana")) == std::vector<std::string>{"ok uno", "ok dos"});
+  auto st = b.stats();
+  CHECK(st.refused_invalid == 3);
+  CHECK(st.received == 2);
+  CHECK(st.handled == 2);
+}
+
+TEST_CASE("a chat over its pending bound refuses with an overloaded error and a "
+          "counter") {
+  auto p = make_provider();
+  botmesh::bot b{{.provider = p, .max_pending_per_chat = 3}};
+  test::error_log errors;
+  errors.attach(b);
+  std::latch release{1};
+  std::atomic<int> started{0};
+  b.on_message([&](botmesh::context& c) {
+    if (c.message().chat == "busy" && started++ == 0)
+      release.wait();
+    c.reply(c.text());
+  });
+  b.start();
+  for (int i = 1; i <= 6; ++i)
+    p->inject("busy", std::to_string(i));
+  // 1 runs (blocked), 2..4 wait, 5 and 6 exceed the bound.
+  REQUIRE(test::eventually([&] { return errors.count(errc::overloaded) == 2; }));
+  // Other chats are not held up by the blocked one.
+  p->inject("libre", "x");
+  REQUIRE(p->wait_for_sent(1, 5s));
+  CHECK(p->sent().at(0).chat == "libre");
+  release.count_down();
+  REQUIRE(p->wait_for_sent(5, 5s));
+  CHECK(texts(p->sent_to("busy")) == std::vector<std::string>{"1", "2", "3", "4"});
+  auto refused = errors.all();
+  CHECK(refused.at(0).message->text == "5");
+  CHECK(refused.at(1).message->text == "6");
+  CHECK(refused.at(0).what.find("max_pending_per_chat") != std::string::npos);
+  CHECK(b.stats().refused_overload == 2);
+}
+
+TEST_CASE("a handler that throws raises handler_failed and its chat goes on") {
+  auto p = make_provider();
+  botmesh::bot b{{.provider = p}};
+  test::error_log errors;
+  errors.attach(b);
+  b.hears("boom", [](botmesh::context&) -> void {
+    throw std::runtime_error("kaput");
+  });
+  b.on_message([](botmesh::context& c) { c.reply("ok"); });
+  b.start();
+  p->inject("ana", "boom");
+  p->inject("ana", "after");
+  REQUIRE(p->wait_for_sent(1, 5s));
+  REQUIRE(errors.count(errc::handler_failed) == 1);
+  CHECK(errors.all()[0].what.find("kaput") != std::string::npos);
+  CHECK(b.stats().handler_errors == 1);
+}
+
+TEST_CASE("a failing provider send is reported and counted") {
+  auto p = make_provider();
+  botmesh::bot b{{.provider = p}};
+  test::error_log errors;
+  errors.attach(b);
+  b.on_message([](botmesh::context& c) { c.reply("x"); });
+  b.start();
+  p->fail_sends(true);
+  p->inject("ana", "hola");
+  REQUIRE(test::eventually([&] { return errors.count(errc::handler_failed) == 1; }));
+  CHECK(errors.all()[0].what.find("simulated") != std::string::npos);
+  CHECK(b.stats().send_errors == 1);
+  p->fail_sends(false);
+  b.send("ana", "directo");
+  CHECK(p->sent_to("ana").size() == 1);
+  CHECK_THROWS_AS(b.send("", "x"), botmesh::invalid_argument_error);
+}
+
+TEST_CASE("stop drains in-flight turns before returning") {
+  auto p = make_provider();
+  botmesh::bot b{{.provider = p}};
+  b.on_message([](botmesh::context& c) {
+    std::this_thread::sleep_for(5ms);
+    c.reply(c.text());
+  });
+  b.start();
+  for (int i = 0; i < 20; ++i)
+    p->inject("ana", std::to_string(i));
+  b.stop();
+  CHECK(b.stats().handled == 20);
+  CHECK(p->sent().size() == 20);
+  CHECK_THROWS_AS(p->inject("ana", "late"), botmesh::error);
+  b.stop(); // idempotent
+}
+
+TEST_CASE("stop past its bound refuses queued messages and fires the stop "
+          "token") {
+  auto p = make_provider();
+  botmesh::bot b{{.provider = p, .stop_timeout = 100ms}};
+  test::error_log errors;
+  errors.attach(b);
+  std::atomic<bool> saw_stop{false};
+  std::latch running{1};
+  b.on_message([&](botmesh::context& c) {
+    if (c.text() == "slow") {
+      running.count_down();
+      while (!c.stop_token().stop_requested())
+        std::this_thread::sleep_for(1ms);
+      saw_stop = true;
+    }
+  });
+  b.start();
+  p->inject("ana", "slow");
+  p->inject("ana", "queued 1");
+  p->inject("ana", "queued 2");
+  running.wait();
+  b.stop();
+  CHECK(saw_stop.load());
+  REQUIRE(test::eventually([&] { return errors.count(errc::stopped) == 2; }));
+  CHECK(errors.all()[0].message->text == "queued 1");
+  CHECK(b.stats().refused_stopped == 2);
+}
+
+TEST_CASE("events message:in and message:out follow each turn") {
+  auto p = make_provider();
+  botmesh::bot b{{.provider = p}};
+  std::mutex mtx;
+  std::vector<std::string> seen;
+  b.on<botmesh::events::message_in>([&](const botmesh::events::message_in& e) {
+    std::lock_guard guard{mtx};
+    seen.push_back("in " + e.key + " " + e.message.text);
+  });
+  b.on<botmesh::events::message_out>(
+    [&](const botmesh::events::message_out& e) {
+      std::lock_guard guard{mtx};
+      seen.push_back("out " + e.message.chat + " " + e.message.text);
+    });
+  b.on_message([](botmesh::context& c) { c.reply("re " + c.text()); });
+  b.start();
+  p->inject("ana", "a");
+  p->inject("ana", "b");
+  REQUIRE(p->wait_for_sent(2, 5s));
+  b.stop();
+  std::lock_guard guard{mtx};
+  CHECK(seen == std::vector<std::string>{"in test:ana a", "out ana re a",
+                                         "in test:ana b", "out ana re b"});
+}
+
+TEST_CASE("the bot records chats and both directions of the log in its store") {
+  auto p = make_provider();
+  auto store = std::make_shared<botmesh::memory_store>();
+  botmesh::bot b{{.provider = p, .store = store}};
+  b.on_message([](botmesh::context& c) { c.reply("re " + c.text()); });
+  b.start();
+  p->inject("ana", "hola");
+  REQUIRE(p->wait_for_sent(1, 5s));
+  b.stop();
+  auto chat = store->get_chat("test:ana");
+  REQUIRE(chat);
+  CHECK(chat->chat == "ana");
+  auto log = store->messages("test:ana", 10);
+  REQUIRE(log.size() == 2);
+  CHECK(log[0].dir == botmesh::direction::in);
+  CHECK(log[0].text == "hola");
+  CHECK(log[1].dir == botmesh::direction::out);
+  CHECK(log[1].text == "re hola");
+}
+
+TEST_CASE("an idle chat is passivated and re-spawned transparently") {
+  auto p = make_provider();
+  botmesh::bot b{{.provider = p, .passivate_after = 30ms}};
+  b.on_message([](botmesh::context& c) { c.reply(c.text()); });
+  b.start();
+  p->inject("ana", "1");
+  REQUIRE(p->wait_for_sent(1, 5s));
+  REQUIRE(test::eventually([&] { return b.stats().passivations == 1; }));
+  CHECK(b.stats().live_chats == 0);
+  p->inject("ana", "2");
+  REQUIRE(p->wait_for_sent(2, 5s));
+  CHECK(b.stats().activations == 2);
+  CHECK(texts(p->sent_to("ana")) == std::vector<std::string>{"1", "2"});
+}
+
+TEST_CASE("a bot embeds in an application's actor system and takes messages "
+          "from its actors") {
+  caf::actor_system_config cfg;
+  botmesh::configure_actor_system(cfg);
+  caf::actor_system sys{cfg};
+  auto p = make_provider();
+  {
+    botmesh::bot b{sys, {.provider = p}};
+    b.on_message([](botmesh::context& c) { c.reply("re " + c.text()); });
+    b.start();
+    CHECK(&b.system() == &sys);
+    botmesh::inbound_message m;
+    m.provider = "test";
+    m.chat = "from-caf";
+    m.id = "x1";
+    m.text = "hola";
+    caf::anon_send(b.router(), m);
+    REQUIRE(p->wait_for_sent(1, 5s));
+    CHECK(p->sent()[0].chat == "from-caf");
+    CHECK(sys.render(botmesh::make_error(errc::lease_lost, "superseded"))
+          == "botmesh.lease_lost: superseded");
+  }
+  // The application's system outlives the bot and keeps working.
+  auto inc = sys.spawn([]() -> caf::behavior {
+    return {[](int x) { return x + 1; }};
+  });
+  caf::scoped_actor self{sys};
+  int result = 0;
+  self->request(inc, 5s, 41).receive([&](int r) { result = r; },
+                                     [&](caf::error&) { result = -1; });
+  CHECK(result == 42);
+}
+
+TEST_CASE("bot options are checked when the bot is created") {
+  try {
+    botmesh::bot b{botmesh::bot_options{}};
+    FAIL("a bot without provider was created");
+  } catch (const botmesh::invalid_argument_error& e) {
+    CHECK(e.field() == "provider");
+  }
+  CHECK_THROWS_AS((botmesh::bot{{.provider = make_provider(),
+                                 .max_pending_per_chat = 0}}),
+                  botmesh::invalid_argument_error);
+  auto p = make_provider();
+  botmesh::bot b{{.provider = p}};
+  b.start();
+  CHECK_THROWS_AS(b.on_message([](botmesh::context&) {}),
+                  botmesh::invalid_argument_error);
+}

@@ -1,0 +1,62 @@
+#include <doctest/doctest.h>
+
+#include <botmesh/runtime/core/duration.hpp>
+#include <botmesh/runtime/core/error.hpp>
+
+using namespace std::chrono_literals;
+using botmesh::parse_duration;
+
+TEST_CASE("durations parse the spec's formats, singular and plural") {
+  CHECK(parse_duration("30s") == 30'000ms);
+  CHECK(parse_duration("30 seconds") == 30'000ms);
+  CHECK(parse_duration("1 second") == 1'000ms);
+  CHECK(parse_duration("5m") == 300'000ms);
+  CHECK(parse_duration("5 minutes") == 300'000ms);
+  CHECK(parse_duration("1 minute") == 60'000ms);
+  CHECK(parse_duration("2h") == 7'200'000ms);
+  CHECK(parse_duration("2 hours") == 7'200'000ms);
+  CHECK(parse_duration("1 hour") == 3'600'000ms);
+  CHECK(parse_duration("1d") == 86'400'000ms);
+  CHECK(parse_duration("1 day") == 86'400'000ms);
+  CHECK(parse_duration("3 days") == 259'200'000ms);
+  CHECK(parse_duration("250ms") == 250ms);
+  CHECK(parse_duration("250") == 250ms);
+  CHECK(parse_duration("60000") == 60'000ms);
+  CHECK(parse_duration("0") == 0ms);
+  CHECK(parse_duration(" 15S ") == 15'000ms);
+  CHECK(parse_duration("1.5s") == 1'500ms);
+  CHECK(parse_duration("0.5 minutes") == 30'000ms);
+}
+
+TEST_CASE("an invalid duration is rejected with a message that quotes it") {
+  for (const char* bad : {"", "   ", "abc", "5x", "5 parsecs", "-5s", "1.5",
+                          "s", "5 m s", "1.s", "99999999999999999999d",
+                          "1.0001s", "0.0000000001s"}) {
+    CAPTURE(bad);
+    try {
+      parse_duration(bad);
+      FAIL("accepted an invalid duration");
+    } catch (const botmesh::invalid_argument_error& e) {
+      CHECK(e.field() == "duration");
+      CHECK(std::string{e.what()}.find(std::string{"\""} + bad + "\"")
+            != std::string::npos);
+      CHECK(e.code() == botmesh::errc::invalid_argument);
+    }
+  }
+}
+
+TEST_CASE("a duration option converts from chrono, numbers and text") {
+  botmesh::duration a = "15s";
+  botmesh::duration b = 15s;
+  botmesh::duration c = 15000;
+  CHECK(a == b);
+  CHECK(b == c);
+  CHECK(a.ms() == 15'000ms);
+  CHECK_THROWS_AS(botmesh::duration{"soon"}, botmesh::invalid_argument_error);
+  CHECK_THROWS_AS(botmesh::duration{-5s}, botmesh::invalid_argument_error);
+  CHECK(botmesh::format_duration(15s) == "15s");
+  CHECK(botmesh::format_duration(90s) == "90s");
+  CHECK(botmesh::format_duration(2h) == "2h");
+  CHECK(botmesh::format_duration(1500ms) == "1500ms");
+  CHECK(parse_duration(botmesh::format_duration(86'400'000ms)) == 86'400'000ms);
+}

@@ -1,0 +1,201 @@
+#include <doctest/doctest.h>
+
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/deep_to_string.hpp>
+
+#include <botmesh/runtime/core/checkpoint.hpp>
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/json.hpp>
+#include <botmesh/runtime/core/message.hpp>
+
+using botmesh::inbound_message;
+
+namespace {
+
+inbound_message sample() {
+  inbound_message m;
+  m.id = "wamid.1";
+  m.provider = "whatsapp";
+  m.chat = "34600:group";
+  m.participant = "34611";
+  m.sender = "34611";
+  m.text = "Hola \"mundo\"\n\t¿qué tal? 👋 \x01";
+  m.type = botmesh::message_type::text;
+  m.timestamp = botmesh::from_unix_ms(1'700'000'123'456);
+  m.raw = R"({"entry":[1]})";
+  return m;
+}
+
+botmesh::flow_checkpoint sample_checkpoint() {
+  botmesh::flow_checkpoint cp;
+  cp.key = "whatsapp:34600%3Agroup:34611";
+  cp.flow = "pedido";
+  cp.step = "confirmar";
+  cp.waiting = true;
+  cp.question = 2;
+  cp.state = R"({"producto":"empanada de ñame","emoji":"🥟","n":[1,2.5,null],"ok":true})";
+  cp.revision = 42;
+  cp.created_at = botmesh::from_unix_ms(1000);
+  cp.updated_at = botmesh::from_unix_ms(2000);
+  cp.fingerprint = "abc123";
+  cp.ephemeral = true;
+  cp.expires_at = botmesh::from_unix_ms(3000);
+  cp.saved_answer = sample();
+  cp.answer_ref = "";
+  return cp;
+}
+
+template <class F>
+std::string corrupted_message(F&& fn) {
+  try {
+    fn();
+  } catch (const botmesh::error& e) {
+    CHECK(e.code() == botmesh::errc::corrupted_record);
+    return e.what();
+  }
+  FAIL("expected a corrupted_record error");
+  return {};
+}
+
+} // namespace
+
+TEST_CASE("chat keys are per participant in groups and never ambiguous") {
+  inbound_message m;
+  m.provider = "telegram";
+  m.chat = "123";
+  CHECK(botmesh::chat_key(m) == "telegram:123");
+  m.participant = "77";
+  CHECK(botmesh::chat_key(m) == "telegram:123:77");
+  // A ':' inside an id cannot forge another chat's key.
+  CHECK(botmesh::chat_key("p", "a:b") != botmesh::chat_key("p", "a", "b"));
+  CHECK(botmesh::chat_key("p", "a:b") == "p:a%3Ab");
+  CHECK(botmesh::chat_key("p", "50%") == "p:50%25");
+}
+
+TEST_CASE("validation names the bad field of an inbound message") {
+  botmesh::message_limits limits{.max_text_bytes = 10, .max_id_bytes = 8};
+  auto field_of = [&](inbound_message m) -> std::string {
+    try {
+      botmesh::validate(m, limits);
+    } catch (const botmesh::invalid_argument_error& e) {
+      return e.field();
+    }
+    return "ok";
+  };
+  inbound_message ok;
+  ok.provider = "p";
+  ok.chat = "c";
+  ok.text = "hola";
+  CHECK(field_of(ok) == "ok");
+  auto m = ok;
+  m.chat = "";
+  CHECK(field_of(m) == "chat");
+  m = ok;
+  m.provider = "";
+  CHECK(field_of(m) == "provider");
+  m = ok;
+  m.text = std::string(11, 'x');
+  CHECK(field_of(m) == "text");
+  m = ok;
+  m.text = "\xff\xfe";
+  CHECK(field_of(m) == "text");
+  m = ok;
+  m.chat = std::string(9, 'c');
+  CHECK(field_of(m) == "chat");
+  m = ok;
+  m.participant = std::string(9, 'p');
+  CHECK(field_of(m) == "participant");
+}
+
+TEST_CASE("an inbound message round-trips through its JSON encoding") {
+  auto m = sample();
+  auto json = botmesh::to_json(m);
+  CHECK(botmesh::is_valid_json(json));
+  CHECK(botmesh::inbound_message_from_json(json) == m);
+}
+
+TEST_CASE("JSON strings escape control characters and replace invalid UTF-8") {
+  CHECK(botmesh::json_quote("a\"b\\c\n\x01") == R"("a\"b\\c\n\u0001")");
+  auto bad = botmesh::json_quote("ok\xff");
+  CHECK(botmesh::is_valid_json(bad));
+  CHECK(bad == "\"ok\xEF\xBF\xBD\"");
+  CHECK(botmesh::json_quote("ñ👋") == "\"ñ👋\"");
+}
+
+TEST_CASE("a checkpoint round-trips through JSON, unicode state included") {
+  auto cp = sample_checkpoint();
+  auto json = botmesh::to_json(cp);
+  INFO(json);
+  CHECK(json.rfind("{\"v\":1,", 0) == 0);
+  auto back = botmesh::checkpoint_from_json(json);
+  CHECK(back == cp);
+  // The state is embedded as a JSON value, not as a quoted string.
+  CHECK(json.find(R"("state":{"producto":"empanada de ñame")") != std::string::npos);
+  cp.saved_answer.reset();
+  cp.answer_ref = "journal:9";
+  CHECK(botmesh::checkpoint_from_json(botmesh::to_json(cp)) == cp);
+}
+
+TEST_CASE("checkpoint encoding refuses a non-JSON state and an oversize answer") {
+  auto cp = sample_checkpoint();
+  cp.state = "{\"a\":";
+  try {
+    botmesh::to_json(cp);
+    FAIL("encoded an invalid state");
+  } catch (const botmesh::invalid_argument_error& e) {
+    CHECK(e.field() == "state");
+  }
+  cp = sample_checkpoint();
+  cp.saved_answer->text = std::string(botmesh::default_max_answer_bytes, 'x');
+  try {
+    botmesh::to_json(cp);
+    FAIL("embedded an oversize answer");
+  } catch (const botmesh::invalid_argument_error& e) {
+    CHECK(e.field() == "saved_answer");
+  }
+  CHECK_NOTHROW(botmesh::to_json(cp, 64 * 1024));
+}
+
+TEST_CASE("a corrupted checkpoint record gives an error naming what is wrong") {
+  auto what = corrupted_message([] { botmesh::checkpoint_from_json("garbage{"); });
+  CHECK(what.find("checkpoint: not valid JSON") != std::string::npos);
+  what = corrupted_message([] { botmesh::checkpoint_from_json("[1,2]"); });
+  CHECK(what.find("expected a JSON object") != std::string::npos);
+  auto json = botmesh::to_json(sample_checkpoint());
+  auto no_flow = json;
+  no_flow.replace(no_flow.find("\"flow\""), 6, "\"wolf\"");
+  what = corrupted_message([&] { botmesh::checkpoint_from_json(no_flow); });
+  CHECK(what.find("field \"flow\" is missing") != std::string::npos);
+  auto bad_rev = json;
+  bad_rev.replace(bad_rev.find("\"revision\":42"), 13, "\"revision\":\"x\"");
+  what = corrupted_message([&] { botmesh::checkpoint_from_json(bad_rev); });
+  CHECK(what.find("field \"revision\"") != std::string::npos);
+  auto bad_version = json;
+  bad_version.replace(0, 7, "{\"v\":9,");
+  what = corrupted_message([&] { botmesh::checkpoint_from_json(bad_version); });
+  CHECK(what.find("unknown encoding version 9") != std::string::npos);
+  what = corrupted_message([] { botmesh::checkpoint_from_json(""); });
+  CHECK(!what.empty());
+}
+
+TEST_CASE("a checkpoint travels as a CAF message (binary inspect round-trip)") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  auto cp = sample_checkpoint();
+  std::vector<char> buf;
+  {
+    caf::binary_serializer sink{sys, buf};
+    auto copy = cp;
+    REQUIRE(!sink(copy));
+  }
+  botmesh::flow_checkpoint back;
+  {
+    caf::binary_deserializer source{sys, buf};
+    REQUIRE(!source(back));
+  }
+  CHECK(back == cp);
+  CHECK(caf::deep_to_string(cp).find("pedido") != std::string::npos);
+}

@@ -1,0 +1,55 @@
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <botmesh/runtime/bot.hpp>
+
+namespace test {
+
+using namespace std::chrono_literals;
+
+/// Waits until `pred` holds, checking every millisecond; false on timeout.
+inline bool eventually(const std::function<bool()>& pred,
+                       std::chrono::milliseconds timeout = 10s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+/// Collects a bot's error events (thread-safe).
+class error_log {
+ public:
+  void attach(botmesh::bot& b) {
+    b.on<botmesh::events::error>([this](const botmesh::events::error& e) {
+      std::lock_guard guard{mtx_};
+      errors_.push_back(e);
+    });
+  }
+
+  std::vector<botmesh::events::error> all() const {
+    std::lock_guard guard{mtx_};
+    return errors_;
+  }
+
+  std::size_t count(botmesh::errc code) const {
+    std::lock_guard guard{mtx_};
+    std::size_t n = 0;
+    for (auto& e : errors_)
+      n += e.code == code ? 1 : 0;
+    return n;
+  }
+
+ private:
+  mutable std::mutex mtx_;
+  std::vector<botmesh::events::error> errors_;
+};
+
+} // namespace test
