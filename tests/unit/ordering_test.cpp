@@ -101,6 +101,8 @@ TEST_CASE("100 chats x 100 messages from several threads: each chat in order, "
   // Parallelism: calls of different chats were running at the same time.
   CHECK(rec.max_global.load() > 1);
   MESSAGE("max handler calls at once: " << rec.max_global.load());
+  REQUIRE(test::eventually(
+    [&] { return b.stats().handled == chats * per_chat; }));
   auto st = b.stats();
   CHECK(st.handled == chats * per_chat);
   CHECK(st.refused_overload == 0);
