@@ -13,7 +13,7 @@
 #include <botmesh/actors/messages.hpp>
 #include <botmesh/actors/router.hpp>
 #include <botmesh/runtime/core/error.hpp>
-#include <botmesh/runtime/internal/worker_pool.hpp>
+#include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/stores/memory_store.hpp>
 
 namespace botmesh {

@@ -1,4 +1,4 @@
-#include <botmesh/runtime/internal/worker_pool.hpp>
+#include <botmesh/runtime/core/internal/worker_pool.hpp>
 
 #include <algorithm>
 

@@ -1,0 +1,178 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stop_token>
+#include <string>
+#include <string_view>
+
+#include <botmesh/runtime/core/clock.hpp>
+#include <botmesh/runtime/core/duration.hpp>
+#include <botmesh/stores/schedule_store.hpp>
+
+namespace botmesh {
+
+/// What a durable task does with slots that passed while no scheduler ran.
+enum class missed_policy : std::uint8_t {
+  /// Run none; wait for the next slot after now.
+  skip,
+  /// Run one (`missed`, at the first missed slot), then the next slot.
+  run_once,
+  /// Run every missed slot in order, oldest first, up to `max_catch_up`;
+  /// the rest are skipped and logged. One claim, one token for all.
+  catch_up,
+};
+
+std::string_view to_string(missed_policy p) noexcept;
+
+/// One run of a task, as its handler sees it.
+struct scheduled_run {
+  /// The task id as registered (empty for in-memory tasks).
+  std::string task_id{};
+  /// The slot this run covers (not the time it started).
+  time_point scheduled_at{};
+  /// `<task_id>@<scheduled_at as ISO-8601 UTC with ms>`: stable per run, an
+  /// idempotency key. Empty for in-memory tasks.
+  std::string occurrence_key{};
+  /// The claim's fencing token: strictly increasing per task id, also after
+  /// cancel and re-registration; shared by the runs of one catch-up.
+  std::uint64_t fencing_token = 0;
+  /// True when the run comes from the missed-run policy.
+  bool missed = false;
+  /// Fires when the scheduler stops or the run's lease is lost.
+  std::stop_token stop{};
+};
+
+/// Options of a task; give the task an `id` to make it durable.
+struct task_options {
+  /// Stable and unique per scheduler; makes the task durable. Registering
+  /// an id twice throws `invalid_argument_error` (field "id").
+  std::string id{};
+  missed_policy missed = missed_policy::skip;
+  std::size_t max_catch_up = 10;
+  /// How long a claimed run holds its lease; renewed every third.
+  duration lease = "60s";
+  /// Cron tasks only: the IANA zone of the fields (default: the scheduler's).
+  /// `every` and `delay` reject it (field "time_zone").
+  std::string time_zone{};
+};
+
+/// A handle to a registered task. Copyable; all copies control one task.
+class scheduled_task {
+ public:
+  scheduled_task() = default;
+
+  /// No further runs; a running handler finishes. For a durable task the
+  /// stored row is removed too (a marker keeps its fencing token).
+  void cancel();
+
+  /// The id ("" for in-memory tasks).
+  const std::string& id() const noexcept;
+
+  /// The zone of a cron task ("" for every/delay).
+  const std::string& time_zone() const noexcept;
+
+  /// False after cancel, after a one-shot ran, or for a tombstone.
+  bool active() const noexcept;
+
+  struct state;
+
+ private:
+  friend class scheduler;
+  std::shared_ptr<state> state_;
+};
+
+struct scheduler_options {
+  /// Where durable calendars live; an in-memory store when null (durable
+  /// tasks then work but do not survive a restart; a warning is logged once).
+  std::shared_ptr<schedule_store> store{};
+  /// Optional leader lease: the holder of `scheduler:leader` claims on time,
+  /// the others only runs overdue by `leader_ttl`.
+  std::shared_ptr<lease_provider> lease{};
+  /// Lease owner id of this scheduler; random when empty.
+  std::string owner{};
+  /// Polling period: picks up runs whose executor died, retries after store
+  /// errors. Also the grace period (plus 2 x leader_ttl with a leader lease).
+  duration tick = "1s";
+  duration leader_ttl = "30s";
+  /// Default zone of cron tasks ("local" = the process zone).
+  std::string time_zone = "local";
+  /// Time source; the system clock when null. Must outlive the scheduler.
+  const botmesh::clock* clock = nullptr;
+  /// Threads that run handlers (handlers may block).
+  std::size_t threads = 8;
+  /// Namespace applied to stored ids ("<ns>:<id>"), so bots sharing a
+  /// backend do not collide.
+  std::string ns{};
+  /// Where warnings go (orphans, skipped catch-up slots, rejected commits,
+  /// store errors); stderr when empty. Called from scheduler threads.
+  std::function<void(std::string_view)> log{};
+};
+
+/// Runs tasks every interval, on a cron expression, or once after a delay.
+///
+/// In-memory tasks (no id) never overlap themselves: slots that pass while
+/// a run is in progress are skipped, keeping the task's grid (no drift).
+///
+/// Durable tasks (with an id) store their next slot in `store`; each
+/// occurrence is claimed with a fenced lease, so schedulers sharing a store
+/// never run one occurrence at once (at least once: a run whose executor
+/// dies runs again after its lease, with `missed == false`). Intervals never
+/// drift (the next slot is the previous plus the interval). A one-shot delay
+/// leaves a tombstone until `cancel()` or `forget_task`. Re-registering an id
+/// keeps its stored time; a changed spec reschedules from now. Stored ids
+/// that no registered task claims are orphans: logged once, kept, never run.
+///
+/// Invalid arguments throw `invalid_argument_error` naming the field:
+/// "interval" (every: not positive), "delay" (negative), "cron" and the cron
+/// fields, "time_zone", "id", "max_catch_up".
+class scheduler {
+ public:
+  using job = std::function<void()>;
+  using run_handler = std::function<void(const scheduled_run&)>;
+
+  explicit scheduler(scheduler_options opts = {});
+
+  /// Stops (see `stop`).
+  ~scheduler();
+
+  scheduler(const scheduler&) = delete;
+  scheduler& operator=(const scheduler&) = delete;
+
+  scheduled_task every(duration interval, job fn);
+  scheduled_task every(duration interval, task_options opts, run_handler fn);
+  scheduled_task schedule(std::string_view cron, job fn);
+  scheduled_task schedule(std::string_view cron, task_options opts,
+                          run_handler fn);
+  scheduled_task delay(duration d, job fn);
+  scheduled_task delay(duration d, task_options opts, run_handler fn);
+
+  /// Removes the stored row of `id` (namespace applied), e.g. a tombstone
+  /// or an orphan; cancels a registered task of that id. True when a live
+  /// row was removed.
+  bool forget_task(std::string_view id);
+
+  /// Starts the timer thread. Idempotent.
+  void start();
+
+  /// Pauses: no new runs, stop tokens of running handlers fire, waits for
+  /// them. Stored rows are kept (a catch-up commits the slots it did not run).
+  void stop();
+
+  /// Runs, on the calling thread's schedule, everything due at the clock's
+  /// now and waits until those runs finished. For tests with a manual clock;
+  /// not needed after `start()`.
+  void poll();
+
+  /// The grace period: a slot claimed later than this after it fell due is
+  /// missed.
+  std::chrono::milliseconds grace() const noexcept;
+
+  struct impl;
+
+ private:
+  std::shared_ptr<impl> impl_;
+};
+
+} // namespace botmesh

@@ -1,0 +1,169 @@
+#include <botmesh/stores/memory_schedule_store.hpp>
+
+#include <botmesh/stores/store.hpp>
+
+namespace botmesh {
+
+schedule_store::~schedule_store() {
+  // nop
+}
+
+void schedule_store::start() {
+  // nop
+}
+
+lease_provider::~lease_provider() {
+  // nop
+}
+
+memory_schedule_store::memory_schedule_store() = default;
+
+memory_schedule_store::~memory_schedule_store() = default;
+
+std::optional<schedule_record>
+memory_schedule_store::get(std::string_view id) {
+  std::lock_guard guard{mtx_};
+  auto i = records_.find(id);
+  if (i == records_.end())
+    return std::nullopt;
+  return i->second;
+}
+
+schedule_record memory_schedule_store::register_task(std::string_view id,
+                                                     std::string_view spec,
+                                                     time_point first_run,
+                                                     time_point now) {
+  detail::check_key(id, "id");
+  std::lock_guard guard{mtx_};
+  auto i = records_.find(id);
+  if (i == records_.end()) {
+    schedule_record rec;
+    rec.id = std::string{id};
+    i = records_.emplace(rec.id, std::move(rec)).first;
+  } else if (!i->second.deleted && i->second.spec == spec) {
+    return i->second;
+  }
+  auto& rec = i->second;
+  rec.spec = std::string{spec};
+  rec.next_run_at = first_run;
+  rec.lease_owner.clear();
+  rec.lease_until = {};
+  rec.claimed_at = {};
+  rec.done = false;
+  rec.deleted = false;
+  rec.updated_at = now;
+  return rec;
+}
+
+std::optional<schedule_claim>
+memory_schedule_store::claim(std::string_view id, std::string_view owner,
+                             time_point now, std::chrono::milliseconds lease) {
+  detail::check_key(owner, "owner");
+  detail::check_ttl(lease, "lease");
+  std::lock_guard guard{mtx_};
+  auto i = records_.find(id);
+  if (i == records_.end())
+    return std::nullopt;
+  auto& rec = i->second;
+  if (rec.deleted || rec.done || rec.next_run_at > now)
+    return std::nullopt;
+  if (!rec.lease_owner.empty() && rec.lease_until > now)
+    return std::nullopt;
+  bool interrupted = !rec.lease_owner.empty();
+  rec.fencing_token += 1;
+  rec.lease_owner = std::string{owner};
+  rec.lease_until = now + lease;
+  if (!interrupted)
+    rec.claimed_at = now;
+  rec.updated_at = now;
+  return schedule_claim{rec, rec.fencing_token, interrupted};
+}
+
+bool memory_schedule_store::renew(std::string_view id, std::string_view owner,
+                                  std::uint64_t token, time_point now,
+                                  std::chrono::milliseconds lease) {
+  detail::check_ttl(lease, "lease");
+  std::lock_guard guard{mtx_};
+  auto i = records_.find(id);
+  if (i == records_.end())
+    return false;
+  auto& rec = i->second;
+  if (rec.deleted || rec.fencing_token != token || rec.lease_owner != owner
+      || rec.lease_until <= now)
+    return false;
+  rec.lease_until = now + lease;
+  rec.updated_at = now;
+  return true;
+}
+
+bool memory_schedule_store::commit(std::string_view id, std::string_view owner,
+                                   std::uint64_t token, time_point next_run_at,
+                                   bool done, time_point now) {
+  std::lock_guard guard{mtx_};
+  auto i = records_.find(id);
+  if (i == records_.end())
+    return false;
+  auto& rec = i->second;
+  if (rec.deleted || rec.fencing_token != token || rec.lease_owner != owner)
+    return false;
+  rec.next_run_at = next_run_at;
+  rec.done = done;
+  rec.lease_owner.clear();
+  rec.lease_until = {};
+  rec.claimed_at = {};
+  rec.updated_at = now;
+  return true;
+}
+
+bool memory_schedule_store::remove(std::string_view id, time_point now) {
+  std::lock_guard guard{mtx_};
+  auto i = records_.find(id);
+  if (i == records_.end() || i->second.deleted)
+    return false;
+  auto& rec = i->second;
+  rec.deleted = true;
+  rec.done = false;
+  rec.lease_owner.clear();
+  rec.lease_until = {};
+  rec.claimed_at = {};
+  rec.updated_at = now;
+  return true;
+}
+
+std::vector<schedule_record> memory_schedule_store::list() {
+  std::lock_guard guard{mtx_};
+  std::vector<schedule_record> out;
+  out.reserve(records_.size());
+  for (auto& [k, v] : records_)
+    out.push_back(v);
+  return out;
+}
+
+std::optional<std::uint64_t>
+memory_lease_provider::try_acquire(std::string_view name,
+                                   std::string_view owner, time_point now,
+                                   std::chrono::milliseconds ttl) {
+  detail::check_key(name, "name");
+  detail::check_key(owner, "owner");
+  detail::check_ttl(ttl);
+  std::lock_guard guard{mtx_};
+  auto& s = leases_[std::string{name}];
+  if (s.owner != owner) {
+    if (!s.owner.empty() && s.until > now)
+      return std::nullopt;
+    s.owner = std::string{owner};
+    ++s.token;
+  }
+  s.until = now + ttl;
+  return s.token;
+}
+
+void memory_lease_provider::release(std::string_view name,
+                                    std::string_view owner) {
+  std::lock_guard guard{mtx_};
+  auto i = leases_.find(name);
+  if (i != leases_.end() && i->second.owner == owner)
+    i->second.owner.clear();
+}
+
+} // namespace botmesh

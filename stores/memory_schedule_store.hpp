@@ -1,0 +1,56 @@
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include <botmesh/stores/schedule_store.hpp>
+
+namespace botmesh {
+
+/// The in-process schedule store: the reference implementation. Schedulers
+/// sharing one instance coordinate like replicas sharing a backend. Nothing
+/// survives the process. Cost: O(log n) per call under one mutex.
+class memory_schedule_store final : public schedule_store {
+ public:
+  memory_schedule_store();
+  ~memory_schedule_store() override;
+
+  std::optional<schedule_record> get(std::string_view id) override;
+  schedule_record register_task(std::string_view id, std::string_view spec,
+                                time_point first_run, time_point now) override;
+  std::optional<schedule_claim> claim(std::string_view id,
+                                      std::string_view owner, time_point now,
+                                      std::chrono::milliseconds lease) override;
+  bool renew(std::string_view id, std::string_view owner, std::uint64_t token,
+             time_point now, std::chrono::milliseconds lease) override;
+  bool commit(std::string_view id, std::string_view owner, std::uint64_t token,
+              time_point next_run_at, bool done, time_point now) override;
+  bool remove(std::string_view id, time_point now) override;
+  std::vector<schedule_record> list() override;
+
+ private:
+  std::mutex mtx_;
+  std::map<std::string, schedule_record, std::less<>> records_;
+};
+
+/// The in-process leader lease.
+class memory_lease_provider final : public lease_provider {
+ public:
+  std::optional<std::uint64_t> try_acquire(std::string_view name,
+                                           std::string_view owner,
+                                           time_point now,
+                                           std::chrono::milliseconds ttl) override;
+  void release(std::string_view name, std::string_view owner) override;
+
+ private:
+  struct slot {
+    std::string owner;
+    time_point until{};
+    std::uint64_t token = 0;
+  };
+  std::mutex mtx_;
+  std::map<std::string, slot, std::less<>> leases_;
+};
+
+} // namespace botmesh

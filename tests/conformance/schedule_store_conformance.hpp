@@ -1,0 +1,179 @@
+#pragma once
+
+// The schedule-store conformance suite: written once, run for every backend.
+//
+// A backend test file defines a factory F with
+//   std::shared_ptr<botmesh::schedule_store> make();   // fresh, empty, started
+// and instantiates the suite with
+//   TYPE_TO_STRING(F);
+//   BOTMESH_SCHEDULE_STORE_CONFORMANCE(F);
+// Times are explicit arguments, so no test waits for real time.
+
+#include <atomic>
+#include <barrier>
+#include <thread>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include <botmesh/stores/schedule_store.hpp>
+
+namespace sched_conformance {
+
+using namespace std::chrono_literals;
+
+inline botmesh::time_point t0() {
+  return botmesh::from_unix_ms(1'780'000'000'000);
+}
+
+} // namespace sched_conformance
+
+TEST_CASE_TEMPLATE_DEFINE("registering keeps a stored time and a changed spec "
+                          "reschedules",
+                          F, ssc_register) {
+  using namespace sched_conformance;
+  F f;
+  auto s = f.make();
+  CHECK_FALSE(s->get("a").has_value());
+  auto rec = s->register_task("a", "every 60000", t0() + 60s, t0());
+  CHECK(rec.id == "a");
+  CHECK(rec.spec == "every 60000");
+  CHECK(rec.next_run_at == t0() + 60s);
+  CHECK(rec.fencing_token == 0);
+  // Same spec later (a restart): the original time stays.
+  rec = s->register_task("a", "every 60000", t0() + 5min, t0() + 4min);
+  CHECK(rec.next_run_at == t0() + 60s);
+  // A changed spec reschedules from the given first run.
+  rec = s->register_task("a", "every 30000", t0() + 5min, t0() + 4min);
+  CHECK(rec.spec == "every 30000");
+  CHECK(rec.next_run_at == t0() + 5min);
+  auto got = s->get("a");
+  REQUIRE(got);
+  CHECK(*got == rec);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("a due slot is claimed by one owner while its lease "
+                          "runs",
+                          F, ssc_claim) {
+  using namespace sched_conformance;
+  F f;
+  auto s = f.make();
+  s->register_task("job", "every 60000", t0() + 60s, t0());
+  CHECK_FALSE(s->claim("job", "a", t0() + 59s, 10s).has_value()); // not due
+  CHECK_FALSE(s->claim("missing", "a", t0() + 60s, 10s).has_value());
+  auto c = s->claim("job", "a", t0() + 60s, 10s);
+  REQUIRE(c);
+  CHECK(c->token == 1);
+  CHECK_FALSE(c->interrupted);
+  CHECK(c->record.next_run_at == t0() + 60s);
+  CHECK(c->record.lease_owner == "a");
+  CHECK_FALSE(s->claim("job", "b", t0() + 65s, 10s).has_value());
+  CHECK(s->renew("job", "a", c->token, t0() + 65s, 10s));
+  CHECK_FALSE(s->claim("job", "b", t0() + 72s, 10s).has_value());
+  CHECK(s->commit("job", "a", c->token, t0() + 120s, false, t0() + 73s));
+  auto rec = s->get("job");
+  CHECK(rec->next_run_at == t0() + 120s);
+  CHECK(rec->lease_owner.empty());
+  CHECK(rec->fencing_token == 1);
+  auto c2 = s->claim("job", "b", t0() + 120s, 10s);
+  REQUIRE(c2);
+  CHECK(c2->token == 2);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("an expired claim is taken over and the stale "
+                          "executor's renew and commit are rejected",
+                          F, ssc_takeover) {
+  using namespace sched_conformance;
+  F f;
+  auto s = f.make();
+  s->register_task("job", "every 60000", t0(), t0());
+  auto dead = s->claim("job", "a", t0() + 1s, 10s);
+  REQUIRE(dead);
+  auto taken = s->claim("job", "b", t0() + 12s, 10s);
+  REQUIRE(taken);
+  CHECK(taken->interrupted);
+  CHECK(taken->token > dead->token);
+  CHECK(taken->record.claimed_at == t0() + 1s);
+  CHECK(taken->record.next_run_at == t0()); // the same slot runs again
+  CHECK_FALSE(s->renew("job", "a", dead->token, t0() + 13s, 10s));
+  CHECK_FALSE(s->commit("job", "a", dead->token, t0() + 999s, false, t0() + 13s));
+  CHECK(s->get("job")->next_run_at == t0());
+  CHECK(s->commit("job", "b", taken->token, t0() + 60s, false, t0() + 14s));
+  CHECK(s->get("job")->next_run_at == t0() + 60s);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("a one-shot leaves a tombstone, removal keeps the "
+                          "fencing token",
+                          F, ssc_tombstone) {
+  using namespace sched_conformance;
+  F f;
+  auto s = f.make();
+  s->register_task("once", "delay 1000", t0() + 1s, t0());
+  auto c = s->claim("once", "a", t0() + 1s, 10s);
+  REQUIRE(c);
+  CHECK(s->commit("once", "a", c->token, t0() + 1s, true, t0() + 2s));
+  CHECK(s->get("once")->done);
+  CHECK_FALSE(s->claim("once", "a", t0() + 5s, 10s).has_value());
+  // Re-registering the same spec keeps the tombstone.
+  CHECK(s->register_task("once", "delay 1000", t0() + 9s, t0() + 8s).done);
+  CHECK(s->remove("once", t0() + 10s));
+  CHECK_FALSE(s->remove("once", t0() + 10s));
+  auto marker = s->get("once");
+  REQUIRE(marker);
+  CHECK(marker->deleted);
+  CHECK(marker->fencing_token == c->token);
+  auto all = s->list();
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].deleted);
+  // A new registration continues the token sequence.
+  auto rec = s->register_task("once", "delay 1000", t0() + 20s, t0() + 19s);
+  CHECK_FALSE(rec.deleted);
+  CHECK_FALSE(rec.done);
+  auto c2 = s->claim("once", "a", t0() + 20s, 10s);
+  REQUIRE(c2);
+  CHECK(c2->token > c->token);
+  CHECK_FALSE(s->commit("once", "a", c->token, t0(), true, t0() + 21s));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("racing claims of one slot have exactly one winner",
+                          F, ssc_race) {
+  using namespace sched_conformance;
+  F f;
+  auto s = f.make();
+  s->register_task("race", "every 1000", t0(), t0());
+  constexpr int threads = 8;
+  constexpr int rounds = 30;
+  std::barrier sync{threads};
+  std::vector<std::atomic<int>> winners(rounds);
+  std::vector<std::uint64_t> tokens(rounds, 0);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      auto owner = "o" + std::to_string(t);
+      for (int r = 0; r < rounds; ++r) {
+        auto now = t0() + std::chrono::seconds(r);
+        sync.arrive_and_wait();
+        if (auto c = s->claim("race", owner, now, 60s)) {
+          winners[r]++;
+          tokens[r] = c->token;
+          CHECK(s->commit("race", owner, c->token, now + 1s, false, now));
+        }
+        sync.arrive_and_wait();
+      }
+    });
+  }
+  for (auto& th : pool)
+    th.join();
+  for (int r = 0; r < rounds; ++r) {
+    CHECK(winners[r].load() == 1);
+    if (r > 0)
+      CHECK(tokens[r] > tokens[r - 1]);
+  }
+}
+
+#define BOTMESH_SCHEDULE_STORE_CONFORMANCE(F)                                  \
+  TEST_CASE_TEMPLATE_INVOKE(ssc_register, F);                                  \
+  TEST_CASE_TEMPLATE_INVOKE(ssc_claim, F);                                     \
+  TEST_CASE_TEMPLATE_INVOKE(ssc_takeover, F);                                  \
+  TEST_CASE_TEMPLATE_INVOKE(ssc_tombstone, F);                                 \
+  TEST_CASE_TEMPLATE_INVOKE(ssc_race, F)

@@ -1,0 +1,478 @@
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <latch>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/scheduler/cron.hpp>
+#include <botmesh/scheduler/scheduler.hpp>
+#include <botmesh/stores/memory_schedule_store.hpp>
+
+using namespace std::chrono_literals;
+using botmesh::missed_policy;
+using botmesh::scheduled_run;
+
+namespace {
+
+botmesh::time_point t0() {
+  return botmesh::parse_iso8601("2026-06-01T10:00:00Z");
+}
+
+// Collects log lines and runs of a test (thread-safe).
+struct recorder {
+  std::mutex mtx;
+  std::vector<std::string> logs;
+  std::vector<scheduled_run> runs;
+
+  std::function<void(std::string_view)> logger() {
+    return [this](std::string_view s) {
+      std::lock_guard guard{mtx};
+      logs.emplace_back(s);
+    };
+  }
+
+  botmesh::scheduler::run_handler handler() {
+    return [this](const scheduled_run& r) {
+      std::lock_guard guard{mtx};
+      runs.push_back(r);
+    };
+  }
+
+  std::size_t count() {
+    std::lock_guard guard{mtx};
+    return runs.size();
+  }
+
+  std::size_t logs_containing(std::string_view s) {
+    std::lock_guard guard{mtx};
+    std::size_t n = 0;
+    for (auto& l : logs)
+      n += l.find(s) != std::string::npos ? 1 : 0;
+    return n;
+  }
+};
+
+std::string field_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const botmesh::invalid_argument_error& e) {
+    return e.field();
+  }
+  return "ok";
+}
+
+} // namespace
+
+TEST_CASE("an in-memory every task runs on its grid and stops when cancelled") {
+  botmesh::manual_clock clk{t0()};
+  botmesh::scheduler s{{.clock = &clk}};
+  std::atomic<int> runs{0};
+  auto task = s.every("1m", [&] { ++runs; });
+  s.poll();
+  CHECK(runs == 0);
+  clk.advance(59s);
+  s.poll();
+  CHECK(runs == 0);
+  clk.advance(1s);
+  s.poll();
+  CHECK(runs == 1);
+  clk.advance(60s);
+  s.poll();
+  CHECK(runs == 2);
+  // A late poll runs once and keeps the grid: slots passed meanwhile are skipped.
+  clk.advance(150s);
+  s.poll();
+  CHECK(runs == 3);
+  clk.advance(30s); // t0 + 5m
+  s.poll();
+  CHECK(runs == 4);
+  CHECK(task.active());
+  task.cancel();
+  CHECK_FALSE(task.active());
+  clk.advance(10min);
+  s.poll();
+  CHECK(runs == 4);
+}
+
+TEST_CASE("an in-memory delay runs once") {
+  botmesh::manual_clock clk{t0()};
+  botmesh::scheduler s{{.clock = &clk}};
+  std::atomic<int> runs{0};
+  auto task = s.delay("10 seconds", [&] { ++runs; });
+  clk.advance(10s);
+  s.poll();
+  clk.advance(10s);
+  s.poll();
+  CHECK(runs == 1);
+  CHECK_FALSE(task.active());
+}
+
+TEST_CASE("a cron task reads its fields in its time zone") {
+  botmesh::manual_clock clk{botmesh::parse_iso8601("2026-03-29T06:59:00Z")};
+  botmesh::scheduler s{{.time_zone = "America/New_York", .clock = &clk}};
+  recorder rec;
+  auto madrid = s.schedule("0 9 * * *", {.time_zone = "Europe/Madrid"},
+                           rec.handler());
+  auto ny = s.schedule("0 9 * * *", [] {});
+  CHECK(madrid.time_zone() == "Europe/Madrid");
+  CHECK(ny.time_zone() == "America/New_York");
+  s.poll();
+  CHECK(rec.count() == 0);
+  clk.advance(60s); // 09:00 CEST
+  s.poll();
+  REQUIRE(rec.count() == 1);
+  CHECK(rec.runs[0].scheduled_at == botmesh::parse_iso8601("2026-03-29T07:00:00Z"));
+}
+
+TEST_CASE("invalid tasks are rejected naming the field") {
+  botmesh::manual_clock clk{t0()};
+  botmesh::scheduler s{{.clock = &clk}};
+  auto nop = [](const scheduled_run&) {};
+  CHECK(field_of([&] { s.every(0, [] {}); }) == "interval");
+  CHECK(field_of([&] { s.every("soon", [] {}); }) == "duration");
+  CHECK(field_of([&] { s.every("1m", {.time_zone = "UTC"}, nop); })
+        == "time_zone");
+  CHECK(field_of([&] { s.delay("1m", {.time_zone = "UTC"}, nop); })
+        == "time_zone");
+  CHECK(field_of([&] { s.schedule("61 * * * *", [] {}); }) == "minute");
+  CHECK(field_of([&] { s.schedule("0 9 * * *", {.time_zone = "Nope/Nope"}, nop); })
+        == "time_zone");
+  CHECK(field_of([&] { s.every("1m", {.id = "x", .max_catch_up = 0}, nop); })
+        == "max_catch_up");
+  s.every("1m", {.id = "dup"}, nop);
+  CHECK(field_of([&] { s.every("1m", {.id = "dup"}, nop); }) == "id");
+  CHECK(field_of([] {
+          botmesh::scheduler bad{{.time_zone = "Atlantis/Capital"}};
+        })
+        == "time_zone");
+}
+
+TEST_CASE("a durable task runs each slot with an occurrence key and growing "
+          "tokens, without drift") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .clock = &clk, .log = rec.logger()}};
+  s.every("15m", {.id = "sync-crm"}, rec.handler());
+  for (int i = 0; i < 3; ++i) {
+    clk.advance(15min + 200ms); // polled a little late each time
+    s.poll();
+  }
+  REQUIRE(rec.count() == 3);
+  CHECK(rec.runs[0].task_id == "sync-crm");
+  CHECK(rec.runs[0].occurrence_key == "sync-crm@2026-06-01T10:15:00.000Z");
+  CHECK(rec.runs[1].occurrence_key == "sync-crm@2026-06-01T10:30:00.000Z");
+  CHECK(rec.runs[2].scheduled_at == t0() + 45min); // no drift
+  CHECK(rec.runs[0].fencing_token < rec.runs[1].fencing_token);
+  CHECK(rec.runs[1].fencing_token < rec.runs[2].fencing_token);
+  CHECK_FALSE(rec.runs[0].missed);
+  CHECK(store->get("sync-crm")->next_run_at == t0() + 60min);
+}
+
+TEST_CASE("missed slots follow skip, run-once and catch-up") {
+  for (auto policy : {missed_policy::skip, missed_policy::run_once,
+                      missed_policy::catch_up}) {
+    CAPTURE(botmesh::to_string(policy));
+    botmesh::manual_clock clk{t0()};
+    auto store = std::make_shared<botmesh::memory_schedule_store>();
+    recorder rec;
+    botmesh::scheduler s{{.store = store, .clock = &clk, .log = rec.logger()}};
+    s.every("1m", {.id = "job", .missed = policy, .max_catch_up = 4},
+            rec.handler());
+    // Nothing runs for 10.5 minutes (every scheduler was down).
+    clk.advance(10min + 30s);
+    s.poll();
+    switch (policy) {
+      case missed_policy::skip:
+        CHECK(rec.count() == 0);
+        break;
+      case missed_policy::run_once:
+        REQUIRE(rec.count() == 1);
+        CHECK(rec.runs[0].missed);
+        CHECK(rec.runs[0].scheduled_at == t0() + 1min); // the first missed slot
+        break;
+      case missed_policy::catch_up:
+        REQUIRE(rec.count() == 4);
+        for (int i = 0; i < 4; ++i) {
+          CHECK(rec.runs[i].missed);
+          CHECK(rec.runs[i].scheduled_at == t0() + (i + 1) * 1min);
+          CHECK(rec.runs[i].fencing_token == rec.runs[0].fencing_token);
+        }
+        CHECK(rec.runs[1].occurrence_key != rec.runs[0].occurrence_key);
+        CHECK(rec.logs_containing("skips 6 more") == 1);
+        break;
+    }
+    // Every policy goes on with the next slot after now, on time.
+    CHECK(store->get("job")->next_run_at == t0() + 11min);
+    auto before = rec.count();
+    clk.advance(30s);
+    s.poll();
+    REQUIRE(rec.count() == before + 1);
+    CHECK_FALSE(rec.runs.back().missed);
+    CHECK(rec.runs.back().scheduled_at == t0() + 11min);
+  }
+}
+
+TEST_CASE("a slot claimed within the grace period is not missed") {
+  botmesh::manual_clock clk{t0()};
+  recorder rec;
+  botmesh::scheduler s{{.tick = "1s", .clock = &clk}};
+  CHECK(s.grace() == 1s);
+  s.every("1m", {.id = "job", .missed = missed_policy::skip}, rec.handler());
+  clk.advance(61s); // 1 s late: within the grace period
+  s.poll();
+  REQUIRE(rec.count() == 1);
+  CHECK_FALSE(rec.runs[0].missed);
+  botmesh::scheduler led{{.lease = std::make_shared<botmesh::memory_lease_provider>(),
+                          .tick = "1s",
+                          .leader_ttl = "30s",
+                          .clock = &clk}};
+  CHECK(led.grace() == 61s);
+}
+
+TEST_CASE("a durable delay keeps its time across restarts and leaves a "
+          "tombstone until forgotten") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  recorder rec;
+  {
+    botmesh::scheduler a{{.store = store, .clock = &clk}};
+    a.delay("2h", {.id = "seguimiento:42", .missed = missed_policy::run_once},
+            rec.handler());
+  }
+  clk.advance(1h); // restarted an hour later: the delay is not pushed back
+  {
+    botmesh::scheduler b{{.store = store, .clock = &clk}};
+    auto task = b.delay("2h",
+                        {.id = "seguimiento:42", .missed = missed_policy::run_once},
+                        rec.handler());
+    clk.advance(1h);
+    b.poll();
+    REQUIRE(rec.count() == 1);
+    CHECK(rec.runs[0].scheduled_at == t0() + 2h);
+    CHECK_FALSE(task.active());
+    CHECK(store->get("seguimiento:42")->done);
+  }
+  std::uint64_t first_token = rec.runs[0].fencing_token;
+  {
+    // Re-registering the tombstone does not run it again.
+    botmesh::scheduler c{{.store = store, .clock = &clk}};
+    auto task = c.delay("2h", {.id = "seguimiento:42"}, rec.handler());
+    CHECK_FALSE(task.active());
+    clk.advance(3h);
+    c.poll();
+    CHECK(rec.count() == 1);
+    CHECK(c.forget_task("seguimiento:42"));
+    CHECK(store->get("seguimiento:42")->deleted);
+  }
+  {
+    // After forgetting, the id is new again and its token continues.
+    botmesh::scheduler d{{.store = store, .clock = &clk}};
+    d.delay("1m", {.id = "seguimiento:42"}, rec.handler());
+    clk.advance(1min);
+    d.poll();
+    REQUIRE(rec.count() == 2);
+    CHECK(rec.runs[1].fencing_token > first_token);
+  }
+}
+
+TEST_CASE("a missed one-shot with skip is discarded, with run-once it runs") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .clock = &clk}};
+  s.delay("1m", {.id = "skipped"}, rec.handler());
+  s.delay("1m", {.id = "reminder", .missed = missed_policy::run_once},
+          rec.handler());
+  clk.advance(1h);
+  s.poll();
+  REQUIRE(rec.count() == 1);
+  CHECK(rec.runs[0].task_id == "reminder");
+  CHECK(rec.runs[0].missed);
+  CHECK(store->get("skipped")->done);
+}
+
+TEST_CASE("a changed spec reschedules from now") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  {
+    botmesh::scheduler a{{.store = store, .clock = &clk}};
+    a.every("1h", {.id = "report"}, [](const scheduled_run&) {});
+  }
+  CHECK(store->get("report")->next_run_at == t0() + 1h);
+  clk.advance(10min);
+  recorder rec;
+  botmesh::scheduler b{{.store = store, .clock = &clk}};
+  b.every("5m", {.id = "report", .missed = missed_policy::catch_up},
+          rec.handler());
+  CHECK(store->get("report")->next_run_at == t0() + 15min);
+  clk.advance(5min);
+  b.poll();
+  REQUIRE(rec.count() == 1);
+  CHECK_FALSE(rec.runs[0].missed); // no catch-up for the old spec
+}
+
+TEST_CASE("a crashed executor's occurrence re-runs after its lease, not as "
+          "missed") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .clock = &clk}};
+  s.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "60s"},
+          rec.handler());
+  clk.advance(1min);
+  // Another replica claims the slot, then dies without committing.
+  auto dead = store->claim("job", "dead-replica", clk.now(), 60s);
+  REQUIRE(dead);
+  s.poll();
+  CHECK(rec.count() == 0); // the dead replica's lease still holds
+  clk.advance(61s);
+  s.poll();
+  REQUIRE(rec.count() == 1);
+  CHECK_FALSE(rec.runs[0].missed);
+  CHECK(rec.runs[0].scheduled_at == t0() + 1min);
+  CHECK(rec.runs[0].fencing_token > dead->token);
+}
+
+TEST_CASE("a stale executor's lease is lost, its stop token fires and its "
+          "commit is rejected") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  recorder rec_a;
+  recorder rec_b;
+  std::latch running{1};
+  std::atomic<bool> a_saw_stop{false};
+  std::atomic<std::uint64_t> a_token{0};
+  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec_a.logger()}};
+  botmesh::scheduler b{{.store = store, .clock = &clk, .log = rec_b.logger()}};
+  a.every("1m", {.id = "job", .lease = "30s"}, [&](const scheduled_run& r) {
+    a_token = r.fencing_token;
+    running.count_down();
+    // A long run that gives up when its lease is lost.
+    auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!r.stop.stop_requested() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(1ms);
+    a_saw_stop = r.stop.stop_requested();
+  });
+  b.every("1m", {.id = "job", .lease = "30s"}, rec_b.handler());
+  clk.advance(1min);
+  std::thread a_poll{[&] { a.poll(); }};
+  running.wait();
+  // A freezes past its lease: B takes the slot over.
+  clk.advance(31s);
+  b.poll();
+  REQUIRE(rec_b.count() == 1);
+  CHECK_FALSE(rec_b.runs[0].missed);
+  CHECK(rec_b.runs[0].fencing_token > a_token.load());
+  // A wakes up: its renewal fails, its stop token fires, its commit is refused.
+  a.poll();
+  a_poll.join();
+  CHECK(a_saw_stop.load());
+  CHECK(rec_a.logs_containing("lost") == 1);
+  CHECK(rec_a.logs_containing("rejected") == 1);
+  CHECK(store->get("job")->next_run_at == t0() + 2min);
+}
+
+TEST_CASE("schedulers sharing a store never run an occurrence twice or at "
+          "once, and tokens strictly increase") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  std::mutex mtx;
+  std::vector<std::pair<std::string, std::uint64_t>> runs;
+  std::atomic<int> in_flight{0};
+  std::atomic<int> overlaps{0};
+  auto handler = [&](const scheduled_run& r) {
+    if (in_flight.fetch_add(1) != 0)
+      ++overlaps;
+    std::this_thread::sleep_for(200us);
+    {
+      std::lock_guard guard{mtx};
+      runs.emplace_back(r.occurrence_key, r.fencing_token);
+    }
+    in_flight.fetch_sub(1);
+  };
+  std::vector<std::unique_ptr<botmesh::scheduler>> replicas;
+  for (int i = 0; i < 3; ++i) {
+    replicas.push_back(std::make_unique<botmesh::scheduler>(
+      botmesh::scheduler_options{.store = store, .clock = &clk}));
+    replicas.back()->every("1s", {.id = "tick"}, handler);
+  }
+  constexpr int steps = 200;
+  for (int step = 0; step < steps; ++step) {
+    clk.advance(500ms);
+    std::vector<std::thread> polls;
+    for (auto& r : replicas)
+      polls.emplace_back([&r] { r->poll(); });
+    for (auto& p : polls)
+      p.join();
+  }
+  CHECK(overlaps.load() == 0);
+  REQUIRE(runs.size() == steps / 2);
+  std::map<std::string, int> per_key;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    per_key[runs[i].first]++;
+    if (i > 0)
+      CHECK(runs[i].second > runs[i - 1].second);
+  }
+  CHECK(per_key.size() == runs.size()); // each occurrence exactly once
+}
+
+TEST_CASE("orphans are logged once at start, kept, and removed by forget_task") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  {
+    botmesh::scheduler old{{.store = store, .clock = &clk, .ns = "bot1"}};
+    old.every("1h", {.id = "retired"}, [](const scheduled_run&) {});
+  }
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .clock = &clk, .ns = "bot1",
+                        .log = rec.logger()}};
+  s.every("1h", {.id = "current"}, [](const scheduled_run&) {});
+  s.start();
+  for (int i = 0; i < 3; ++i)
+    s.poll();
+  s.stop();
+  s.start();
+  s.poll();
+  s.stop();
+  CHECK(rec.logs_containing("orphan schedule bot1:retired") == 1);
+  CHECK(rec.logs_containing("bot1:current") == 0);
+  CHECK_FALSE(store->get("bot1:retired")->deleted);
+  CHECK(s.forget_task("retired"));
+  CHECK(store->get("bot1:retired")->deleted);
+}
+
+TEST_CASE("stop fires the stop token of a running handler and waits for it") {
+  botmesh::manual_clock clk{t0()};
+  botmesh::scheduler s{{.clock = &clk}};
+  std::latch running{1};
+  std::atomic<bool> stopped_cleanly{false};
+  s.every("1s", {}, [&](const scheduled_run& r) {
+    running.count_down();
+    while (!r.stop.stop_requested())
+      std::this_thread::sleep_for(1ms);
+    stopped_cleanly = true;
+  });
+  clk.advance(1s);
+  std::thread poller{[&] { s.poll(); }};
+  running.wait();
+  s.stop();
+  poller.join();
+  CHECK(stopped_cleanly.load());
+}
+
+TEST_CASE("a started scheduler runs tasks on the system clock") {
+  botmesh::scheduler s{{.tick = "50ms"}};
+  std::atomic<int> runs{0};
+  s.every(20, [&] { ++runs; });
+  s.delay(10, [&] { ++runs; });
+  s.start();
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (runs < 4 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  s.stop();
+  CHECK(runs >= 4);
+}
