@@ -83,6 +83,10 @@ struct bot::impl final : chat_services, provider_host {
       throw invalid_argument_error("passivate_after",
                                    "bot_options.passivate_after must be > 0");
     provider_id = opts.provider->id();
+    auto sched_opts = opts.scheduler;
+    if (sched_opts.ns.empty())
+      sched_opts.ns = provider_id;
+    tasks = std::make_unique<botmesh::scheduler>(std::move(sched_opts));
   }
 
   // -- owned actor system ----------------------------------------------------
@@ -310,6 +314,7 @@ struct bot::impl final : chat_services, provider_host {
   caf::actor_system* sys = nullptr;
   caf::actor router_handle;
   std::unique_ptr<internal::worker_pool> pool;
+  std::unique_ptr<botmesh::scheduler> tasks;
   std::stop_source stop_source;
 
   std::vector<route> routes;
@@ -406,6 +411,37 @@ bot& bot::hears(std::regex pattern, handler h) {
   return *this;
 }
 
+scheduled_task bot::every(duration interval, scheduler::job fn) {
+  return impl_->tasks->every(interval, std::move(fn));
+}
+
+scheduled_task bot::every(duration interval, task_options opts,
+                          scheduler::run_handler fn) {
+  return impl_->tasks->every(interval, std::move(opts), std::move(fn));
+}
+
+scheduled_task bot::schedule(std::string_view cron, scheduler::job fn) {
+  return impl_->tasks->schedule(cron, std::move(fn));
+}
+
+scheduled_task bot::schedule(std::string_view cron, task_options opts,
+                             scheduler::run_handler fn) {
+  return impl_->tasks->schedule(cron, std::move(opts), std::move(fn));
+}
+
+scheduled_task bot::delay(duration d, scheduler::job fn) {
+  return impl_->tasks->delay(d, std::move(fn));
+}
+
+scheduled_task bot::delay(duration d, task_options opts,
+                          scheduler::run_handler fn) {
+  return impl_->tasks->delay(d, std::move(opts), std::move(fn));
+}
+
+bool bot::forget_task(std::string_view id) {
+  return impl_->tasks->forget_task(id);
+}
+
 template <>
 bot& bot::on<events::error>(std::function<void(const events::error&)> f) {
   impl_->check_not_started();
@@ -445,6 +481,7 @@ void bot::start() {
   impl_->started = true;
   impl_->accepting = true;
   impl_->opts.provider->start(*impl_);
+  impl_->tasks->start();
 }
 
 void bot::stop() {
@@ -457,6 +494,7 @@ void bot::stop() {
     impl_->stop_requested = true;
     impl_->run_cv.notify_all();
   }
+  impl_->tasks->stop();
   // 1. No more intake: later deliveries are refused. The transport stays up
   //    while draining, so turns in flight can still answer.
   impl_->accepting = false;

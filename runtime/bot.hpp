@@ -17,6 +17,7 @@
 #include <botmesh/runtime/core/duration.hpp>
 #include <botmesh/runtime/core/message.hpp>
 #include <botmesh/runtime/events.hpp>
+#include <botmesh/scheduler/scheduler.hpp>
 #include <botmesh/stores/store.hpp>
 
 namespace botmesh {
@@ -105,6 +106,10 @@ struct bot_options {
   /// (finite, so one busy chat cannot starve the others).
   std::size_t scheduler_threads = 0;
   std::size_t max_throughput = 32;
+  /// The task scheduler (`every`, `schedule`, `delay`): schedule store,
+  /// leader lease, default time zone... Its `ns` defaults to the provider id,
+  /// so bots sharing a schedule store do not collide.
+  scheduler_options scheduler{};
 };
 
 /// Counters since construction.
@@ -161,6 +166,21 @@ class bot {
 
   /// Handles a message whose text contains a match of `pattern`.
   bot& hears(std::regex pattern, handler h);
+
+  /// Scheduled tasks (see scheduler.hpp): they start with `start()` and
+  /// pause with `stop()`; registering works before and after `start()`.
+  scheduled_task every(duration interval, scheduler::job fn);
+  scheduled_task every(duration interval, task_options opts,
+                       scheduler::run_handler fn);
+  scheduled_task schedule(std::string_view cron, scheduler::job fn);
+  scheduled_task schedule(std::string_view cron, task_options opts,
+                          scheduler::run_handler fn);
+  scheduled_task delay(duration d, scheduler::job fn);
+  scheduled_task delay(duration d, task_options opts,
+                       scheduler::run_handler fn);
+
+  /// Removes the stored row of a durable task (the bot's namespace applied).
+  bool forget_task(std::string_view id);
 
   /// Subscribes to an event type: `events::error`, `events::message_in`,
   /// `events::message_out`.

@@ -9,4 +9,7 @@
 #include <botmesh/runtime/core/duration.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/events.hpp>
+#include <botmesh/scheduler/cron.hpp>
+#include <botmesh/scheduler/scheduler.hpp>
+#include <botmesh/stores/memory_schedule_store.hpp>
 #include <botmesh/stores/memory_store.hpp>

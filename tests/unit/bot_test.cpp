@@ -300,3 +300,24 @@ TEST_CASE("bot options are checked when the bot is created") {
   CHECK_THROWS_AS(b.on_message([](botmesh::context&) {}),
                   botmesh::invalid_argument_error);
 }
+
+TEST_CASE("a bot's scheduled tasks run while it runs and pause when it stops") {
+  auto p = make_provider();
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  botmesh::bot b{{.provider = p, .scheduler = {.store = store, .tick = "20ms"}}};
+  std::atomic<int> beats{0};
+  b.every(10, [&] { ++beats; });
+  auto durable = b.every("1h", {.id = "informe"},
+                         [](const botmesh::scheduled_run&) {});
+  // Durable ids get the bot's namespace (the provider id by default).
+  CHECK(store->get("test:informe").has_value());
+  CHECK(durable.id() == "informe");
+  b.start();
+  REQUIRE(test::eventually([&] { return beats.load() >= 3; }));
+  b.stop();
+  auto after_stop = beats.load();
+  std::this_thread::sleep_for(50ms);
+  CHECK(beats.load() == after_stop);
+  CHECK(b.forget_task("informe"));
+  CHECK(store->get("test:informe")->deleted);
+}
