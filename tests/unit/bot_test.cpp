@@ -143,6 +143,16 @@ TEST_CASE("a failing provider send is reported and counted") {
   p->fail_sends(false);
   b.send("ana", "directo");
   CHECK(p->sent_to("ana").size() == 1);
+  // A closed transport refuses sends with provider_error.
+  p->set_state(botmesh::provider_state::closed);
+  try {
+    b.send("ana", "x");
+    FAIL("sent through a closed transport");
+  } catch (const botmesh::error& e) {
+    CHECK(e.code() == errc::provider_error);
+    CHECK(std::string{e.what()}.find("closed") != std::string::npos);
+  }
+  p->set_state(botmesh::provider_state::open);
   CHECK_THROWS_AS(b.send("", "x"), botmesh::invalid_argument_error);
 }
 

@@ -476,3 +476,60 @@ TEST_CASE("a started scheduler runs tasks on the system clock") {
   s.stop();
   CHECK(runs >= 4);
 }
+
+TEST_CASE("with a leader lease a follower claims only runs overdue by the "
+          "leader TTL, and such a run is not missed") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  auto lease = std::make_shared<botmesh::memory_lease_provider>();
+  recorder rec_a;
+  recorder rec_b;
+  botmesh::scheduler a{{.store = store, .lease = lease, .owner = "a",
+                        .tick = "1s", .leader_ttl = "5m", .clock = &clk}};
+  botmesh::scheduler b{{.store = store, .lease = lease, .owner = "b",
+                        .tick = "1s", .leader_ttl = "5m", .clock = &clk}};
+  // Only b registers the task (a gradual deploy): a leads but cannot run it.
+  b.every("1h", {.id = "report"}, rec_b.handler());
+  a.poll(); // a takes the leader lease and keeps renewing it
+  clk.advance(1h);
+  a.poll();
+  b.poll();
+  CHECK(rec_b.count() == 0); // on time belongs to the leader
+  clk.advance(4min);
+  a.poll();
+  b.poll();
+  CHECK(rec_b.count() == 0);
+  clk.advance(1min + 1s); // overdue by the leader TTL while a still leads
+  b.poll();
+  REQUIRE(rec_b.count() == 1);
+  CHECK_FALSE(rec_b.runs[0].missed); // within tick + 2 x leader TTL
+  CHECK(rec_b.runs[0].scheduled_at == t0() + 1h);
+  CHECK(rec_a.count() == 0);
+}
+
+TEST_CASE("a catch-up interrupted by stop resumes from its first slot not run") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  botmesh::scheduler s{{.store = store, .clock = &clk}};
+  std::vector<botmesh::time_point> ran;
+  std::thread stopper;
+  s.every("1m", {.id = "sync", .missed = missed_policy::catch_up},
+          [&](const scheduled_run& r) {
+            ran.push_back(r.scheduled_at);
+            if (ran.size() == 2) {
+              stopper = std::thread{[&] { s.stop(); }};
+              while (!r.stop.stop_requested())
+                std::this_thread::sleep_for(1ms);
+            }
+          });
+  clk.advance(5min + 30s);
+  s.poll();
+  stopper.join();
+  REQUIRE(ran.size() == 2);
+  CHECK(store->get("sync")->next_run_at == t0() + 3min);
+  // Started again, it goes on with the slots it did not run.
+  s.poll();
+  REQUIRE(ran.size() == 5);
+  CHECK(ran[2] == t0() + 3min);
+  CHECK(ran[4] == t0() + 5min);
+}
