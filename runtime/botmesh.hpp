@@ -13,3 +13,4 @@
 #include <botmesh/scheduler/scheduler.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>
 #include <botmesh/stores/memory_store.hpp>
+#include <botmesh/stores/sqlite/sqlite_store.hpp>

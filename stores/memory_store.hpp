@@ -57,7 +57,7 @@ class memory_store final : public store {
                                            std::string_view key) override;
   void set_user_data(std::string_view user, std::string_view ns,
                      std::string_view key, std::string_view value_json,
-                     std::optional<std::chrono::milliseconds> ttl) override;
+                     std::optional<std::chrono::milliseconds> ttl = {}) override;
   bool delete_user_data(std::string_view user, std::string_view ns,
                         std::string_view key) override;
   std::vector<std::pair<std::string, std::string>>

@@ -1,0 +1,130 @@
+#include <botmesh/stores/sqlite/internal/db.hpp>
+
+#include <fmt/format.h>
+
+#include <botmesh/runtime/core/error.hpp>
+
+namespace botmesh::internal {
+
+db::db(const std::string& path) {
+  int rc = sqlite3_open_v2(path.c_str(), &db_,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
+                             | SQLITE_OPEN_NOMUTEX,
+                           nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw error(errc::store_error,
+                fmt::format("sqlite: opening {} failed: {}", path, msg));
+  }
+  // Writers from other processes wait instead of failing at once.
+  sqlite3_busy_timeout(db_, 5000);
+}
+
+db::~db() {
+  sqlite3_close_v2(db_);
+}
+
+void db::fail(std::string_view what) const {
+  throw error(errc::store_error,
+              fmt::format("sqlite: {} failed: {}", what, sqlite3_errmsg(db_)));
+}
+
+void db::exec(std::string_view sql) {
+  std::lock_guard guard{mtx_};
+  std::string s{sql};
+  char* err = nullptr;
+  if (sqlite3_exec(db_, s.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    throw error(errc::store_error,
+                fmt::format("sqlite: executing \"{}\" failed: {}",
+                            s.substr(0, 60), msg));
+  }
+}
+
+stmt::stmt(db& d, std::string_view sql) : db_(d) {
+  if (sqlite3_prepare_v2(d.handle(), sql.data(), static_cast<int>(sql.size()),
+                         &s_, nullptr)
+      != SQLITE_OK)
+    d.fail(fmt::format("preparing \"{}\"", sql.substr(0, 60)));
+}
+
+stmt::~stmt() {
+  sqlite3_finalize(s_);
+}
+
+stmt& stmt::bind(int i, std::string_view v) {
+  if (sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()),
+                        SQLITE_TRANSIENT)
+      != SQLITE_OK)
+    db_.fail("binding a text");
+  return *this;
+}
+
+stmt& stmt::bind(int i, std::int64_t v) {
+  if (sqlite3_bind_int64(s_, i, v) != SQLITE_OK)
+    db_.fail("binding an integer");
+  return *this;
+}
+
+stmt& stmt::bind_null(int i) {
+  if (sqlite3_bind_null(s_, i) != SQLITE_OK)
+    db_.fail("binding null");
+  return *this;
+}
+
+bool stmt::step() {
+  int rc = sqlite3_step(s_);
+  if (rc == SQLITE_ROW)
+    return true;
+  if (rc == SQLITE_DONE)
+    return false;
+  db_.fail(fmt::format("running \"{}\"",
+                       std::string_view{sqlite3_sql(s_)}.substr(0, 60)));
+}
+
+int stmt::run() {
+  while (step()) {
+    // results ignored
+  }
+  return sqlite3_changes(db_.handle());
+}
+
+std::string stmt::text(int col) const {
+  auto p = sqlite3_column_text(s_, col);
+  auto n = sqlite3_column_bytes(s_, col);
+  return p ? std::string{reinterpret_cast<const char*>(p),
+                         static_cast<size_t>(n)}
+           : std::string{};
+}
+
+std::int64_t stmt::int64(int col) const {
+  return sqlite3_column_int64(s_, col);
+}
+
+bool stmt::is_null(int col) const {
+  return sqlite3_column_type(s_, col) == SQLITE_NULL;
+}
+
+transaction::transaction(db& d) : db_(d), lock_(d.mutex()) {
+  db_.exec("BEGIN IMMEDIATE");
+}
+
+transaction::~transaction() {
+  if (!done_) {
+    try {
+      db_.exec("ROLLBACK");
+    } catch (...) {
+      // nop: the connection rolls back on its own when the statement failed
+    }
+  }
+}
+
+void transaction::commit() {
+  db_.exec("COMMIT");
+  done_ = true;
+}
+
+} // namespace botmesh::internal

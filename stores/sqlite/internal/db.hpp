@@ -1,0 +1,87 @@
+#pragma once
+
+// Internal: a thin RAII layer over one SQLite connection. Included only by
+// .cpp files of stores/sqlite (it pulls in sqlite3.h).
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <sqlite3.h>
+
+namespace botmesh::internal {
+
+/// One connection, serialized by a mutex (SQLite connections are not meant
+/// for concurrent use). Every error throws `botmesh::error` with
+/// `errc::store_error` naming the operation and SQLite's message.
+class db {
+ public:
+  explicit db(const std::string& path);
+  ~db();
+
+  db(const db&) = delete;
+  db& operator=(const db&) = delete;
+
+  void exec(std::string_view sql);
+
+  sqlite3* handle() noexcept {
+    return db_;
+  }
+
+  std::recursive_mutex& mutex() noexcept {
+    return mtx_;
+  }
+
+  [[noreturn]] void fail(std::string_view what) const;
+
+ private:
+  sqlite3* db_ = nullptr;
+  std::recursive_mutex mtx_;
+};
+
+/// A prepared statement; bind by 1-based index, step, read columns.
+class stmt {
+ public:
+  stmt(db& d, std::string_view sql);
+  ~stmt();
+
+  stmt(const stmt&) = delete;
+  stmt& operator=(const stmt&) = delete;
+
+  stmt& bind(int i, std::string_view v);
+  stmt& bind(int i, std::int64_t v);
+  stmt& bind_null(int i);
+
+  /// True while a row is available.
+  bool step();
+
+  /// Runs a statement that returns no rows; returns changed rows.
+  int run();
+
+  std::string text(int col) const;
+  std::int64_t int64(int col) const;
+  bool is_null(int col) const;
+
+ private:
+  db& db_;
+  sqlite3_stmt* s_ = nullptr;
+};
+
+/// BEGIN IMMEDIATE ... COMMIT, rolled back when not committed. Takes the
+/// connection's mutex for its lifetime.
+class transaction {
+ public:
+  explicit transaction(db& d);
+  ~transaction();
+
+  void commit();
+
+ private:
+  db& db_;
+  std::unique_lock<std::recursive_mutex> lock_;
+  bool done_ = false;
+};
+
+} // namespace botmesh::internal

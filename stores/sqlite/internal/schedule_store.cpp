@@ -1,0 +1,158 @@
+#include <botmesh/stores/sqlite/internal/schedule_store.hpp>
+
+#include <botmesh/stores/sqlite/internal/db.hpp>
+#include <botmesh/stores/store.hpp>
+
+namespace botmesh::internal {
+
+namespace {
+
+constexpr const char* columns =
+  "id, spec, next_run_at, fencing_token, lease_owner, lease_until, "
+  "claimed_at, done, deleted, updated_at";
+
+schedule_record read(const stmt& s) {
+  schedule_record r;
+  r.id = s.text(0);
+  r.spec = s.text(1);
+  r.next_run_at = from_unix_ms(s.int64(2));
+  r.fencing_token = static_cast<std::uint64_t>(s.int64(3));
+  r.lease_owner = s.text(4);
+  r.lease_until = from_unix_ms(s.int64(5));
+  r.claimed_at = from_unix_ms(s.int64(6));
+  r.done = s.int64(7) != 0;
+  r.deleted = s.int64(8) != 0;
+  r.updated_at = from_unix_ms(s.int64(9));
+  return r;
+}
+
+std::optional<schedule_record> load(db& d, std::string_view id) {
+  stmt s{d, std::string{"SELECT "} + columns + " FROM schedules WHERE id=?"};
+  s.bind(1, id);
+  if (!s.step())
+    return std::nullopt;
+  return read(s);
+}
+
+void save(db& d, const schedule_record& r) {
+  stmt s{d, "INSERT OR REPLACE INTO schedules VALUES (?,?,?,?,?,?,?,?,?,?)"};
+  s.bind(1, r.id).bind(2, r.spec).bind(3, to_unix_ms(r.next_run_at));
+  s.bind(4, static_cast<std::int64_t>(r.fencing_token)).bind(5, r.lease_owner);
+  s.bind(6, to_unix_ms(r.lease_until)).bind(7, to_unix_ms(r.claimed_at));
+  s.bind(8, std::int64_t{r.done}).bind(9, std::int64_t{r.deleted});
+  s.bind(10, to_unix_ms(r.updated_at));
+  s.run();
+}
+
+class sqlite_schedule_store final : public schedule_store {
+ public:
+  explicit sqlite_schedule_store(std::shared_ptr<db> d) : db_(std::move(d)) {
+    // nop
+  }
+
+  std::optional<schedule_record> get(std::string_view id) override {
+    std::lock_guard guard{db_->mutex()};
+    return load(*db_, id);
+  }
+
+  // The same transitions as memory_schedule_store, each in one transaction.
+  schedule_record register_task(std::string_view id, std::string_view spec,
+                                time_point first_run, time_point now) override {
+    detail::check_key(id, "id");
+    transaction tx{*db_};
+    auto rec = load(*db_, id);
+    if (rec && !rec->deleted && rec->spec == spec)
+      return *rec;
+    schedule_record r = rec.value_or(schedule_record{});
+    r.id = std::string{id};
+    r.spec = std::string{spec};
+    r.next_run_at = first_run;
+    r.lease_owner.clear();
+    r.lease_until = {};
+    r.claimed_at = {};
+    r.done = false;
+    r.deleted = false;
+    r.updated_at = now;
+    save(*db_, r);
+    tx.commit();
+    return r;
+  }
+
+  std::optional<schedule_claim> claim(std::string_view id,
+                                      std::string_view owner, time_point now,
+                                      std::chrono::milliseconds lease) override {
+    detail::check_key(owner, "owner");
+    detail::check_ttl(lease, "lease");
+    transaction tx{*db_};
+    auto rec = load(*db_, id);
+    if (!rec || rec->deleted || rec->done || rec->next_run_at > now)
+      return std::nullopt;
+    if (!rec->lease_owner.empty() && rec->lease_until > now)
+      return std::nullopt;
+    bool interrupted = !rec->lease_owner.empty();
+    rec->fencing_token += 1;
+    rec->lease_owner = std::string{owner};
+    rec->lease_until = now + lease;
+    if (!interrupted)
+      rec->claimed_at = now;
+    rec->updated_at = now;
+    save(*db_, *rec);
+    tx.commit();
+    return schedule_claim{*rec, rec->fencing_token, interrupted};
+  }
+
+  bool renew(std::string_view id, std::string_view owner, std::uint64_t token,
+             time_point now, std::chrono::milliseconds lease) override {
+    detail::check_ttl(lease, "lease");
+    std::lock_guard guard{db_->mutex()};
+    stmt s{*db_, "UPDATE schedules SET lease_until=?, updated_at=? WHERE id=? "
+                 "AND deleted=0 AND fencing_token=? AND lease_owner=? AND "
+                 "lease_until>?"};
+    s.bind(1, to_unix_ms(now + lease)).bind(2, to_unix_ms(now)).bind(3, id);
+    s.bind(4, static_cast<std::int64_t>(token)).bind(5, owner);
+    s.bind(6, to_unix_ms(now));
+    return s.run() > 0;
+  }
+
+  bool commit(std::string_view id, std::string_view owner, std::uint64_t token,
+              time_point next_run_at, bool done, time_point now) override {
+    std::lock_guard guard{db_->mutex()};
+    stmt s{*db_, "UPDATE schedules SET next_run_at=?, done=?, lease_owner='', "
+                 "lease_until=0, claimed_at=0, updated_at=? WHERE id=? AND "
+                 "deleted=0 AND fencing_token=? AND lease_owner=?"};
+    s.bind(1, to_unix_ms(next_run_at)).bind(2, std::int64_t{done});
+    s.bind(3, to_unix_ms(now)).bind(4, id);
+    s.bind(5, static_cast<std::int64_t>(token)).bind(6, owner);
+    return s.run() > 0;
+  }
+
+  bool remove(std::string_view id, time_point now) override {
+    std::lock_guard guard{db_->mutex()};
+    stmt s{*db_, "UPDATE schedules SET deleted=1, done=0, lease_owner='', "
+                 "lease_until=0, claimed_at=0, updated_at=? WHERE id=? AND "
+                 "deleted=0"};
+    s.bind(1, to_unix_ms(now)).bind(2, id);
+    return s.run() > 0;
+  }
+
+  std::vector<schedule_record> list() override {
+    std::lock_guard guard{db_->mutex()};
+    stmt s{*db_, std::string{"SELECT "} + columns
+                   + " FROM schedules ORDER BY id"};
+    std::vector<schedule_record> out;
+    while (s.step())
+      out.push_back(read(s));
+    return out;
+  }
+
+ private:
+  std::shared_ptr<db> db_;
+};
+
+} // namespace
+
+std::shared_ptr<schedule_store> make_sqlite_schedule_store(std::shared_ptr<db> d) {
+  return std::make_shared<sqlite_schedule_store>(std::move(d));
+}
+
+} // namespace botmesh::internal

@@ -1,0 +1,190 @@
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <barrier>
+#include <thread>
+
+#include <sqlite3.h>
+
+#include <conformance/schedule_store_conformance.hpp>
+#include <conformance/store_conformance.hpp>
+
+#include <botmesh/stores/sqlite/sqlite_store.hpp>
+
+#include "temp_file.hpp"
+
+namespace {
+
+struct sqlite_store_factory {
+  test::temp_file file;
+  botmesh::manual_clock clock{
+    std::chrono::time_point_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now())};
+
+  std::shared_ptr<botmesh::store> make() {
+    auto s = std::make_shared<botmesh::sqlite_store>(
+      botmesh::sqlite_store_options{.path = file.path(), .clock = &clock});
+    s->start();
+    return s;
+  }
+
+  void advance(std::chrono::milliseconds d) {
+    clock.advance(d);
+  }
+};
+
+struct sqlite_schedule_store_factory {
+  test::temp_file file;
+  std::shared_ptr<botmesh::sqlite_store> owner;
+
+  std::shared_ptr<botmesh::schedule_store> make() {
+    owner = std::make_shared<botmesh::sqlite_store>(
+      botmesh::sqlite_store_options{.path = file.path()});
+    owner->start();
+    return owner->schedules();
+  }
+};
+
+// Runs one SQL statement on the file with a separate connection, as another
+// program (or a disk fault) would.
+void raw_sql(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+  char* err = nullptr;
+  auto rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+  INFO((err ? err : ""));
+  sqlite3_free(err);
+  sqlite3_close(db);
+  REQUIRE(rc == SQLITE_OK);
+}
+
+} // namespace
+
+TYPE_TO_STRING(sqlite_store_factory);
+TYPE_TO_STRING(sqlite_schedule_store_factory);
+BOTMESH_STORE_CONFORMANCE(sqlite_store_factory);
+BOTMESH_SCHEDULE_STORE_CONFORMANCE(sqlite_schedule_store_factory);
+
+TEST_CASE("the SQLite store keeps everything across a reopen, in WAL mode") {
+  test::temp_file file;
+  std::uint64_t rev = 0;
+  {
+    botmesh::sqlite_store s{{.path = file.path()}};
+    s.start();
+    s.save_chat({"test:a", "test", "a", "", botmesh::from_unix_ms(1),
+                 botmesh::from_unix_ms(2), "{}"});
+    s.append_message("test:a", {0, botmesh::direction::in, "m1", "a", "hola"});
+    botmesh::flow_checkpoint cp;
+    cp.key = "test:a";
+    cp.flow = "pedido";
+    cp.state = R"({"n":1})";
+    rev = *s.set_checkpoint_if(cp, 0);
+    s.set_user_data("a", "perfil", "nombre", R"("Ana")");
+    s.schedules()->register_task("job", "every 1000",
+                                 botmesh::from_unix_ms(5000),
+                                 botmesh::from_unix_ms(4000));
+  }
+  botmesh::sqlite_store s{{.path = file.path()}};
+  s.start();
+  CHECK(s.get_chat("test:a").has_value());
+  CHECK(s.messages("test:a", 5).at(0).text == "hola");
+  CHECK(s.get_checkpoint("test:a")->revision == rev);
+  CHECK(s.get_user_data("a", "perfil", "nombre") == R"("Ana")");
+  CHECK(s.schedules()->get("job")->next_run_at == botmesh::from_unix_ms(5000));
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(file.path().c_str(), &db) == SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, nullptr);
+  REQUIRE(sqlite3_step(st) == SQLITE_ROW);
+  CHECK(std::string{reinterpret_cast<const char*>(sqlite3_column_text(st, 0))}
+        == "wal");
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+}
+
+TEST_CASE("a corrupted checkpoint row gives an error naming the key, and the "
+          "key can still be written") {
+  test::temp_file file;
+  botmesh::sqlite_store s{{.path = file.path()}};
+  s.start();
+  botmesh::flow_checkpoint cp;
+  cp.key = "test:broken";
+  cp.flow = "pedido";
+  auto rev = *s.set_checkpoint_if(cp, 0);
+  raw_sql(file.path(),
+          "UPDATE checkpoints SET body='{garbage' WHERE key='test:broken'");
+  try {
+    s.get_checkpoint("test:broken");
+    FAIL("read a corrupted checkpoint");
+  } catch (const botmesh::error& e) {
+    CHECK(e.code() == botmesh::errc::corrupted_record);
+    CHECK(std::string{e.what()}.find("test:broken") != std::string::npos);
+    CHECK(std::string{e.what()}.find("not valid JSON") != std::string::npos);
+  }
+  // Other rows are unaffected, and the broken one can be replaced.
+  cp.key = "test:fine";
+  CHECK(s.set_checkpoint_if(cp, 0).has_value());
+  cp.key = "test:broken";
+  auto next = s.set_checkpoint_if(cp, rev);
+  REQUIRE(next);
+  CHECK(*next > rev);
+  CHECK(s.get_checkpoint("test:broken")->flow == "pedido");
+}
+
+TEST_CASE("compare-and-set holds across separate connections to one file") {
+  test::temp_file file;
+  constexpr int writers = 4;
+  constexpr int rounds = 25;
+  std::vector<std::unique_ptr<botmesh::sqlite_store>> stores;
+  for (int i = 0; i < writers; ++i) {
+    stores.push_back(std::make_unique<botmesh::sqlite_store>(
+      botmesh::sqlite_store_options{.path = file.path()}));
+    stores.back()->start();
+  }
+  std::barrier sync{writers};
+  std::atomic<std::uint64_t> expected{0};
+  std::vector<std::atomic<int>> winners(rounds);
+  std::vector<std::thread> pool;
+  for (int w = 0; w < writers; ++w) {
+    pool.emplace_back([&, w] {
+      for (int r = 0; r < rounds; ++r) {
+        sync.arrive_and_wait();
+        auto seen = expected.load();
+        sync.arrive_and_wait();
+        botmesh::flow_checkpoint cp;
+        cp.key = "test:shared";
+        cp.step = std::to_string(w);
+        if (auto rev = stores[w]->set_checkpoint_if(cp, seen)) {
+          winners[r]++;
+          expected = *rev;
+        }
+        sync.arrive_and_wait();
+      }
+    });
+  }
+  for (auto& t : pool)
+    t.join();
+  for (int r = 0; r < rounds; ++r)
+    CHECK(winners[r].load() == 1);
+  // Lock fences too: every connection sees one sequence.
+  auto a = stores[0]->acquire_lock_fenced("k", std::chrono::seconds(10));
+  REQUIRE(a);
+  CHECK_FALSE(stores[1]->acquire_lock_fenced("k", std::chrono::seconds(10)));
+  REQUIRE(stores[0]->release_lock("k", a->token));
+  auto b = stores[1]->acquire_lock_fenced("k", std::chrono::seconds(10));
+  REQUIRE(b);
+  CHECK(b->fence > a->fence);
+}
+
+TEST_CASE("a SQLite store that cannot open its file says so") {
+  botmesh::sqlite_store s{{.path = "/nonexistent-dir/x/bot.db"}};
+  try {
+    s.start();
+    FAIL("opened an impossible path");
+  } catch (const botmesh::error& e) {
+    CHECK(e.code() == botmesh::errc::store_error);
+    CHECK(std::string{e.what()}.find("/nonexistent-dir/x/bot.db")
+          != std::string::npos);
+  }
+  CHECK_THROWS_AS(s.get_chat("x"), botmesh::error);
+}
