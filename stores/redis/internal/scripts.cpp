@@ -1,0 +1,34 @@
+#include <botmesh/stores/redis/internal/scripts.hpp>
+
+#include <string_view>
+
+// Generated at build time from lua/*.lua (see CMakeLists.txt).
+#include "redis_lua.inc"
+
+namespace botmesh::internal {
+
+const scripts& lua() {
+  static const scripts all{
+    {"chat_save", lua_src::chat_save},
+    {"chat_delete", lua_src::chat_delete},
+    {"record_save", lua_src::record_save},
+    {"record_delete", lua_src::record_delete},
+    {"log_append", lua_src::log_append},
+    {"checkpoint_set", lua_src::checkpoint_set},
+    {"checkpoint_clear_if", lua_src::checkpoint_clear_if},
+    {"user_data_set", lua_src::user_data_set},
+    {"lock_acquire", lua_src::lock_acquire},
+    {"lock_renew", lua_src::lock_renew},
+    {"lock_release", lua_src::lock_release},
+    {"schedule_register", lua_src::schedule_register},
+    {"schedule_claim", lua_src::schedule_claim},
+    {"schedule_renew", lua_src::schedule_renew},
+    {"schedule_commit", lua_src::schedule_commit},
+    {"schedule_remove", lua_src::schedule_remove},
+    {"lease_acquire", lua_src::lease_acquire},
+    {"lease_release", lua_src::lease_release},
+  };
+  return all;
+}
+
+} // namespace botmesh::internal

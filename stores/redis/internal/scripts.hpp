@@ -1,0 +1,33 @@
+#pragma once
+
+// Internal: the Lua scripts of lua/*.lua, embedded at build time.
+
+#include <botmesh/stores/redis/redis_client.hpp>
+
+namespace botmesh::internal {
+
+struct scripts {
+  redis_script chat_save;
+  redis_script chat_delete;
+  redis_script record_save;
+  redis_script record_delete;
+  redis_script log_append;
+  redis_script checkpoint_set;
+  redis_script checkpoint_clear_if;
+  redis_script user_data_set;
+  redis_script lock_acquire;
+  redis_script lock_renew;
+  redis_script lock_release;
+  redis_script schedule_register;
+  redis_script schedule_claim;
+  redis_script schedule_renew;
+  redis_script schedule_commit;
+  redis_script schedule_remove;
+  redis_script lease_acquire;
+  redis_script lease_release;
+};
+
+/// Built once; SHA-1s computed at first use.
+const scripts& lua();
+
+} // namespace botmesh::internal

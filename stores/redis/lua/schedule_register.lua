@@ -1,0 +1,20 @@
+#!lua
+-- Registers a durable task (see schedule_store::register_task).
+--
+--   schedule hash: spec, next, token, owner, until, claimed, done, deleted,
+--                  updated (times in Unix ms, from the caller's clock)
+--
+-- KEYS[1] schedule hash  KEYS[2] schedule index (zset, score 0)
+-- ARGV[1] id  ARGV[2] spec  ARGV[3] first run  ARGV[4] now
+-- Returns the hash as a flat field/value array. Cost: O(log n).
+local h = KEYS[1]
+if redis.call('EXISTS', h) == 1 and redis.call('HGET', h, 'deleted') == '0'
+   and redis.call('HGET', h, 'spec') == ARGV[2] then
+  return redis.call('HGETALL', h)
+end
+local token = redis.call('HGET', h, 'token') or '0'
+redis.call('HSET', h, 'spec', ARGV[2], 'next', ARGV[3], 'token', token,
+           'owner', '', 'until', 0, 'claimed', 0, 'done', 0, 'deleted', 0,
+           'updated', ARGV[4])
+redis.call('ZADD', KEYS[2], 0, ARGV[1])
+return redis.call('HGETALL', h)

@@ -1,0 +1,454 @@
+#include <botmesh/stores/redis/redis_client.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <hiredis/hiredis.h>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/redis/internal/sha1.hpp>
+
+namespace botmesh {
+
+std::string_view to_string(redis_reply::kind k) noexcept {
+  switch (k) {
+    case redis_reply::kind::nil:
+      return "nil";
+    case redis_reply::kind::integer:
+      return "integer";
+    case redis_reply::kind::string:
+      return "string";
+    case redis_reply::kind::status:
+      return "status";
+    case redis_reply::kind::error:
+      return "error";
+    case redis_reply::kind::array:
+      return "array";
+  }
+  return "nil";
+}
+
+void throw_redis_error(std::string_view what, const redis_reply& reply) {
+  throw error(errc::store_error,
+              fmt::format("redis {}: server error: {}", what, reply.str));
+}
+
+void expect_reply(std::string_view what, const redis_reply& reply,
+                  redis_reply::kind want) {
+  if (reply.type == redis_reply::kind::error)
+    throw_redis_error(what, reply);
+  if (reply.type != want)
+    throw error(errc::store_error,
+                fmt::format("redis {}: expected a reply of type {}, got {}",
+                            what, to_string(want), to_string(reply.type)));
+}
+
+redis_script::redis_script(std::string name, std::string_view body)
+  : name_(std::move(name)), body_(body), sha_(internal::sha1_hex(body)) {
+  // nop
+}
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+struct endpoint_info {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  std::string user;
+  std::string password;
+  int db = 0;
+};
+
+[[noreturn]] void bad_url(std::string_view url, std::string_view why) {
+  throw invalid_argument_error(
+    "url", fmt::format("invalid Redis URL \"{}\": {} (expected "
+                       "redis://[user:password@]host:port[/db])",
+                       url, why));
+}
+
+int parse_int(std::string_view url, std::string_view s, std::string_view what,
+              int lo, int hi) {
+  int v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size() || v < lo
+      || v > hi)
+    bad_url(url, fmt::format("bad {} \"{}\"", what, s));
+  return v;
+}
+
+endpoint_info parse_url(std::string_view url) {
+  endpoint_info ep;
+  constexpr std::string_view scheme = "redis://";
+  if (!url.starts_with(scheme))
+    bad_url(url, "it must start with redis://");
+  auto rest = url.substr(scheme.size());
+  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
+    auto cred = rest.substr(0, at);
+    rest = rest.substr(at + 1);
+    if (auto colon = cred.find(':'); colon != std::string_view::npos) {
+      ep.user = std::string{cred.substr(0, colon)};
+      ep.password = std::string{cred.substr(colon + 1)};
+    } else {
+      ep.password = std::string{cred};
+    }
+  }
+  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
+    auto db = rest.substr(slash + 1);
+    if (!db.empty())
+      ep.db = parse_int(url, db, "database", 0, 1'000'000);
+    rest = rest.substr(0, slash);
+  }
+  if (auto colon = rest.rfind(':'); colon != std::string_view::npos) {
+    ep.port = parse_int(url, rest.substr(colon + 1), "port", 1, 65535);
+    rest = rest.substr(0, colon);
+  }
+  if (rest.empty())
+    bad_url(url, "no host");
+  ep.host = std::string{rest};
+  return ep;
+}
+
+redis_reply convert(const redisReply* r) {
+  redis_reply out;
+  switch (r->type) {
+    case REDIS_REPLY_STRING:
+      out.type = redis_reply::kind::string;
+      out.str.assign(r->str, r->len);
+      break;
+    case REDIS_REPLY_STATUS:
+      out.type = redis_reply::kind::status;
+      out.str.assign(r->str, r->len);
+      break;
+    case REDIS_REPLY_ERROR:
+      out.type = redis_reply::kind::error;
+      out.str.assign(r->str, r->len);
+      break;
+    case REDIS_REPLY_INTEGER:
+      out.type = redis_reply::kind::integer;
+      out.integer = r->integer;
+      break;
+    case REDIS_REPLY_ARRAY:
+      out.type = redis_reply::kind::array;
+      out.elements.reserve(r->elements);
+      for (size_t i = 0; i < r->elements; ++i)
+        out.elements.push_back(convert(r->element[i]));
+      break;
+    default:
+      out.type = redis_reply::kind::nil;
+  }
+  return out;
+}
+
+timeval to_timeval(std::chrono::milliseconds d) {
+  timeval tv;
+  tv.tv_sec = static_cast<time_t>(d.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((d.count() % 1000) * 1000);
+  return tv;
+}
+
+struct request {
+  redis_client::command cmd;
+  redis_client::callback done;
+};
+
+// One connection and the thread that owns it: its queue is its mailbox.
+class connection {
+ public:
+  connection(const endpoint_info& ep, const redis_options& opts,
+             std::string endpoint)
+    : ep_(ep), opts_(opts), endpoint_(std::move(endpoint)) {
+    thread_ = std::thread{[this] { loop(); }};
+  }
+
+  ~connection() {
+    {
+      std::lock_guard guard{mtx_};
+      closing_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    if (ctx_)
+      redisFree(ctx_);
+  }
+
+  void enqueue(request r) {
+    {
+      std::unique_lock guard{mtx_};
+      // While the server is unreachable, fail at once instead of queueing
+      // behind a connect attempt that is bound to wait.
+      if (down_ && steady::now() < next_attempt_) {
+        auto why = last_error_;
+        guard.unlock();
+        r.done({}, std::make_exception_ptr(error(
+                     errc::store_error,
+                     fmt::format("redis {} unavailable ({}): {} not sent",
+                                 endpoint_, why, r.cmd.empty() ? "" : r.cmd[0]))));
+        return;
+      }
+      queue_.push_back(std::move(r));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    std::vector<request> batch;
+    for (;;) {
+      {
+        std::unique_lock guard{mtx_};
+        cv_.wait(guard, [this] { return closing_ || !queue_.empty(); });
+        if (closing_ && queue_.empty())
+          return;
+        batch.assign(std::make_move_iterator(queue_.begin()),
+                     std::make_move_iterator(queue_.end()));
+        queue_.clear();
+      }
+      run(batch);
+      batch.clear();
+    }
+  }
+
+  void fail_all(std::vector<request>& batch, size_t from, errc code,
+                const std::string& why) {
+    for (size_t i = from; i < batch.size(); ++i) {
+      auto name = batch[i].cmd.empty() ? std::string{} : batch[i].cmd[0];
+      batch[i].done({}, std::make_exception_ptr(error(
+                          code, fmt::format("redis {} {}: {}", endpoint_, name,
+                                            why))));
+    }
+  }
+
+  void mark_down(const std::string& why) {
+    std::lock_guard guard{mtx_};
+    down_ = true;
+    last_error_ = why;
+    backoff_ = std::min(opts_.max_backoff.ms(),
+                        std::max(std::chrono::milliseconds{50}, backoff_ * 2));
+    next_attempt_ = steady::now() + backoff_;
+  }
+
+  bool connect() {
+    auto ctx = redisConnectWithTimeout(ep_.host.c_str(), ep_.port,
+                                       to_timeval(opts_.connect_timeout.ms()));
+    if (!ctx || ctx->err) {
+      mark_down(ctx ? ctx->errstr : "cannot allocate a connection");
+      if (ctx)
+        redisFree(ctx);
+      return false;
+    }
+    redisSetTimeout(ctx, to_timeval(opts_.command_timeout.ms()));
+    redisEnableKeepAlive(ctx);
+    auto setup = [&](std::vector<std::string> args) -> bool {
+      std::vector<const char*> argv;
+      std::vector<size_t> lens;
+      for (auto& a : args) {
+        argv.push_back(a.data());
+        lens.push_back(a.size());
+      }
+      auto r = static_cast<redisReply*>(redisCommandArgv(
+        ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
+      if (!r || r->type == REDIS_REPLY_ERROR) {
+        mark_down(fmt::format("{} failed: {}", args[0],
+                              r ? std::string{r->str, r->len} : ctx->errstr));
+        if (r)
+          freeReplyObject(r);
+        return false;
+      }
+      freeReplyObject(r);
+      return true;
+    };
+    bool ok = true;
+    if (!ep_.password.empty())
+      ok = ep_.user.empty() ? setup({"AUTH", ep_.password})
+                            : setup({"AUTH", ep_.user, ep_.password});
+    if (ok && ep_.db != 0)
+      ok = setup({"SELECT", std::to_string(ep_.db)});
+    if (!ok) {
+      redisFree(ctx);
+      return false;
+    }
+    ctx_ = ctx;
+    std::lock_guard guard{mtx_};
+    down_ = false;
+    backoff_ = std::chrono::milliseconds{0};
+    return true;
+  }
+
+  void reset(const std::string& why) {
+    if (ctx_) {
+      redisFree(ctx_);
+      ctx_ = nullptr;
+    }
+    mark_down(why);
+  }
+
+  void run(std::vector<request>& batch) {
+    if (!ctx_ && !connect()) {
+      std::string why;
+      {
+        std::lock_guard guard{mtx_};
+        why = last_error_;
+      }
+      fail_all(batch, 0, errc::store_error, "unavailable: " + why);
+      return;
+    }
+    for (auto& r : batch) {
+      std::vector<const char*> argv;
+      std::vector<size_t> lens;
+      argv.reserve(r.cmd.size());
+      lens.reserve(r.cmd.size());
+      for (auto& a : r.cmd) {
+        argv.push_back(a.data());
+        lens.push_back(a.size());
+      }
+      if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()),
+                                 argv.data(), lens.data())
+          != REDIS_OK) {
+        auto why = std::string{ctx_->errstr};
+        reset(why);
+        fail_all(batch, 0, errc::store_error, why);
+        return;
+      }
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      void* raw = nullptr;
+      if (redisGetReply(ctx_, &raw) != REDIS_OK || !raw) {
+        bool timed_out = ctx_->err == REDIS_ERR_IO
+                         && (errno == EAGAIN || errno == EWOULDBLOCK);
+        auto why = timed_out ? fmt::format("no reply within {}",
+                                           format_duration(
+                                             opts_.command_timeout.ms()))
+                             : std::string{ctx_->errstr};
+        // The stream's state is unknown now: start over on a new connection.
+        reset(why);
+        fail_all(batch, i, timed_out ? errc::timeout : errc::store_error, why);
+        return;
+      }
+      auto reply = convert(static_cast<redisReply*>(raw));
+      freeReplyObject(raw);
+      batch[i].done(std::move(reply), nullptr);
+    }
+  }
+
+  endpoint_info ep_;
+  redis_options opts_;
+  std::string endpoint_;
+  redisContext* ctx_ = nullptr;
+  std::mutex mtx_;
+  std::condition_variable cv_;
+  std::deque<request> queue_;
+  bool closing_ = false;
+  bool down_ = false;
+  std::string last_error_;
+  std::chrono::milliseconds backoff_{0};
+  steady::time_point next_attempt_{};
+  std::thread thread_;
+};
+
+} // namespace
+
+struct redis_client::impl {
+  redis_options opts;
+  endpoint_info ep;
+  std::string endpoint;
+  std::vector<std::unique_ptr<connection>> conns;
+  std::atomic<std::size_t> next{0};
+
+  connection& pick() {
+    return *conns[next.fetch_add(1, std::memory_order_relaxed) % conns.size()];
+  }
+};
+
+redis_client::redis_client(redis_options opts)
+  : impl_(std::make_shared<impl>()) {
+  impl_->ep = parse_url(opts.url);
+  impl_->endpoint = fmt::format("{}:{}", impl_->ep.host, impl_->ep.port);
+  impl_->opts = std::move(opts);
+  auto n = std::max<std::size_t>(1, impl_->opts.connections);
+  for (std::size_t i = 0; i < n; ++i)
+    impl_->conns.push_back(std::make_unique<connection>(
+      impl_->ep, impl_->opts, impl_->endpoint));
+}
+
+redis_client::~redis_client() = default;
+
+const std::string& redis_client::endpoint() const noexcept {
+  return impl_->endpoint;
+}
+
+void redis_client::async(command cmd, callback done) {
+  impl_->pick().enqueue(request{std::move(cmd), std::move(done)});
+}
+
+redis_reply redis_client::call_raw(command cmd) {
+  std::promise<redis_reply> p;
+  auto f = p.get_future();
+  async(std::move(cmd), [&p](redis_reply r, std::exception_ptr e) {
+    if (e)
+      p.set_exception(e);
+    else
+      p.set_value(std::move(r));
+  });
+  return f.get();
+}
+
+redis_reply redis_client::call(command cmd) {
+  auto name = cmd.empty() ? std::string{} : cmd[0];
+  auto r = call_raw(std::move(cmd));
+  if (r.type == redis_reply::kind::error)
+    throw_redis_error(name, r);
+  return r;
+}
+
+std::vector<redis_reply> redis_client::pipeline(std::vector<command> cmds) {
+  auto& conn = impl_->pick();
+  std::vector<std::promise<redis_reply>> promises(cmds.size());
+  std::vector<std::future<redis_reply>> futures;
+  for (size_t i = 0; i < cmds.size(); ++i) {
+    futures.push_back(promises[i].get_future());
+    conn.enqueue(request{std::move(cmds[i]),
+                         [&p = promises[i]](redis_reply r, std::exception_ptr e) {
+                           if (e)
+                             p.set_exception(e);
+                           else
+                             p.set_value(std::move(r));
+                         }});
+  }
+  std::vector<redis_reply> out;
+  out.reserve(futures.size());
+  for (auto& f : futures)
+    out.push_back(f.get());
+  return out;
+}
+
+redis_reply redis_client::eval(const redis_script& script,
+                               const std::vector<std::string>& keys,
+                               const std::vector<std::string>& args) {
+  auto build = [&](std::string verb, const std::string& code) {
+    command cmd;
+    cmd.reserve(3 + keys.size() + args.size());
+    cmd.push_back(std::move(verb));
+    cmd.push_back(code);
+    cmd.push_back(std::to_string(keys.size()));
+    cmd.insert(cmd.end(), keys.begin(), keys.end());
+    cmd.insert(cmd.end(), args.begin(), args.end());
+    return cmd;
+  };
+  auto r = call_raw(build("EVALSHA", script.sha()));
+  if (r.type == redis_reply::kind::error && r.str.starts_with("NOSCRIPT"))
+    r = call_raw(build("EVAL", script.body())); // also caches it by its SHA
+  if (r.type == redis_reply::kind::error)
+    throw_redis_error("script " + script.name(), r);
+  return r;
+}
+
+} // namespace botmesh

@@ -1,0 +1,85 @@
+#include <botmesh/stores/redis/redis_layout.hpp>
+
+#include <fmt/format.h>
+
+#include <botmesh/runtime/core/error.hpp>
+
+namespace botmesh {
+
+redis_layout::~redis_layout() {
+  // nop
+}
+
+namespace {
+
+class legacy_layout final : public redis_layout {
+ public:
+  explicit legacy_layout(std::string p) : p_(std::move(p)) {
+    // nop
+  }
+
+  std::string name() const override {
+    return "legacy";
+  }
+  std::string chat(std::string_view key) const override {
+    return fmt::format("{}:chat:{}", p_, key);
+  }
+  std::string chat_index() const override {
+    return p_ + ":chats";
+  }
+  std::string contact(std::string_view id) const override {
+    return fmt::format("{}:contact:{}", p_, id);
+  }
+  std::string contact_index() const override {
+    return p_ + ":contacts";
+  }
+  std::string log(std::string_view chat) const override {
+    return fmt::format("{}:log:{}", p_, chat);
+  }
+  std::string log_seq(std::string_view chat) const override {
+    return fmt::format("{}:logseq:{}", p_, chat);
+  }
+  std::string checkpoint(std::string_view key) const override {
+    return fmt::format("{}:cp:{}", p_, key);
+  }
+  std::string checkpoint_revision(std::string_view key) const override {
+    return fmt::format("{}:cprev:{}", p_, key);
+  }
+  std::string user_data(std::string_view user, std::string_view ns,
+                        std::string_view key) const override {
+    return fmt::format("{}:ud:{}:{}:{}", p_, user, ns, key);
+  }
+  std::string user_data_index(std::string_view user,
+                              std::string_view ns) const override {
+    return fmt::format("{}:udidx:{}:{}", p_, user, ns);
+  }
+  std::string lock(std::string_view key) const override {
+    return fmt::format("{}:lock:{}", p_, key);
+  }
+  std::string fence(std::string_view key) const override {
+    return fmt::format("{}:fence:{}", p_, key);
+  }
+  std::string schedule(std::string_view id) const override {
+    return fmt::format("{}:sched:{}", p_, id);
+  }
+  std::string schedule_index() const override {
+    return p_ + ":schedidx";
+  }
+  std::string lease(std::string_view name) const override {
+    return fmt::format("{}:lease:{}", p_, name);
+  }
+
+ private:
+  std::string p_;
+};
+
+} // namespace
+
+std::shared_ptr<const redis_layout> make_legacy_layout(std::string prefix) {
+  if (prefix.empty())
+    throw invalid_argument_error("prefix", "the Redis key prefix must not be "
+                                           "empty");
+  return std::make_shared<legacy_layout>(std::move(prefix));
+}
+
+} // namespace botmesh

@@ -1,0 +1,58 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace botmesh {
+
+/// Every Redis key name of the stores, built in one place. A layout maps
+/// each kind of data to keys; `legacy` is the default single-node layout
+/// (the cluster layout, with hash tags per script, plugs in here).
+///
+/// Legacy layout, p = prefix:
+///
+///   p:chat:<key>            hash   chat record
+///   p:chats                 zset   chat index (score 0, ordered by key)
+///   p:contact:<id>          hash   contact record
+///   p:contacts              zset   contact index
+///   p:log:<chat>            list   message log, {"seq":N,...} JSON items
+///   p:logseq:<chat>         string last seq of the log
+///   p:cp:<key>              hash   checkpoint: rev, body (JSON), created
+///   p:cprev:<key>           string last revision ever written (survives clears)
+///   p:ud:<user>:<ns>:<key>  string user-data JSON value (PX TTL)
+///   p:udidx:<user>:<ns>     zset   user-data index, score = expiry or +inf
+///   p:lock:<key>            string lock token (PX TTL)
+///   p:fence:<key>           string lock fence counter (INCR)
+///   p:sched:<id>            hash   durable task calendar
+///   p:schedidx              zset   schedule index
+///   p:lease:<name>          hash   leader lease: owner, until, token
+class redis_layout {
+ public:
+  virtual ~redis_layout();
+
+  virtual std::string name() const = 0;
+  virtual std::string chat(std::string_view key) const = 0;
+  virtual std::string chat_index() const = 0;
+  virtual std::string contact(std::string_view id) const = 0;
+  virtual std::string contact_index() const = 0;
+  virtual std::string log(std::string_view chat) const = 0;
+  virtual std::string log_seq(std::string_view chat) const = 0;
+  virtual std::string checkpoint(std::string_view key) const = 0;
+  virtual std::string checkpoint_revision(std::string_view key) const = 0;
+  virtual std::string user_data(std::string_view user, std::string_view ns,
+                                std::string_view key) const = 0;
+  virtual std::string user_data_index(std::string_view user,
+                                      std::string_view ns) const = 0;
+  virtual std::string lock(std::string_view key) const = 0;
+  virtual std::string fence(std::string_view key) const = 0;
+  virtual std::string schedule(std::string_view id) const = 0;
+  virtual std::string schedule_index() const = 0;
+  virtual std::string lease(std::string_view name) const = 0;
+};
+
+/// The legacy layout under `prefix` (throws `invalid_argument_error`, field
+/// "prefix", for an empty prefix).
+std::shared_ptr<const redis_layout> make_legacy_layout(std::string prefix);
+
+} // namespace botmesh

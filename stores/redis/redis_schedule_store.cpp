@@ -1,0 +1,208 @@
+#include <botmesh/stores/redis/redis_store.hpp>
+
+#include <charconv>
+#include <map>
+
+#include <fmt/format.h>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/redis/internal/scripts.hpp>
+
+namespace botmesh::internal {
+
+namespace {
+
+using kind = redis_reply::kind;
+
+std::string ms(time_point t) {
+  return std::to_string(to_unix_ms(t));
+}
+
+// Decodes a schedule hash given as a flat field/value array from `offset`.
+schedule_record read_record(std::string_view id, std::string_view key,
+                            const redis_reply& r, size_t offset = 0) {
+  std::map<std::string, std::string, std::less<>> f;
+  for (size_t i = offset; i + 1 < r.elements.size(); i += 2)
+    f.emplace(r.elements[i].str, r.elements[i + 1].str);
+  auto get = [&](std::string_view name) -> const std::string& {
+    auto i = f.find(name);
+    if (i == f.end())
+      throw error(errc::corrupted_record,
+                  fmt::format("redis schedule {}: field \"{}\" is missing",
+                              key, name));
+    return i->second;
+  };
+  auto num = [&](std::string_view name) {
+    auto& s = get(name);
+    std::int64_t v = 0;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc{} || p != s.data() + s.size())
+      throw error(errc::corrupted_record,
+                  fmt::format("redis schedule {}: field \"{}\" is not an "
+                              "integer: \"{}\"",
+                              key, name, s));
+    return v;
+  };
+  schedule_record rec;
+  rec.id = std::string{id};
+  rec.spec = get("spec");
+  rec.next_run_at = from_unix_ms(num("next"));
+  rec.fencing_token = static_cast<std::uint64_t>(num("token"));
+  rec.lease_owner = get("owner");
+  rec.lease_until = from_unix_ms(num("until"));
+  rec.claimed_at = from_unix_ms(num("claimed"));
+  rec.done = num("done") != 0;
+  rec.deleted = num("deleted") != 0;
+  rec.updated_at = from_unix_ms(num("updated"));
+  return rec;
+}
+
+bool flag(std::string_view what, const redis_reply& r) {
+  expect_reply(what, r, kind::integer);
+  return r.integer != 0;
+}
+
+class redis_schedule_store final : public schedule_store {
+ public:
+  redis_schedule_store(std::shared_ptr<redis_client> c,
+                       std::shared_ptr<const redis_layout> l)
+    : c_(std::move(c)), l_(std::move(l)) {
+    // nop
+  }
+
+  std::optional<schedule_record> get(std::string_view id) override {
+    auto k = l_->schedule(id);
+    auto r = c_->call({"HGETALL", k});
+    expect_reply("HGETALL " + k, r, kind::array);
+    if (r.elements.empty())
+      return std::nullopt;
+    return read_record(id, k, r);
+  }
+
+  schedule_record register_task(std::string_view id, std::string_view spec,
+                                time_point first_run, time_point now) override {
+    detail::check_key(id, "id");
+    auto k = l_->schedule(id);
+    auto r = c_->eval(lua().schedule_register, {k, l_->schedule_index()},
+                      {std::string{id}, std::string{spec}, ms(first_run),
+                       ms(now)});
+    expect_reply("script schedule_register", r, kind::array);
+    return read_record(id, k, r);
+  }
+
+  std::optional<schedule_claim> claim(std::string_view id,
+                                      std::string_view owner, time_point now,
+                                      std::chrono::milliseconds lease) override {
+    detail::check_key(owner, "owner");
+    detail::check_ttl(lease, "lease");
+    auto k = l_->schedule(id);
+    auto r = c_->eval(lua().schedule_claim, {k},
+                      {std::string{owner}, ms(now),
+                       std::to_string(lease.count())});
+    if (r.is_nil())
+      return std::nullopt;
+    expect_reply("script schedule_claim", r, kind::array);
+    if (r.elements.empty() || r.elements[0].type != kind::integer)
+      throw error(errc::store_error, "redis script schedule_claim: malformed "
+                                     "reply");
+    auto rec = read_record(id, k, r, 1);
+    return schedule_claim{rec, rec.fencing_token, r.elements[0].integer != 0};
+  }
+
+  bool renew(std::string_view id, std::string_view owner, std::uint64_t token,
+             time_point now, std::chrono::milliseconds lease) override {
+    detail::check_ttl(lease, "lease");
+    return flag("script schedule_renew",
+                c_->eval(lua().schedule_renew, {l_->schedule(id)},
+                         {std::string{owner}, std::to_string(token), ms(now),
+                          std::to_string(lease.count())}));
+  }
+
+  bool commit(std::string_view id, std::string_view owner, std::uint64_t token,
+              time_point next_run_at, bool done, time_point now) override {
+    return flag("script schedule_commit",
+                c_->eval(lua().schedule_commit, {l_->schedule(id)},
+                         {std::string{owner}, std::to_string(token),
+                          ms(next_run_at), done ? "1" : "0", ms(now)}));
+  }
+
+  bool remove(std::string_view id, time_point now) override {
+    return flag("script schedule_remove",
+                c_->eval(lua().schedule_remove, {l_->schedule(id)}, {ms(now)}));
+  }
+
+  std::vector<schedule_record> list() override {
+    auto idx = l_->schedule_index();
+    auto ids = c_->call({"ZRANGE", idx, "0", "-1"});
+    expect_reply("ZRANGE " + idx, ids, kind::array);
+    std::vector<redis_client::command> cmds;
+    for (auto& id : ids.elements)
+      cmds.push_back({"HGETALL", l_->schedule(id.str)});
+    std::vector<schedule_record> out;
+    if (cmds.empty())
+      return out;
+    auto replies = c_->pipeline(std::move(cmds));
+    for (size_t i = 0; i < replies.size(); ++i) {
+      auto& id = ids.elements[i].str;
+      expect_reply("HGETALL schedule", replies[i], kind::array);
+      if (!replies[i].elements.empty())
+        out.push_back(read_record(id, l_->schedule(id), replies[i]));
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<redis_client> c_;
+  std::shared_ptr<const redis_layout> l_;
+};
+
+class redis_lease_provider final : public lease_provider {
+ public:
+  redis_lease_provider(std::shared_ptr<redis_client> c,
+                       std::shared_ptr<const redis_layout> l)
+    : c_(std::move(c)), l_(std::move(l)) {
+    // nop
+  }
+
+  std::optional<std::uint64_t> try_acquire(std::string_view name,
+                                           std::string_view owner,
+                                           time_point now,
+                                           std::chrono::milliseconds ttl) override {
+    detail::check_key(name, "name");
+    detail::check_key(owner, "owner");
+    detail::check_ttl(ttl);
+    auto r = c_->eval(lua().lease_acquire, {l_->lease(name)},
+                      {std::string{owner}, ms(now),
+                       std::to_string(ttl.count())});
+    if (r.is_nil())
+      return std::nullopt;
+    expect_reply("script lease_acquire", r, kind::integer);
+    return static_cast<std::uint64_t>(r.integer);
+  }
+
+  void release(std::string_view name, std::string_view owner) override {
+    c_->eval(lua().lease_release, {l_->lease(name)}, {std::string{owner}});
+  }
+
+ private:
+  std::shared_ptr<redis_client> c_;
+  std::shared_ptr<const redis_layout> l_;
+};
+
+} // namespace
+
+std::shared_ptr<schedule_store>
+make_redis_schedule_store(std::shared_ptr<redis_client> client,
+                          std::shared_ptr<const redis_layout> layout) {
+  return std::make_shared<redis_schedule_store>(std::move(client),
+                                                std::move(layout));
+}
+
+std::shared_ptr<lease_provider>
+make_redis_lease_provider(std::shared_ptr<redis_client> client,
+                          std::shared_ptr<const redis_layout> layout) {
+  return std::make_shared<redis_lease_provider>(std::move(client),
+                                                std::move(layout));
+}
+
+} // namespace botmesh::internal

@@ -1,0 +1,227 @@
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include <conformance/schedule_store_conformance.hpp>
+#include <conformance/store_conformance.hpp>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/redis/redis_store.hpp>
+
+#include "redis_server.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+std::shared_ptr<botmesh::redis_client> shared_client() {
+  static auto c = std::make_shared<botmesh::redis_client>(
+    botmesh::redis_options{.url = test::redis_url()});
+  return c;
+}
+
+struct redis_store_factory {
+  std::shared_ptr<botmesh::store> make() {
+    auto s = std::make_shared<botmesh::redis_store>(botmesh::redis_store_options{
+      .client = shared_client(), .prefix = test::unique_prefix()});
+    s->start();
+    return s;
+  }
+
+  // TTLs run on the server's clock: let real time pass.
+  void advance(std::chrono::milliseconds d) {
+    std::this_thread::sleep_for(d);
+  }
+};
+
+struct redis_schedule_store_factory {
+  std::shared_ptr<botmesh::schedule_store> make() {
+    botmesh::redis_store s{{.client = shared_client(),
+                            .prefix = test::unique_prefix()}};
+    return s.schedules();
+  }
+};
+
+botmesh::errc code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const botmesh::error& e) {
+    return e.code();
+  }
+  return botmesh::errc::none;
+}
+
+std::string what_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+} // namespace
+
+TYPE_TO_STRING(redis_store_factory);
+TYPE_TO_STRING(redis_schedule_store_factory);
+BOTMESH_STORE_CONFORMANCE(redis_store_factory);
+BOTMESH_SCHEDULE_STORE_CONFORMANCE(redis_schedule_store_factory);
+
+TEST_CASE("Redis URLs are parsed and a malformed one names the url field") {
+  for (auto bad : {"http://localhost:6379", "redis://", "redis://host:0",
+                   "redis://host:99999", "redis://host:port", "redis://h:1/x"}) {
+    CAPTURE(bad);
+    try {
+      botmesh::redis_client c{{.url = bad}};
+      FAIL("accepted a malformed URL");
+    } catch (const botmesh::invalid_argument_error& e) {
+      CHECK(e.field() == "url");
+      CHECK(std::string{e.what()}.find(bad) != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("a server error reply becomes a typed error naming the command") {
+  auto c = shared_client();
+  auto key = test::unique_prefix() + ":text";
+  c->call({"SET", key, "not a number"});
+  auto what = what_of([&] { c->call({"INCR", key}); });
+  CHECK(what.find("INCR") != std::string::npos);
+  CHECK(what.find("not an integer") != std::string::npos);
+  CHECK(code_of([&] { c->call({"NOSUCHCOMMAND"}); })
+        == botmesh::errc::store_error);
+  auto raw = c->call_raw({"NOSUCHCOMMAND"});
+  CHECK(raw.type == botmesh::redis_reply::kind::error);
+  // The connection keeps working after error replies.
+  CHECK(c->call({"GET", key}).str == "not a number");
+  c->call({"DEL", key});
+}
+
+TEST_CASE("64 concurrent callers share pipelined connections and each gets "
+          "its own reply") {
+  auto c = shared_client();
+  auto key = test::unique_prefix() + ":counter";
+  constexpr int callers = 64;
+  constexpr int per_caller = 100;
+  std::vector<std::vector<std::int64_t>> seen(callers);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < callers; ++t)
+    pool.emplace_back([&, t] {
+      for (int i = 0; i < per_caller; ++i)
+        seen[t].push_back(c->call({"INCR", key}).integer);
+    });
+  for (auto& th : pool)
+    th.join();
+  std::set<std::int64_t> all;
+  for (auto& v : seen) {
+    CHECK(std::is_sorted(v.begin(), v.end())); // per caller, in order
+    all.insert(v.begin(), v.end());
+  }
+  CHECK(all.size() == callers * per_caller); // no reply went to two callers
+  CHECK(*all.rbegin() == callers * per_caller);
+  c->call({"DEL", key});
+}
+
+TEST_CASE("scripts run by SHA and fall back to EVAL after SCRIPT FLUSH") {
+  auto c = shared_client();
+  botmesh::redis_store s{{.client = c, .prefix = test::unique_prefix()}};
+  auto a = s.acquire_lock_fenced("k", 10s);
+  REQUIRE(a);
+  c->call({"SCRIPT", "FLUSH"});
+  CHECK(s.release_lock("k", a->token));
+  auto b = s.acquire_lock_fenced("k", 10s);
+  REQUIRE(b);
+  CHECK(b->fence > a->fence);
+}
+
+TEST_CASE("the database in the URL is selected") {
+  auto url = test::redis_url();
+  botmesh::redis_client db0{{.url = url}};
+  botmesh::redis_client db3{{.url = url + "/3"}};
+  auto key = test::unique_prefix() + ":db";
+  db3.call({"SET", key, "three"});
+  CHECK(db0.call({"GET", key}).is_nil());
+  CHECK(db3.call({"GET", key}).str == "three");
+  db3.call({"DEL", key});
+}
+
+TEST_CASE("corrupted records read back as errors naming the key") {
+  auto c = shared_client();
+  auto prefix = test::unique_prefix();
+  botmesh::redis_store s{{.client = c, .prefix = prefix}};
+  botmesh::flow_checkpoint cp;
+  cp.key = "test:x";
+  cp.flow = "pedido";
+  REQUIRE(s.set_checkpoint_if(cp, 0));
+  c->call({"HSET", prefix + ":cp:test:x", "body", "{garbage"});
+  auto what = what_of([&] { s.get_checkpoint("test:x"); });
+  CHECK(code_of([&] { s.get_checkpoint("test:x"); })
+        == botmesh::errc::corrupted_record);
+  CHECK(what.find(prefix + ":cp:test:x") != std::string::npos);
+  // The chat can go on: a new write replaces the broken record.
+  auto rev = s.set_checkpoint(cp);
+  CHECK(s.get_checkpoint("test:x")->revision == rev);
+  auto sched = s.schedules();
+  sched->register_task("job", "every 1000", botmesh::from_unix_ms(1),
+                       botmesh::from_unix_ms(0));
+  c->call({"HSET", prefix + ":sched:job", "next", "soon"});
+  what = what_of([&] { sched->get("job"); });
+  CHECK(what.find("\"next\" is not an integer") != std::string::npos);
+  c->call({"RPUSH", prefix + ":log:test:x", "not json"});
+  CHECK(code_of([&] { s.messages("test:x", 10); })
+        == botmesh::errc::corrupted_record);
+}
+
+TEST_CASE("an unreachable server fails fast with a typed error") {
+  botmesh::redis_client c{{.url = "redis://127.0.0.1:" + std::to_string(test::free_port()),
+                           .connect_timeout = "500ms"}};
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i)
+    CHECK(code_of([&] { c.call({"PING"}); }) == botmesh::errc::store_error);
+  // Twenty commands while down did not wait twenty connect timeouts.
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK(what_of([&] { c.call({"PING"}); }).find("127.0.0.1") != std::string::npos);
+}
+
+TEST_CASE("the client reconnects after the server restarts") {
+  test::redis_process server;
+  botmesh::redis_client c{{.url = server.url(), .max_backoff = "200ms"}};
+  c.call({"SET", "k", "before"});
+  server.kill();
+  CHECK(code_of([&] { c.call({"GET", "k"}); }) == botmesh::errc::store_error);
+  server.start();
+  // Later commands succeed once the backoff lets the connection retry.
+  bool ok = false;
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!ok && std::chrono::steady_clock::now() < deadline) {
+    try {
+      c.call({"SET", "k", "after"});
+      ok = true;
+    } catch (const botmesh::error&) {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  REQUIRE(ok);
+  CHECK(c.call({"GET", "k"}).str == "after");
+}
+
+TEST_CASE("a reply slower than the command timeout fails with timeout and the "
+          "connection recovers") {
+  test::redis_process server;
+  botmesh::redis_client c{{.url = server.url(), .command_timeout = "200ms",
+                           .connections = 1, .max_backoff = "100ms"}};
+  CHECK(code_of([&] { c.call({"DEBUG", "SLEEP", "1"}); })
+        == botmesh::errc::timeout);
+  bool ok = false;
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!ok && std::chrono::steady_clock::now() < deadline) {
+    try {
+      ok = c.call({"PING"}).str == "PONG";
+    } catch (const botmesh::error&) {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  CHECK(ok);
+}
