@@ -65,7 +65,8 @@ inline bool port_open(int port) {
 /// A redis-server process on a free loopback port, killed on destruction.
 class redis_process {
  public:
-  redis_process() : port_(free_port()) {
+  explicit redis_process(std::string password = {})
+    : port_(free_port()), password_(std::move(password)) {
     start();
   }
 
@@ -77,10 +78,16 @@ class redis_process {
     pid_ = ::fork();
     if (pid_ == 0) {
       auto port = std::to_string(port_);
-      ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind",
-               "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--enable-debug-command", "yes", "--loglevel", "warning",
-               static_cast<char*>(nullptr));
+      if (password_.empty())
+        ::execlp("redis-server", "redis-server", "--port", port.c_str(),
+                 "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--enable-debug-command", "yes", "--loglevel", "warning",
+                 static_cast<char*>(nullptr));
+      else
+        ::execlp("redis-server", "redis-server", "--port", port.c_str(),
+                 "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--requirepass", password_.c_str(), "--loglevel", "warning",
+                 static_cast<char*>(nullptr));
       ::_exit(127);
     }
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -105,8 +112,13 @@ class redis_process {
     return "redis://127.0.0.1:" + std::to_string(port_);
   }
 
+  int port() const noexcept {
+    return port_;
+  }
+
  private:
   int port_;
+  std::string password_;
   pid_t pid_ = -1;
 };
 

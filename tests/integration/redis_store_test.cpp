@@ -4,6 +4,8 @@
 #include <set>
 #include <thread>
 
+#include <caf/all.hpp>
+
 #include <conformance/schedule_store_conformance.hpp>
 #include <conformance/store_conformance.hpp>
 
@@ -224,4 +226,52 @@ TEST_CASE("a reply slower than the command timeout fails with timeout and the "
     }
   }
   CHECK(ok);
+}
+
+TEST_CASE("AUTH uses the password from the URL; a wrong one is a clear error") {
+  test::redis_process server{"s3cret"};
+  auto base = "127.0.0.1:" + std::to_string(server.port());
+  botmesh::redis_client good{{.url = "redis://:s3cret@" + base}};
+  CHECK(good.call({"PING"}).str == "PONG");
+  botmesh::redis_client user{{.url = "redis://default:s3cret@" + base + "/2"}};
+  CHECK(user.call({"PING"}).str == "PONG");
+  botmesh::redis_client bad{{.url = "redis://:wrong@" + base}};
+  auto what = what_of([&] { bad.call({"PING"}); });
+  CHECK(what.find("AUTH failed") != std::string::npos);
+  botmesh::redis_client none{{.url = "redis://" + base}};
+  CHECK(what_of([&] { none.call({"PING"}); }).find("NOAUTH") != std::string::npos);
+}
+
+TEST_CASE("an actor gets a Redis reply as a message, never waiting on the "
+          "socket") {
+  using reply_atom = caf::atom_constant<caf::atom("reply")>;
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  auto client = shared_client();
+  auto key = test::unique_prefix() + ":actor";
+  client->call({"SET", key, "hola"});
+  auto asker = sys.spawn([client, key](caf::event_based_actor* self)
+                           -> caf::behavior {
+    auto pending = std::make_shared<caf::response_promise>();
+    return {
+      [=](caf::get_atom) {
+        *pending = self->make_response_promise();
+        auto me = caf::actor_cast<caf::actor>(self);
+        client->async({"GET", key},
+                      [me](botmesh::redis_reply r, std::exception_ptr) {
+                        caf::anon_send(me, reply_atom::value, r.str);
+                      });
+        return *pending;
+      },
+      [=](reply_atom, const std::string& value) { pending->deliver(value); },
+    };
+  });
+  caf::scoped_actor self{sys};
+  std::string got;
+  self->request(asker, 5s, caf::get_atom::value)
+    .receive([&](const std::string& v) { got = v; },
+             [&](caf::error&) { got = "error"; });
+  CHECK(got == "hola");
+  self->send_exit(asker, caf::exit_reason::user_shutdown);
+  client->call({"DEL", key});
 }
