@@ -128,12 +128,7 @@ inbound_message read_inbound_message(const json_reader& r) {
   msg.participant = r.string("participant");
   msg.sender = r.string("sender");
   msg.text = r.string("text");
-  auto type = r.string("type");
-  try {
-    msg.type = parse_message_type(type);
-  } catch (const invalid_argument_error&) {
-    r.fail("type", fmt::format("unknown message type \"{}\"", type));
-  }
+  msg.type = r.type("type");
   msg.timestamp = from_unix_ms(r.int64("ts"));
   msg.raw = r.string("raw");
   return msg;

@@ -272,12 +272,7 @@ std::vector<logged_message> redis_store::messages(std::string_view chat_key,
     m.id = j.string("id");
     m.sender = j.string("sender");
     m.text = j.string("text");
-    auto type = j.string("type");
-    try {
-      m.type = parse_message_type(type);
-    } catch (const invalid_argument_error&) {
-      j.fail("type", fmt::format("is an unknown type \"{}\"", type));
-    }
+    m.type = j.type("type");
     m.at = from_unix_ms(j.int64("at"));
     out.push_back(std::move(m));
   }

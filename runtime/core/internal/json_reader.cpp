@@ -80,4 +80,13 @@ json_reader json_reader::object(std::string_view field) const {
   return json_reader{o, what_};
 }
 
+botmesh::message_type json_reader::type(std::string_view field) const {
+  auto name = string(field);
+  try {
+    return parse_message_type(name);
+  } catch (const invalid_argument_error&) {
+    fail(field, fmt::format("is an unknown message type \"{}\"", name));
+  }
+}
+
 } // namespace botmesh::internal

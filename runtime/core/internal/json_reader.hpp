@@ -9,9 +9,9 @@
 
 #include <simdjson.h>
 
-namespace botmesh {
+#include <botmesh/runtime/core/message.hpp>
 
-struct inbound_message;
+namespace botmesh {
 
 namespace internal {
 
@@ -37,6 +37,8 @@ class json_reader {
   /// The field's value re-serialized as compact JSON (any type).
   std::string raw(std::string_view field) const;
   json_reader object(std::string_view field) const;
+  /// A message type written by `to_string(message_type)`.
+  botmesh::message_type type(std::string_view field) const;
 
   [[noreturn]] void fail(std::string_view field, std::string_view why) const;
 
