@@ -3,7 +3,7 @@
 // run (one actor per key, plain anon_send), and heap bytes per live chat
 // actor and per passivated chat.
 //
-//   bench_dispatch [chats=10000] [messages_per_chat=20]
+//   bench_dispatch [chats=10000] [messages_per_chat=50]
 
 #include <atomic>
 #include <chrono>
@@ -131,17 +131,26 @@ memory_figures memory_per_chat(int chats, bool log_messages) {
 
 int main(int argc, char** argv) {
   int chats = argc > 1 ? std::atoi(argv[1]) : 10'000;
-  int per_chat = argc > 2 ? std::atoi(argv[2]) : 20;
+  int per_chat = argc > 2 ? std::atoi(argv[2]) : 50;
   std::printf("bench_dispatch: %d chats x %d messages, %u hardware threads\n",
               chats, per_chat, std::thread::hardware_concurrency());
-  // Alternate three rounds so neither side always gets the warmer machine;
-  // report the best of each (the least disturbed run).
+  // Warm up, then alternate three rounds so neither side always gets the
+  // warmer machine; report the best of each (the least disturbed run).
+  baseline_rate(chats, 2);
+  bot_rate(chats, 2, true);
   double base = 0, bot = 0, bot_nolog = 0;
   for (int round = 0; round < 3; ++round) {
-    base = std::max(base, baseline_rate(chats, per_chat));
-    bot = std::max(bot, bot_rate(chats, per_chat, true));
-    bot_nolog = std::max(bot_nolog, bot_rate(chats, per_chat, false));
+    auto b = baseline_rate(chats, per_chat);
+    auto l = bot_rate(chats, per_chat, true);
+    auto n = bot_rate(chats, per_chat, false);
+    std::printf("  round %d: baseline %9.0f  bot %9.0f  bot without log %9.0f "
+                "msg/s\n",
+                round + 1, b, l, n);
+    base = std::max(base, b);
+    bot = std::max(bot, l);
+    bot_nolog = std::max(bot_nolog, n);
   }
+  std::printf("best of 3 rounds:\n");
   if (std::getenv("POOL_SWEEP"))
     for (std::size_t t : {1, 2, 4, 8, 16, 32, 64})
       std::printf("  handler_threads=%zu: %.0f msg/s\n", t,

@@ -470,9 +470,12 @@ void bot::start() {
   if (impl_->started)
     return;
   impl_->opts.store->start();
-  auto cores = std::max(2u, std::thread::hardware_concurrency());
+  // Half the cores: the CAF workers that route and order messages need the
+  // rest. Blocking handlers still get more threads (the pool grows when all
+  // of its threads are stuck).
+  auto core = std::max(1u, std::thread::hardware_concurrency() / 2);
   impl_->pool = std::make_unique<internal::worker_pool>(
-    cores, std::max<std::size_t>(1, impl_->opts.handler_threads));
+    core, std::max<std::size_t>(1, impl_->opts.handler_threads));
   router_config rc;
   rc.services = impl_.get();
   rc.max_pending_per_chat = impl_->opts.max_pending_per_chat;

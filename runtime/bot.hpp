@@ -93,9 +93,9 @@ struct bot_options {
   /// Limits checked on every inbound message (refused with `errc::invalid_argument`).
   message_limits limits{};
   /// Most threads that run handlers: the most turns of different chats that
-  /// can block at once. The pool starts with one thread per core and adds
-  /// threads only while every running handler is stuck (blocking I/O), so
-  /// short handlers do not pay for contention between idle threads.
+  /// can block at once. The pool starts with one thread per two cores and
+  /// adds threads only while every running handler is stuck (blocking I/O),
+  /// so short handlers do not pay for contention between idle threads.
   std::size_t handler_threads = 64;
   /// How long `stop()` waits for queued and running turns.
   duration stop_timeout = "10s";
