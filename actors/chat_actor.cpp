@@ -18,7 +18,7 @@ struct chat_state {
   std::string key;
   router_config cfg;
   caf::actor router;
-  std::deque<inbound_message> queue;
+  std::deque<chat_event> queue;
   bool busy = false;
   bool first = true;        // the next turn is the first of this activation
   bool asking = false;      // an idle request to the router is in flight
@@ -55,7 +55,7 @@ void next_turn(chat_actor_t* self) {
   }
   st.busy = true;
   auto n = std::min(st.queue.size(), std::max<std::size_t>(1, st.cfg.max_batch));
-  std::vector<inbound_message> batch;
+  std::vector<chat_event> batch;
   batch.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     batch.push_back(std::move(st.queue.front()));
@@ -86,7 +86,15 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
                       st.key, st.queue.size()));
         return;
       }
-      st.queue.push_back(std::move(msg));
+      st.queue.push_back(chat_event{std::move(msg), 0});
+      next_turn(self);
+    },
+    // Timers are internal and never refused: they do not count against the
+    // pending bound.
+    [=](timer_atom, std::uint64_t id) {
+      auto& st = self->state;
+      ++st.received;
+      st.queue.push_back(chat_event{{}, id});
       next_turn(self);
     },
     [=](turn_done_atom) {
@@ -103,11 +111,12 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
     },
     [=](abandon_atom) {
       auto& st = self->state;
-      for (auto& msg : st.queue)
-        st.cfg.services->refused(st.key, std::move(msg), errc::stopped,
-                                 fmt::format("chat {}: the bot stopped before "
-                                             "this message's turn",
-                                             st.key));
+      for (auto& ev : st.queue)
+        if (!ev.is_timer())
+          st.cfg.services->refused(st.key, std::move(ev.message), errc::stopped,
+                                   fmt::format("chat {}: the bot stopped before "
+                                               "this message's turn",
+                                               st.key));
       st.queue.clear();
     },
     [=](idle_atom) {

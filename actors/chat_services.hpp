@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,19 @@
 #include <botmesh/runtime/core/message.hpp>
 
 namespace botmesh {
+
+/// One unit of a chat's order: an inbound message, or a timer the runtime
+/// armed for this chat (flow wait timeouts, idle watchers). Timers travel
+/// through the router and the chat's queue so they act in the chat's order.
+struct chat_event {
+  inbound_message message{};
+  /// Non-zero for a timer: the id the runtime gave it when arming it.
+  std::uint64_t timer = 0;
+
+  bool is_timer() const noexcept {
+    return timer != 0;
+  }
+};
 
 /// What the router and chat actors need from the runtime above them. The
 /// bot implements it; an application embedding the actors may too.
@@ -27,8 +41,7 @@ class chat_services {
   /// backlog hands over several messages at once so the handoff to a handler
   /// thread is paid once per batch, not per message. `first_of_activation`
   /// is true when the batch starts the chat actor's (re)spawned life.
-  virtual void run_turns(const std::string& key,
-                         std::vector<inbound_message> batch,
+  virtual void run_turns(const std::string& key, std::vector<chat_event> batch,
                          bool first_of_activation, std::function<void()> done)
     = 0;
 

@@ -22,6 +22,10 @@ using turn_done_atom = caf::atom_constant<caf::atom("bm_done")>;
 /// exit because the router forwarded nothing more.
 using idle_atom = caf::atom_constant<caf::atom("bm_idle")>;
 
+/// runtime -> router: (key, timer id): a timer armed for a chat fired; the
+/// router forwards (timer id) to the chat actor, spawning it if needed.
+using timer_atom = caf::atom_constant<caf::atom("bm_timer")>;
+
 /// anyone -> router: reply with the number of live chat actors.
 using live_atom = caf::atom_constant<caf::atom("bm_live")>;
 

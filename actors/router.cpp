@@ -59,6 +59,18 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       ++entry.forwarded;
       self->send(entry.handle, std::move(msg));
     },
+    [=](timer_atom, const std::string& key, std::uint64_t id) {
+      auto& st = self->state;
+      if (st.draining)
+        return; // a stopping bot runs no more timers
+      auto& entry = st.chats[key];
+      if (!entry.handle) {
+        entry.handle = spawn_chat(self, key, st.cfg);
+        st.cfg.services->chat_activated(key);
+      }
+      ++entry.forwarded;
+      self->send(entry.handle, timer_atom::value, id);
+    },
     // A chat may exit only if it has seen everything forwarded to it;
     // otherwise a message is on its way and the chat stays.
     [=](idle_atom, const std::string& key, std::uint64_t received) {

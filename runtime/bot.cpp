@@ -14,6 +14,7 @@
 #include <botmesh/actors/router.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
+#include <botmesh/runtime/internal/flow_engine.hpp>
 #include <botmesh/stores/memory_store.hpp>
 
 namespace botmesh {
@@ -69,7 +70,7 @@ void emit(const listeners<Event>& ls, const Event& ev) {
 
 } // namespace
 
-struct bot::impl final : chat_services, provider_host {
+struct bot::impl final : chat_services, provider_host, internal::flow_host {
   impl(bot& owner, bot_options o) : self(owner), opts(std::move(o)) {
     if (!opts.provider)
       throw invalid_argument_error("provider",
@@ -89,6 +90,50 @@ struct bot::impl final : chat_services, provider_host {
     tasks = std::make_unique<botmesh::scheduler>(std::move(sched_opts));
   }
 
+  // -- flow_host -------------------------------------------------------------
+
+  void send_to_chat(const std::string& key, const inbound_message& to,
+                    std::string_view text) override {
+    outgoing_message out;
+    out.chat = to.chat;
+    out.text = std::string{text};
+    out.reply_to = to.id;
+    send(std::move(out), &key);
+  }
+
+  botmesh::store& flow_store() override {
+    return *opts.store;
+  }
+
+  void arm_timer(const std::string& key, std::chrono::milliseconds after,
+                 std::uint64_t id) override {
+    caf::delayed_anon_send(router_handle, after, timer_atom::value, key, id);
+  }
+
+  void raise_error(errc code, std::string what, const std::string& key,
+                   const inbound_message* msg) override {
+    raise(code, std::move(what), key,
+          msg ? std::optional<inbound_message>{*msg} : std::nullopt);
+  }
+
+  std::stop_token flow_stop_token() override {
+    return stop_source.get_token();
+  }
+
+  const std::string& lang() const override {
+    return opts.lang;
+  }
+
+  void timer_turn(const std::string& key, std::uint64_t id) {
+    try {
+      flows.on_timer(key, id);
+    } catch (const std::exception& e) {
+      raise(errc::handler_failed,
+            fmt::format("chat {}: a flow timer failed: {}", key, e.what()), key,
+            std::nullopt);
+    }
+  }
+
   // -- owned actor system ----------------------------------------------------
 
   void own_system() {
@@ -105,21 +150,26 @@ struct bot::impl final : chat_services, provider_host {
 
   // -- chat_services ---------------------------------------------------------
 
-  void run_turns(const std::string& key, std::vector<inbound_message> batch,
+  void run_turns(const std::string& key, std::vector<chat_event> batch,
                  bool first, std::function<void()> done) override {
     pool->post([this, key, batch = std::move(batch), first,
                 done = std::move(done)]() mutable {
       for (std::size_t i = 0; i < batch.size(); ++i) {
         // Past the stop bound, the rest of the batch is refused like the
         // messages still queued in the chat actor.
+        if (batch[i].is_timer()) {
+          if (!stop_source.stop_requested())
+            timer_turn(key, batch[i].timer);
+          continue;
+        }
         if (stop_source.stop_requested()) {
-          refused(key, std::move(batch[i]), errc::stopped,
+          refused(key, std::move(batch[i].message), errc::stopped,
                   fmt::format("chat {}: the bot stopped before this "
                               "message's turn",
                               key));
           continue;
         }
-        turn(key, batch[i], first && i == 0);
+        turn(key, batch[i].message, first && i == 0);
       }
       done();
     });
@@ -201,7 +251,8 @@ struct bot::impl final : chat_services, provider_host {
     }
     emit(on_in, events::message_in{key, msg});
     try {
-      dispatch(key, msg);
+      if (!flows.on_message(key, msg))
+        dispatch(key, msg);
     } catch (const std::exception& e) {
       ++handler_errors;
       raise(errc::handler_failed,
@@ -318,6 +369,7 @@ struct bot::impl final : chat_services, provider_host {
   std::stop_source stop_source;
 
   std::vector<route> routes;
+  internal::flow_engine flows{*this};
   listeners<events::error> on_error;
   listeners<events::message_in> on_in;
   listeners<events::message_out> on_out;
@@ -409,6 +461,23 @@ bot& bot::hears(std::regex pattern, handler h) {
   impl_->routes.push_back(
     route{route::pattern, {}, std::move(pattern), std::move(h)});
   return *this;
+}
+
+bot& bot::add_flow(botmesh::flow f) {
+  impl_->check_not_started();
+  impl_->flows.add(std::move(f));
+  return *this;
+}
+
+bot& bot::conversation(std::string name, std::vector<std::string> keywords,
+                       botmesh::flow::step_fn fn) {
+  botmesh::flow f{std::move(name)};
+  f.hears(std::move(keywords)).step("conversation", std::move(fn));
+  return add_flow(std::move(f));
+}
+
+std::size_t bot::active_conversations() const {
+  return impl_->flows.active();
 }
 
 scheduled_task bot::every(duration interval, scheduler::job fn) {

@@ -17,6 +17,7 @@
 #include <botmesh/runtime/core/duration.hpp>
 #include <botmesh/runtime/core/message.hpp>
 #include <botmesh/runtime/events.hpp>
+#include <botmesh/runtime/flow.hpp>
 #include <botmesh/scheduler/scheduler.hpp>
 #include <botmesh/stores/store.hpp>
 
@@ -106,6 +107,8 @@ struct bot_options {
   /// (finite, so one busy chat cannot starve the others).
   std::size_t scheduler_threads = 0;
   std::size_t max_throughput = 32;
+  /// Language of runtime texts ("es", "en"; see texts.hpp).
+  std::string lang = "en";
   /// The task scheduler (`every`, `schedule`, `delay`): schedule store,
   /// leader lease, default time zone... Its `ns` defaults to the provider id,
   /// so bots sharing a schedule store do not collide.
@@ -166,6 +169,23 @@ class bot {
 
   /// Handles a message whose text contains a match of `pattern`.
   bot& hears(std::regex pattern, handler h);
+
+  /// Registers a conversation flow (see flow.hpp). A chat's message goes
+  /// first to the conversation waiting in it, then to flow triggers, then to
+  /// the handlers. Before `start()` only (field "handler").
+  bot& add_flow(botmesh::flow f);
+
+  /// A conversation that reads like a script, started by `keywords`:
+  ///   bot.conversation("saludo", {"hola"}, [](flow_context& c) -> flow_task {
+  ///     auto name = co_await c.ask("¿Cómo te llamas?");
+  ///     c.send("Hola, " + name.text());
+  ///   });
+  /// It lives in memory only (a coroutine frame cannot be stored).
+  bot& conversation(std::string name, std::vector<std::string> keywords,
+                    botmesh::flow::step_fn fn);
+
+  /// Conversations currently in memory.
+  std::size_t active_conversations() const;
 
   /// Scheduled tasks (see scheduler.hpp): they start with `start()` and
   /// pause with `stop()`; registering works before and after `start()`.

@@ -9,6 +9,8 @@
 #include <botmesh/runtime/core/duration.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/events.hpp>
+#include <botmesh/runtime/flow.hpp>
+#include <botmesh/runtime/texts.hpp>
 #include <botmesh/scheduler/cron.hpp>
 #include <botmesh/scheduler/scheduler.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>

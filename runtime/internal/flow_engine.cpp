@@ -1,0 +1,574 @@
+#include <botmesh/runtime/internal/flow_engine.hpp>
+
+#include <cctype>
+#include <condition_variable>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <botmesh/runtime/texts.hpp>
+
+namespace botmesh {
+
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
+    s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.remove_suffix(1);
+  return s;
+}
+
+bool ascii_iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size())
+    return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i]))
+        != std::tolower(static_cast<unsigned char>(b[i])))
+      return false;
+  return true;
+}
+
+} // namespace
+
+// -- flow ---------------------------------------------------------------------
+
+std::optional<std::size_t>
+flow::definition::index_of(std::string_view step) const {
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    if (steps[i].name == step)
+      return i;
+  return std::nullopt;
+}
+
+bool flow::definition::triggered_by(std::string_view text) const {
+  auto t = trim(text);
+  for (auto& k : keywords)
+    if (ascii_iequals(t, k))
+      return true;
+  for (auto& re : patterns)
+    if (std::regex_search(text.begin(), text.end(), re))
+      return true;
+  return false;
+}
+
+flow::flow(std::string name) : def_(std::make_shared<definition>()) {
+  if (name.empty())
+    throw invalid_argument_error("name", "a flow needs a name");
+  def_->name = std::move(name);
+}
+
+flow& flow::hears(std::vector<std::string> keywords) {
+  for (auto& k : keywords) {
+    auto t = trim(k);
+    if (t.empty())
+      throw invalid_argument_error("keywords", "flow " + def_->name
+                                                 + ": empty keyword");
+    def_->keywords.emplace_back(t);
+  }
+  return *this;
+}
+
+flow& flow::hears(std::initializer_list<const char*> keywords) {
+  return hears(std::vector<std::string>(keywords.begin(), keywords.end()));
+}
+
+flow& flow::hears(std::regex pattern) {
+  def_->patterns.push_back(std::move(pattern));
+  return *this;
+}
+
+namespace {
+
+void check_step_name(const flow::definition& d, const std::string& step) {
+  if (step.empty())
+    throw invalid_argument_error("step", "flow " + d.name
+                                           + ": a step needs a name");
+  if (d.index_of(step))
+    throw invalid_argument_error("step", fmt::format("flow {}: step \"{}\" "
+                                                     "exists already",
+                                                     d.name, step));
+}
+
+} // namespace
+
+flow& flow::ask(std::string step, std::string question, answer_handler on_answer,
+                ask_options opts) {
+  check_step_name(*def_, step);
+  definition::step_def sd;
+  sd.name = std::move(step);
+  sd.k = definition::kind::ask;
+  sd.question = std::move(question);
+  sd.on_answer = std::move(on_answer);
+  sd.opts = std::move(opts);
+  def_->steps.push_back(std::move(sd));
+  return *this;
+}
+
+flow& flow::step(std::string step, step_fn fn) {
+  check_step_name(*def_, step);
+  if (!fn)
+    throw invalid_argument_error("step", "flow " + def_->name
+                                           + ": a step needs a function");
+  definition::step_def sd;
+  sd.name = std::move(step);
+  sd.k = definition::kind::code;
+  sd.fn = std::move(fn);
+  def_->steps.push_back(std::move(sd));
+  return *this;
+}
+
+flow& flow::persistent(bool on) {
+  def_->persistent = on;
+  return *this;
+}
+
+const std::string& flow::name() const noexcept {
+  return def_->name;
+}
+
+std::string flow::fingerprint() const {
+  return internal::fingerprint_of(*def_);
+}
+
+std::string internal::fingerprint_of(const flow::definition& d) {
+  // FNV-1a over the name and each step's name and kind.
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::string_view s) {
+    for (unsigned char ch : s) {
+      h ^= ch;
+      h *= 1099511628211ull;
+    }
+    h ^= 0xff;
+    h *= 1099511628211ull;
+  };
+  mix(d.name);
+  for (auto& s : d.steps) {
+    mix(s.name);
+    mix(s.k == flow::definition::kind::ask ? "ask" : "do");
+  }
+  return fmt::format("{:016x}", h);
+}
+
+// -- flow_context ---------------------------------------------------------------
+
+nlohmann::json& flow_context::state() {
+  return conv_.state;
+}
+
+const inbound_message& flow_context::message() const {
+  return conv_.current;
+}
+
+const std::string& flow_context::key() const {
+  return conv_.key;
+}
+
+void flow_context::send(std::string_view text) {
+  conv_.engine.send(conv_, text);
+}
+
+ask_awaiter flow_context::ask(std::string question, ask_options opts) {
+  return ask_awaiter{*this, std::move(question), std::move(opts)};
+}
+
+void flow_context::sleep(duration d) {
+  std::mutex m;
+  std::condition_variable_any cv;
+  std::unique_lock guard{m};
+  auto token = stop_token();
+  cv.wait_for(guard, token, d.ms(), [] { return false; });
+}
+
+void flow_context::go_to(std::string flow, std::string step) {
+  conv_.pending = internal::conversation::next::go_to;
+  conv_.goto_flow = std::move(flow);
+  conv_.goto_step = std::move(step);
+}
+
+void flow_context::go_to_step(std::string step) {
+  go_to(conv_.def->name, std::move(step));
+}
+
+void flow_context::end() {
+  conv_.pending = internal::conversation::next::end;
+}
+
+void flow_context::idle(duration after, std::function<void(flow_context&)> fn) {
+  if (after.count() <= 0)
+    throw invalid_argument_error("idle", "idle() needs a positive duration");
+  internal::conversation::idle_watch w{after.ms(), std::move(fn), 0};
+  w.timer = conv_.engine.arm(conv_, w.after);
+  conv_.idles.push_back(std::move(w));
+}
+
+std::stop_token flow_context::stop_token() const {
+  return conv_.engine.host().flow_stop_token();
+}
+
+// -- ask_awaiter ----------------------------------------------------------------
+
+bool ask_awaiter::await_ready() {
+  auto& conv = c_.conv_;
+  if (conv.preloaded && conv.answers_in_step == 0) {
+    // Resumed from a checkpoint that waited here: the message that woke the
+    // conversation is this question's answer; it is not asked again.
+    answer a{std::move(*conv.preloaded), false};
+    conv.preloaded.reset();
+    auto err = opts_.validate ? opts_.validate(a) : std::nullopt;
+    if (!err) {
+      result_ = std::move(a);
+      return true;
+    }
+    c_.send(*err);
+  }
+  conv.preloaded.reset();
+  c_.send(question_);
+  return false;
+}
+
+void ask_awaiter::await_suspend(std::coroutine_handle<> h) {
+  auto& conv = c_.conv_;
+  conv.waiting = true;
+  conv.resume_point = h;
+  conv.answer_slot = &result_;
+  conv.question = question_;
+  conv.ask_opts = opts_;
+  conv.waiting_question = conv.answers_in_step;
+  conv.wait_timer = opts_.timeout ? conv.engine.arm(conv, opts_.timeout->ms()) : 0;
+  conv.engine.checkpoint(conv, true, conv.waiting_question);
+}
+
+answer ask_awaiter::await_resume() {
+  ++c_.conv_.answers_in_step;
+  return std::move(result_);
+}
+
+// -- flow_engine ----------------------------------------------------------------
+
+namespace internal {
+
+flow_engine::flow_engine(flow_host& host) : host_(host) {
+  // nop
+}
+
+void flow_engine::add(flow f) {
+  auto def = std::shared_ptr<const flow::definition>(
+    std::make_shared<flow::definition>(f.def()));
+  if (flow_named(def->name))
+    throw invalid_argument_error("name", fmt::format("a flow named \"{}\" "
+                                                     "exists already",
+                                                     def->name));
+  if (def->steps.empty())
+    throw invalid_argument_error("steps", fmt::format("flow \"{}\" has no "
+                                                      "steps",
+                                                      def->name));
+  any_persistent_ = any_persistent_ || def->persistent;
+  flows_.push_back(std::move(def));
+}
+
+bool flow_engine::has_persistent() const noexcept {
+  return any_persistent_;
+}
+
+std::size_t flow_engine::active() const {
+  std::lock_guard guard{mtx_};
+  return convs_.size();
+}
+
+const flow::definition* flow_engine::flow_named(std::string_view name) const {
+  for (auto& f : flows_)
+    if (f->name == name)
+      return f.get();
+  return nullptr;
+}
+
+conversation* flow_engine::find(const std::string& key) {
+  std::lock_guard guard{mtx_};
+  auto i = convs_.find(key);
+  return i == convs_.end() ? nullptr : i->second.get();
+}
+
+conversation& flow_engine::create(const std::string& key) {
+  std::lock_guard guard{mtx_};
+  auto& slot = convs_[key];
+  slot = std::make_unique<conversation>(*this, key);
+  return *slot;
+}
+
+void flow_engine::erase(const std::string& key) {
+  std::unique_ptr<conversation> gone;
+  {
+    std::lock_guard guard{mtx_};
+    auto i = convs_.find(key);
+    if (i == convs_.end())
+      return;
+    gone = std::move(i->second);
+    convs_.erase(i);
+  }
+  // The coroutine frame is destroyed outside the lock.
+}
+
+std::uint64_t flow_engine::arm(conversation& c, std::chrono::milliseconds after) {
+  auto id = next_timer_.fetch_add(1);
+  host_.arm_timer(c.key, after, id);
+  return id;
+}
+
+void flow_engine::send(conversation& c, std::string_view text) {
+  if (c.superseded)
+    throw lease_lost_error(c.key, "superseded");
+  host_.send_to_chat(c.key, c.current, text);
+}
+
+void flow_engine::checkpoint(conversation& c, bool waiting,
+                             std::uint32_t question) {
+  if (!c.def->persistent || c.superseded)
+    return;
+  flow_checkpoint cp;
+  cp.key = c.key;
+  cp.flow = c.def->name;
+  cp.step = c.def->steps[c.step].name;
+  cp.waiting = waiting;
+  cp.question = question;
+  cp.state = c.state.dump();
+  cp.created_at = c.created;
+  cp.fingerprint = fingerprint_of(*c.def);
+  auto rev = host_.flow_store().set_checkpoint_if(cp, c.revision);
+  if (!rev) {
+    c.superseded = true;
+    host_.raise_error(errc::lease_lost,
+                      fmt::format("lease lost for {}: superseded (checkpoint "
+                                  "of flow {} moved on past revision {})",
+                                  c.key, c.def->name, c.revision),
+                      c.key, &c.current);
+    return;
+  }
+  c.revision = *rev;
+}
+
+flow_task flow_engine::run_ask_step(flow_context& c,
+                                    const flow::definition::step_def& sd) {
+  auto a = co_await c.ask(sd.question, sd.opts);
+  if (a.timed_out) {
+    c.send(text(c.conv_.engine.host_.lang(), "core.conversation.timeout"));
+    c.end();
+    co_return;
+  }
+  if (sd.on_answer)
+    sd.on_answer(c, a);
+}
+
+void flow_engine::begin_step(conversation& c) {
+  c.answers_in_step = 0;
+  c.pending = conversation::next::none;
+  c.waiting = false;
+  checkpoint(c, false, 0);
+  if (c.superseded)
+    return;
+  auto& sd = c.def->steps[c.step];
+  c.task = sd.k == flow::definition::kind::ask ? run_ask_step(c.ctx, sd)
+                                               : sd.fn(c.ctx);
+}
+
+void flow_engine::start(const flow::definition& def, const std::string& key,
+                        const inbound_message& msg) {
+  auto& c = create(key);
+  c.def = &def;
+  c.current = msg;
+  c.created = msg.timestamp;
+  begin_step(c);
+  drive(c);
+}
+
+// Runs steps until the conversation waits for an answer or ends.
+void flow_engine::drive(conversation& c) {
+  for (;;) {
+    if (c.superseded) {
+      finish(c, false); // the checkpoint belongs to whoever moved it on
+      return;
+    }
+    if (!c.task.done())
+      return; // waiting for an answer
+    try {
+      c.task.rethrow();
+    } catch (const std::exception& e) {
+      host_.raise_error(errc::handler_failed,
+                        fmt::format("chat {}: flow {} step {} failed: {}",
+                                    c.key, c.def->name,
+                                    c.def->steps[c.step].name, e.what()),
+                        c.key, &c.current);
+      finish(c, true);
+      return;
+    }
+    switch (c.pending) {
+      case conversation::next::end:
+        finish(c, true);
+        return;
+      case conversation::next::go_to: {
+        auto target = flow_named(c.goto_flow);
+        if (!target) {
+          host_.raise_error(errc::invalid_argument,
+                            fmt::format("chat {}: go_to an unknown flow \"{}\"",
+                                        c.key, c.goto_flow),
+                            c.key, &c.current);
+          finish(c, true);
+          return;
+        }
+        auto step = c.goto_step.empty() ? std::optional<std::size_t>{0}
+                                        : target->index_of(c.goto_step);
+        if (!step) {
+          host_.raise_error(errc::invalid_argument,
+                            fmt::format("chat {}: go_to an unknown step \"{}\" "
+                                        "of flow {}",
+                                        c.key, c.goto_step, target->name),
+                            c.key, &c.current);
+          finish(c, true);
+          return;
+        }
+        if (target != c.def && c.def->persistent && !target->persistent)
+          host_.flow_store().clear_checkpoint_if(c.key, c.revision);
+        c.def = target;
+        c.step = *step;
+        break;
+      }
+      case conversation::next::none:
+        if (c.step + 1 >= c.def->steps.size()) {
+          finish(c, true);
+          return;
+        }
+        ++c.step;
+        break;
+    }
+    begin_step(c);
+  }
+}
+
+void flow_engine::finish(conversation& c, bool clear) {
+  if (clear && c.def->persistent && c.revision != 0 && !c.superseded)
+    host_.flow_store().clear_checkpoint_if(c.key, c.revision);
+  erase(c.key);
+}
+
+void flow_engine::deliver(conversation& c, answer a) {
+  c.waiting = false;
+  c.wait_timer = 0;
+  *c.answer_slot = std::move(a);
+  c.resume_point.resume();
+  drive(c);
+}
+
+bool flow_engine::restore(const std::string& key, const inbound_message& msg) {
+  std::optional<flow_checkpoint> cp;
+  try {
+    cp = host_.flow_store().get_checkpoint(key);
+  } catch (const error& e) {
+    if (e.code() != errc::corrupted_record)
+      throw;
+    // Unusable: say so, drop it, and let the message go on as a new one.
+    host_.raise_error(errc::corrupted_record,
+                      fmt::format("chat {}: its checkpoint cannot be read and "
+                                  "is discarded: {}",
+                                  key, e.what()),
+                      key, &msg);
+    host_.flow_store().clear_checkpoint(key);
+    return false;
+  }
+  if (!cp)
+    return false;
+  auto def = flow_named(cp->flow);
+  auto step = def ? def->index_of(cp->step) : std::nullopt;
+  if (!def || !step || cp->fingerprint != fingerprint_of(*def)) {
+    host_.raise_error(errc::invalid_argument,
+                      fmt::format("chat {}: checkpoint of flow \"{}\" at step "
+                                  "\"{}\" does not match the flows of this bot",
+                                  key, cp->flow, cp->step),
+                      key, &msg);
+    host_.send_to_chat(key, msg,
+                       text(host_.lang(), "core.conversation.interrupted"));
+    host_.flow_store().clear_checkpoint_if(key, cp->revision);
+    return true; // the notice consumed the message
+  }
+  auto& c = create(key);
+  c.def = def;
+  c.step = *step;
+  c.current = msg;
+  c.revision = cp->revision;
+  c.created = cp->created_at;
+  try {
+    c.state = nlohmann::json::parse(cp->state);
+  } catch (const std::exception&) {
+    c.state = nlohmann::json::object(); // store encodings guarantee JSON
+  }
+  // Waiting at the step's first question: this message is its answer.
+  // Otherwise the step starts over and asks its first question.
+  if (cp->waiting && cp->question == 0)
+    c.preloaded = msg;
+  begin_step(c);
+  drive(c);
+  return true;
+}
+
+bool flow_engine::on_message(const std::string& key,
+                             const inbound_message& msg) {
+  auto c = find(key);
+  if (!c && any_persistent_ && restore(key, msg))
+    return true;
+  if (c) {
+    c->current = msg;
+    for (auto& w : c->idles)
+      w.timer = arm(*c, w.after); // silence restarts with every message
+    if (c->waiting) {
+      answer a{msg, false};
+      if (c->ask_opts.validate) {
+        if (auto err = c->ask_opts.validate(a)) {
+          send(*c, *err);
+          send(*c, c->question);
+          return true;
+        }
+      }
+      deliver(*c, std::move(a));
+      return true;
+    }
+  }
+  for (auto& f : flows_) {
+    if (f->triggered_by(msg.text)) {
+      start(*f, key, msg);
+      return true;
+    }
+  }
+  return false;
+}
+
+void flow_engine::on_timer(const std::string& key, std::uint64_t id) {
+  auto c = find(key);
+  if (!c)
+    return; // the conversation ended: a stale timer
+  if (c->waiting && c->wait_timer == id) {
+    deliver(*c, answer{c->current, true});
+    return;
+  }
+  for (auto& w : c->idles) {
+    if (w.timer == id) {
+      w.timer = 0;
+      auto fn = w.fn;
+      c->pending = conversation::next::none;
+      try {
+        fn(c->ctx);
+      } catch (const std::exception& e) {
+        host_.raise_error(errc::handler_failed,
+                          fmt::format("chat {}: idle watcher failed: {}", key,
+                                      e.what()),
+                          key, nullptr);
+      }
+      if (c->pending == conversation::next::end)
+        finish(*c, true);
+      return;
+    }
+  }
+  // Neither the current wait nor a live watcher: stale, discarded.
+}
+
+} // namespace internal
+} // namespace botmesh

@@ -1,0 +1,160 @@
+#pragma once
+
+// Internal: runs flows and conversations for the bot, one chat turn at a
+// time. Every method for a chat key is called from that chat's turn, so a
+// conversation is never touched by two threads at once.
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/flow.hpp>
+#include <botmesh/stores/store.hpp>
+
+namespace botmesh {
+
+struct flow::definition {
+  enum class kind { ask, code };
+
+  struct step_def {
+    std::string name;
+    kind k = kind::code;
+    std::string question;
+    flow::answer_handler on_answer;
+    ask_options opts;
+    flow::step_fn fn;
+  };
+
+  std::string name;
+  std::vector<std::string> keywords;
+  std::vector<std::regex> patterns;
+  std::vector<step_def> steps;
+  bool persistent = false;
+
+  std::optional<std::size_t> index_of(std::string_view step) const;
+  bool triggered_by(std::string_view text) const;
+};
+
+namespace internal {
+
+/// FNV-1a of a flow's name and its steps' names and kinds, as 16 hex digits.
+std::string fingerprint_of(const flow::definition& d);
+
+/// What the engine needs from the bot.
+class flow_host {
+ public:
+  virtual ~flow_host() = default;
+  virtual void send_to_chat(const std::string& key, const inbound_message& to,
+                            std::string_view text) = 0;
+  virtual botmesh::store& flow_store() = 0;
+  virtual void arm_timer(const std::string& key, std::chrono::milliseconds after,
+                         std::uint64_t id) = 0;
+  virtual void raise_error(errc code, std::string what, const std::string& key,
+                           const inbound_message* msg) = 0;
+  virtual std::stop_token flow_stop_token() = 0;
+  virtual const std::string& lang() const = 0;
+};
+
+struct conversation {
+  conversation(flow_engine& e, std::string k) : engine(e), key(std::move(k)) {
+    // nop
+  }
+
+  struct idle_watch {
+    std::chrono::milliseconds after{};
+    std::function<void(flow_context&)> fn;
+    std::uint64_t timer = 0;
+  };
+
+  enum class next { none, go_to, end };
+
+  flow_engine& engine;
+  std::string key;
+  const flow::definition* def = nullptr;
+  std::size_t step = 0;
+  nlohmann::json state = nlohmann::json::object();
+  inbound_message current;
+  flow_task task;
+  std::coroutine_handle<> resume_point;
+  answer* answer_slot = nullptr;
+  bool waiting = false;
+  std::string question;            // the question being waited for
+  ask_options ask_opts;            // its validator and timeout
+  std::uint32_t answers_in_step = 0;
+  std::uint32_t waiting_question = 0;
+  std::optional<inbound_message> preloaded; // resume rule: answers question 0
+  std::uint64_t revision = 0;
+  time_point created{};
+  std::uint64_t wait_timer = 0;
+  std::vector<idle_watch> idles;
+  next pending = next::none;
+  std::string goto_flow;
+  std::string goto_step;
+  bool superseded = false;
+  flow_context ctx{*this};
+};
+
+class flow_engine {
+ public:
+  explicit flow_engine(flow_host& host);
+
+  /// Registers a flow; names are unique (field "name").
+  void add(flow f);
+
+  /// True when some registered flow is persistent (then a message of a chat
+  /// with no conversation in memory looks for a checkpoint).
+  bool has_persistent() const noexcept;
+
+  /// Offers a message: true when a conversation consumed it.
+  bool on_message(const std::string& key, const inbound_message& msg);
+
+  /// A timer of `key` fired; stale ones are discarded.
+  void on_timer(const std::string& key, std::uint64_t id);
+
+  /// Conversations in memory (for statistics and tests).
+  std::size_t active() const;
+
+  // -- used by flow_context and ask_awaiter ----------------------------------
+
+  void send(conversation& c, std::string_view text);
+  void checkpoint(conversation& c, bool waiting, std::uint32_t question);
+  std::uint64_t arm(conversation& c, std::chrono::milliseconds after);
+  flow_host& host() noexcept {
+    return host_;
+  }
+
+ private:
+  conversation* find(const std::string& key);
+  conversation& create(const std::string& key);
+  void erase(const std::string& key);
+  bool restore(const std::string& key, const inbound_message& msg);
+  void start(const flow::definition& def, const std::string& key,
+             const inbound_message& msg);
+  void begin_step(conversation& c);
+  void drive(conversation& c);
+  void finish(conversation& c, bool clear);
+  void deliver(conversation& c, answer a);
+  const flow::definition* flow_named(std::string_view name) const;
+
+  static flow_task run_ask_step(flow_context& c,
+                                const flow::definition::step_def& sd);
+
+  flow_host& host_;
+  std::vector<std::shared_ptr<const flow::definition>> flows_;
+  bool any_persistent_ = false;
+  mutable std::mutex mtx_;
+  std::unordered_map<std::string, std::unique_ptr<conversation>> convs_;
+  std::atomic<std::uint64_t> next_timer_{1};
+};
+
+} // namespace internal
+} // namespace botmesh

@@ -1,0 +1,322 @@
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <botmesh/runtime/botmesh.hpp>
+
+#include "test_util.hpp"
+
+using namespace std::chrono_literals;
+using botmesh::answer;
+using botmesh::flow;
+using botmesh::flow_context;
+using botmesh::flow_task;
+
+// Only JSON can enter a conversation's state: these do not compile.
+struct not_json {};
+static_assert(!std::is_constructible_v<nlohmann::json, int*>);
+static_assert(!std::is_constructible_v<nlohmann::json, void (*)()>);
+static_assert(!std::is_constructible_v<nlohmann::json, not_json>);
+
+namespace {
+
+std::vector<std::string> texts(const botmesh::testing_provider& p,
+                               const std::string& chat) {
+  std::vector<std::string> out;
+  for (auto& m : p.sent_to(chat))
+    out.push_back(m.text);
+  return out;
+}
+
+// The order flow of the example, persistent: product, quantity (validated),
+// confirmation inside a do step that may ask twice.
+flow order_flow(std::atomic<int>* confirmed = nullptr) {
+  flow f{"pedido"};
+  f.hears({"pedido"})
+    .ask("producto", "¿Qué producto quieres?",
+         [](flow_context& c, const answer& a) {
+           c.state()["producto"] = a.text();
+         })
+    .ask("cantidad", "¿Cuántas unidades?",
+         [](flow_context& c, const answer& a) {
+           c.state()["cantidad"] = std::stoi(a.text());
+         },
+         {.validate = [](const answer& a) -> std::optional<std::string> {
+           auto t = a.text();
+           if (t.empty() || t.size() > 3
+               || t.find_first_not_of("0123456789") != std::string::npos
+               || std::stoi(t) == 0)
+             return "Escribe un número entre 1 y 999.";
+           return std::nullopt;
+         }})
+    .step("confirmar",
+          [confirmed](flow_context& c) -> flow_task {
+            auto& s = c.state();
+            auto a = co_await c.ask(
+              "¿Confirmas " + std::to_string(s["cantidad"].get<int>()) + " x "
+              + s["producto"].get<std::string>() + "? (sí/no)");
+            if (a.text() != "sí") {
+              c.send("Pedido cancelado.");
+              co_return;
+            }
+            auto b = co_await c.ask("¿Dirección de entrega?");
+            s["direccion"] = b.text();
+            if (confirmed)
+              ++*confirmed;
+            c.send("Pedido confirmado para " + b.text() + ".");
+          })
+    .persistent();
+  return f;
+}
+
+} // namespace
+
+TEST_CASE("an ask flow validates, re-asks, keeps state and hands the chat "
+          "back to the handlers at its end") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p}};
+  b.add_flow(order_flow());
+  b.on_message([](botmesh::context& c) { c.reply("handler: " + c.text()); });
+  b.start();
+  for (auto t : {"pedido", "café", "muchas", "0", "2", "sí", "Calle Mayor 1",
+                 "otra cosa"})
+    p->inject("ana", t);
+  REQUIRE(p->wait_for_sent(10, 5s));
+  CHECK(texts(*p, "ana")
+        == std::vector<std::string>{
+          "¿Qué producto quieres?", "¿Cuántas unidades?",
+          "Escribe un número entre 1 y 999.", "¿Cuántas unidades?",
+          "Escribe un número entre 1 y 999.", "¿Cuántas unidades?",
+          "¿Confirmas 2 x café? (sí/no)", "¿Dirección de entrega?",
+          "Pedido confirmado para Calle Mayor 1.", "handler: otra cosa"});
+  CHECK(b.active_conversations() == 0);
+  // A finished persistent flow clears its checkpoint.
+  CHECK_FALSE(b.store().get_checkpoint("test:ana").has_value());
+}
+
+TEST_CASE("a conversation coroutine reads like a script; other chats are not "
+          "captured") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p}};
+  b.conversation("saludo", {"hola"}, [](flow_context& c) -> flow_task {
+    auto name = co_await c.ask("¿Cómo te llamas?");
+    auto city = co_await c.ask("¿De dónde eres, " + name.text() + "?");
+    c.send(name.text() + " de " + city.text() + " 👋");
+  });
+  b.on_message([](botmesh::context& c) { c.reply("handler: " + c.text()); });
+  b.start();
+  p->inject("ana", "hola");
+  p->inject("luis", "nada");
+  p->inject("ana", "Ana");
+  p->inject("ana", "Cádiz");
+  REQUIRE(p->wait_for_sent(4, 5s));
+  CHECK(texts(*p, "ana")
+        == std::vector<std::string>{"¿Cómo te llamas?", "¿De dónde eres, Ana?",
+                                    "Ana de Cádiz 👋"});
+  CHECK(texts(*p, "luis") == std::vector<std::string>{"handler: nada"});
+}
+
+TEST_CASE("go_to moves between flows and steps") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p}};
+  flow menu{"menu"};
+  menu.hears({"menu"}).ask("opcion", "1) pedido 2) ayuda",
+                           [](flow_context& c, const answer& a) {
+                             if (a.text() == "1")
+                               c.go_to("compra");
+                             else
+                               c.go_to("compra", "fin");
+                           });
+  flow compra{"compra"};
+  compra.ask("producto", "¿Producto?", [](flow_context& c, const answer& a) {
+    c.state()["p"] = a.text();
+  }).step("fin", [](flow_context& c) -> flow_task {
+    c.send(c.state().value("p", std::string{"nada"}) + ", gracias");
+    co_return;
+  });
+  b.add_flow(menu).add_flow(compra);
+  b.start();
+  for (auto t : {"menu", "1", "pan", "menu", "2"})
+    p->inject("ana", t);
+  REQUIRE(p->wait_for_sent(5, 5s));
+  CHECK(texts(*p, "ana")
+        == std::vector<std::string>{"1) pedido 2) ayuda", "¿Producto?",
+                                    "pan, gracias", "1) pedido 2) ayuda",
+                                    "nada, gracias"});
+}
+
+TEST_CASE("a wait timeout and an idle watcher act in the chat's order") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .lang = "es"}};
+  flow f{"lento"};
+  f.hears({"empezar"}).ask("nombre", "¿Nombre?", nullptr,
+                           {.timeout = "60ms"});
+  std::atomic<int> idles{0};
+  b.conversation("vigilado", {"vigila"}, [&](flow_context& c) -> flow_task {
+    c.idle("80ms", [&](flow_context& c2) {
+      ++idles;
+      c2.send("¿Sigues ahí?");
+      c2.end();
+    });
+    auto a = co_await c.ask("Dime algo");
+    c.send("recibido " + a.text());
+  });
+  b.add_flow(f);
+  b.start();
+  p->inject("ana", "empezar");
+  REQUIRE(p->wait_for_sent(2, 5s));
+  CHECK(texts(*p, "ana")
+        == std::vector<std::string>{"¿Nombre?",
+                                    "Se acabó el tiempo para responder."});
+  // After the timeout the answer is no longer captured by the flow.
+  p->inject("luis", "vigila");
+  REQUIRE(test::eventually([&] { return idles.load() == 1; }));
+  REQUIRE(test::eventually([&] { return b.active_conversations() == 0; }));
+  CHECK(texts(*p, "luis")
+        == std::vector<std::string>{"Dime algo", "¿Sigues ahí?"});
+  // The ended conversation's watcher is stale now; a new message is a new turn.
+  p->inject("luis", "hola");
+  std::this_thread::sleep_for(150ms);
+  CHECK(idles.load() == 1);
+}
+
+TEST_CASE("a persistent flow resumes in another bot sharing the store: the "
+          "first question's answer is taken, not asked again") {
+  auto store = std::make_shared<botmesh::memory_store>();
+  auto p1 = std::make_shared<botmesh::testing_provider>();
+  {
+    botmesh::bot a{{.provider = p1, .store = store}};
+    a.add_flow(order_flow());
+    a.start();
+    p1->inject("ana", "pedido");
+    p1->inject("ana", "té verde 🍵");
+    REQUIRE(p1->wait_for_sent(2, 5s));
+    REQUIRE(test::eventually([&] {
+      auto cp = store->get_checkpoint("test:ana");
+      return cp && cp->waiting && cp->step == "cantidad";
+    }));
+  }
+  auto cp = store->get_checkpoint("test:ana");
+  REQUIRE(cp);
+  CHECK(cp->flow == "pedido");
+  CHECK(cp->question == 0);
+  CHECK(nlohmann::json::parse(cp->state)["producto"] == "té verde 🍵");
+  auto p2 = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p2, .store = store}};
+  b.add_flow(order_flow());
+  b.start();
+  p2->inject("ana", "3");
+  REQUIRE(p2->wait_for_sent(1, 5s));
+  // "3" answered "¿Cuántas unidades?" without it being asked again.
+  CHECK(texts(*p2, "ana")
+        == std::vector<std::string>{"¿Confirmas 3 x té verde 🍵? (sí/no)"});
+}
+
+TEST_CASE("a persistent do step waiting at a later question starts over in "
+          "another bot") {
+  auto store = std::make_shared<botmesh::memory_store>();
+  auto p1 = std::make_shared<botmesh::testing_provider>();
+  {
+    botmesh::bot a{{.provider = p1, .store = store}};
+    a.add_flow(order_flow());
+    a.start();
+    for (auto t : {"pedido", "pan", "2", "sí"})
+      p1->inject("ana", t);
+    REQUIRE(p1->wait_for_sent(4, 5s)); // ... "¿Dirección de entrega?"
+  }
+  auto cp = store->get_checkpoint("test:ana");
+  REQUIRE(cp);
+  CHECK(cp->step == "confirmar");
+  CHECK(cp->question == 1);
+  auto p2 = std::make_shared<botmesh::testing_provider>();
+  std::atomic<int> confirmed{0};
+  botmesh::bot b{{.provider = p2, .store = store}};
+  b.add_flow(order_flow(&confirmed));
+  b.start();
+  p2->inject("ana", "Calle Luna 3");
+  REQUIRE(p2->wait_for_sent(1, 5s));
+  // The step repeats from its first question; the state survived.
+  CHECK(texts(*p2, "ana")
+        == std::vector<std::string>{"¿Confirmas 2 x pan? (sí/no)"});
+  p2->inject("ana", "sí");
+  p2->inject("ana", "Calle Luna 3");
+  REQUIRE(p2->wait_for_sent(3, 5s));
+  CHECK(confirmed.load() == 1);
+  REQUIRE(test::eventually([&] { return !store->get_checkpoint("test:ana"); }));
+}
+
+TEST_CASE("a rejected checkpoint write ends the conversation as superseded") {
+  auto store = std::make_shared<botmesh::memory_store>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .store = store}};
+  test::error_log errors;
+  errors.attach(b);
+  b.add_flow(order_flow());
+  b.on_message([](botmesh::context& c) { c.reply("handler"); });
+  b.start();
+  p->inject("ana", "pedido");
+  REQUIRE(p->wait_for_sent(1, 5s));
+  // The flow waits for the product (its checkpoint says so)...
+  REQUIRE(test::eventually([&] {
+    auto cp = store->get_checkpoint("test:ana");
+    return cp && cp->waiting;
+  }));
+  // ...when another writer moves the checkpoint on (a replica that took the
+  // chat). This bot's next write, after the answer, is refused.
+  auto other = *store->get_checkpoint("test:ana");
+  other.step = "cantidad";
+  REQUIRE(store->set_checkpoint_if(other, other.revision));
+  p->inject("ana", "café");
+  REQUIRE(test::eventually([&] { return errors.count(botmesh::errc::lease_lost) == 1; }));
+  CHECK(errors.all()[0].what.find("superseded") != std::string::npos);
+  REQUIRE(test::eventually([&] { return b.active_conversations() == 0; }));
+  // The new owner's checkpoint stays.
+  CHECK(store->get_checkpoint("test:ana")->step == "cantidad");
+}
+
+TEST_CASE("a checkpoint of a changed flow notifies the user in the bot's "
+          "language") {
+  auto store = std::make_shared<botmesh::memory_store>();
+  botmesh::flow_checkpoint cp;
+  cp.key = "test:ana";
+  cp.flow = "pedido";
+  cp.step = "paso-que-ya-no-existe";
+  cp.waiting = true;
+  cp.fingerprint = "old";
+  REQUIRE(store->set_checkpoint_if(cp, 0));
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .store = store, .lang = "es"}};
+  test::error_log errors;
+  errors.attach(b);
+  b.add_flow(order_flow());
+  b.start();
+  p->inject("ana", "hola");
+  REQUIRE(p->wait_for_sent(1, 5s));
+  CHECK(p->sent()[0].text == botmesh::text("es", "core.conversation.interrupted"));
+  CHECK(errors.count(botmesh::errc::invalid_argument) == 1);
+  CHECK_FALSE(store->get_checkpoint("test:ana").has_value());
+  CHECK(botmesh::text("en", "core.conversation.interrupted")
+        == "The conversation was interrupted. Let's start again.");
+  CHECK(botmesh::text("fr", "core.conversation.interrupted")
+        == botmesh::text("en", "core.conversation.interrupted"));
+}
+
+TEST_CASE("a step that throws ends its conversation with an error event") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p}};
+  test::error_log errors;
+  errors.attach(b);
+  b.conversation("roto", {"roto"}, [](flow_context& c) -> flow_task {
+    co_await c.ask("¿Seguro?");
+    throw std::runtime_error("paso roto");
+  });
+  b.on_message([](botmesh::context& c) { c.reply("handler"); });
+  b.start();
+  p->inject("ana", "roto");
+  p->inject("ana", "sí");
+  p->inject("ana", "después");
+  REQUIRE(p->wait_for_sent(2, 5s));
+  CHECK(errors.count(botmesh::errc::handler_failed) == 1);
+  CHECK(errors.all()[0].what.find("paso roto") != std::string::npos);
+  CHECK(texts(*p, "ana") == std::vector<std::string>{"¿Seguro?", "handler"});
+}
