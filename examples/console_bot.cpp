@@ -1,22 +1,90 @@
 // A bot on the terminal: each line you type is a message, each answer a line.
 // Runs on embedded defaults (console provider, memory store); no server.
 //
-//   scripts/demo                      # interactive
+//   scripts/demo                        # interactive, memory store
 //   printf 'hola\n2 + 3\n' | scripts/demo
+//   scripts/demo --db pedidos.db        # SQLite: an order survives restarts
+//
+// Type "pedido" to place an order (product, quantity, confirmation).
 
+#include <cstring>
 #include <iostream>
 #include <regex>
 
+#include <nlohmann/json.hpp>
+
 #include <botmesh/runtime/botmesh.hpp>
 
-int main() {
-  botmesh::bot bot{{.provider = std::make_shared<botmesh::console_provider>()}};
+namespace {
 
+// The order-taking flow: persistent, so with --db an unfinished order goes
+// on where it stopped when the demo is started again.
+botmesh::flow order_flow() {
+  using botmesh::answer;
+  using botmesh::flow_context;
+  botmesh::flow f{"pedido"};
+  f.hears({"pedido", "comprar"})
+    .ask("producto", "¿Qué producto quieres? (café, té, chocolate)",
+         [](flow_context& c, const answer& a) {
+           c.state()["producto"] = a.text();
+         },
+         {.validate = [](const answer& a) -> std::optional<std::string> {
+           for (auto p : {"café", "té", "chocolate"})
+             if (a.text() == p)
+               return std::nullopt;
+           return "Solo tenemos café, té o chocolate.";
+         }})
+    .ask("cantidad", "¿Cuántas unidades? (1-20)",
+         [](flow_context& c, const answer& a) {
+           c.state()["cantidad"] = std::stoi(a.text());
+         },
+         {.validate = [](const answer& a) -> std::optional<std::string> {
+           auto& t = a.text();
+           if (t.empty() || t.size() > 2
+               || t.find_first_not_of("0123456789") != std::string::npos
+               || std::stoi(t) < 1 || std::stoi(t) > 20)
+             return "Escribe un número del 1 al 20.";
+           return std::nullopt;
+         }})
+    .step("confirmar", [](flow_context& c) -> botmesh::flow_task {
+      auto& s = c.state();
+      auto summary = std::to_string(s["cantidad"].get<int>()) + " x "
+                     + s["producto"].get<std::string>();
+      auto ok = co_await c.ask("¿Confirmas " + summary + "? (sí/no)");
+      if (ok.text() == "sí" || ok.text() == "si")
+        c.send("✅ Pedido confirmado: " + summary + ". ¡Gracias!");
+      else
+        c.send("Pedido cancelado.");
+    })
+    .persistent();
+  return f;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  std::shared_ptr<botmesh::store> store = std::make_shared<botmesh::memory_store>();
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--db") == 0 && i + 1 < argc) {
+      store = std::make_shared<botmesh::sqlite_store>(
+        botmesh::sqlite_store_options{.path = argv[++i]});
+    } else {
+      std::cerr << "usage: console_bot [--db FILE]\n";
+      return 2;
+    }
+  }
+  botmesh::bot bot{{.provider = std::make_shared<botmesh::console_provider>(),
+                    .store = store,
+                    .lang = "es"}};
+
+  bot.add_flow(order_flow());
   bot.hears({"hola", "buenas", "hi"}, [](botmesh::context& c) {
-    c.reply("¡Hola! Soy un bot de botmesh. Escribe 'ayuda' para ver qué sé hacer.");
+    c.reply("¡Hola! Soy un bot de botmesh. Escribe 'pedido' para pedir o "
+            "'ayuda' para ver qué más sé hacer.");
   });
   bot.hears("ayuda", [](botmesh::context& c) {
-    c.reply("Sé saludar, sumar ('2 + 3') y repetir lo que dices.");
+    c.reply("Sé tomar pedidos ('pedido'), sumar ('2 + 3') y repetir lo que "
+            "dices.");
   });
   bot.hears(std::regex{R"(^\s*(-?\d+)\s*\+\s*(-?\d+)\s*$)"},
             [](botmesh::context& c) {
