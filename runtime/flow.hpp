@@ -111,6 +111,20 @@ struct ask_options {
   std::function<std::optional<std::string>(const answer&)> validate{};
 };
 
+/// The result of an action that completes at once (`send`, `sleep`): it can
+/// be awaited (`co_await c.send("hola");`) or ignored (`c.send("hola");`).
+struct done_awaiter {
+  bool await_ready() const noexcept {
+    return true;
+  }
+  void await_suspend(std::coroutine_handle<>) const noexcept {
+    // nop: never suspends
+  }
+  void await_resume() const noexcept {
+    // nop
+  }
+};
+
 /// Awaiting a question's answer (see `flow_context::ask`).
 class ask_awaiter {
  public:
@@ -146,16 +160,17 @@ class flow_context {
 
   /// Sends a text to the chat. Throws `botmesh::error` when the provider
   /// fails, or `lease_lost_error` when the conversation lost its turn.
-  void send(std::string_view text);
+  done_awaiter send(std::string_view text);
 
   /// Sends `question` and waits for the chat's next message:
   /// `auto a = co_await c.ask("¿Cómo te llamas?");`. With `validate`, an
   /// invalid answer gets the validator's text and the question again.
   ask_awaiter ask(std::string question, ask_options opts = {});
 
-  /// Pauses the step, keeping the chat's turn (its messages wait). Returns
-  /// early when the bot stops. Use in a `do` step: `c.sleep("2s");`.
-  void sleep(duration d);
+  /// Pauses the step, keeping the chat's turn (its messages wait), on the
+  /// handler thread that runs it. Returns early when the bot stops.
+  /// `co_await c.sleep("2s");`
+  done_awaiter sleep(duration d);
 
   /// After the current step: continue in `flow` (at `step`, or its first).
   void go_to(std::string flow, std::string step = {});

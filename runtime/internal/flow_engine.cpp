@@ -165,20 +165,22 @@ const std::string& flow_context::key() const {
   return conv_.key;
 }
 
-void flow_context::send(std::string_view text) {
+done_awaiter flow_context::send(std::string_view text) {
   conv_.engine.send(conv_, text);
+  return {};
 }
 
 ask_awaiter flow_context::ask(std::string question, ask_options opts) {
   return ask_awaiter{*this, std::move(question), std::move(opts)};
 }
 
-void flow_context::sleep(duration d) {
+done_awaiter flow_context::sleep(duration d) {
   std::mutex m;
   std::condition_variable_any cv;
   std::unique_lock guard{m};
   auto token = stop_token();
   cv.wait_for(guard, token, d.ms(), [] { return false; });
+  return {};
 }
 
 void flow_context::go_to(std::string flow, std::string step) {

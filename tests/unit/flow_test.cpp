@@ -320,3 +320,24 @@ TEST_CASE("a step that throws ends its conversation with an error event") {
   CHECK(errors.all()[0].what.find("paso roto") != std::string::npos);
   CHECK(texts(*p, "ana") == std::vector<std::string>{"¿Seguro?", "handler"});
 }
+
+TEST_CASE("a do step co_awaits sends and sleeps, holding the chat's turn") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p}};
+  b.conversation("pausa", {"pausa"}, [](flow_context& c) -> flow_task {
+    co_await c.send("uno");
+    co_await c.sleep("50ms");
+    co_await c.send("dos");
+    auto a = co_await c.ask("¿tres?");
+    c.send("fin " + a.text());
+  });
+  b.on_message([](botmesh::context& c) { c.reply("handler " + c.text()); });
+  b.start();
+  auto t0 = std::chrono::steady_clock::now();
+  p->inject("ana", "pausa");
+  p->inject("ana", "3"); // waits for the sleeping step, then answers
+  REQUIRE(p->wait_for_sent(4, 5s));
+  CHECK(std::chrono::steady_clock::now() - t0 >= 50ms);
+  CHECK(texts(*p, "ana")
+        == std::vector<std::string>{"uno", "dos", "¿tres?", "fin 3"});
+}
