@@ -1,0 +1,75 @@
+#include <doctest/doctest.h>
+
+#include <conformance/coordinator_conformance.hpp>
+
+#include <botmesh/stores/memory_coordinator.hpp>
+
+using namespace std::chrono_literals;
+
+namespace {
+
+struct memory_coordinator_factory {
+  static constexpr std::chrono::milliseconds lease{15'000};
+  botmesh::manual_clock clock;
+  botmesh::memory_coordination_hub hub{{.clock = &clock}};
+
+  std::unique_ptr<botmesh::coordinator> make(std::string replica_id) {
+    return std::make_unique<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = std::move(replica_id),
+                                               .lease = lease});
+  }
+
+  void crash(botmesh::coordinator& c) {
+    static_cast<botmesh::memory_coordinator&>(c).crash();
+  }
+
+  void advance(std::chrono::milliseconds d) {
+    clock.advance(d);
+  }
+};
+
+} // namespace
+
+TYPE_TO_STRING(memory_coordinator_factory);
+BOTMESH_COORDINATOR_CONFORMANCE(memory_coordinator_factory);
+
+TEST_CASE("the hub evicts idle chats least recently used first; fences stay "
+          "monotonic and a recreated chat has no previous holder") {
+  botmesh::manual_clock clock;
+  botmesh::memory_coordination_hub hub{{.max_idle_keys = 2, .clock = &clock}};
+  botmesh::memory_coordinator a{hub, {.replica_id = "a"}};
+  std::uint64_t first_fence = 0;
+  for (auto key : {"c1", "c2", "c3"}) {
+    auto t = a.take_ticket(key);
+    auto held = a.try_acquire(key, t);
+    REQUIRE(held);
+    if (first_fence == 0)
+      first_fence = held->fence;
+    REQUIRE(a.release(*held));
+  }
+  CHECK(hub.keys() == 2); // c1 was the least recently used idle chat
+  auto t = a.take_ticket("c1");
+  auto again = a.try_acquire("c1", t);
+  REQUIRE(again);
+  CHECK_FALSE(again->previous_holder.has_value());
+  CHECK(again->fence > first_fence);
+  // c3, used more recently, kept its history.
+  auto t2 = a.take_ticket("c3");
+  auto c3 = a.try_acquire("c3", t2);
+  REQUIRE(c3);
+  CHECK(c3->previous_holder == "a");
+}
+
+TEST_CASE("a crashed coordinator refuses calls and replica ids default to "
+          "UUIDs") {
+  botmesh::memory_coordination_hub hub;
+  botmesh::memory_coordinator a{hub};
+  botmesh::memory_coordinator b{hub};
+  CHECK(a.replica_id().size() == 36);
+  CHECK(a.replica_id() != b.replica_id());
+  CHECK(a.lease() == 15s);
+  a.crash();
+  CHECK_THROWS_AS(a.take_ticket("x"), botmesh::coordination_unavailable_error);
+  CHECK_THROWS_AS((botmesh::memory_coordinator{hub, {.lease = 0}}),
+                  botmesh::invalid_argument_error);
+}
