@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/redis/internal/sha1.hpp>
@@ -356,11 +357,110 @@ class connection {
 
 } // namespace
 
+// A SUBSCRIBE connection read with poll(), so it can stop without input.
+class subscriber {
+ public:
+  subscriber(const endpoint_info& ep, const redis_options& opts,
+             std::string channel, std::function<void(std::string_view)> fn)
+    : ep_(ep), opts_(opts), channel_(std::move(channel)), fn_(std::move(fn)) {
+    thread_ = std::thread{[this] { loop(); }};
+  }
+
+  ~subscriber() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  redisContext* connect() {
+    auto ctx = redisConnectWithTimeout(ep_.host.c_str(), ep_.port,
+                                       to_timeval(opts_.connect_timeout.ms()));
+    if (!ctx || ctx->err) {
+      if (ctx)
+        redisFree(ctx);
+      return nullptr;
+    }
+    auto run = [&](std::vector<std::string> args) {
+      std::vector<const char*> argv;
+      std::vector<size_t> lens;
+      for (auto& a : args) {
+        argv.push_back(a.data());
+        lens.push_back(a.size());
+      }
+      auto r = static_cast<redisReply*>(redisCommandArgv(
+        ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
+      bool ok = r && r->type != REDIS_REPLY_ERROR;
+      if (r)
+        freeReplyObject(r);
+      return ok;
+    };
+    bool ok = true;
+    if (!ep_.password.empty())
+      ok = ep_.user.empty() ? run({"AUTH", ep_.password})
+                            : run({"AUTH", ep_.user, ep_.password});
+    if (ok)
+      ok = run({"SUBSCRIBE", channel_});
+    if (!ok) {
+      redisFree(ctx);
+      return nullptr;
+    }
+    return ctx;
+  }
+
+  void loop() {
+    redisContext* ctx = nullptr;
+    auto backoff = std::chrono::milliseconds{50};
+    while (!stop_) {
+      if (!ctx) {
+        ctx = connect();
+        if (!ctx) {
+          std::this_thread::sleep_for(backoff);
+          backoff = std::min(backoff * 2, opts_.max_backoff.ms());
+          continue;
+        }
+        backoff = std::chrono::milliseconds{50};
+      }
+      pollfd pfd{ctx->fd, POLLIN, 0};
+      int rc = ::poll(&pfd, 1, 100);
+      if (rc <= 0)
+        continue;
+      if (redisBufferRead(ctx) != REDIS_OK) {
+        redisFree(ctx);
+        ctx = nullptr;
+        continue;
+      }
+      void* raw = nullptr;
+      while (redisGetReplyFromReader(ctx, &raw) == REDIS_OK && raw) {
+        auto r = static_cast<redisReply*>(raw);
+        // ["message", channel, payload]
+        if (r->type == REDIS_REPLY_ARRAY && r->elements == 3
+            && r->element[0]->type == REDIS_REPLY_STRING
+            && std::string_view{r->element[0]->str, r->element[0]->len}
+                 == "message")
+          fn_(std::string_view{r->element[2]->str, r->element[2]->len});
+        freeReplyObject(raw);
+        raw = nullptr;
+      }
+    }
+    if (ctx)
+      redisFree(ctx);
+  }
+
+  endpoint_info ep_;
+  redis_options opts_;
+  std::string channel_;
+  std::function<void(std::string_view)> fn_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 struct redis_client::impl {
   redis_options opts;
   endpoint_info ep;
   std::string endpoint;
   std::vector<std::unique_ptr<connection>> conns;
+  std::vector<std::unique_ptr<subscriber>> subscribers;
+  std::mutex sub_mtx;
   std::atomic<std::size_t> next{0};
 
   connection& pick() {
@@ -383,6 +483,13 @@ redis_client::~redis_client() = default;
 
 const std::string& redis_client::endpoint() const noexcept {
   return impl_->endpoint;
+}
+
+void redis_client::subscribe(std::string channel,
+                             std::function<void(std::string_view)> on_message) {
+  std::lock_guard guard{impl_->sub_mtx};
+  impl_->subscribers.push_back(std::make_unique<subscriber>(
+    impl_->ep, impl_->opts, std::move(channel), std::move(on_message)));
 }
 
 void redis_client::async(command cmd, callback done) {

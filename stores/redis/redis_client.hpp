@@ -109,6 +109,15 @@ class redis_client {
                    const std::vector<std::string>& keys,
                    const std::vector<std::string>& args);
 
+  /// Subscribes to `channel` on a connection of its own, read by a thread
+  /// with a poll() loop (the hiredis 0.14 asynchronous API aborts on sharded
+  /// messages). `on_message` runs on that thread with each payload and must
+  /// not block. The subscription reconnects after a dropped connection
+  /// (messages in between are lost: pub/sub is at most once). Ends with the
+  /// client.
+  void subscribe(std::string channel,
+                 std::function<void(std::string_view)> on_message);
+
   /// "host:port", for messages.
   const std::string& endpoint() const noexcept;
 

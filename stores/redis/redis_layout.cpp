@@ -10,11 +10,52 @@ redis_layout::~redis_layout() {
   // nop
 }
 
+std::string encode_key_segment(std::string_view s) {
+  static constexpr char hex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(s.size());
+  for (unsigned char c : s) {
+    switch (c) {
+      case '%': case ':': case '{': case '}': case '*': case '?': case '[':
+      case ']': case ' ': case '\t': case '\n': case '\r':
+        out.push_back('%');
+        out.push_back(hex[c >> 4]);
+        out.push_back(hex[c & 0xF]);
+        break;
+      default:
+        out.push_back(static_cast<char>(c));
+    }
+  }
+  return out;
+}
+
+std::string redis_layout::turn(std::string_view chat,
+                               std::string_view part) const {
+  return fmt::format("{}:co:{{t:{}}}:{}", prefix_, encode_key_segment(chat),
+                     part);
+}
+
+std::string redis_layout::heartbeat(std::string_view incarnation) const {
+  return fmt::format("{}:co:rep:{}", prefix_, incarnation);
+}
+
+std::string redis_layout::lead(std::string_view name) const {
+  return fmt::format("{}:co:{{ld:{}}}", prefix_, encode_key_segment(name));
+}
+
+std::string redis_layout::lead_term(std::string_view name) const {
+  return lead(name) + ":term";
+}
+
+std::string redis_layout::wake_channel() const {
+  return prefix_ + ":co:wake";
+}
+
 namespace {
 
 class legacy_layout final : public redis_layout {
  public:
-  explicit legacy_layout(std::string p) : p_(std::move(p)) {
+  explicit legacy_layout(std::string p) : redis_layout(p), p_(std::move(p)) {
     // nop
   }
 

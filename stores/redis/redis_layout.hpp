@@ -27,9 +27,23 @@ namespace botmesh {
 ///   p:sched:<id>            hash   durable task calendar
 ///   p:schedidx              zset   schedule index
 ///   p:lease:<name>          hash   leader lease: owner, until, token
+///
+/// Coordinator keys (the same in every layout: one hash tag per chat):
+///
+///   p:co:{t:<chat>}:seq|tix|serving|owner|last   a chat's turn queue
+///   p:co:rep:<incarnation>  string replica heartbeat (PX lease)
+///   p:co:{ld:<name>}        string leadership holder (PX lease), :term counter
+///   p:co:wake               channel  released / given-up chat keys
+///
+/// Segments inside a hash tag are percent-encoded (%, :, {, }, glob
+/// characters, spaces), so a chat id can never break a tag.
 class redis_layout {
  public:
   virtual ~redis_layout();
+
+  const std::string& prefix() const noexcept {
+    return prefix_;
+  }
 
   virtual std::string name() const = 0;
   virtual std::string chat(std::string_view key) const = 0;
@@ -49,7 +63,24 @@ class redis_layout {
   virtual std::string schedule(std::string_view id) const = 0;
   virtual std::string schedule_index() const = 0;
   virtual std::string lease(std::string_view name) const = 0;
+
+  /// `part` is one of seq, tix, serving, owner, last.
+  std::string turn(std::string_view chat, std::string_view part) const;
+  std::string heartbeat(std::string_view incarnation) const;
+  std::string lead(std::string_view name) const;
+  std::string lead_term(std::string_view name) const;
+  std::string wake_channel() const;
+
+ protected:
+  explicit redis_layout(std::string prefix) : prefix_(std::move(prefix)) {
+    // nop
+  }
+
+  std::string prefix_;
 };
+
+/// Percent-encodes the characters that must not appear in a key segment.
+std::string encode_key_segment(std::string_view s);
 
 /// The legacy layout under `prefix` (throws `invalid_argument_error`, field
 /// "prefix", for an empty prefix).

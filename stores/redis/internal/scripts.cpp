@@ -27,6 +27,14 @@ const scripts& lua() {
     {"schedule_remove", lua_src::schedule_remove},
     {"lease_acquire", lua_src::lease_acquire},
     {"lease_release", lua_src::lease_release},
+    {"co_ticket", lua_src::co_ticket},
+    {"co_acquire", lua_src::co_acquire},
+    {"co_skip", lua_src::co_skip},
+    {"co_renew", lua_src::co_renew},
+    {"co_release", lua_src::co_release},
+    {"co_cancel", lua_src::co_cancel},
+    {"co_lead", lua_src::co_lead},
+    {"co_unlead", lua_src::co_unlead},
   };
   return all;
 }

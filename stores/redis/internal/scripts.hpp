@@ -25,6 +25,14 @@ struct scripts {
   redis_script schedule_remove;
   redis_script lease_acquire;
   redis_script lease_release;
+  redis_script co_ticket;
+  redis_script co_acquire;
+  redis_script co_skip;
+  redis_script co_renew;
+  redis_script co_release;
+  redis_script co_cancel;
+  redis_script co_lead;
+  redis_script co_unlead;
 };
 
 /// Built once; SHA-1s computed at first use.
