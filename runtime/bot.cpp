@@ -15,11 +15,18 @@
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
+#include <botmesh/runtime/internal/turn_keeper.hpp>
 #include <botmesh/stores/memory_store.hpp>
 
 namespace botmesh {
 
 namespace {
+
+// The turn this handler thread runs, for the fence check of sends and
+// checkpoint writes.
+thread_local internal::held_turn* current_held = nullptr;
+// The running turn's stop token (settle, lost lease, or bot stop).
+thread_local std::stop_token current_turn_stop;
 
 bool ascii_iequals(std::string_view a, std::string_view b) {
   if (a.size() != b.size())
@@ -117,7 +124,51 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   }
 
   std::stop_token flow_stop_token() override {
-    return stop_source.get_token();
+    return current_turn_stop.stop_possible() ? current_turn_stop
+                                             : stop_source.get_token();
+  }
+
+  void fence(const std::string& key) override {
+    if (keeper && current_held && current_held->turn.key == key)
+      keeper->check(*current_held);
+  }
+
+  // -- coordination ----------------------------------------------------------
+
+  // Takes a ticket and waits for the chat's turn; nothing (after an error
+  // event) when it cannot be had within turn_wait.
+  std::shared_ptr<internal::held_turn> acquire_turn(const std::string& key,
+                                                    const inbound_message& msg) {
+    auto& co = *opts.coordination;
+    auto deadline = std::chrono::steady_clock::now() + co.turn_wait.ms();
+    std::optional<std::uint64_t> ticket;
+    try {
+      ticket = co.coordinator->take_ticket(key);
+      auto poll = std::chrono::milliseconds{5};
+      for (;;) {
+        if (auto t = co.coordinator->try_acquire(key, *ticket))
+          return keeper->hold(std::move(*t));
+        auto left = deadline - std::chrono::steady_clock::now();
+        if (left <= std::chrono::milliseconds{0} || stop_source.stop_requested())
+          break;
+        co.coordinator->wait_change(
+          key, std::min(poll, std::chrono::duration_cast<std::chrono::milliseconds>(left)));
+        poll = std::min(poll * 2, co.max_poll.ms());
+      }
+      co.coordinator->cancel_ticket(key, *ticket);
+      ++turn_failures;
+      raise(errc::coordination_unavailable,
+            fmt::format("chat {}: message {} got no turn within turn_wait ({})",
+                        key, msg.id, format_duration(co.turn_wait.ms())),
+            key, msg);
+    } catch (const std::exception& e) {
+      ++turn_failures;
+      raise(errc::coordination_unavailable,
+            fmt::format("chat {}: message {} got no turn: {}", key, msg.id,
+                        e.what()),
+            key, msg);
+    }
+    return nullptr;
   }
 
   const std::string& lang() const override {
@@ -125,12 +176,34 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   }
 
   void timer_turn(const std::string& key, std::uint64_t id) {
+    std::shared_ptr<internal::held_turn> held;
+    if (keeper) {
+      // A timer acts only with the chat's turn. If another replica held the
+      // chat meanwhile, this copy of the conversation is stale: dropped,
+      // and the timer with it.
+      inbound_message origin;
+      origin.id = fmt::format("timer-{}", id);
+      origin.chat = key;
+      held = acquire_turn(key, origin);
+      if (!held)
+        return;
+      auto& prev = held->turn.previous_holder;
+      if (!prev || *prev != opts.coordination->coordinator->replica_id())
+        flows.drop(key);
+    }
+    current_held = held.get();
     try {
       flows.on_timer(key, id);
     } catch (const std::exception& e) {
       raise(errc::handler_failed,
             fmt::format("chat {}: a flow timer failed: {}", key, e.what()), key,
             std::nullopt);
+    }
+    current_held = nullptr;
+    if (held) {
+      if (!held->lost_reason.empty())
+        flows.drop(key);
+      keeper->release(held);
     }
   }
 
@@ -235,6 +308,37 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   // -- turns -----------------------------------------------------------------
 
   void turn(const std::string& key, const inbound_message& msg, bool first) {
+    record(key, msg, first);
+    std::shared_ptr<internal::held_turn> held;
+    if (keeper) {
+      held = acquire_turn(key, msg);
+      if (!held)
+        return;
+      // Another replica (or an unknown one) held the chat last: what this
+      // replica has in memory of its conversation may be stale.
+      auto& prev = held->turn.previous_holder;
+      if (!prev || *prev != opts.coordination->coordinator->replica_id())
+        flows.drop(key);
+    }
+    std::optional<std::stop_callback<std::function<void()>>> forward;
+    if (held) {
+      // A bot stop stops the turn's step too.
+      forward.emplace(stop_source.get_token(),
+                      std::function<void()>{[h = held] { h->stop.request_stop(); }});
+      current_turn_stop = held->stop.get_token();
+      current_held = held.get();
+    }
+    run_handlers(key, msg);
+    current_turn_stop = {};
+    current_held = nullptr;
+    if (held) {
+      if (!held->lost_reason.empty())
+        flows.drop(key); // the checkpoint stays for the new holder
+      keeper->release(held);
+    }
+  }
+
+  void record(const std::string& key, const inbound_message& msg, bool first) {
     if (opts.log_messages) {
       try {
         if (first)
@@ -249,10 +353,18 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
               key, msg);
       }
     }
+  }
+
+  void run_handlers(const std::string& key, const inbound_message& msg) {
     emit(on_in, events::message_in{key, msg});
     try {
       if (!flows.on_message(key, msg))
         dispatch(key, msg);
+    } catch (const lease_lost_error& e) {
+      // The turn was lost while the handler ran: its write was refused.
+      raise(errc::lease_lost,
+            fmt::format("chat {}: message {}: {}", key, msg.id, e.what()), key,
+            msg);
     } catch (const std::exception& e) {
       ++handler_errors;
       raise(errc::handler_failed,
@@ -316,6 +428,9 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
     if (msg.chat.empty())
       throw invalid_argument_error("chat", "send: the chat must not be empty");
     msg.provider = provider_id;
+    // Fencing: a handler whose turn was lost must not answer out of order.
+    if (key)
+      fence(*key);
     try {
       opts.provider->send(msg);
     } catch (const botmesh::error&) {
@@ -373,6 +488,8 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   listeners<events::error> on_error;
   listeners<events::message_in> on_in;
   listeners<events::message_out> on_out;
+  listeners<events::lease_lost> on_lost;
+  std::unique_ptr<internal::turn_keeper> keeper;
 
   std::mutex lifecycle_mtx;
   bool started = false;
@@ -387,7 +504,7 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   std::atomic<std::uint64_t> next_id{0};
   std::atomic<std::uint64_t> received{0}, handled{0}, refused_invalid{0},
     refused_overload{0}, refused_stopped{0}, handler_errors{0}, sent{0},
-    send_errors{0}, activations{0}, passivations{0};
+    send_errors{0}, activations{0}, passivations{0}, turn_failures{0};
 };
 
 // -- context ------------------------------------------------------------------
@@ -405,7 +522,7 @@ botmesh::store& context::store() noexcept {
 }
 
 std::stop_token context::stop_token() const noexcept {
-  return bot_.impl_->stop_source.get_token();
+  return bot_.impl_->flow_stop_token();
 }
 
 // -- bot ----------------------------------------------------------------------
@@ -527,6 +644,14 @@ bot& bot::on<events::message_in>(
 }
 
 template <>
+bot& bot::on<events::lease_lost>(
+  std::function<void(const events::lease_lost&)> f) {
+  impl_->check_not_started();
+  impl_->on_lost.push_back(std::move(f));
+  return *this;
+}
+
+template <>
 bot& bot::on<events::message_out>(
   std::function<void(const events::message_out&)> f) {
   impl_->check_not_started();
@@ -539,6 +664,21 @@ void bot::start() {
   if (impl_->started)
     return;
   impl_->opts.store->start();
+  if (impl_->opts.coordination) {
+    auto& co = *impl_->opts.coordination;
+    if (!co.coordinator)
+      throw invalid_argument_error("coordination.coordinator",
+                                   "coordination needs a coordinator");
+    if (!impl_->opts.store->supports_compare_and_set())
+      std::fprintf(stderr, "botmesh: the store has no compare-and-set: "
+                           "checkpoints of replicas are fenced only locally\n");
+    auto* self = impl_.get();
+    impl_->keeper = std::make_unique<internal::turn_keeper>(
+      *co.coordinator, co.settle.ms(),
+      [self](const std::string& key, const std::string& reason) {
+        emit(self->on_lost, events::lease_lost{key, reason});
+      });
+  }
   // Half the cores: the CAF workers that route and order messages need the
   // rest. Blocking handlers still get more threads (the pool grows when all
   // of its threads are stuck).
@@ -584,6 +724,7 @@ void bot::stop() {
   if (!drained)
     impl_->stop_source.request_stop();
   impl_->pool->shutdown();
+  impl_->keeper.reset();
   impl_->opts.provider->stop();
   caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
 }
@@ -625,6 +766,7 @@ bot_stats bot::stats() const {
   s.activations = i.activations;
   s.passivations = i.passivations;
   s.live_chats = s.activations - s.passivations;
+  s.turn_failures = i.turn_failures;
   return s;
 }
 

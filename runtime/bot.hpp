@@ -5,6 +5,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <stop_token>
 #include <string>
@@ -19,6 +20,7 @@
 #include <botmesh/runtime/events.hpp>
 #include <botmesh/runtime/flow.hpp>
 #include <botmesh/scheduler/scheduler.hpp>
+#include <botmesh/stores/coordinator.hpp>
 #include <botmesh/stores/store.hpp>
 
 namespace botmesh {
@@ -56,7 +58,8 @@ class context {
     return bot_;
   }
 
-  /// Fires when the bot's stop bound runs out while this turn still runs:
+  /// Fires when the bot's stop bound runs out while this turn still runs,
+  /// and, with coordination, when the turn is lost or held past `settle`:
   /// a long handler should give up then.
   std::stop_token stop_token() const noexcept;
 
@@ -78,6 +81,23 @@ class context {
 /// threads, never on a CAF worker. An exception it throws becomes an
 /// `events::error` with `errc::handler_failed`; the chat goes on.
 using handler = std::function<void(context&)>;
+
+/// Several replicas of one bot coordinating through a shared backend.
+struct coordination_options {
+  /// The shared coordinator (a memory_coordinator on a hub, or a
+  /// redis_coordinator). Required.
+  std::shared_ptr<botmesh::coordinator> coordinator{};
+  /// The longest a message waits for its chat's turn; past it (or with the
+  /// backend down) it gets an `errc::coordination_unavailable` error event.
+  duration turn_wait = "2m";
+  /// The longest a turn is held by a running step; then the step's stop
+  /// token fires, it can no longer send or write its checkpoint, and the
+  /// turn is released.
+  duration settle = "1m";
+  /// Polling while waiting for a turn goes from 5 ms up to this; a push
+  /// from the releasing replica usually ends the wait first.
+  duration max_poll = "100ms";
+};
 
 struct bot_options {
   /// The transport. Required.
@@ -107,6 +127,8 @@ struct bot_options {
   /// (finite, so one busy chat cannot starve the others).
   std::size_t scheduler_threads = 0;
   std::size_t max_throughput = 32;
+  /// Coordination with other replicas; without it nothing of it runs.
+  std::optional<coordination_options> coordination{};
   /// Language of runtime texts ("es", "en"; see texts.hpp).
   std::string lang = "en";
   /// The task scheduler (`every`, `schedule`, `delay`): schedule store,
@@ -128,6 +150,7 @@ struct bot_stats {
   std::uint64_t activations = 0;  ///< chat actors spawned
   std::uint64_t passivations = 0; ///< chat actors passivated
   std::uint64_t live_chats = 0;   ///< activations - passivations
+  std::uint64_t turn_failures = 0; ///< messages that got no turn
 };
 
 /// A chat bot: a provider, a store, handlers, and the actors that order
@@ -257,5 +280,7 @@ bot& bot::on<events::message_in>(
 template <>
 bot& bot::on<events::message_out>(
   std::function<void(const events::message_out&)>);
+template <>
+bot& bot::on<events::lease_lost>(std::function<void(const events::lease_lost&)>);
 
 } // namespace botmesh

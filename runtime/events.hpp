@@ -29,6 +29,16 @@ struct message_in {
   const inbound_message& message;
 };
 
+/// This replica lost a chat's turn ("coordination:lease-lost"): reason
+/// "expired" (taken over or not renewed), "frozen" (renewals failed for
+/// almost a lease) or "settle" (a step ran past `settle`). Later sends and
+/// checkpoint writes of that turn fail with `lease_lost`; the chat's
+/// in-memory conversation is discarded (its checkpoint stays).
+struct lease_lost {
+  std::string key;
+  std::string reason;
+};
+
 /// A message was sent by the provider ("message:out").
 struct message_out {
   const outgoing_message& message;

@@ -312,6 +312,10 @@ void flow_engine::erase(const std::string& key) {
   // The coroutine frame is destroyed outside the lock.
 }
 
+void flow_engine::drop(const std::string& key) {
+  erase(key);
+}
+
 std::uint64_t flow_engine::arm(conversation& c, std::chrono::milliseconds after) {
   auto id = next_timer_.fetch_add(1);
   host_.arm_timer(c.key, after, id);
@@ -328,6 +332,7 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
                              std::uint32_t question) {
   if (!c.def->persistent || c.superseded)
     return;
+  host_.fence(c.key);
   flow_checkpoint cp;
   cp.key = c.key;
   cp.flow = c.def->name;
@@ -487,9 +492,9 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg) {
                                   "\"{}\" does not match the flows of this bot",
                                   key, cp->flow, cp->step),
                       key, &msg);
+    host_.flow_store().clear_checkpoint_if(key, cp->revision);
     host_.send_to_chat(key, msg,
                        text(host_.lang(), "core.conversation.interrupted"));
-    host_.flow_store().clear_checkpoint_if(key, cp->revision);
     return true; // the notice consumed the message
   }
   auto& c = create(key);

@@ -61,6 +61,9 @@ class flow_host {
   virtual void raise_error(errc code, std::string what, const std::string& key,
                            const inbound_message* msg) = 0;
   virtual std::stop_token flow_stop_token() = 0;
+  /// Throws `lease_lost_error` when the chat's turn was lost (the local
+  /// fence check before a checkpoint write).
+  virtual void fence(const std::string& key) = 0;
   virtual const std::string& lang() const = 0;
 };
 
@@ -119,6 +122,10 @@ class flow_engine {
 
   /// A timer of `key` fired; stale ones are discarded.
   void on_timer(const std::string& key, std::uint64_t id);
+
+  /// Discards the chat's in-memory conversation (its checkpoint stays), so
+  /// its next message reads the checkpoint. Called from the chat's turn.
+  void drop(const std::string& key);
 
   /// Conversations in memory (for statistics and tests).
   std::size_t active() const;

@@ -1,0 +1,225 @@
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <latch>
+
+#include <nlohmann/json.hpp>
+
+#include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/stores/memory_coordinator.hpp>
+
+#include "test_util.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+struct replica {
+  std::shared_ptr<botmesh::testing_provider> provider =
+    std::make_shared<botmesh::testing_provider>();
+  std::shared_ptr<botmesh::memory_coordinator> coord;
+  std::unique_ptr<botmesh::bot> bot;
+  test::error_log errors;
+
+  replica(botmesh::memory_coordination_hub& hub,
+          std::shared_ptr<botmesh::store> store, std::string id,
+          botmesh::coordination_options co = {},
+          botmesh::duration lease = "15s") {
+    coord = std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = std::move(id),
+                                               .lease = lease});
+    co.coordinator = coord;
+    bot = std::make_unique<botmesh::bot>(botmesh::bot_options{
+      .provider = provider, .store = std::move(store), .coordination = co});
+    errors.attach(*bot);
+  }
+};
+
+std::vector<std::string> texts(const botmesh::testing_provider& p) {
+  std::vector<std::string> out;
+  for (auto& m : p.sent())
+    out.push_back(m.text);
+  return out;
+}
+
+botmesh::flow order_flow() {
+  botmesh::flow f{"pedido"};
+  f.hears({"pedido"})
+    .ask("producto", "¿Producto?",
+         [](botmesh::flow_context& c, const botmesh::answer& a) {
+           c.state()["producto"] = a.text();
+         })
+    .ask("cantidad", "¿Cantidad?",
+         [](botmesh::flow_context& c, const botmesh::answer& a) {
+           c.send(a.text() + " x " + c.state()["producto"].get<std::string>());
+         })
+    .persistent();
+  return f;
+}
+
+} // namespace
+
+TEST_CASE("replicas on one hub never run a chat's handlers at once and keep "
+          "each replica's order") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  replica a{hub, store, "a"};
+  replica b{hub, store, "b"};
+  std::atomic<int> in_flight{0};
+  std::atomic<int> overlaps{0};
+  std::mutex mtx;
+  std::map<std::string, std::vector<int>> seen; // per replica
+  auto handler = [&](std::string who) {
+    return [&, who](botmesh::context& c) {
+      if (in_flight.fetch_add(1) != 0)
+        ++overlaps;
+      std::this_thread::sleep_for(200us);
+      {
+        std::lock_guard guard{mtx};
+        seen[who].push_back(std::stoi(c.text()));
+      }
+      in_flight.fetch_sub(1);
+    };
+  };
+  a.bot->on_message(handler("a"));
+  b.bot->on_message(handler("b"));
+  a.bot->start();
+  b.bot->start();
+  std::thread ta{[&] {
+    for (int i = 0; i < 60; ++i)
+      a.provider->inject("x", std::to_string(i));
+  }};
+  std::thread tb{[&] {
+    for (int i = 100; i < 160; ++i)
+      b.provider->inject("x", std::to_string(i));
+  }};
+  ta.join();
+  tb.join();
+  REQUIRE(test::eventually([&] {
+    return a.bot->stats().handled + b.bot->stats().handled == 120;
+  }));
+  CHECK(overlaps.load() == 0);
+  CHECK(std::is_sorted(seen["a"].begin(), seen["a"].end()));
+  CHECK(std::is_sorted(seen["b"].begin(), seen["b"].end()));
+  CHECK(a.errors.all().empty());
+  CHECK(b.errors.all().empty());
+}
+
+TEST_CASE("a persistent conversation moves between replicas through the "
+          "store, each dropping its stale copy") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  replica a{hub, store, "a"};
+  replica b{hub, store, "b"};
+  a.bot->add_flow(order_flow());
+  b.bot->add_flow(order_flow());
+  a.bot->start();
+  b.bot->start();
+  a.provider->inject("ana", "pedido");
+  REQUIRE(a.provider->wait_for_sent(1, 5s));
+  b.provider->inject("ana", "café"); // B reads A's checkpoint: the answer
+  REQUIRE(b.provider->wait_for_sent(1, 5s));
+  CHECK(texts(*b.provider) == std::vector<std::string>{"¿Cantidad?"});
+  // Back on A: its in-memory copy (waiting for the product) is stale.
+  a.provider->inject("ana", "3");
+  REQUIRE(a.provider->wait_for_sent(2, 5s));
+  CHECK(texts(*a.provider) == std::vector<std::string>{"¿Producto?", "3 x café"});
+  REQUIRE(test::eventually([&] { return !store->get_checkpoint("test:ana"); }));
+}
+
+TEST_CASE("a crashed replica's chat is taken over after its lease; its late "
+          "reply is fenced with lease_lost") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  replica a{hub, store, "a", {}, "300ms"};
+  replica b{hub, store, "b", {}, "300ms"};
+  std::latch a_running{1};
+  std::latch a_release{1};
+  std::mutex mtx;
+  std::vector<std::string> lost;
+  a.bot->on<botmesh::events::lease_lost>(
+    [&](const botmesh::events::lease_lost& e) {
+      std::lock_guard guard{mtx};
+      lost.push_back(e.key + " " + e.reason);
+    });
+  a.bot->on_message([&](botmesh::context& c) {
+    a_running.count_down();
+    a_release.wait();
+    c.reply("late answer from a");
+  });
+  b.bot->on_message([](botmesh::context& c) { c.reply("b: " + c.text()); });
+  a.bot->start();
+  b.bot->start();
+  a.provider->inject("x", "uno");
+  a_running.wait();
+  a.coord->crash(); // a freezes: no more renewals
+  b.provider->inject("x", "dos");
+  REQUIRE(b.provider->wait_for_sent(1, 5s)); // after a's lease ran out
+  CHECK(b.provider->sent()[0].text == "b: dos");
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{mtx};
+    return !lost.empty();
+  }));
+  a_release.count_down();
+  REQUIRE(test::eventually(
+    [&] { return a.errors.count(botmesh::errc::lease_lost) == 1; }));
+  CHECK(a.provider->sent().empty()); // the late answer never went out
+  std::lock_guard guard{mtx};
+  CHECK(lost.at(0).rfind("test:x ", 0) == 0);
+}
+
+TEST_CASE("a message that cannot get its turn within turn_wait gets "
+          "coordination_unavailable") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  replica a{hub, store, "a"};
+  replica b{hub, store, "b", {.turn_wait = "100ms"}};
+  std::latch a_running{1};
+  std::latch a_release{1};
+  a.bot->on_message([&](botmesh::context&) {
+    a_running.count_down();
+    a_release.wait();
+  });
+  b.bot->on_message([](botmesh::context& c) { c.reply("b"); });
+  a.bot->start();
+  b.bot->start();
+  a.provider->inject("x", "uno");
+  a_running.wait();
+  b.provider->inject("x", "dos");
+  REQUIRE(test::eventually([&] {
+    return b.errors.count(botmesh::errc::coordination_unavailable) == 1;
+  }));
+  CHECK(b.errors.all()[0].what.find("turn_wait") != std::string::npos);
+  CHECK(b.bot->stats().turn_failures == 1);
+  a_release.count_down();
+  // The given-up ticket does not block the chat afterwards.
+  b.provider->inject("x", "tres");
+  REQUIRE(b.provider->wait_for_sent(1, 5s));
+}
+
+TEST_CASE("settle stops a step that holds the turn too long and lets the "
+          "chat go on") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  replica a{hub, store, "a", {.settle = "200ms"}, "600ms"};
+  std::atomic<bool> stopped{false};
+  a.bot->on_message([&](botmesh::context& c) {
+    if (c.text() == "lento") {
+      while (!c.stop_token().stop_requested())
+        std::this_thread::sleep_for(1ms);
+      stopped = true;
+      c.reply("too late"); // fenced: the turn was settled
+    } else {
+      c.reply("ok " + c.text());
+    }
+  });
+  a.bot->start();
+  a.provider->inject("x", "lento");
+  REQUIRE(test::eventually([&] { return stopped.load(); }));
+  REQUIRE(test::eventually(
+    [&] { return a.errors.count(botmesh::errc::lease_lost) == 1; }));
+  CHECK(a.errors.all()[0].what.find("settle") != std::string::npos);
+  a.provider->inject("x", "rápido");
+  REQUIRE(a.provider->wait_for_sent(1, 5s));
+  CHECK(texts(*a.provider) == std::vector<std::string>{"ok rápido"});
+}
