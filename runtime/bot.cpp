@@ -94,6 +94,13 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
     auto sched_opts = opts.scheduler;
     if (sched_opts.ns.empty())
       sched_opts.ns = provider_id;
+    // With coordination, the scheduler's leadership uses the same
+    // coordinator unless one was given (its TTL is the coordinator's lease).
+    if (opts.coordination && opts.coordination->coordinator
+        && !sched_opts.lease) {
+      sched_opts.lease = make_coordinator_lease(opts.coordination->coordinator);
+      sched_opts.leader_ttl = duration{opts.coordination->coordinator->lease()};
+    }
     tasks = std::make_unique<botmesh::scheduler>(std::move(sched_opts));
   }
 
@@ -295,8 +302,121 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
     caf::anon_send(router_handle, std::move(msg));
   }
 
-  void state_changed(provider_state) override {
-    // nop: transport state matters once coordination elects leaders
+  void state_changed(provider_state s) override {
+    std::lock_guard guard{run_mtx};
+    transport = s;
+    if (s == provider_state::closed)
+      closed_since = std::chrono::steady_clock::now();
+    run_cv.notify_all();
+  }
+
+  // -- exclusive transports ------------------------------------------------
+
+  bool exclusive() const {
+    if (!opts.coordination)
+      return false;
+    switch (opts.coordination->session) {
+      case provider_session::leader:
+        return true;
+      case provider_session::shared:
+        return false;
+      case provider_session::automatic:
+        return opts.provider->capabilities().exclusive_session;
+    }
+    return false;
+  }
+
+  // Presents this replica for provider:<id> every lease/3; the leader runs
+  // the transport, the others stand by.
+  void session_loop() {
+    auto& co = *opts.coordination;
+    auto name = "provider:" + provider_id;
+    auto period = co.coordinator->lease() / 3;
+    bool said_standby = false;
+    std::optional<leadership> lead;
+    std::unique_lock guard{session_mtx};
+    while (!session_stop) {
+      guard.unlock();
+      std::optional<leadership> now_lead;
+      try {
+        now_lead = co.coordinator->try_lead(name);
+      } catch (const std::exception&) {
+        // backend down: a leader keeps running until its lease would expire
+        now_lead = lead && std::chrono::steady_clock::now() < lead_valid_until
+                     ? lead
+                     : std::nullopt;
+      }
+      if (now_lead) {
+        lead_valid_until = std::chrono::steady_clock::now() + co.coordinator->lease() * 9 / 10;
+        if (!lead) {
+          lead = now_lead;
+          {
+            std::lock_guard rg{run_mtx};
+            closed_since = std::chrono::steady_clock::now();
+          }
+          opts.provider->start(*this);
+          leading = true;
+          said_standby = false;
+          emit(on_leader, events::leader{name, lead->fence});
+        }
+        // A transport closed for provider_down: yield for a while.
+        bool down = false;
+        {
+          std::lock_guard rg{run_mtx};
+          down = transport == provider_state::closed
+                 && std::chrono::steady_clock::now() - closed_since
+                      >= co.provider_down.ms();
+        }
+        if (down) {
+          leading = false;
+          opts.provider->stop();
+          try {
+            co.coordinator->release_lead(*lead);
+          } catch (const std::exception&) {
+            // nop: it expires
+          }
+          lead.reset();
+          emit(on_follower, events::follower{name, "provider_down"});
+          guard.lock();
+          session_cv.wait_for(guard, std::max(co.coordinator->lease(),
+                                              std::chrono::milliseconds{3000}),
+                              [this] { return session_stop; });
+          continue;
+        }
+      } else {
+        if (lead) {
+          leading = false;
+          opts.provider->stop();
+          lead.reset();
+          emit(on_follower, events::follower{name, "lost"});
+          said_standby = true;
+        } else if (!said_standby) {
+          emit(on_follower, events::follower{name, "standby"});
+          said_standby = true;
+        }
+      }
+      guard.lock();
+      session_cv.wait_for(guard, period, [this] { return session_stop; });
+    }
+    guard.unlock();
+    if (lead) {
+      leading = false;
+      try {
+        co.coordinator->release_lead(*lead);
+      } catch (const std::exception&) {
+        // nop: it expires
+      }
+    }
+  }
+
+  void stop_session() {
+    {
+      std::lock_guard guard{session_mtx};
+      session_stop = true;
+    }
+    session_cv.notify_all();
+    if (session_thread.joinable())
+      session_thread.join();
   }
 
   void input_closed() override {
@@ -428,6 +548,8 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
     if (msg.chat.empty())
       throw invalid_argument_error("chat", "send: the chat must not be empty");
     msg.provider = provider_id;
+    if (exclusive() && !leading.load())
+      throw provider_not_leader_error(provider_id);
     // Fencing: a handler whose turn was lost must not answer out of order.
     if (key)
       fence(*key);
@@ -489,6 +611,16 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   listeners<events::message_in> on_in;
   listeners<events::message_out> on_out;
   listeners<events::lease_lost> on_lost;
+  listeners<events::leader> on_leader;
+  listeners<events::follower> on_follower;
+  provider_state transport = provider_state::closed; // guarded by run_mtx
+  std::chrono::steady_clock::time_point closed_since{};
+  std::atomic<bool> leading{false};
+  std::chrono::steady_clock::time_point lead_valid_until{};
+  std::mutex session_mtx;
+  std::condition_variable session_cv;
+  bool session_stop = false;
+  std::thread session_thread;
   std::unique_ptr<internal::turn_keeper> keeper;
 
   std::mutex lifecycle_mtx;
@@ -652,6 +784,20 @@ bot& bot::on<events::lease_lost>(
 }
 
 template <>
+bot& bot::on<events::leader>(std::function<void(const events::leader&)> f) {
+  impl_->check_not_started();
+  impl_->on_leader.push_back(std::move(f));
+  return *this;
+}
+
+template <>
+bot& bot::on<events::follower>(std::function<void(const events::follower&)> f) {
+  impl_->check_not_started();
+  impl_->on_follower.push_back(std::move(f));
+  return *this;
+}
+
+template <>
 bot& bot::on<events::message_out>(
   std::function<void(const events::message_out&)> f) {
   impl_->check_not_started();
@@ -692,7 +838,10 @@ void bot::start() {
   impl_->router_handle = spawn_router(*impl_->sys, rc);
   impl_->started = true;
   impl_->accepting = true;
-  impl_->opts.provider->start(*impl_);
+  if (impl_->exclusive())
+    impl_->session_thread = std::thread{[i = impl_.get()] { i->session_loop(); }};
+  else
+    impl_->opts.provider->start(*impl_);
   impl_->tasks->start();
 }
 
@@ -725,6 +874,8 @@ void bot::stop() {
     impl_->stop_source.request_stop();
   impl_->pool->shutdown();
   impl_->keeper.reset();
+  if (impl_->exclusive())
+    impl_->stop_session(); // hands the leadership on
   impl_->opts.provider->stop();
   caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
 }
@@ -739,6 +890,18 @@ int bot::run() {
   }
   stop();
   return 0;
+}
+
+bool bot::ready(std::chrono::milliseconds timeout) {
+  std::unique_lock guard{impl_->run_mtx};
+  return impl_->run_cv.wait_for(guard, timeout, [this] {
+    return impl_->transport == provider_state::open
+           && (!impl_->exclusive() || impl_->leading.load());
+  });
+}
+
+bool bot::is_provider_leader() const {
+  return !impl_->exclusive() || impl_->leading.load();
 }
 
 void bot::send(std::string_view chat, std::string_view text) {

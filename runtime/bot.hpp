@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <chrono>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -82,6 +83,17 @@ class context {
 /// `events::error` with `errc::handler_failed`; the chat goes on.
 using handler = std::function<void(context&)>;
 
+/// Which replicas start the provider's transport.
+enum class provider_session {
+  /// One replica (the one elected for `provider:<id>`) when the provider's
+  /// capabilities say `exclusive_session`; every replica otherwise.
+  automatic,
+  /// Only the elected replica, whatever the provider says.
+  leader,
+  /// Every replica.
+  shared,
+};
+
 /// Several replicas of one bot coordinating through a shared backend.
 struct coordination_options {
   /// The shared coordinator (a memory_coordinator on a hub, or a
@@ -97,6 +109,10 @@ struct coordination_options {
   /// Polling while waiting for a turn goes from 5 ms up to this; a push
   /// from the releasing replica usually ends the wait first.
   duration max_poll = "100ms";
+  botmesh::provider_session session = botmesh::provider_session::automatic;
+  /// A leader whose transport stays closed this long yields, waits a few
+  /// seconds and presents itself again.
+  duration provider_down = "1m";
 };
 
 struct bot_options {
@@ -244,9 +260,18 @@ class bot {
   /// called from elsewhere, then `stop()`. Returns 0.
   int run();
 
+  /// Waits until the provider's transport is open; false on timeout. On a
+  /// standby replica of an exclusive transport it stays false.
+  bool ready(std::chrono::milliseconds timeout);
+
+  /// True when this replica runs the provider's transport (always, unless
+  /// the transport is exclusive and another replica leads it).
+  bool is_provider_leader() const;
+
   /// Sends `text` to `chat` (a chat id of this bot's provider). Throws
-  /// `botmesh::error` (`errc::provider_error`) when the provider fails and
-  /// `invalid_argument_error` for an empty chat.
+  /// `botmesh::error` (`errc::provider_error`) when the provider fails,
+  /// `provider_not_leader_error` on a standby replica of an exclusive
+  /// transport, and `invalid_argument_error` for an empty chat.
   void send(std::string_view chat, std::string_view text);
 
   /// Sends a prepared message (its provider is set to this bot's).
@@ -282,5 +307,9 @@ bot& bot::on<events::message_out>(
   std::function<void(const events::message_out&)>);
 template <>
 bot& bot::on<events::lease_lost>(std::function<void(const events::lease_lost&)>);
+template <>
+bot& bot::on<events::leader>(std::function<void(const events::leader&)>);
+template <>
+bot& bot::on<events::follower>(std::function<void(const events::follower&)>);
 
 } // namespace botmesh

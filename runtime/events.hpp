@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -36,6 +37,22 @@ struct message_in {
 /// in-memory conversation is discarded (its checkpoint stays).
 struct lease_lost {
   std::string key;
+  std::string reason;
+};
+
+/// This replica leads an exclusive transport and started it
+/// ("coordination:leader").
+struct leader {
+  std::string name;
+  std::uint64_t fence = 0;
+};
+
+/// This replica stands by for an exclusive transport
+/// ("coordination:follower"): reason "standby" (another replica leads),
+/// "lost" (the leadership was lost), "provider_down" (it yielded after its
+/// transport stayed closed).
+struct follower {
+  std::string name;
   std::string reason;
 };
 

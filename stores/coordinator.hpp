@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -88,5 +89,13 @@ class coordinator {
   virtual void wait_change(std::string_view key,
                            std::chrono::milliseconds timeout) = 0;
 };
+
+class lease_provider;
+
+/// The coordinator's leaderships as a scheduler leader lease (the default
+/// `scheduler.lease` of a bot with coordination). The coordinator renews
+/// its own leaderships on each call; `ttl` is the coordinator's lease.
+std::shared_ptr<lease_provider>
+make_coordinator_lease(std::shared_ptr<coordinator> c);
 
 } // namespace botmesh

@@ -10,6 +10,7 @@
 #include <botmesh/runtime/core/internal/json_reader.hpp>
 #include <botmesh/runtime/core/json.hpp>
 #include <botmesh/stores/redis/internal/scripts.hpp>
+#include <botmesh/stores/redis/redis_coordinator.hpp>
 
 namespace botmesh {
 
@@ -107,6 +108,16 @@ std::shared_ptr<schedule_store> redis_store::schedules() {
 
 std::shared_ptr<lease_provider> redis_store::leases() {
   return leases_;
+}
+
+std::shared_ptr<botmesh::coordinator>
+redis_store::coordinator(std::string replica_id,
+                         std::chrono::milliseconds lease) {
+  return std::make_shared<redis_coordinator>(
+    redis_coordinator_options{.client = client_,
+                              .prefix = opts_.prefix,
+                              .replica_id = std::move(replica_id),
+                              .lease = lease});
 }
 
 redis_client& redis_store::client() noexcept {

@@ -5,6 +5,7 @@
 
 #include <botmesh/stores/redis/redis_client.hpp>
 #include <botmesh/stores/redis/redis_layout.hpp>
+#include <botmesh/stores/coordinator.hpp>
 #include <botmesh/stores/schedule_store.hpp>
 #include <botmesh/stores/store.hpp>
 
@@ -49,6 +50,12 @@ class redis_store final : public store {
 
   /// Leader leases in the same Redis (`p:lease:<name>`).
   std::shared_ptr<lease_provider> leases();
+
+  /// A coordinator for this replica on the same client and prefix.
+  /// `replica_id` must be unique among running replicas (random when empty).
+  std::shared_ptr<botmesh::coordinator>
+  coordinator(std::string replica_id = {},
+              std::chrono::milliseconds lease = std::chrono::seconds(15));
 
   redis_client& client() noexcept;
   const redis_layout& layout() const noexcept;

@@ -59,3 +59,25 @@ TEST_CASE("a release wakes a replica waiting on Redis without polling") {
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
   CHECK(b->try_acquire("chat", tb).has_value());
 }
+
+#include <botmesh/stores/redis/redis_store.hpp>
+
+TEST_CASE("store.coordinator() shares the store's client and prefix") {
+  botmesh::redis_store store{{.url = test::redis_url(),
+                              .prefix = test::unique_prefix("bmstore")}};
+  auto a = store.coordinator("a");
+  auto b = store.coordinator("b");
+  auto ta = a->take_ticket("chat");
+  auto tb = b->take_ticket("chat");
+  auto held = a->try_acquire("chat", ta);
+  REQUIRE(held);
+  CHECK_FALSE(b->try_acquire("chat", tb).has_value());
+  REQUIRE(a->release(*held));
+  auto next = b->try_acquire("chat", tb);
+  REQUIRE(next);
+  CHECK(next->previous_holder == "a");
+  // The keys live under the store's prefix.
+  auto keys = store.client().call(
+    {"KEYS", store.layout().prefix() + ":co:*"});
+  CHECK_FALSE(keys.elements.empty());
+}

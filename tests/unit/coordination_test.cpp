@@ -223,3 +223,106 @@ TEST_CASE("settle stops a step that holds the turn too long and lets the "
   REQUIRE(a.provider->wait_for_sent(1, 5s));
   CHECK(texts(*a.provider) == std::vector<std::string>{"ok rápido"});
 }
+
+namespace {
+
+struct exclusive_replica {
+  std::shared_ptr<botmesh::testing_provider> provider;
+  std::shared_ptr<botmesh::memory_coordinator> coord;
+  std::unique_ptr<botmesh::bot> bot;
+  std::mutex mtx;
+  std::vector<std::string> events;
+
+  exclusive_replica(botmesh::memory_coordination_hub& hub, std::string id,
+                    botmesh::duration provider_down = "1m") {
+    provider = std::make_shared<botmesh::testing_provider>(
+      botmesh::testing_provider::options{.id = "wa",
+                                         .capabilities = {.exclusive_session = true}});
+    coord = std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = std::move(id),
+                                               .lease = "300ms"});
+    botmesh::coordination_options co;
+    co.coordinator = coord;
+    co.provider_down = provider_down;
+    bot = std::make_unique<botmesh::bot>(
+      botmesh::bot_options{.provider = provider, .coordination = co});
+    bot->on<botmesh::events::leader>([this](const botmesh::events::leader& e) {
+      std::lock_guard guard{mtx};
+      events.push_back("leader " + e.name);
+    });
+    bot->on<botmesh::events::follower>(
+      [this](const botmesh::events::follower& e) {
+        std::lock_guard guard{mtx};
+        events.push_back("follower " + e.reason);
+      });
+  }
+
+  bool saw(const std::string& e) {
+    std::lock_guard guard{mtx};
+    return std::find(events.begin(), events.end(), e) != events.end();
+  }
+};
+
+} // namespace
+
+TEST_CASE("an exclusive transport starts on one replica; the standby refuses "
+          "sends and takes over when the leader stops") {
+  botmesh::memory_coordination_hub hub;
+  exclusive_replica a{hub, "a"};
+  a.bot->start();
+  REQUIRE(a.bot->ready(5s));
+  exclusive_replica b{hub, "b"};
+  b.bot->start();
+  REQUIRE(test::eventually([&] { return b.saw("follower standby"); }));
+  CHECK(a.saw("leader provider:wa"));
+  CHECK(a.provider->starts() == 1);
+  CHECK(b.provider->starts() == 0);
+  CHECK_FALSE(b.bot->ready(50ms));
+  CHECK_THROWS_AS(b.bot->send("x", "hola"), botmesh::provider_not_leader_error);
+  CHECK_NOTHROW(a.bot->send("x", "hola"));
+  a.bot->stop(); // hands the leadership on
+  REQUIRE(b.bot->ready(5s));
+  CHECK(b.saw("leader provider:wa"));
+  CHECK(b.provider->starts() == 1);
+  CHECK_NOTHROW(b.bot->send("x", "hola"));
+}
+
+TEST_CASE("a dead leader's transport is taken over after its lease") {
+  botmesh::memory_coordination_hub hub;
+  exclusive_replica a{hub, "a"};
+  exclusive_replica b{hub, "b"};
+  a.bot->start();
+  REQUIRE(a.bot->ready(5s));
+  b.bot->start();
+  REQUIRE(test::eventually([&] { return b.saw("follower standby"); }));
+  a.coord->crash();
+  REQUIRE(b.bot->ready(5s));
+  CHECK(b.provider->starts() == 1);
+}
+
+TEST_CASE("a leader whose transport stays closed for provider_down yields") {
+  botmesh::memory_coordination_hub hub;
+  exclusive_replica a{hub, "a", "200ms"};
+  exclusive_replica b{hub, "b", "200ms"};
+  a.bot->start();
+  REQUIRE(a.bot->ready(5s));
+  b.bot->start();
+  REQUIRE(test::eventually([&] { return b.saw("follower standby"); }));
+  a.provider->set_state(botmesh::provider_state::closed); // session lost
+  REQUIRE(test::eventually([&] { return a.saw("follower provider_down"); }));
+  REQUIRE(b.bot->ready(5s));
+  CHECK(b.saw("leader provider:wa"));
+}
+
+TEST_CASE("with coordination the scheduler's leadership uses the coordinator") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  replica a{hub, store, "a"};
+  a.bot->every("1h", {.id = "report"}, [](const botmesh::scheduled_run&) {});
+  std::atomic<int> ticks{0};
+  a.bot->every(10, [&] { ++ticks; }); // proves the scheduler has ticked
+  a.bot->start();
+  REQUIRE(test::eventually([&] { return ticks.load() > 0; }));
+  botmesh::memory_coordinator other{hub, {.replica_id = "z"}};
+  CHECK_FALSE(other.try_lead("test:scheduler:leader").has_value());
+}
