@@ -49,7 +49,8 @@ void turn_keeper::release(const std::shared_ptr<held_turn>& h) {
     try {
       coord_.release(h->turn);
     } catch (const std::exception&) {
-      // The turn expires after the lease; the next replica waits that long.
+      std::lock_guard guard{mtx_};
+      failed_releases_.push_back(h->turn);
     }
   }
 }
@@ -99,9 +100,19 @@ void turn_keeper::loop() {
       }
       turns.push_back(h->turn);
     }
+    auto retry = std::move(failed_releases_);
+    failed_releases_.clear();
     guard.unlock();
     for (auto& h : settled)
       release(h);
+    for (auto& t : retry) {
+      try {
+        coord_.release(t); // false (already expired or taken) is fine too
+      } catch (const std::exception&) {
+        std::lock_guard again{mtx_};
+        failed_releases_.push_back(t);
+      }
+    }
     std::vector<std::string> lost;
     bool ok = true;
     try {

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include <botmesh/stores/coordinator.hpp>
 
@@ -61,6 +62,9 @@ class turn_keeper {
   std::mutex mtx_;
   std::condition_variable cv_;
   std::unordered_map<std::string, std::shared_ptr<held_turn>> held_;
+  // Releases that failed on the network, retried every lease/3 so a chat
+  // does not stay blocked behind a live replica until the lease runs out.
+  std::vector<botmesh::turn> failed_releases_;
   std::chrono::steady_clock::time_point last_renewal_;
   bool stopping_ = false;
   std::thread thread_;

@@ -191,16 +191,45 @@ std::optional<turn> redis_coordinator::try_acquire(std::string_view key,
 std::vector<std::string>
 redis_coordinator::renew(const std::vector<turn>& held) {
   impl_->check_alive();
-  impl_->heartbeat(true);
+  // One batch: the heartbeat and every held turn, pipelined on one
+  // connection (EVALSHA; a NOSCRIPT reply is retried with EVAL).
+  auto& script = internal::lua().co_renew;
+  std::vector<redis_client::command> cmds;
+  cmds.push_back({"SET", impl_->layout->heartbeat(impl_->incarnation),
+                  impl_->replica, "PX", std::to_string(impl_->lease.count())});
+  auto renew_cmd = [&](const turn& t, const std::string& verb,
+                       const std::string& code) {
+    return redis_client::command{verb,
+                                 code,
+                                 "1",
+                                 impl_->layout->turn(t.key, "owner"),
+                                 impl_->incarnation,
+                                 std::to_string(t.fence),
+                                 std::to_string(impl_->lease.count())};
+  };
+  for (auto& t : held)
+    cmds.push_back(renew_cmd(t, "EVALSHA", script.sha()));
+  std::vector<redis_reply> replies;
+  try {
+    replies = impl_->client->pipeline(std::move(cmds));
+  } catch (const error& e) {
+    throw coordination_unavailable_error(
+      fmt::format("coordinator {}: renewal failed: {}", impl_->replica,
+                  e.what()));
+  }
+  if (replies[0].type == kind::error)
+    throw coordination_unavailable_error(
+      fmt::format("coordinator {}: heartbeat failed: {}", impl_->replica,
+                  replies[0].str));
+  impl_->last_heartbeat = std::chrono::steady_clock::now();
   std::vector<std::string> lost;
-  for (auto& t : held) {
-    auto r = impl_->eval(internal::lua().co_renew,
-                         impl_->turn_keys(t.key, {"owner"}),
-                         {impl_->incarnation, std::to_string(t.fence),
-                          std::to_string(impl_->lease.count())});
+  for (size_t i = 0; i < held.size(); ++i) {
+    auto r = replies[i + 1];
+    if (r.type == kind::error && r.str.starts_with("NOSCRIPT"))
+      r = impl_->client->call_raw(renew_cmd(held[i], "EVAL", script.body()));
     expect_reply("script co_renew", r, kind::integer);
     if (r.integer == 0)
-      lost.push_back(t.key);
+      lost.push_back(held[i].key);
   }
   return lost;
 }

@@ -81,3 +81,51 @@ TEST_CASE("store.coordinator() shares the store's client and prefix") {
     {"KEYS", store.layout().prefix() + ":co:*"});
   CHECK_FALSE(keys.elements.empty());
 }
+
+#include <botmesh/runtime/botmesh.hpp>
+
+TEST_CASE("two bots on a real Redis never run a chat's handlers at once") {
+  auto prefix = test::unique_prefix("bmbots");
+  auto make = [&](std::string id,
+                  std::shared_ptr<botmesh::testing_provider> p) {
+    auto store = std::make_shared<botmesh::redis_store>(
+      botmesh::redis_store_options{.url = test::redis_url(), .prefix = prefix});
+    botmesh::coordination_options co;
+    co.coordinator = store->coordinator(std::move(id));
+    return std::make_unique<botmesh::bot>(
+      botmesh::bot_options{.provider = p, .store = store, .coordination = co});
+  };
+  auto pa = std::make_shared<botmesh::testing_provider>();
+  auto pb = std::make_shared<botmesh::testing_provider>();
+  auto a = make("a", pa);
+  auto b = make("b", pb);
+  std::atomic<int> in_flight{0};
+  std::atomic<int> overlaps{0};
+  std::atomic<int> done{0};
+  auto handler = [&](botmesh::context&) {
+    if (in_flight.fetch_add(1) != 0)
+      ++overlaps;
+    std::this_thread::sleep_for(std::chrono::microseconds(300));
+    in_flight.fetch_sub(1);
+    ++done;
+  };
+  a->on_message(handler);
+  b->on_message(handler);
+  a->start();
+  b->start();
+  std::thread ta{[&] {
+    for (int i = 0; i < 30; ++i)
+      pa->inject("x", std::to_string(i));
+  }};
+  std::thread tb{[&] {
+    for (int i = 0; i < 30; ++i)
+      pb->inject("x", std::to_string(i));
+  }};
+  ta.join();
+  tb.join();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (done.load() < 60 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  CHECK(done.load() == 60);
+  CHECK(overlaps.load() == 0);
+}

@@ -59,50 +59,56 @@ botmesh::flow order_flow() {
 
 } // namespace
 
-TEST_CASE("replicas on one hub never run a chat's handlers at once and keep "
-          "each replica's order") {
+TEST_CASE("three replicas on one hub never run a chat's handlers at once and "
+          "keep each replica's order") {
   botmesh::memory_coordination_hub hub;
   auto store = std::make_shared<botmesh::memory_store>();
   replica a{hub, store, "a"};
   replica b{hub, store, "b"};
+  replica c{hub, store, "c"};
   std::atomic<int> in_flight{0};
   std::atomic<int> overlaps{0};
   std::mutex mtx;
   std::map<std::string, std::vector<int>> seen; // per replica
   auto handler = [&](std::string who) {
-    return [&, who](botmesh::context& c) {
+    return [&, who](botmesh::context& ctx) {
       if (in_flight.fetch_add(1) != 0)
         ++overlaps;
       std::this_thread::sleep_for(200us);
       {
         std::lock_guard guard{mtx};
-        seen[who].push_back(std::stoi(c.text()));
+        seen[who].push_back(std::stoi(ctx.text()));
       }
       in_flight.fetch_sub(1);
     };
   };
-  a.bot->on_message(handler("a"));
-  b.bot->on_message(handler("b"));
-  a.bot->start();
-  b.bot->start();
-  std::thread ta{[&] {
-    for (int i = 0; i < 60; ++i)
-      a.provider->inject("x", std::to_string(i));
-  }};
-  std::thread tb{[&] {
-    for (int i = 100; i < 160; ++i)
-      b.provider->inject("x", std::to_string(i));
-  }};
-  ta.join();
-  tb.join();
+  std::vector<replica*> all{&a, &b, &c};
+  std::vector<std::string> names{"a", "b", "c"};
+  for (size_t i = 0; i < all.size(); ++i) {
+    all[i]->bot->on_message(handler(names[i]));
+    all[i]->bot->start();
+  }
+  std::vector<std::thread> injectors;
+  for (size_t i = 0; i < all.size(); ++i)
+    injectors.emplace_back([&, i] {
+      for (int n = 0; n < 40; ++n)
+        all[i]->provider->inject("x", std::to_string(static_cast<int>(i) * 100 + n));
+    });
+  for (auto& t : injectors)
+    t.join();
   REQUIRE(test::eventually([&] {
-    return a.bot->stats().handled + b.bot->stats().handled == 120;
+    return a.bot->stats().handled + b.bot->stats().handled
+             + c.bot->stats().handled
+           == 120;
   }));
   CHECK(overlaps.load() == 0);
-  CHECK(std::is_sorted(seen["a"].begin(), seen["a"].end()));
-  CHECK(std::is_sorted(seen["b"].begin(), seen["b"].end()));
-  CHECK(a.errors.all().empty());
-  CHECK(b.errors.all().empty());
+  for (auto& n : names) {
+    CAPTURE(n);
+    CHECK(seen[n].size() == 40);
+    CHECK(std::is_sorted(seen[n].begin(), seen[n].end()));
+  }
+  for (auto* r : all)
+    CHECK(r->errors.all().empty());
 }
 
 TEST_CASE("a persistent conversation moves between replicas through the "
@@ -325,4 +331,34 @@ TEST_CASE("with coordination the scheduler's leadership uses the coordinator") {
   REQUIRE(test::eventually([&] { return ticks.load() > 0; }));
   botmesh::memory_coordinator other{hub, {.replica_id = "z"}};
   CHECK_FALSE(other.try_lead("test:scheduler:leader").has_value());
+}
+
+TEST_CASE("a flow timer of a conversation whose chat moved to another replica "
+          "is discarded") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  replica a{hub, store, "a"};
+  replica b{hub, store, "b"};
+  std::atomic<int> idle_fired{0};
+  a.bot->conversation("vigila", {"vigila"}, [&](botmesh::flow_context& c)
+                                                -> botmesh::flow_task {
+    c.idle("150ms", [&](botmesh::flow_context& c2) {
+      ++idle_fired;
+      c2.send("¿Sigues ahí?");
+    });
+    co_await c.ask("Dime algo");
+  });
+  b.bot->on_message([](botmesh::context& c) { c.reply("b: " + c.text()); });
+  a.bot->start();
+  b.bot->start();
+  a.provider->inject("x", "vigila");
+  REQUIRE(a.provider->wait_for_sent(1, 5s));
+  b.provider->inject("x", "hola"); // the chat moves to b
+  REQUIRE(b.provider->wait_for_sent(1, 5s));
+  // a's idle timer fires later: with the turn it sees b held the chat, so
+  // its copy of the conversation is stale and the timer does nothing.
+  std::this_thread::sleep_for(400ms);
+  CHECK(idle_fired.load() == 0);
+  CHECK(a.provider->sent().size() == 1);
+  CHECK(a.bot->active_conversations() == 0);
 }
