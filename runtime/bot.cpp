@@ -13,12 +13,16 @@
 #include <botmesh/actors/messages.hpp>
 #include <botmesh/actors/router.hpp>
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
 #include <botmesh/runtime/internal/turn_keeper.hpp>
 #include <botmesh/stores/memory_store.hpp>
 
 namespace botmesh {
+
+using internal::ascii_iequals;
+using internal::trim;
 
 namespace {
 
@@ -28,29 +32,7 @@ thread_local internal::held_turn* current_held = nullptr;
 // The running turn's stop token (settle, lost lease, or bot stop).
 thread_local std::stop_token current_turn_stop;
 
-bool ascii_iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size())
-    return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    auto x = static_cast<unsigned char>(a[i]);
-    auto y = static_cast<unsigned char>(b[i]);
-    if (x < 0x80)
-      x = static_cast<unsigned char>(std::tolower(x));
-    if (y < 0x80)
-      y = static_cast<unsigned char>(std::tolower(y));
-    if (x != y)
-      return false;
-  }
-  return true;
-}
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
-    s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
-    s.remove_suffix(1);
-  return s;
-}
 
 struct route {
   enum kind_t { any, keywords, pattern } kind;

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 
 namespace botmesh {
 
@@ -29,15 +30,6 @@ constexpr std::array<unit, 20> units{{
   {"day", 86'400'000}, {"days", 86'400'000},
 }};
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size())
-    return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i]))
-        != std::tolower(static_cast<unsigned char>(b[i])))
-      return false;
-  return true;
-}
 
 [[noreturn]] void reject(std::string_view text, std::string_view why) {
   throw invalid_argument_error(
@@ -101,7 +93,7 @@ std::chrono::milliseconds parse_duration(std::string_view text) {
   if (!name.empty()) {
     bool found = false;
     for (auto& u : units) {
-      if (iequals(name, u.name)) {
+      if (internal::ascii_iequals(name, u.name)) {
         per = u.ms;
         found = true;
         break;

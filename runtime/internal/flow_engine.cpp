@@ -6,29 +6,17 @@
 
 #include <fmt/format.h>
 
+#include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/texts.hpp>
 
 namespace botmesh {
 
+using internal::ascii_iequals;
+using internal::trim;
+
 namespace {
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
-    s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
-    s.remove_suffix(1);
-  return s;
-}
 
-bool ascii_iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size())
-    return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i]))
-        != std::tolower(static_cast<unsigned char>(b[i])))
-      return false;
-  return true;
-}
 
 } // namespace
 

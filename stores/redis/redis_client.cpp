@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <deque>
 #include <future>
+#include <optional>
 #include <mutex>
 #include <thread>
 
@@ -156,6 +157,42 @@ timeval to_timeval(std::chrono::milliseconds d) {
   return tv;
 }
 
+// Runs one command on a context that is not pipelining (connection set-up);
+// returns the error text, or nothing on success.
+std::optional<std::string> run_setup(redisContext* ctx,
+                                     const std::vector<std::string>& args) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (auto& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto r = static_cast<redisReply*>(redisCommandArgv(
+    ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  std::optional<std::string> err;
+  if (!r)
+    err = fmt::format("{} failed: {}", args[0], ctx->errstr);
+  else if (r->type == REDIS_REPLY_ERROR)
+    err = fmt::format("{} failed: {}", args[0], std::string{r->str, r->len});
+  if (r)
+    freeReplyObject(r);
+  return err;
+}
+
+// AUTH (and SELECT when asked) from the URL; the error text on failure.
+std::optional<std::string> authenticate(redisContext* ctx,
+                                        const endpoint_info& ep, bool select) {
+  if (!ep.password.empty()) {
+    auto err = ep.user.empty() ? run_setup(ctx, {"AUTH", ep.password})
+                               : run_setup(ctx, {"AUTH", ep.user, ep.password});
+    if (err)
+      return err;
+  }
+  if (select && ep.db != 0)
+    return run_setup(ctx, {"SELECT", std::to_string(ep.db)});
+  return std::nullopt;
+}
+
 struct request {
   redis_client::command cmd;
   redis_client::callback done;
@@ -248,32 +285,8 @@ class connection {
     }
     redisSetTimeout(ctx, to_timeval(opts_.command_timeout.ms()));
     redisEnableKeepAlive(ctx);
-    auto setup = [&](std::vector<std::string> args) -> bool {
-      std::vector<const char*> argv;
-      std::vector<size_t> lens;
-      for (auto& a : args) {
-        argv.push_back(a.data());
-        lens.push_back(a.size());
-      }
-      auto r = static_cast<redisReply*>(redisCommandArgv(
-        ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
-      if (!r || r->type == REDIS_REPLY_ERROR) {
-        mark_down(fmt::format("{} failed: {}", args[0],
-                              r ? std::string{r->str, r->len} : ctx->errstr));
-        if (r)
-          freeReplyObject(r);
-        return false;
-      }
-      freeReplyObject(r);
-      return true;
-    };
-    bool ok = true;
-    if (!ep_.password.empty())
-      ok = ep_.user.empty() ? setup({"AUTH", ep_.password})
-                            : setup({"AUTH", ep_.user, ep_.password});
-    if (ok && ep_.db != 0)
-      ok = setup({"SELECT", std::to_string(ep_.db)});
-    if (!ok) {
+    if (auto err = authenticate(ctx, ep_, true)) {
+      mark_down(*err);
       redisFree(ctx);
       return false;
     }
@@ -380,27 +393,8 @@ class subscriber {
         redisFree(ctx);
       return nullptr;
     }
-    auto run = [&](std::vector<std::string> args) {
-      std::vector<const char*> argv;
-      std::vector<size_t> lens;
-      for (auto& a : args) {
-        argv.push_back(a.data());
-        lens.push_back(a.size());
-      }
-      auto r = static_cast<redisReply*>(redisCommandArgv(
-        ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
-      bool ok = r && r->type != REDIS_REPLY_ERROR;
-      if (r)
-        freeReplyObject(r);
-      return ok;
-    };
-    bool ok = true;
-    if (!ep_.password.empty())
-      ok = ep_.user.empty() ? run({"AUTH", ep_.password})
-                            : run({"AUTH", ep_.user, ep_.password});
-    if (ok)
-      ok = run({"SUBSCRIBE", channel_});
-    if (!ok) {
+    // Pub/sub ignores the database: no SELECT.
+    if (authenticate(ctx, ep_, false) || run_setup(ctx, {"SUBSCRIBE", channel_})) {
       redisFree(ctx);
       return nullptr;
     }

@@ -1,0 +1,36 @@
+#pragma once
+
+// Internal: small text helpers shared by the parsers and the dispatchers.
+
+#include <cctype>
+#include <string_view>
+
+namespace botmesh::internal {
+
+/// `s` without leading and trailing ASCII whitespace.
+inline std::string_view trim(std::string_view s) noexcept {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
+    s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.remove_suffix(1);
+  return s;
+}
+
+/// Equality ignoring ASCII case; other bytes (UTF-8) compare exactly.
+inline bool ascii_iequals(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size())
+    return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto x = static_cast<unsigned char>(a[i]);
+    auto y = static_cast<unsigned char>(b[i]);
+    if (x < 0x80)
+      x = static_cast<unsigned char>(std::tolower(x));
+    if (y < 0x80)
+      y = static_cast<unsigned char>(std::tolower(y));
+    if (x != y)
+      return false;
+  }
+  return true;
+}
+
+} // namespace botmesh::internal
