@@ -129,3 +129,37 @@ TEST_CASE("two bots on a real Redis never run a chat's handlers at once") {
   CHECK(done.load() == 60);
   CHECK(overlaps.load() == 0);
 }
+
+TEST_CASE("an exclusive transport is elected on Redis; the standby takes over "
+          "when the leader stops") {
+  auto prefix = test::unique_prefix("bmlead");
+  auto make = [&](std::string id,
+                  std::shared_ptr<botmesh::testing_provider> p) {
+    auto store = std::make_shared<botmesh::redis_store>(
+      botmesh::redis_store_options{.url = test::redis_url(), .prefix = prefix});
+    botmesh::coordination_options co;
+    co.coordinator = store->coordinator(std::move(id),
+                                        std::chrono::milliseconds(600));
+    return std::make_unique<botmesh::bot>(
+      botmesh::bot_options{.provider = p, .store = store, .coordination = co});
+  };
+  auto exclusive = [] {
+    return std::make_shared<botmesh::testing_provider>(
+      botmesh::testing_provider::options{
+        .id = "wa", .capabilities = {.exclusive_session = true}});
+  };
+  auto pa = exclusive();
+  auto pb = exclusive();
+  auto a = make("a", pa);
+  auto b = make("b", pb);
+  a->start();
+  REQUIRE(a->ready(std::chrono::seconds(5)));
+  b->start();
+  CHECK_FALSE(b->ready(std::chrono::milliseconds(700)));
+  CHECK(pb->starts() == 0);
+  CHECK_THROWS_AS(b->send("x", "hola"), botmesh::provider_not_leader_error);
+  a->stop();
+  REQUIRE(b->ready(std::chrono::seconds(5)));
+  CHECK(pb->starts() == 1);
+  CHECK_NOTHROW(b->send("x", "hola"));
+}
