@@ -163,3 +163,40 @@ TEST_CASE("an exclusive transport is elected on Redis; the standby takes over "
   CHECK(pb->starts() == 1);
   CHECK_NOTHROW(b->send("x", "hola"));
 }
+
+#include <botmesh/runtime/internal/turn_keeper.hpp>
+
+TEST_CASE("a release that failed on the network is repaired by the keeper "
+          "well before the lease expires") {
+  test::redis_process server;
+  auto flaky = std::make_shared<botmesh::redis_client>(botmesh::redis_options{
+    .url = server.url(), .command_timeout = "200ms", .max_backoff = "100ms"});
+  botmesh::redis_coordinator a{{.client = flaky, .prefix = "watchdog",
+                                .replica_id = "a", .lease = "6s"}};
+  botmesh::redis_coordinator b{{.url = server.url(), .prefix = "watchdog",
+                                .replica_id = "b", .lease = "6s"}};
+  botmesh::internal::turn_keeper keeper{a, std::chrono::minutes(1), nullptr};
+  auto t = a.take_ticket("chat");
+  auto granted = a.try_acquire("chat", t);
+  REQUIRE(granted);
+  auto held = keeper.hold(*granted);
+  auto tb = b.take_ticket("chat");
+  server.signal(SIGSTOP); // the network "cuts" while a releases
+  keeper.release(held);   // times out: queued for the watchdog
+  server.signal(SIGCONT);
+  auto t0 = std::chrono::steady_clock::now();
+  std::optional<botmesh::turn> got;
+  while (!got && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+    try {
+      got = b.try_acquire("chat", tb);
+    } catch (const botmesh::coordination_unavailable_error&) {
+      // b's connection may also have been reset by the stop
+    }
+    if (!got)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(got);
+  // Without the retry, b would have waited for the 6 s lease to run out.
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
+  CHECK(got->previous_holder == "a");
+}

@@ -102,6 +102,7 @@ class redis_process {
   /// SIGKILL, as a crash.
   void kill() {
     if (pid_ > 0) {
+      ::kill(pid_, SIGCONT);
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
       pid_ = -1;
@@ -110,6 +111,11 @@ class redis_process {
 
   std::string url() const {
     return "redis://127.0.0.1:" + std::to_string(port_);
+  }
+
+  void signal(int sig) {
+    if (pid_ > 0)
+      ::kill(pid_, sig);
   }
 
   int port() const noexcept {
