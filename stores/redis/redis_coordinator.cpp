@@ -31,10 +31,16 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
   std::chrono::milliseconds lease;
   std::atomic<bool> crashed{false};
 
-  // Wake-ups: a generation per chat key, bumped by the subscriber.
-  std::mutex mtx;
-  std::condition_variable cv;
-  std::unordered_map<std::string, std::uint64_t> generations;
+  // Wake-ups: a generation per chat key, bumped by the subscriber. The
+  // subscriber's callback owns only this, never the coordinator: otherwise
+  // it could end up destroying the client (and joining itself) on its own
+  // thread.
+  struct wake_state {
+    std::mutex mtx;
+    std::condition_variable cv;
+    std::unordered_map<std::string, std::uint64_t> generations;
+  };
+  std::shared_ptr<wake_state> wake = std::make_shared<wake_state>();
 
   void check_alive() const {
     if (crashed)
@@ -104,14 +110,11 @@ redis_coordinator::redis_coordinator(redis_coordinator_options opts)
   impl_->replica = opts.replica_id.empty() ? random_uuid() : opts.replica_id;
   impl_->incarnation = random_uuid();
   impl_->lease = opts.lease.ms();
-  std::weak_ptr<impl> weak = impl_;
   impl_->client->subscribe(impl_->layout->wake_channel(),
-                           [weak](std::string_view key) {
-                             if (auto self = weak.lock()) {
-                               std::lock_guard guard{self->mtx};
-                               ++self->generations[std::string{key}];
-                               self->cv.notify_all();
-                             }
+                           [w = impl_->wake](std::string_view key) {
+                             std::lock_guard guard{w->mtx};
+                             ++w->generations[std::string{key}];
+                             w->cv.notify_all();
                            });
   impl_->heartbeat(true);
 }
@@ -275,11 +278,11 @@ void redis_coordinator::release_lead(const leadership& l) {
 void redis_coordinator::wait_change(std::string_view key,
                                     std::chrono::milliseconds timeout) {
   impl_->check_alive();
-  std::unique_lock guard{impl_->mtx};
+  auto& w = *impl_->wake;
+  std::unique_lock guard{w.mtx};
   auto k = std::string{key};
-  auto seen = impl_->generations[k];
-  impl_->cv.wait_for(guard, timeout,
-                     [&] { return impl_->generations[k] != seen; });
+  auto seen = w.generations[k];
+  w.cv.wait_for(guard, timeout, [&] { return w.generations[k] != seen; });
 }
 
 } // namespace botmesh
