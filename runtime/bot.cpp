@@ -16,6 +16,7 @@
 #include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
+#include <botmesh/runtime/internal/provider_session.hpp>
 #include <botmesh/runtime/internal/turn_keeper.hpp>
 #include <botmesh/stores/memory_store.hpp>
 
@@ -129,34 +130,20 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   std::shared_ptr<internal::held_turn> acquire_turn(const std::string& key,
                                                     const inbound_message& msg) {
     auto& co = *opts.coordination;
-    auto deadline = std::chrono::steady_clock::now() + co.turn_wait.ms();
-    std::optional<std::uint64_t> ticket;
+    std::string why;
     try {
-      ticket = co.coordinator->take_ticket(key);
-      auto poll = std::chrono::milliseconds{5};
-      for (;;) {
-        if (auto t = co.coordinator->try_acquire(key, *ticket))
-          return keeper->hold(std::move(*t));
-        auto left = deadline - std::chrono::steady_clock::now();
-        if (left <= std::chrono::milliseconds{0} || stop_source.stop_requested())
-          break;
-        co.coordinator->wait_change(
-          key, std::min(poll, std::chrono::duration_cast<std::chrono::milliseconds>(left)));
-        poll = std::min(poll * 2, co.max_poll.ms());
-      }
-      co.coordinator->cancel_ticket(key, *ticket);
-      ++turn_failures;
-      raise(errc::coordination_unavailable,
-            fmt::format("chat {}: message {} got no turn within turn_wait ({})",
-                        key, msg.id, format_duration(co.turn_wait.ms())),
-            key, msg);
+      if (auto held = keeper->acquire(key, co.turn_wait.ms(), co.max_poll.ms(),
+                                      stop_source.get_token()))
+        return held;
+      why = fmt::format("within turn_wait ({})",
+                        format_duration(co.turn_wait.ms()));
     } catch (const std::exception& e) {
-      ++turn_failures;
-      raise(errc::coordination_unavailable,
-            fmt::format("chat {}: message {} got no turn: {}", key, msg.id,
-                        e.what()),
-            key, msg);
+      why = fmt::format("because {}", e.what());
     }
+    ++turn_failures;
+    raise(errc::coordination_unavailable,
+          fmt::format("chat {}: message {} got no turn {}", key, msg.id, why),
+          key, msg);
     return nullptr;
   }
 
@@ -308,98 +295,39 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
     return false;
   }
 
-  // Presents this replica for provider:<id> every lease/3; the leader runs
-  // the transport, the others stand by.
-  void session_loop() {
+  // The replica runs the transport only while elected for provider:<id>.
+  void start_session() {
     auto& co = *opts.coordination;
-    auto name = "provider:" + provider_id;
-    auto period = co.coordinator->lease() / 3;
-    bool said_standby = false;
-    std::optional<leadership> lead;
-    std::unique_lock guard{session_mtx};
-    while (!session_stop) {
-      guard.unlock();
-      std::optional<leadership> now_lead;
-      try {
-        now_lead = co.coordinator->try_lead(name);
-      } catch (const std::exception&) {
-        // backend down: a leader keeps running until its lease would expire
-        now_lead = lead && std::chrono::steady_clock::now() < lead_valid_until
-                     ? lead
-                     : std::nullopt;
+    internal::provider_session::hooks h;
+    h.start_transport = [this] {
+      {
+        std::lock_guard guard{run_mtx};
+        closed_since = std::chrono::steady_clock::now();
       }
-      if (now_lead) {
-        lead_valid_until = std::chrono::steady_clock::now() + co.coordinator->lease() * 9 / 10;
-        if (!lead) {
-          lead = now_lead;
-          {
-            std::lock_guard rg{run_mtx};
-            closed_since = std::chrono::steady_clock::now();
-          }
-          opts.provider->start(*this);
-          leading = true;
-          said_standby = false;
-          emit(on_leader, events::leader{name, lead->fence});
-        }
-        // A transport closed for provider_down: yield for a while.
-        bool down = false;
-        {
-          std::lock_guard rg{run_mtx};
-          down = transport == provider_state::closed
-                 && std::chrono::steady_clock::now() - closed_since
-                      >= co.provider_down.ms();
-        }
-        if (down) {
-          leading = false;
-          opts.provider->stop();
-          try {
-            co.coordinator->release_lead(*lead);
-          } catch (const std::exception&) {
-            // nop: it expires
-          }
-          lead.reset();
-          emit(on_follower, events::follower{name, "provider_down"});
-          guard.lock();
-          session_cv.wait_for(guard, std::max(co.coordinator->lease(),
-                                              std::chrono::milliseconds{3000}),
-                              [this] { return session_stop; });
-          continue;
-        }
-      } else {
-        if (lead) {
-          leading = false;
-          opts.provider->stop();
-          lead.reset();
-          emit(on_follower, events::follower{name, "lost"});
-          said_standby = true;
-        } else if (!said_standby) {
-          emit(on_follower, events::follower{name, "standby"});
-          said_standby = true;
-        }
-      }
-      guard.lock();
-      session_cv.wait_for(guard, period, [this] { return session_stop; });
-    }
-    guard.unlock();
-    if (lead) {
-      leading = false;
-      try {
-        co.coordinator->release_lead(*lead);
-      } catch (const std::exception&) {
-        // nop: it expires
-      }
-    }
+      opts.provider->start(*this);
+    };
+    h.stop_transport = [this] { opts.provider->stop(); };
+    h.closed_for = [this]() -> std::optional<std::chrono::steady_clock::duration> {
+      std::lock_guard guard{run_mtx};
+      if (transport != provider_state::closed)
+        return std::nullopt;
+      return std::chrono::steady_clock::now() - closed_since;
+    };
+    h.on_leader = [this](const std::string& name, std::uint64_t fence) {
+      emit(on_leader, events::leader{name, fence});
+    };
+    h.on_follower = [this](const std::string& name, const std::string& why) {
+      emit(on_follower, events::follower{name, why});
+    };
+    session = std::make_unique<internal::provider_session>(
+      *co.coordinator, "provider:" + provider_id, co.provider_down.ms(),
+      std::move(h));
   }
 
-  void stop_session() {
-    {
-      std::lock_guard guard{session_mtx};
-      session_stop = true;
-    }
-    session_cv.notify_all();
-    if (session_thread.joinable())
-      session_thread.join();
+  bool leading() const {
+    return session && session->leading();
   }
+
 
   void input_closed() override {
     std::lock_guard guard{run_mtx};
@@ -530,7 +458,7 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
     if (msg.chat.empty())
       throw invalid_argument_error("chat", "send: the chat must not be empty");
     msg.provider = provider_id;
-    if (exclusive() && !leading.load())
+    if (exclusive() && !leading())
       throw provider_not_leader_error(provider_id);
     // Fencing: a handler whose turn was lost must not answer out of order.
     if (key)
@@ -597,12 +525,7 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   listeners<events::follower> on_follower;
   provider_state transport = provider_state::closed; // guarded by run_mtx
   std::chrono::steady_clock::time_point closed_since{};
-  std::atomic<bool> leading{false};
-  std::chrono::steady_clock::time_point lead_valid_until{};
-  std::mutex session_mtx;
-  std::condition_variable session_cv;
-  bool session_stop = false;
-  std::thread session_thread;
+  std::unique_ptr<internal::provider_session> session;
   std::unique_ptr<internal::turn_keeper> keeper;
 
   std::mutex lifecycle_mtx;
@@ -821,7 +744,7 @@ void bot::start() {
   impl_->started = true;
   impl_->accepting = true;
   if (impl_->exclusive())
-    impl_->session_thread = std::thread{[i = impl_.get()] { i->session_loop(); }};
+    impl_->start_session();
   else
     impl_->opts.provider->start(*impl_);
   impl_->tasks->start();
@@ -856,8 +779,7 @@ void bot::stop() {
     impl_->stop_source.request_stop();
   impl_->pool->shutdown();
   impl_->keeper.reset();
-  if (impl_->exclusive())
-    impl_->stop_session(); // hands the leadership on
+  impl_->session.reset(); // hands the leadership on
   impl_->opts.provider->stop();
   caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
 }
@@ -878,12 +800,12 @@ bool bot::ready(std::chrono::milliseconds timeout) {
   std::unique_lock guard{impl_->run_mtx};
   return impl_->run_cv.wait_for(guard, timeout, [this] {
     return impl_->transport == provider_state::open
-           && (!impl_->exclusive() || impl_->leading.load());
+           && (!impl_->exclusive() || impl_->leading());
   });
 }
 
 bool bot::is_provider_leader() const {
-  return !impl_->exclusive() || impl_->leading.load();
+  return !impl_->exclusive() || impl_->leading();
 }
 
 void bot::send(std::string_view chat, std::string_view text) {

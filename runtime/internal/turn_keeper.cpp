@@ -26,6 +26,27 @@ turn_keeper::~turn_keeper() {
   thread_.join();
 }
 
+std::shared_ptr<held_turn>
+turn_keeper::acquire(const std::string& key, std::chrono::milliseconds turn_wait,
+                     std::chrono::milliseconds max_poll,
+                     const std::stop_token& stop) {
+  auto deadline = steady::now() + turn_wait;
+  auto ticket = coord_.take_ticket(key);
+  auto poll = std::chrono::milliseconds{5};
+  for (;;) {
+    if (auto t = coord_.try_acquire(key, ticket))
+      return hold(std::move(*t));
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - steady::now());
+    if (left <= std::chrono::milliseconds{0} || stop.stop_requested())
+      break;
+    coord_.wait_change(key, std::min(poll, left));
+    poll = std::min(poll * 2, max_poll);
+  }
+  coord_.cancel_ticket(key, ticket);
+  return nullptr;
+}
+
 std::shared_ptr<held_turn> turn_keeper::hold(botmesh::turn t) {
   auto h = std::make_shared<held_turn>();
   h->turn = std::move(t);

@@ -38,6 +38,15 @@ class turn_keeper {
   turn_keeper(coordinator& c, std::chrono::milliseconds settle, lost_fn on_lost);
   ~turn_keeper();
 
+  /// Takes a ticket for `key` and waits for the turn: woken by the
+  /// coordinator's push, polling from 5 ms up to `max_poll` as a safety net.
+  /// Returns the held turn; nothing after `turn_wait` or when `stop` fires
+  /// (the ticket is given up). Coordinator failures throw.
+  std::shared_ptr<held_turn> acquire(const std::string& key,
+                                     std::chrono::milliseconds turn_wait,
+                                     std::chrono::milliseconds max_poll,
+                                     const std::stop_token& stop);
+
   /// Starts mirroring a granted turn.
   std::shared_ptr<held_turn> hold(botmesh::turn t);
 
