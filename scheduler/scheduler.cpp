@@ -15,6 +15,7 @@
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/scheduler/cron.hpp>
+#include <botmesh/scheduler/internal/task.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>
 #include <botmesh/stores/store.hpp>
 
@@ -43,51 +44,9 @@ struct scheduled_task::state {
 namespace {
 
 using ms = std::chrono::milliseconds;
-
-enum class task_kind { every, cron, delay };
-
-struct task {
-  std::shared_ptr<scheduled_task::state> st;
-  task_kind kind = task_kind::every;
-  ms interval{0}; // every: the period; delay: the delay
-  std::optional<cron_schedule> cron;
-  task_options opts;
-  std::string stored_id;
-  scheduler::run_handler fn;
-  bool durable = false;
-  time_point next{}; // in-memory: next slot; durable: last known stored slot
-  bool running = false;
-
-  // First slot strictly after `t`, on the grid that contains `slot`.
-  std::optional<time_point> first_slot_after(time_point slot,
-                                             time_point t) const {
-    switch (kind) {
-      case task_kind::every: {
-        if (slot > t)
-          return slot;
-        auto k = (t - slot) / interval + 1;
-        return slot + k * interval;
-      }
-      case task_kind::cron:
-        return cron->next_after(t);
-      case task_kind::delay:
-        return std::nullopt;
-    }
-    return std::nullopt;
-  }
-
-  std::optional<time_point> slot_after(time_point slot) const {
-    return first_slot_after(slot, slot);
-  }
-};
-
-// The runs one claim covers and where the calendar goes afterwards.
-struct run_plan {
-  std::vector<time_point> slots;
-  bool missed = false;
-  std::optional<time_point> next_if_completed; // unset: decided at commit
-  bool one_shot = false;
-};
+using internal::run_plan;
+using internal::task;
+using internal::task_kind;
 
 struct active_claim {
   std::string stored_id;
@@ -481,48 +440,12 @@ struct scheduler::impl : std::enable_shared_from_this<impl> {
   }
 
   run_plan make_plan(const task& t, const schedule_claim& c, time_point now) {
-    run_plan p;
-    auto slot = c.record.next_run_at;
-    p.one_shot = t.kind == task_kind::delay;
-    // A claim that took over an interrupted one is judged by the time of the
-    // original claim: a run that died is re-run as such, not as missed.
-    auto claimed = c.interrupted ? c.record.claimed_at : now;
-    bool missed = claimed - slot > grace();
-    if (!missed) {
-      p.slots.push_back(slot);
-      return p; // next decided at commit (depends on the policy and end time)
-    }
-    p.missed = true;
-    auto after_now = t.first_slot_after(slot, now);
-    switch (t.opts.missed) {
-      case missed_policy::skip:
-        break;
-      case missed_policy::run_once:
-        p.slots.push_back(slot);
-        break;
-      case missed_policy::catch_up: {
-        // Oldest first, up to max_catch_up; the rest are only counted
-        // (arithmetically for intervals, so a long outage costs nothing).
-        std::size_t skipped = 0;
-        for (std::optional<time_point> s = slot; s && *s <= now;
-             s = t.slot_after(*s)) {
-          if (p.slots.size() < t.opts.max_catch_up) {
-            p.slots.push_back(*s);
-          } else if (t.kind == task_kind::every) {
-            skipped = static_cast<std::size_t>((now - *s) / t.interval) + 1;
-            break;
-          } else {
-            ++skipped;
-          }
-        }
-        if (skipped > 0)
-          log(fmt::format("{}: catch-up runs the {} oldest missed slots and "
-                          "skips {} more (max_catch_up)",
-                          t.stored_id, p.slots.size(), skipped));
-        break;
-      }
-    }
-    p.next_if_completed = after_now;
+    std::size_t skipped = 0;
+    auto p = internal::plan_claim(t, c, now, grace(), skipped);
+    if (skipped > 0)
+      log(fmt::format("{}: catch-up runs the {} oldest missed slots and "
+                      "skips {} more (max_catch_up)",
+                      t.stored_id, p.slots.size(), skipped));
     return p;
   }
 

@@ -1,0 +1,72 @@
+#pragma once
+
+// Internal: the scheduler's task model and the planning of a claimed slot
+// (which runs it covers and where the calendar goes), kept apart from the
+// engine's threads and locks so the missed-run rules read in one place.
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <botmesh/scheduler/cron.hpp>
+#include <botmesh/scheduler/scheduler.hpp>
+#include <botmesh/stores/schedule_store.hpp>
+
+namespace botmesh::internal {
+
+enum class task_kind { every, cron, delay };
+
+struct task {
+  std::shared_ptr<scheduled_task::state> st;
+  task_kind kind = task_kind::every;
+  std::chrono::milliseconds interval{0}; // every: the period; delay: the delay
+  std::optional<cron_schedule> cron;
+  task_options opts;
+  std::string stored_id;
+  scheduler::run_handler fn;
+  bool durable = false;
+  time_point next{}; // in-memory: next slot; durable: last known stored slot
+  bool running = false;
+
+  // First slot strictly after `t`, on the grid that contains `slot`.
+  std::optional<time_point> first_slot_after(time_point slot,
+                                             time_point t) const {
+    switch (kind) {
+      case task_kind::every: {
+        if (slot > t)
+          return slot;
+        auto k = (t - slot) / interval + 1;
+        return slot + k * interval;
+      }
+      case task_kind::cron:
+        return cron->next_after(t);
+      case task_kind::delay:
+        return std::nullopt;
+    }
+    return std::nullopt;
+  }
+
+  std::optional<time_point> slot_after(time_point slot) const {
+    return first_slot_after(slot, slot);
+  }
+};
+
+// The runs one claim covers and where the calendar goes afterwards.
+struct run_plan {
+  std::vector<time_point> slots;
+  bool missed = false;
+  std::optional<time_point> next_if_completed; // unset: decided at commit
+  bool one_shot = false;
+};
+
+/// Plans the runs of a claim made at `now`. A slot claimed more than `grace`
+/// after it fell due is missed and follows the task's policy; a claim that
+/// took over an interrupted one is judged by the original claim's time.
+/// `skipped` receives how many missed slots a catch-up leaves out.
+run_plan plan_claim(const task& t, const schedule_claim& c, time_point now,
+                    std::chrono::milliseconds grace, std::size_t& skipped);
+
+} // namespace botmesh::internal
