@@ -26,7 +26,5 @@ using idle_atom = caf::atom_constant<caf::atom("bm_idle")>;
 /// router forwards (timer id) to the chat actor, spawning it if needed.
 using timer_atom = caf::atom_constant<caf::atom("bm_timer")>;
 
-/// anyone -> router: reply with the number of live chat actors.
-using live_atom = caf::atom_constant<caf::atom("bm_live")>;
 
 } // namespace botmesh

@@ -83,7 +83,6 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       st.cfg.services->chat_passivated(key);
       return true;
     },
-    [=](live_atom) { return self->state.chats.size(); },
     [=](drain_atom, std::chrono::milliseconds bound) -> caf::result<bool> {
       auto& st = self->state;
       st.draining = true;

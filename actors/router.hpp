@@ -20,7 +20,6 @@ namespace botmesh {
 ///   chat finished its queue; chats still busy after the bound are abandoned
 ///   (their queued messages refused with `errc::stopped`) and the reply is false.
 /// - `(timer_atom, key, id)`           -> forwarded to the chat as `(timer_atom, id)`
-/// - `(live_atom)`                     -> size_t: live chat actors.
 caf::actor spawn_router(caf::actor_system& sys, router_config cfg);
 
 /// Registers botmesh's error category and message types in a CAF config.

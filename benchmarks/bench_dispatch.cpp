@@ -48,15 +48,13 @@ std::vector<std::string> chat_ids(int chats) {
 }
 
 // Round-robin over chats, so every chat has messages in flight at once.
-double bot_rate(int chats, int per_chat, bool log_messages,
-                std::size_t threads = 16) {
+double bot_rate(int chats, int per_chat, bool log_messages) {
   auto ids = chat_ids(chats);
   auto p = std::make_shared<botmesh::testing_provider>();
   std::atomic<long> handled{0};
   botmesh::bot b{{.provider = p,
                   .passivate_after = "10m",
                   .max_pending_per_chat = static_cast<std::size_t>(per_chat) + 1,
-                  .handler_threads = threads,
                   .log_messages = log_messages}};
   b.on_message([&](botmesh::context&) { handled.fetch_add(1); });
   b.start();
@@ -151,10 +149,6 @@ int main(int argc, char** argv) {
     bot_nolog = std::max(bot_nolog, n);
   }
   std::printf("best of 3 rounds:\n");
-  if (std::getenv("POOL_SWEEP"))
-    for (std::size_t t : {1, 2, 4, 8, 16, 32, 64})
-      std::printf("  handler_threads=%zu: %.0f msg/s\n", t,
-                  bot_rate(chats, per_chat, true, t));
   std::printf("baseline (bare CAF, 1 actor/key, anon_send): %12.0f msg/s\n", base);
   std::printf("bot (router + chat actors + handler pool,\n"
               "     memory store logging every message):  %12.0f msg/s\n", bot);

@@ -29,19 +29,4 @@ std::string what_of(const caf::error& err) {
   return {};
 }
 
-void throw_error(const caf::error& err) {
-  auto code = code_of(err);
-  auto what = what_of(err);
-  if (what.empty())
-    what = std::string{to_string(code)};
-  switch (code) {
-    case errc::coordination_unavailable:
-      throw coordination_unavailable_error(what);
-    case errc::invalid_argument:
-      throw invalid_argument_error("argument", what);
-    default:
-      throw error(code == errc::none ? errc::store_error : code, what);
-  }
-}
-
 } // namespace botmesh

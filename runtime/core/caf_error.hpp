@@ -25,7 +25,5 @@ errc code_of(const caf::error& err) noexcept;
 /// Returns the context text of a botmesh `caf::error` (empty when none).
 std::string what_of(const caf::error& err);
 
-/// Throws the `botmesh::error` subclass matching a botmesh `caf::error`.
-[[noreturn]] void throw_error(const caf::error& err);
 
 } // namespace botmesh

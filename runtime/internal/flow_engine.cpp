@@ -258,10 +258,6 @@ void flow_engine::add(flow f) {
   flows_.push_back(std::move(def));
 }
 
-bool flow_engine::has_persistent() const noexcept {
-  return any_persistent_;
-}
-
 std::size_t flow_engine::active() const {
   std::lock_guard guard{mtx_};
   return convs_.size();

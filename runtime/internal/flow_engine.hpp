@@ -113,10 +113,6 @@ class flow_engine {
   /// Registers a flow; names are unique (field "name").
   void add(flow f);
 
-  /// True when some registered flow is persistent (then a message of a chat
-  /// with no conversation in memory looks for a checkpoint).
-  bool has_persistent() const noexcept;
-
   /// Offers a message: true when a conversation consumed it.
   bool on_message(const std::string& key, const inbound_message& msg);
 

@@ -87,11 +87,6 @@ void turn_keeper::check(held_turn& h) {
     throw lease_lost_error(h.turn.key, h.lost_reason);
 }
 
-bool turn_keeper::holding(const std::string& key) {
-  std::lock_guard guard{mtx_};
-  return held_.count(key) > 0;
-}
-
 void turn_keeper::fence_locked(held_turn& h, const std::string& reason) {
   if (!h.lost_reason.empty())
     return;

@@ -58,9 +58,6 @@ class turn_keeper {
   /// before every write.
   void check(held_turn& h);
 
-  /// True when a turn of `key` is held (fenced or not).
-  bool holding(const std::string& key);
-
  private:
   void loop();
   void fence_locked(held_turn& h, const std::string& reason);

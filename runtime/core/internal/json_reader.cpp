@@ -32,11 +32,6 @@ simdjson::dom::element json_reader::get(std::string_view field) const {
   return e;
 }
 
-bool json_reader::has(std::string_view field) const {
-  simdjson::dom::element e;
-  return obj_.at_key(field).get(e) == simdjson::SUCCESS;
-}
-
 bool json_reader::is_null(std::string_view field) const {
   return get(field).is_null();
 }

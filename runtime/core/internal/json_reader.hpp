@@ -28,7 +28,6 @@ class json_reader {
     // nop
   }
 
-  bool has(std::string_view field) const;
   bool is_null(std::string_view field) const;
   std::string string(std::string_view field) const;
   std::int64_t int64(std::string_view field) const;

@@ -58,11 +58,6 @@ void worker_pool::shutdown() {
   workers_.clear();
 }
 
-std::size_t worker_pool::threads() const {
-  std::lock_guard guard{mtx_};
-  return alive_;
-}
-
 void worker_pool::spawn_worker(bool extra) {
   // Reap workers that retired, so the list stays as long as the live set.
   for (auto i = workers_.begin(); i != workers_.end();) {

@@ -39,9 +39,6 @@ class worker_pool {
 
   void shutdown();
 
-  /// Threads alive now (core + extra).
-  std::size_t threads() const;
-
  private:
   struct worker {
     std::thread thread;
@@ -52,7 +49,7 @@ class worker_pool {
   void loop(worker* self, bool extra);
   void supervise();
 
-  mutable std::mutex mtx_;
+  std::mutex mtx_;
   std::condition_variable cv_;     // workers wait for jobs
   std::condition_variable sup_cv_; // the supervisor waits for a backlog
   std::deque<std::function<void()>> jobs_;
