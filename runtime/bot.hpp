@@ -289,10 +289,10 @@ class bot {
   botmesh::store& store() noexcept;
   botmesh::provider& provider() noexcept;
 
-  struct impl;
 
  private:
   friend class context;
+  struct impl;
 
   std::unique_ptr<impl> impl_;
 };

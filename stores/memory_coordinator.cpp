@@ -4,64 +4,16 @@
 #include <list>
 #include <map>
 #include <mutex>
-#include <random>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
-#include <botmesh/stores/schedule_store.hpp>
 #include <botmesh/stores/store.hpp>
 
 namespace botmesh {
 
-coordinator::~coordinator() {
-  // nop
-}
 
-namespace {
-
-class coordinator_lease final : public lease_provider {
- public:
-  explicit coordinator_lease(std::shared_ptr<coordinator> c)
-    : c_(std::move(c)) {
-    // nop
-  }
-
-  std::optional<std::uint64_t> try_acquire(std::string_view name,
-                                           std::string_view, time_point,
-                                           std::chrono::milliseconds) override {
-    if (auto l = c_->try_lead(name))
-      return l->fence;
-    return std::nullopt;
-  }
-
-  void release(std::string_view name, std::string_view) override {
-    if (auto l = c_->try_lead(name))
-      c_->release_lead(*l);
-  }
-
- private:
-  std::shared_ptr<coordinator> c_;
-};
-
-} // namespace
-
-std::shared_ptr<lease_provider>
-make_coordinator_lease(std::shared_ptr<coordinator> c) {
-  return std::make_shared<coordinator_lease>(std::move(c));
-}
-
-std::string random_uuid() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  auto hi = rng();
-  auto lo = rng();
-  hi = (hi & 0xFFFFFFFFFFFF0FFFull) | 0x0000000000004000ull; // version 4
-  lo = (lo & 0x3FFFFFFFFFFFFFFFull) | 0x8000000000000000ull; // variant 1
-  return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", hi >> 32,
-                     (hi >> 16) & 0xFFFF, hi & 0xFFFF, lo >> 48,
-                     lo & 0xFFFFFFFFFFFFull);
-}
 
 namespace {
 
@@ -171,8 +123,8 @@ std::size_t memory_coordination_hub::keys() const {
 memory_coordinator::memory_coordinator(memory_coordination_hub& hub,
                                        memory_coordinator_options opts)
   : hub_(hub.impl_),
-    replica_id_(opts.replica_id.empty() ? random_uuid() : opts.replica_id),
-    incarnation_(random_uuid()),
+    replica_id_(opts.replica_id.empty() ? detail::random_uuid() : opts.replica_id),
+    incarnation_(detail::random_uuid()),
     lease_(opts.lease.ms()) {
   if (lease_.count() <= 0)
     throw invalid_argument_error("lease", "the coordinator lease must be "

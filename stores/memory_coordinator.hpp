@@ -29,10 +29,10 @@ class memory_coordination_hub {
   /// Chats whose state the hub holds now (for tests of eviction).
   std::size_t keys() const;
 
-  struct impl;
 
  private:
   friend class memory_coordinator;
+  struct impl;
   std::shared_ptr<impl> impl_;
 };
 
@@ -78,8 +78,5 @@ class memory_coordinator final : public coordinator {
   std::chrono::milliseconds lease_;
   bool crashed_ = false;
 };
-
-/// A random UUID (version 4), e.g. for replica ids.
-std::string random_uuid();
 
 } // namespace botmesh

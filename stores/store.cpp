@@ -47,6 +47,17 @@ std::string random_token() {
   return fmt::format("{:016x}{:016x}", rng(), rng());
 }
 
+std::string random_uuid() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  auto hi = rng();
+  auto lo = rng();
+  hi = (hi & 0xFFFFFFFFFFFF0FFFull) | 0x0000000000004000ull; // version 4
+  lo = (lo & 0x3FFFFFFFFFFFFFFFull) | 0x8000000000000000ull; // variant 1
+  return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", hi >> 32,
+                     (hi >> 16) & 0xFFFF, hi & 0xFFFF, lo >> 48,
+                     lo & 0xFFFFFFFFFFFFull);
+}
+
 } // namespace detail
 
 } // namespace botmesh

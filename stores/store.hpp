@@ -200,8 +200,11 @@ void check_user_data_args(std::string_view user, std::string_view ns,
 void check_ttl(std::chrono::milliseconds ttl, std::string_view field = "ttl");
 void check_key(std::string_view key, std::string_view field = "key");
 
-/// A random 128-bit token as 32 hex characters (lock tokens, replica ids).
+/// A random 128-bit token as 32 hex characters (lock tokens).
 std::string random_token();
+
+/// A random UUID (version 4): replica ids, coordinator incarnations.
+std::string random_uuid();
 
 } // namespace detail
 

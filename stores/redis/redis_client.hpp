@@ -121,9 +121,9 @@ class redis_client {
   /// "host:port", for messages.
   const std::string& endpoint() const noexcept;
 
-  struct impl;
 
  private:
+  struct impl;
   std::shared_ptr<impl> impl_;
 };
 

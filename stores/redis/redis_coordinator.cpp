@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
-#include <botmesh/stores/memory_coordinator.hpp>
+#include <botmesh/stores/store.hpp>
 #include <botmesh/stores/redis/internal/scripts.hpp>
 
 namespace botmesh {
@@ -107,8 +107,8 @@ redis_coordinator::redis_coordinator(redis_coordinator_options opts)
   impl_->client = opts.client ? opts.client
                               : std::make_shared<redis_client>(
                                   redis_options{.url = opts.url});
-  impl_->replica = opts.replica_id.empty() ? random_uuid() : opts.replica_id;
-  impl_->incarnation = random_uuid();
+  impl_->replica = opts.replica_id.empty() ? detail::random_uuid() : opts.replica_id;
+  impl_->incarnation = detail::random_uuid();
   impl_->lease = opts.lease.ms();
   impl_->client->subscribe(impl_->layout->wake_channel(),
                            [w = impl_->wake](std::string_view key) {

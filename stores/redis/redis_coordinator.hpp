@@ -53,9 +53,9 @@ class redis_coordinator final : public coordinator {
   void wait_change(std::string_view key,
                    std::chrono::milliseconds timeout) override;
 
-  struct impl;
 
  private:
+  struct impl;
   std::shared_ptr<impl> impl_;
 };
 

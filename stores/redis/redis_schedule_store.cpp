@@ -1,4 +1,5 @@
-#include <botmesh/stores/redis/redis_store.hpp>
+#include <botmesh/stores/redis/internal/schedule_store.hpp>
+#include <botmesh/stores/store.hpp>
 
 #include <charconv>
 #include <map>

@@ -9,6 +9,7 @@
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/json_reader.hpp>
 #include <botmesh/runtime/core/json.hpp>
+#include <botmesh/stores/redis/internal/schedule_store.hpp>
 #include <botmesh/stores/redis/internal/scripts.hpp>
 #include <botmesh/stores/redis/redis_coordinator.hpp>
 

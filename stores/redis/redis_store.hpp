@@ -113,13 +113,4 @@ class redis_store final : public store {
   std::shared_ptr<lease_provider> leases_;
 };
 
-namespace internal {
-std::shared_ptr<schedule_store>
-make_redis_schedule_store(std::shared_ptr<redis_client> client,
-                          std::shared_ptr<const redis_layout> layout);
-std::shared_ptr<lease_provider>
-make_redis_lease_provider(std::shared_ptr<redis_client> client,
-                          std::shared_ptr<const redis_layout> layout);
-} // namespace internal
-
 } // namespace botmesh
