@@ -163,8 +163,7 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
       held = acquire_turn(key, origin);
       if (!held)
         return;
-      auto& prev = held->turn.previous_holder;
-      if (!prev || *prev != opts.coordination->coordinator->replica_id())
+      if (held_elsewhere(*held))
         flows.drop(key);
     }
     current_held = held.get();
@@ -337,6 +336,13 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
 
   // -- turns -----------------------------------------------------------------
 
+  // True when another (or an unknown) replica held the chat last: what this
+  // replica has in memory of its conversation may be stale.
+  bool held_elsewhere(const internal::held_turn& h) const {
+    auto& prev = h.turn.previous_holder;
+    return !prev || *prev != opts.coordination->coordinator->replica_id();
+  }
+
   void turn(const std::string& key, const inbound_message& msg, bool first) {
     record(key, msg, first);
     std::shared_ptr<internal::held_turn> held;
@@ -344,10 +350,7 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
       held = acquire_turn(key, msg);
       if (!held)
         return;
-      // Another replica (or an unknown one) held the chat last: what this
-      // replica has in memory of its conversation may be stale.
-      auto& prev = held->turn.previous_holder;
-      if (!prev || *prev != opts.coordination->coordinator->replica_id())
+      if (held_elsewhere(*held))
         flows.drop(key);
     }
     std::optional<std::stop_callback<std::function<void()>>> forward;
@@ -358,7 +361,7 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
       current_turn_stop = held->stop.get_token();
       current_held = held.get();
     }
-    run_handlers(key, msg);
+    run_handlers(key, msg, first);
     current_turn_stop = {};
     current_held = nullptr;
     if (held) {
@@ -385,10 +388,11 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
     }
   }
 
-  void run_handlers(const std::string& key, const inbound_message& msg) {
+  void run_handlers(const std::string& key, const inbound_message& msg,
+                    bool first) {
     emit(on_in, events::message_in{key, msg});
     try {
-      if (!flows.on_message(key, msg))
+      if (!flows.on_message(key, msg, first))
         dispatch(key, msg);
     } catch (const lease_lost_error& e) {
       // The turn was lost while the handler ran: its write was refused.

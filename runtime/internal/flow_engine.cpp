@@ -298,6 +298,10 @@ void flow_engine::erase(const std::string& key) {
 
 void flow_engine::drop(const std::string& key) {
   erase(key);
+  if (any_persistent_) {
+    std::lock_guard guard{mtx_};
+    dropped_.insert(key);
+  }
 }
 
 std::uint64_t flow_engine::arm(conversation& c, std::chrono::milliseconds after) {
@@ -502,10 +506,17 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg) {
 }
 
 bool flow_engine::on_message(const std::string& key,
-                             const inbound_message& msg) {
+                             const inbound_message& msg, bool first) {
   auto c = find(key);
-  if (!c && any_persistent_ && restore(key, msg))
-    return true;
+  if (!c && any_persistent_) {
+    bool look = first;
+    {
+      std::lock_guard guard{mtx_};
+      look = dropped_.erase(key) > 0 || look;
+    }
+    if (look && restore(key, msg))
+      return true;
+  }
   if (c) {
     c->current = msg;
     for (auto& w : c->idles)

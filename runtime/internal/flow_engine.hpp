@@ -12,6 +12,7 @@
 #include <stop_token>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -113,8 +114,13 @@ class flow_engine {
   /// Registers a flow; names are unique (field "name").
   void add(flow f);
 
-  /// Offers a message: true when a conversation consumed it.
-  bool on_message(const std::string& key, const inbound_message& msg);
+  /// Offers a message: true when a conversation consumed it. The store is
+  /// asked for a checkpoint only when one may exist that this process does
+  /// not hold in memory: on the first message of the chat actor's
+  /// activation (`first`), or after `drop(key)`. Otherwise every message
+  /// of a chat without a conversation would cost a store read.
+  bool on_message(const std::string& key, const inbound_message& msg,
+                  bool first);
 
   /// A timer of `key` fired; stale ones are discarded.
   void on_timer(const std::string& key, std::uint64_t id);
@@ -156,6 +162,7 @@ class flow_engine {
   bool any_persistent_ = false;
   mutable std::mutex mtx_;
   std::unordered_map<std::string, std::unique_ptr<conversation>> convs_;
+  std::unordered_set<std::string> dropped_; // see on_message
   std::atomic<std::uint64_t> next_timer_{1};
 };
 

@@ -341,3 +341,101 @@ TEST_CASE("a do step co_awaits sends and sleeps, holding the chat's turn") {
   CHECK(texts(*p, "ana")
         == std::vector<std::string>{"uno", "dos", "¿tres?", "fin 3"});
 }
+
+namespace {
+
+// A memory store that counts checkpoint reads.
+class counting_store final : public botmesh::store {
+ public:
+  std::atomic<int> checkpoint_reads{0};
+  botmesh::memory_store inner;
+
+  void save_chat(const botmesh::chat_record& r) override { inner.save_chat(r); }
+  std::optional<botmesh::chat_record> get_chat(std::string_view k) override {
+    return inner.get_chat(k);
+  }
+  bool delete_chat(std::string_view k) override { return inner.delete_chat(k); }
+  std::vector<botmesh::chat_record> list_chats() override {
+    return inner.list_chats();
+  }
+  void save_contact(const botmesh::contact_record& r) override {
+    inner.save_contact(r);
+  }
+  std::optional<botmesh::contact_record> get_contact(std::string_view i) override {
+    return inner.get_contact(i);
+  }
+  bool delete_contact(std::string_view i) override {
+    return inner.delete_contact(i);
+  }
+  std::vector<botmesh::contact_record> list_contacts() override {
+    return inner.list_contacts();
+  }
+  std::uint64_t append_message(std::string_view k,
+                               const botmesh::logged_message& m) override {
+    return inner.append_message(k, m);
+  }
+  std::vector<botmesh::logged_message> messages(std::string_view k,
+                                                std::size_t n) override {
+    return inner.messages(k, n);
+  }
+  std::optional<botmesh::flow_checkpoint>
+  get_checkpoint(std::string_view k) override {
+    ++checkpoint_reads;
+    return inner.get_checkpoint(k);
+  }
+  std::uint64_t set_checkpoint(const botmesh::flow_checkpoint& c) override {
+    return inner.set_checkpoint(c);
+  }
+  std::optional<std::uint64_t>
+  set_checkpoint_if(const botmesh::flow_checkpoint& c, std::uint64_t r) override {
+    return inner.set_checkpoint_if(c, r);
+  }
+  bool clear_checkpoint_if(std::string_view k, std::uint64_t r) override {
+    return inner.clear_checkpoint_if(k, r);
+  }
+  void clear_checkpoint(std::string_view k) override { inner.clear_checkpoint(k); }
+  std::optional<std::string> get_user_data(std::string_view u, std::string_view n,
+                                           std::string_view k) override {
+    return inner.get_user_data(u, n, k);
+  }
+  void set_user_data(std::string_view u, std::string_view n, std::string_view k,
+                     std::string_view v,
+                     std::optional<std::chrono::milliseconds> t) override {
+    inner.set_user_data(u, n, k, v, t);
+  }
+  bool delete_user_data(std::string_view u, std::string_view n,
+                        std::string_view k) override {
+    return inner.delete_user_data(u, n, k);
+  }
+  std::vector<std::pair<std::string, std::string>>
+  list_user_data(std::string_view u, std::string_view n) override {
+    return inner.list_user_data(u, n);
+  }
+  std::optional<botmesh::fenced_lock>
+  acquire_lock_fenced(std::string_view k, std::chrono::milliseconds t) override {
+    return inner.acquire_lock_fenced(k, t);
+  }
+  bool renew_lock(std::string_view k, std::string_view tok,
+                  std::chrono::milliseconds t) override {
+    return inner.renew_lock(k, tok, t);
+  }
+  bool release_lock(std::string_view k, std::string_view tok) override {
+    return inner.release_lock(k, tok);
+  }
+};
+
+} // namespace
+
+TEST_CASE("checkpoints are read once per chat activation, not per message") {
+  auto store = std::make_shared<counting_store>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .store = store}};
+  b.add_flow(order_flow());
+  b.on_message([](botmesh::context& c) { c.reply(c.text()); });
+  b.start();
+  for (int i = 0; i < 20; ++i)
+    p->inject("ana", "hola " + std::to_string(i));
+  REQUIRE(p->wait_for_sent(20, 5s));
+  // One lookup when the chat's actor started; none for the other 19.
+  CHECK(store->checkpoint_reads.load() == 1);
+}
