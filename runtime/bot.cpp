@@ -152,28 +152,44 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   }
 
   void timer_turn(const std::string& key, std::uint64_t id) {
+    // A timer acts only with the chat's turn: when another replica held the
+    // chat meanwhile, with_turn drops this stale copy and the timer with it.
+    inbound_message origin;
+    origin.id = fmt::format("timer-{}", id);
+    origin.chat = key;
+    with_turn(key, origin, [&] {
+      try {
+        flows.on_timer(key, id);
+      } catch (const std::exception& e) {
+        raise(errc::handler_failed,
+              fmt::format("chat {}: a flow timer failed: {}", key, e.what()),
+              key, std::nullopt);
+      }
+    });
+  }
+
+  // Runs `fn` holding the chat's turn when coordination is on, plainly
+  // otherwise. A chat held elsewhere since this replica's last turn drops
+  // the stale in-memory conversation first; a turn lost while `fn` ran
+  // drops it after (its checkpoint stays for the new holder).
+  template <class F>
+  void with_turn(const std::string& key, const inbound_message& origin, F&& fn) {
     std::shared_ptr<internal::held_turn> held;
+    std::optional<std::stop_callback<std::function<void()>>> forward;
     if (keeper) {
-      // A timer acts only with the chat's turn. If another replica held the
-      // chat meanwhile, this copy of the conversation is stale: dropped,
-      // and the timer with it.
-      inbound_message origin;
-      origin.id = fmt::format("timer-{}", id);
-      origin.chat = key;
       held = acquire_turn(key, origin);
       if (!held)
         return;
       if (held_elsewhere(*held))
         flows.drop(key);
+      // A bot stop stops the turn's step too.
+      forward.emplace(stop_source.get_token(),
+                      std::function<void()>{[h = held] { h->stop.request_stop(); }});
+      current_turn_stop = held->stop.get_token();
+      current_held = held.get();
     }
-    current_held = held.get();
-    try {
-      flows.on_timer(key, id);
-    } catch (const std::exception& e) {
-      raise(errc::handler_failed,
-            fmt::format("chat {}: a flow timer failed: {}", key, e.what()), key,
-            std::nullopt);
-    }
+    fn();
+    current_turn_stop = {};
     current_held = nullptr;
     if (held) {
       if (!held->lost_reason.empty())
@@ -345,30 +361,7 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
 
   void turn(const std::string& key, const inbound_message& msg, bool first) {
     record(key, msg, first);
-    std::shared_ptr<internal::held_turn> held;
-    if (keeper) {
-      held = acquire_turn(key, msg);
-      if (!held)
-        return;
-      if (held_elsewhere(*held))
-        flows.drop(key);
-    }
-    std::optional<std::stop_callback<std::function<void()>>> forward;
-    if (held) {
-      // A bot stop stops the turn's step too.
-      forward.emplace(stop_source.get_token(),
-                      std::function<void()>{[h = held] { h->stop.request_stop(); }});
-      current_turn_stop = held->stop.get_token();
-      current_held = held.get();
-    }
-    run_handlers(key, msg, first);
-    current_turn_stop = {};
-    current_held = nullptr;
-    if (held) {
-      if (!held->lost_reason.empty())
-        flows.drop(key); // the checkpoint stays for the new holder
-      keeper->release(held);
-    }
+    with_turn(key, msg, [&] { run_handlers(key, msg, first); });
   }
 
   void record(const std::string& key, const inbound_message& msg, bool first) {
