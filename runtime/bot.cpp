@@ -627,10 +627,6 @@ bot& bot::conversation(std::string name, std::vector<std::string> keywords,
   return add_flow(std::move(f));
 }
 
-std::size_t bot::active_conversations() const {
-  return impl_->flows.active();
-}
-
 scheduled_task bot::every(duration interval, scheduler::job fn) {
   return impl_->tasks->every(interval, std::move(fn));
 }
@@ -801,10 +797,6 @@ bool bot::ready(std::chrono::milliseconds timeout) {
   });
 }
 
-bool bot::is_provider_leader() const {
-  return !impl_->exclusive() || impl_->leading();
-}
-
 void bot::send(std::string_view chat, std::string_view text) {
   outgoing_message msg;
   msg.chat = std::string{chat};
@@ -831,6 +823,7 @@ bot_stats bot::stats() const {
   s.passivations = i.passivations;
   s.live_chats = s.activations - s.passivations;
   s.turn_failures = i.turn_failures;
+  s.conversations = i.flows.active();
   return s;
 }
 

@@ -167,6 +167,7 @@ struct bot_stats {
   std::uint64_t passivations = 0; ///< chat actors passivated
   std::uint64_t live_chats = 0;   ///< activations - passivations
   std::uint64_t turn_failures = 0; ///< messages that got no turn
+  std::uint64_t conversations = 0; ///< flows and conversations in memory now
 };
 
 /// A chat bot: a provider, a store, handlers, and the actors that order
@@ -223,9 +224,6 @@ class bot {
   bot& conversation(std::string name, std::vector<std::string> keywords,
                     botmesh::flow::step_fn fn);
 
-  /// Conversations currently in memory.
-  std::size_t active_conversations() const;
-
   /// Scheduled tasks (see scheduler.hpp): they start with `start()` and
   /// pause with `stop()`; registering works before and after `start()`.
   scheduled_task every(duration interval, scheduler::job fn);
@@ -263,10 +261,6 @@ class bot {
   /// Waits until the provider's transport is open; false on timeout. On a
   /// standby replica of an exclusive transport it stays false.
   bool ready(std::chrono::milliseconds timeout);
-
-  /// True when this replica runs the provider's transport (always, unless
-  /// the transport is exclusive and another replica leads it).
-  bool is_provider_leader() const;
 
   /// Sends `text` to `chat` (a chat id of this bot's provider). Throws
   /// `botmesh::error` (`errc::provider_error`) when the provider fails,

@@ -360,5 +360,5 @@ TEST_CASE("a flow timer of a conversation whose chat moved to another replica "
   std::this_thread::sleep_for(400ms);
   CHECK(idle_fired.load() == 0);
   CHECK(a.provider->sent().size() == 1);
-  CHECK(a.bot->active_conversations() == 0);
+  CHECK(a.bot->stats().conversations == 0);
 }

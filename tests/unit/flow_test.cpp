@@ -89,7 +89,7 @@ TEST_CASE("an ask flow validates, re-asks, keeps state and hands the chat "
           "Escribe un número entre 1 y 999.", "¿Cuántas unidades?",
           "¿Confirmas 2 x café? (sí/no)", "¿Dirección de entrega?",
           "Pedido confirmado para Calle Mayor 1.", "handler: otra cosa"});
-  CHECK(b.active_conversations() == 0);
+  CHECK(b.stats().conversations == 0);
   // A finished persistent flow clears its checkpoint.
   CHECK_FALSE(b.store().get_checkpoint("test:ana").has_value());
 }
@@ -171,7 +171,7 @@ TEST_CASE("a wait timeout and an idle watcher act in the chat's order") {
   // After the timeout the answer is no longer captured by the flow.
   p->inject("luis", "vigila");
   REQUIRE(test::eventually([&] { return idles.load() == 1; }));
-  REQUIRE(test::eventually([&] { return b.active_conversations() == 0; }));
+  REQUIRE(test::eventually([&] { return b.stats().conversations == 0; }));
   CHECK(texts(*p, "luis")
         == std::vector<std::string>{"Dime algo", "¿Sigues ahí?"});
   // The ended conversation's watcher is stale now; a new message is a new turn.
@@ -269,7 +269,7 @@ TEST_CASE("a rejected checkpoint write ends the conversation as superseded") {
   p->inject("ana", "café");
   REQUIRE(test::eventually([&] { return errors.count(botmesh::errc::lease_lost) == 1; }));
   CHECK(errors.all()[0].what.find("superseded") != std::string::npos);
-  REQUIRE(test::eventually([&] { return b.active_conversations() == 0; }));
+  REQUIRE(test::eventually([&] { return b.stats().conversations == 0; }));
   // The new owner's checkpoint stays.
   CHECK(store->get_checkpoint("test:ana")->step == "cantidad");
 }
