@@ -61,8 +61,10 @@ void provider_session::loop() {
     valid_until = steady::now() + coord_.lease() * 9 / 10;
     if (!lead) {
       lead = now_lead;
-      hooks_.start_transport();
+      // Elected first, then started: the transport's "open" notification
+      // must find this replica leading, or bot::ready() would miss it.
       leading_ = true;
+      hooks_.start_transport();
       said_standby = false;
       hooks_.on_leader(name_, lead->fence);
     }

@@ -280,7 +280,7 @@ TEST_CASE("an exclusive transport starts on one replica; the standby refuses "
   exclusive_replica b{hub, "b"};
   b.bot->start();
   REQUIRE(test::eventually([&] { return b.saw("follower standby"); }));
-  CHECK(a.saw("leader provider:wa"));
+  CHECK(test::eventually([&] { return a.saw("leader provider:wa"); }));
   CHECK(a.provider->starts() == 1);
   CHECK(b.provider->starts() == 0);
   CHECK_FALSE(b.bot->ready(50ms));
@@ -288,7 +288,7 @@ TEST_CASE("an exclusive transport starts on one replica; the standby refuses "
   CHECK_NOTHROW(a.bot->send("x", "hola"));
   a.bot->stop(); // hands the leadership on
   REQUIRE(b.bot->ready(5s));
-  CHECK(b.saw("leader provider:wa"));
+  CHECK(test::eventually([&] { return b.saw("leader provider:wa"); }));
   CHECK(b.provider->starts() == 1);
   CHECK_NOTHROW(b.bot->send("x", "hola"));
 }
@@ -317,7 +317,7 @@ TEST_CASE("a leader whose transport stays closed for provider_down yields") {
   a.provider->set_state(botmesh::provider_state::closed); // session lost
   REQUIRE(test::eventually([&] { return a.saw("follower provider_down"); }));
   REQUIRE(b.bot->ready(5s));
-  CHECK(b.saw("leader provider:wa"));
+  CHECK(test::eventually([&] { return b.saw("leader provider:wa"); }));
 }
 
 TEST_CASE("with coordination the scheduler's leadership uses the coordinator") {
