@@ -65,9 +65,17 @@ struct scheduler::impl : std::enable_shared_from_this<impl> {
       throw invalid_argument_error("tick", "scheduler tick must be positive");
     validate_time_zone(opts.time_zone);
     owner = opts.owner.empty() ? detail::random_token() : opts.owner;
-    pool = std::make_unique<internal::worker_pool>(
-      std::min<std::size_t>(2, std::max<std::size_t>(1, opts.threads)),
-      std::max<std::size_t>(1, opts.threads));
+    ensure_pool();
+  }
+
+  // The handler pool: created with the scheduler, and again by start() or
+  // poll() after a stop() shut it down. Caller holds mtx (or is the
+  // constructor).
+  void ensure_pool() {
+    if (!pool)
+      pool = std::make_unique<internal::worker_pool>(
+        std::min<std::size_t>(2, std::max<std::size_t>(1, opts.threads)),
+        std::max<std::size_t>(1, opts.threads));
   }
 
   void log(std::string_view text) {
@@ -532,10 +540,7 @@ struct scheduler::impl : std::enable_shared_from_this<impl> {
     started = true;
     stopping = false;
     orphans_checked = false;
-    if (!pool)
-      pool = std::make_unique<internal::worker_pool>(
-        std::min<std::size_t>(2, std::max<std::size_t>(1, opts.threads)),
-        std::max<std::size_t>(1, opts.threads));
+    ensure_pool();
     timer = std::thread{[self = shared_from_this()] { self->timer_loop(); }};
   }
 
@@ -591,10 +596,7 @@ struct scheduler::impl : std::enable_shared_from_this<impl> {
   void poll() {
     {
       std::lock_guard guard{mtx};
-      if (!pool)
-        pool = std::make_unique<internal::worker_pool>(
-          std::min<std::size_t>(2, std::max<std::size_t>(1, opts.threads)),
-          std::max<std::size_t>(1, opts.threads));
+      ensure_pool();
       stopping = false;
     }
     tick(clk->now());
