@@ -1,5 +1,6 @@
 #include <botmesh/stores/memory_schedule_store.hpp>
 
+#include <botmesh/stores/internal/schedule_transitions.hpp>
 #include <botmesh/stores/store.hpp>
 
 namespace botmesh {
@@ -36,23 +37,11 @@ schedule_record memory_schedule_store::register_task(std::string_view id,
   detail::check_key(id, "id");
   std::lock_guard guard{mtx_};
   auto i = records_.find(id);
-  if (i == records_.end()) {
-    schedule_record rec;
-    rec.id = std::string{id};
-    i = records_.emplace(rec.id, std::move(rec)).first;
-  } else if (!i->second.deleted && i->second.spec == spec) {
-    return i->second;
-  }
-  auto& rec = i->second;
-  rec.spec = std::string{spec};
-  rec.next_run_at = first_run;
-  rec.lease_owner.clear();
-  rec.lease_until = {};
-  rec.claimed_at = {};
-  rec.done = false;
-  rec.deleted = false;
-  rec.updated_at = now;
-  return rec;
+  bool exists = i != records_.end();
+  if (!exists)
+    i = records_.emplace(std::string{id}, schedule_record{}).first;
+  internal::register_record(i->second, exists, id, spec, first_run, now);
+  return i->second;
 }
 
 std::optional<schedule_claim>
@@ -64,19 +53,7 @@ memory_schedule_store::claim(std::string_view id, std::string_view owner,
   auto i = records_.find(id);
   if (i == records_.end())
     return std::nullopt;
-  auto& rec = i->second;
-  if (rec.deleted || rec.done || rec.next_run_at > now)
-    return std::nullopt;
-  if (!rec.lease_owner.empty() && rec.lease_until > now)
-    return std::nullopt;
-  bool interrupted = !rec.lease_owner.empty();
-  rec.fencing_token += 1;
-  rec.lease_owner = std::string{owner};
-  rec.lease_until = now + lease;
-  if (!interrupted)
-    rec.claimed_at = now;
-  rec.updated_at = now;
-  return schedule_claim{rec, rec.fencing_token, interrupted};
+  return internal::claim_record(i->second, owner, now, lease);
 }
 
 bool memory_schedule_store::renew(std::string_view id, std::string_view owner,

@@ -1,5 +1,6 @@
 #include <botmesh/stores/sqlite/internal/schedule_store.hpp>
 
+#include <botmesh/stores/internal/schedule_transitions.hpp>
 #include <botmesh/stores/sqlite/internal/db.hpp>
 #include <botmesh/stores/store.hpp>
 
@@ -61,18 +62,10 @@ class sqlite_schedule_store final : public schedule_store {
     detail::check_key(id, "id");
     transaction tx{*db_};
     auto rec = load(*db_, id);
-    if (rec && !rec->deleted && rec->spec == spec)
-      return *rec;
+    bool exists = rec.has_value();
     schedule_record r = rec.value_or(schedule_record{});
-    r.id = std::string{id};
-    r.spec = std::string{spec};
-    r.next_run_at = first_run;
-    r.lease_owner.clear();
-    r.lease_until = {};
-    r.claimed_at = {};
-    r.done = false;
-    r.deleted = false;
-    r.updated_at = now;
+    if (!register_record(r, exists, id, spec, first_run, now))
+      return r;
     save(*db_, r);
     tx.commit();
     return r;
@@ -85,20 +78,14 @@ class sqlite_schedule_store final : public schedule_store {
     detail::check_ttl(lease, "lease");
     transaction tx{*db_};
     auto rec = load(*db_, id);
-    if (!rec || rec->deleted || rec->done || rec->next_run_at > now)
+    if (!rec)
       return std::nullopt;
-    if (!rec->lease_owner.empty() && rec->lease_until > now)
+    auto c = claim_record(*rec, owner, now, lease);
+    if (!c)
       return std::nullopt;
-    bool interrupted = !rec->lease_owner.empty();
-    rec->fencing_token += 1;
-    rec->lease_owner = std::string{owner};
-    rec->lease_until = now + lease;
-    if (!interrupted)
-      rec->claimed_at = now;
-    rec->updated_at = now;
     save(*db_, *rec);
     tx.commit();
-    return schedule_claim{*rec, rec->fencing_token, interrupted};
+    return c;
   }
 
   bool renew(std::string_view id, std::string_view owner, std::uint64_t token,

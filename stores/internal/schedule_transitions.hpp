@@ -1,0 +1,55 @@
+#pragma once
+
+// Internal: the state transitions of a stored schedule record, shared by the
+// stores that load a record, change it and save it back (memory, SQLite).
+// The Redis store runs the same transitions in its Lua scripts.
+
+#include <chrono>
+#include <optional>
+#include <string_view>
+
+#include <botmesh/stores/schedule_store.hpp>
+
+namespace botmesh::internal {
+
+/// Registers `spec` on `rec` (a fresh record when absent): an existing live
+/// record with the same spec stays as it is (returns false: nothing to
+/// save); otherwise the spec and first run are set, the lease and tombstone
+/// cleared and the fencing token kept (returns true).
+inline bool register_record(schedule_record& rec, bool exists,
+                            std::string_view id, std::string_view spec,
+                            time_point first_run, time_point now) {
+  if (exists && !rec.deleted && rec.spec == spec)
+    return false;
+  rec.id = std::string{id};
+  rec.spec = std::string{spec};
+  rec.next_run_at = first_run;
+  rec.lease_owner.clear();
+  rec.lease_until = {};
+  rec.claimed_at = {};
+  rec.done = false;
+  rec.deleted = false;
+  rec.updated_at = now;
+  return true;
+}
+
+/// Claims the due slot of `rec` for `owner`, or nothing when it is not
+/// claimable (deleted, done, not due, or leased by a live claim).
+inline std::optional<schedule_claim>
+claim_record(schedule_record& rec, std::string_view owner, time_point now,
+             std::chrono::milliseconds lease) {
+  if (rec.deleted || rec.done || rec.next_run_at > now)
+    return std::nullopt;
+  if (!rec.lease_owner.empty() && rec.lease_until > now)
+    return std::nullopt;
+  bool interrupted = !rec.lease_owner.empty();
+  rec.fencing_token += 1;
+  rec.lease_owner = std::string{owner};
+  rec.lease_until = now + lease;
+  if (!interrupted)
+    rec.claimed_at = now;
+  rec.updated_at = now;
+  return schedule_claim{rec, rec.fencing_token, interrupted};
+}
+
+} // namespace botmesh::internal
