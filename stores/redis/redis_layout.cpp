@@ -55,7 +55,7 @@ namespace {
 
 class legacy_layout final : public redis_layout {
  public:
-  explicit legacy_layout(std::string p) : redis_layout(p), p_(std::move(p)) {
+  explicit legacy_layout(std::string p) : redis_layout(std::move(p)) {
     // nop
   }
 
@@ -63,55 +63,52 @@ class legacy_layout final : public redis_layout {
     return "legacy";
   }
   std::string chat(std::string_view key) const override {
-    return fmt::format("{}:chat:{}", p_, key);
+    return fmt::format("{}:chat:{}", prefix_, key);
   }
   std::string chat_index() const override {
-    return p_ + ":chats";
+    return prefix_ + ":chats";
   }
   std::string contact(std::string_view id) const override {
-    return fmt::format("{}:contact:{}", p_, id);
+    return fmt::format("{}:contact:{}", prefix_, id);
   }
   std::string contact_index() const override {
-    return p_ + ":contacts";
+    return prefix_ + ":contacts";
   }
   std::string log(std::string_view chat) const override {
-    return fmt::format("{}:log:{}", p_, chat);
+    return fmt::format("{}:log:{}", prefix_, chat);
   }
   std::string log_seq(std::string_view chat) const override {
-    return fmt::format("{}:logseq:{}", p_, chat);
+    return fmt::format("{}:logseq:{}", prefix_, chat);
   }
   std::string checkpoint(std::string_view key) const override {
-    return fmt::format("{}:cp:{}", p_, key);
+    return fmt::format("{}:cp:{}", prefix_, key);
   }
   std::string checkpoint_revision(std::string_view key) const override {
-    return fmt::format("{}:cprev:{}", p_, key);
+    return fmt::format("{}:cprev:{}", prefix_, key);
   }
   std::string user_data(std::string_view user, std::string_view ns,
                         std::string_view key) const override {
-    return fmt::format("{}:ud:{}:{}:{}", p_, user, ns, key);
+    return fmt::format("{}:ud:{}:{}:{}", prefix_, user, ns, key);
   }
   std::string user_data_index(std::string_view user,
                               std::string_view ns) const override {
-    return fmt::format("{}:udidx:{}:{}", p_, user, ns);
+    return fmt::format("{}:udidx:{}:{}", prefix_, user, ns);
   }
   std::string lock(std::string_view key) const override {
-    return fmt::format("{}:lock:{}", p_, key);
+    return fmt::format("{}:lock:{}", prefix_, key);
   }
   std::string fence(std::string_view key) const override {
-    return fmt::format("{}:fence:{}", p_, key);
+    return fmt::format("{}:fence:{}", prefix_, key);
   }
   std::string schedule(std::string_view id) const override {
-    return fmt::format("{}:sched:{}", p_, id);
+    return fmt::format("{}:sched:{}", prefix_, id);
   }
   std::string schedule_index() const override {
-    return p_ + ":schedidx";
+    return prefix_ + ":schedidx";
   }
   std::string lease(std::string_view name) const override {
-    return fmt::format("{}:lease:{}", p_, name);
+    return fmt::format("{}:lease:{}", prefix_, name);
   }
-
- private:
-  std::string p_;
 };
 
 } // namespace
