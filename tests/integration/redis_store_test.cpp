@@ -171,6 +171,15 @@ TEST_CASE("corrupted records read back as errors naming the key") {
   c->call({"HSET", prefix + ":sched:job", "next", "soon"});
   what = what_of([&] { sched->get("job"); });
   CHECK(what.find("\"next\" is not an integer") != std::string::npos);
+  // A time out of range (years 1-9999) is damage too, not a slot to plan.
+  c->call({"HSET", prefix + ":sched:job", "next", "-9223372036854775807"});
+  what = what_of([&] { sched->get("job"); });
+  CHECK(what.find(prefix + ":sched:job") != std::string::npos);
+  CHECK(what.find("\"next_run_at\"") != std::string::npos);
+  CHECK(code_of([&] {
+          sched->claim("job", "me", botmesh::from_unix_ms(5), 1000ms);
+        })
+        == botmesh::errc::corrupted_record);
   c->call({"RPUSH", prefix + ":log:test:x", "not json"});
   CHECK(code_of([&] { s.messages("test:x", 10); })
         == botmesh::errc::corrupted_record);
