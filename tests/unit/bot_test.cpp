@@ -29,11 +29,11 @@ std::vector<std::string> texts(const std::vector<botmesh::outgoing_message>& v) 
 
 } // namespace
 
-TEST_CASE("keyword, regex and catch-all handlers route in registration order") {
+TEST_CASE("keyword, pattern and catch-all handlers route in registration order") {
   auto p = make_provider();
   botmesh::bot b{{.provider = p}};
   b.hears({"hola", "buenas"}, [](botmesh::context& c) { c.reply("¡Hola!"); });
-  b.hears(std::regex{R"(pedido (\d+))"}, [](botmesh::context& c) {
+  b.hears(botmesh::pattern{R"(pedido (\d+))"}, [](botmesh::context& c) {
     c.reply("pedido " + c.matches().at(1));
   });
   b.on_message([](botmesh::context& c) { c.reply("eco: " + c.text()); });
