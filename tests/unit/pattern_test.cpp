@@ -84,13 +84,13 @@ TEST_CASE("64 KiB adversarial texts are matched without exhausting the stack") {
 
 TEST_CASE("a bot and a flow route 64 KiB messages through their patterns") {
   auto p = std::make_shared<botmesh::testing_provider>();
-  botmesh::bot b{{.provider = p}};
   botmesh::flow f{"big"};
   f.hears(pattern{"^(a+)+$"})
     .step("only", [](botmesh::flow_context& c) -> botmesh::flow_task {
       c.send("flow");
       co_return;
     });
+  botmesh::bot b{{.provider = p}};
   b.add_flow(std::move(f));
   b.hears(pattern{R"(^(\d+)$)"}, [](botmesh::context& c) {
     c.reply("digits " + std::to_string(c.matches().at(1).size()));
