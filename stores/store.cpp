@@ -1,6 +1,11 @@
 #include <botmesh/stores/store.hpp>
 
-#include <random>
+#include <cerrno>
+#include <cstdint>
+
+#include <sys/random.h>
+
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -42,15 +47,38 @@ void check_ttl(std::chrono::milliseconds ttl, std::string_view field) {
       fmt::format("\"{}\" must be positive, got {}ms", field, ttl.count()));
 }
 
+namespace {
+
+// 128 bits from the kernel's generator. Ids, incarnations and lock tokens of
+// different processes must not collide, which a generator seeded with one
+// draw per thread could not promise.
+void random_bits(std::uint64_t (&out)[2]) {
+  auto* p = reinterpret_cast<unsigned char*>(out);
+  std::size_t got = 0;
+  while (got < sizeof(out)) {
+    auto n = ::getrandom(p + got, sizeof(out) - got, 0);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      throw std::system_error(errno, std::generic_category(), "getrandom");
+    }
+    got += static_cast<std::size_t>(n);
+  }
+}
+
+} // namespace
+
 std::string random_token() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  return fmt::format("{:016x}{:016x}", rng(), rng());
+  std::uint64_t r[2];
+  random_bits(r);
+  return fmt::format("{:016x}{:016x}", r[0], r[1]);
 }
 
 std::string random_uuid() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  auto hi = rng();
-  auto lo = rng();
+  std::uint64_t r[2];
+  random_bits(r);
+  auto hi = r[0];
+  auto lo = r[1];
   hi = (hi & 0xFFFFFFFFFFFF0FFFull) | 0x0000000000004000ull; // version 4
   lo = (lo & 0x3FFFFFFFFFFFFFFFull) | 0x8000000000000000ull; // variant 1
   return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", hi >> 32,

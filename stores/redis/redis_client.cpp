@@ -229,12 +229,33 @@ struct request {
   redis_client::callback done;
 };
 
+// The client whose thread this is (connection or subscriber): a callback
+// may drop the last reference to its own client, and a client must not
+// join the thread that destroys it.
+thread_local const void* current_client = nullptr;
+
+// Scripts every connection loads after it connects (see preload()).
+struct preloaded {
+  std::mutex mtx;
+  std::vector<const redis_script*> scripts;
+
+  std::vector<const redis_script*> all() {
+    std::lock_guard guard{mtx};
+    return scripts;
+  }
+};
+
 // One connection and the thread that owns it: its queue is its mailbox.
 class connection {
  public:
-  connection(const endpoint_info& ep, const redis_options& opts,
-             std::string endpoint)
-    : ep_(ep), opts_(opts), endpoint_(std::move(endpoint)) {
+  connection(const void* owner, const endpoint_info& ep,
+             const redis_options& opts, std::string endpoint,
+             std::shared_ptr<preloaded> scripts)
+    : owner_(owner),
+      ep_(ep),
+      opts_(opts),
+      endpoint_(std::move(endpoint)),
+      scripts_(std::move(scripts)) {
     thread_ = std::thread{[this] { loop(); }};
   }
 
@@ -247,6 +268,28 @@ class connection {
     thread_.join();
     if (ctx_)
       redisFree(ctx_);
+  }
+
+  // Queues several requests back to back (they go out in one write), or
+  // fails them all at once while the server is unreachable.
+  void enqueue_many(std::vector<request> rs) {
+    {
+      std::unique_lock guard{mtx_};
+      if (down_ && steady::now() < next_attempt_) {
+        auto why = last_error_;
+        guard.unlock();
+        for (auto& r : rs)
+          r.done({}, std::make_exception_ptr(error(
+                       errc::store_error,
+                       fmt::format("redis {} unavailable ({}): {} not sent",
+                                   endpoint_, why,
+                                   r.cmd.empty() ? "" : r.cmd[0]))));
+        return;
+      }
+      for (auto& r : rs)
+        queue_.push_back(std::move(r));
+    }
+    cv_.notify_one();
   }
 
   void enqueue(request r) {
@@ -272,6 +315,7 @@ class connection {
 
  private:
   void loop() {
+    current_client = owner_;
     std::vector<request> batch;
     for (;;) {
       {
@@ -334,6 +378,11 @@ class connection {
       redisFree(ctx);
       return false;
     }
+    // Scripts are loaded by SHA on every new connection: after a server
+    // restart EVALSHA finds them (a failure here only costs the EVAL
+    // fallback later).
+    for (auto* script : scripts_->all())
+      (void) run_setup(ctx, {"SCRIPT", "LOAD", script->body()});
     ctx_ = ctx;
     last_used_ = steady::now();
     std::lock_guard guard{mtx_};
@@ -342,12 +391,14 @@ class connection {
     return true;
   }
 
+  // A connection that failed while in use: the next command reconnects at
+  // once (a refused or slow attempt then decides the backoff).
   void reset(const std::string& why) {
     if (ctx_) {
       redisFree(ctx_);
       ctx_ = nullptr;
     }
-    mark_down(why);
+    mark_down(why, steady::duration::zero());
   }
 
   // A connection idle for a while may have been closed by the server (a
@@ -421,9 +472,11 @@ class connection {
     last_used_ = steady::now();
   }
 
+  const void* owner_;
   endpoint_info ep_;
   redis_options opts_;
   std::string endpoint_;
+  std::shared_ptr<preloaded> scripts_;
   redisContext* ctx_ = nullptr;
   std::mutex mtx_;
   std::condition_variable cv_;
@@ -443,9 +496,16 @@ class connection {
 // A SUBSCRIBE connection read with poll(), so it can stop without input.
 class subscriber {
  public:
-  subscriber(const endpoint_info& ep, const redis_options& opts,
-             std::string channel, std::function<void(std::string_view)> fn)
-    : ep_(ep), opts_(opts), channel_(std::move(channel)), fn_(std::move(fn)) {
+  subscriber(const void* owner, const endpoint_info& ep,
+             const redis_options& opts, std::string channel,
+             std::function<void(std::string_view)> fn,
+             std::function<void()> on_subscribed)
+    : owner_(owner),
+      ep_(ep),
+      opts_(opts),
+      channel_(std::move(channel)),
+      fn_(std::move(fn)),
+      on_subscribed_(std::move(on_subscribed)) {
     thread_ = std::thread{[this] { loop(); }};
   }
 
@@ -473,6 +533,7 @@ class subscriber {
   }
 
   void loop() {
+    current_client = owner_;
     redisContext* ctx = nullptr;
     auto backoff = std::chrono::milliseconds{50};
     while (!stop_) {
@@ -484,6 +545,9 @@ class subscriber {
           continue;
         }
         backoff = std::chrono::milliseconds{50};
+        // Messages published before this point were not received.
+        if (on_subscribed_)
+          on_subscribed_();
       }
       pollfd pfd{ctx->fd, POLLIN, 0};
       int rc = ::poll(&pfd, 1, 100);
@@ -511,10 +575,12 @@ class subscriber {
       redisFree(ctx);
   }
 
+  const void* owner_;
   endpoint_info ep_;
   redis_options opts_;
   std::string channel_;
   std::function<void(std::string_view)> fn_;
+  std::function<void()> on_subscribed_;
   reader_guard guard_{opts_.max_reply_elements};
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -524,6 +590,7 @@ struct redis_client::impl {
   redis_options opts;
   endpoint_info ep;
   std::string endpoint;
+  std::shared_ptr<preloaded> scripts = std::make_shared<preloaded>();
   std::vector<std::unique_ptr<connection>> conns;
   std::vector<std::unique_ptr<subscriber>> subscribers;
   std::mutex sub_mtx;
@@ -531,6 +598,10 @@ struct redis_client::impl {
 
   connection& pick() {
     return *conns[next.fetch_add(1, std::memory_order_relaxed) % conns.size()];
+  }
+
+  connection& pick(std::string_view affinity) {
+    return *conns[std::hash<std::string_view>{}(affinity) % conns.size()];
   }
 };
 
@@ -542,24 +613,120 @@ redis_client::redis_client(redis_options opts)
   auto n = std::max<std::size_t>(1, impl_->opts.connections);
   for (std::size_t i = 0; i < n; ++i)
     impl_->conns.push_back(std::make_unique<connection>(
-      impl_->ep, impl_->opts, impl_->endpoint));
+      impl_.get(), impl_->ep, impl_->opts, impl_->endpoint, impl_->scripts));
 }
 
-redis_client::~redis_client() = default;
+redis_client::~redis_client() {
+  if (current_client == impl_.get()) {
+    // Destroyed by a callback on one of its own threads: that thread cannot
+    // join itself, so another one takes the client down once the callback
+    // has returned and its loop sees the client closing.
+    std::thread{[i = std::move(impl_)]() mutable { i.reset(); }}.detach();
+  }
+}
 
 const std::string& redis_client::endpoint() const noexcept {
   return impl_->endpoint;
 }
 
 void redis_client::subscribe(std::string channel,
-                             std::function<void(std::string_view)> on_message) {
+                             std::function<void(std::string_view)> on_message,
+                             std::function<void()> on_subscribed) {
   std::lock_guard guard{impl_->sub_mtx};
   impl_->subscribers.push_back(std::make_unique<subscriber>(
-    impl_->ep, impl_->opts, std::move(channel), std::move(on_message)));
+    impl_.get(), impl_->ep, impl_->opts, std::move(channel), std::move(on_message),
+    std::move(on_subscribed)));
 }
 
 void redis_client::async(command cmd, callback done) {
   impl_->pick().enqueue(request{std::move(cmd), std::move(done)});
+}
+
+void redis_client::async(std::string_view affinity, command cmd,
+                         callback done) {
+  impl_->pick(affinity).enqueue(request{std::move(cmd), std::move(done)});
+}
+
+void redis_client::async_batch(std::vector<command> cmds, batch_callback done) {
+  if (cmds.empty()) {
+    done({}, nullptr);
+    return;
+  }
+  // The replies gather here; the last one to arrive completes the batch.
+  struct state {
+    std::mutex mtx;
+    std::vector<redis_reply> replies;
+    std::exception_ptr error;
+    std::size_t left;
+    batch_callback done;
+  };
+  auto st = std::make_shared<state>();
+  st->replies.resize(cmds.size());
+  st->left = cmds.size();
+  st->done = std::move(done);
+  std::vector<request> rs;
+  rs.reserve(cmds.size());
+  for (std::size_t i = 0; i < cmds.size(); ++i)
+    rs.push_back(request{std::move(cmds[i]),
+                         [st, i](redis_reply r, std::exception_ptr e) {
+                           bool last = false;
+                           {
+                             std::lock_guard guard{st->mtx};
+                             if (e && !st->error)
+                               st->error = e;
+                             else if (!e)
+                               st->replies[i] = std::move(r);
+                             last = --st->left == 0;
+                           }
+                           if (!last)
+                             return;
+                           if (st->error)
+                             st->done({}, st->error);
+                           else
+                             st->done(std::move(st->replies), nullptr);
+                         }});
+  impl_->pick().enqueue_many(std::move(rs));
+}
+
+void redis_client::eval_async(std::string_view affinity,
+                              const redis_script& script,
+                              std::vector<std::string> keys,
+                              std::vector<std::string> args, callback done) {
+  auto build = [](std::string verb, const std::string& code,
+                  const std::vector<std::string>& keys,
+                  const std::vector<std::string>& args) {
+    command cmd;
+    cmd.reserve(3 + keys.size() + args.size());
+    cmd.push_back(std::move(verb));
+    cmd.push_back(code);
+    cmd.push_back(std::to_string(keys.size()));
+    cmd.insert(cmd.end(), keys.begin(), keys.end());
+    cmd.insert(cmd.end(), args.begin(), args.end());
+    return cmd;
+  };
+  auto cmd = build("EVALSHA", script.sha(), keys, args);
+  auto& conn = impl_->pick(affinity);
+  conn.enqueue(request{
+    std::move(cmd),
+    [&conn, &script, build, keys = std::move(keys), args = std::move(args),
+     done = std::move(done)](redis_reply r, std::exception_ptr e) mutable {
+      if (!e && r.type == redis_reply::kind::error
+          && r.str.starts_with("NOSCRIPT")) {
+        // Rare (an admin's SCRIPT FLUSH): EVAL also caches it by its SHA.
+        conn.enqueue(request{build("EVAL", script.body(), keys, args),
+                             std::move(done)});
+        return;
+      }
+      done(std::move(r), e);
+    }});
+}
+
+void redis_client::preload(const redis_script& script) {
+  std::lock_guard guard{impl_->scripts->mtx};
+  for (auto* s : impl_->scripts->scripts)
+    if (s == &script)
+      return;
+  impl_->scripts->scripts.push_back(&script);
 }
 
 redis_reply redis_client::call_raw(command cmd) {

@@ -110,6 +110,30 @@ class redis_client {
   /// reply or an exception. It must not block.
   void async(command cmd, callback done);
 
+  /// Same, on the connection chosen by `affinity` (a hash of it): commands
+  /// with the same affinity run in the order they were sent.
+  void async(std::string_view affinity, command cmd, callback done);
+
+  using batch_callback =
+    std::function<void(std::vector<redis_reply>, std::exception_ptr)>;
+
+  /// Sends commands back to back on one connection; `done` runs once, on
+  /// the connection's thread, with every raw reply in order, or with the
+  /// first failure (a lost connection or timeout fails the whole batch).
+  void async_batch(std::vector<command> cmds, batch_callback done);
+
+  /// Runs a script asynchronously (EVALSHA, EVAL on NOSCRIPT) on the
+  /// connection chosen by `affinity`; `done` gets the raw reply (an error
+  /// reply is not turned into an exception).
+  void eval_async(std::string_view affinity, const redis_script& script,
+                  std::vector<std::string> keys, std::vector<std::string> args,
+                  callback done);
+
+  /// Loads `script` on every connection, now and after each reconnect, so
+  /// EVALSHA does not meet NOSCRIPT after a server restart (EVAL stays the
+  /// fallback). The script must outlive the client.
+  void preload(const redis_script& script);
+
   /// Runs a script (EVALSHA, EVAL on NOSCRIPT); throws on an error reply,
   /// naming the script.
   redis_reply eval(const redis_script& script,
@@ -120,10 +144,13 @@ class redis_client {
   /// with a poll() loop (the hiredis 0.14 asynchronous API aborts on sharded
   /// messages). `on_message` runs on that thread with each payload and must
   /// not block. The subscription reconnects after a dropped connection
-  /// (messages in between are lost: pub/sub is at most once). Ends with the
+  /// (messages in between are lost: pub/sub is at most once);
+  /// `on_subscribed` runs on that thread after each (re)subscription, so
+  /// the owner knows when messages may have been missed. Ends with the
   /// client.
   void subscribe(std::string channel,
-                 std::function<void(std::string_view)> on_message);
+                 std::function<void(std::string_view)> on_message,
+                 std::function<void()> on_subscribed = {});
 
   /// "host:port", for messages.
   const std::string& endpoint() const noexcept;
