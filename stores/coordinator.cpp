@@ -1,5 +1,9 @@
 #include <botmesh/stores/coordinator.hpp>
 
+#include <future>
+#include <mutex>
+#include <unordered_map>
+
 #include <botmesh/stores/schedule_store.hpp>
 
 namespace botmesh {
@@ -10,6 +14,69 @@ coordinator::~coordinator() {
 
 namespace {
 
+// Runs one asynchronous operation and waits for its completion.
+template <class T, class F>
+T wait_for(F&& start) {
+  auto p = std::make_shared<std::promise<T>>();
+  auto f = p->get_future();
+  start([p](T value, std::exception_ptr e) {
+    if (e)
+      p->set_exception(e);
+    else
+      p->set_value(std::move(value));
+  });
+  return f.get();
+}
+
+} // namespace
+
+turn_state blocking_coordinator::enter(std::string_view key, std::uint64_t req,
+                                       bool retry) {
+  return wait_for<turn_state>(
+    [&](auto done) { c_.enter(key, req, retry, std::move(done)); });
+}
+
+turn_state blocking_coordinator::poll(std::string_view key, std::uint64_t req) {
+  return wait_for<turn_state>(
+    [&](auto done) { c_.poll(key, req, std::move(done)); });
+}
+
+release_result blocking_coordinator::release(turn_ref t) {
+  return wait_for<release_result>(
+    [&](auto done) { c_.release(std::move(t), std::move(done)); });
+}
+
+bool blocking_coordinator::leave(std::string_view key, std::uint64_t req) {
+  return wait_for<bool>([&](auto done) { c_.leave(key, req, std::move(done)); });
+}
+
+bool blocking_coordinator::skip_if_dead(std::string_view key,
+                                        std::string_view incarnation) {
+  return wait_for<bool>(
+    [&](auto done) { c_.skip_if_dead(key, incarnation, std::move(done)); });
+}
+
+renewal_result blocking_coordinator::renew(renewal r) {
+  return wait_for<renewal_result>(
+    [&](auto done) { c_.renew(std::move(r), std::move(done)); });
+}
+
+std::optional<leadership> blocking_coordinator::lead(std::string_view name) {
+  renewal r;
+  r.leads.emplace_back(name);
+  auto res = renew(std::move(r));
+  return res.leads.empty() ? std::nullopt : res.leads.front();
+}
+
+bool blocking_coordinator::unlead(std::string_view name, std::uint64_t fence) {
+  return wait_for<bool>(
+    [&](auto done) { c_.unlead(name, fence, std::move(done)); });
+}
+
+namespace {
+
+// The scheduler's leader lease on the coordinator's leaderships. Its calls
+// come from the scheduler's own thread, which may block.
 class coordinator_lease final : public lease_provider {
  public:
   explicit coordinator_lease(std::shared_ptr<coordinator> c)
@@ -20,18 +87,33 @@ class coordinator_lease final : public lease_provider {
   std::optional<std::uint64_t> try_acquire(std::string_view name,
                                            std::string_view, time_point,
                                            std::chrono::milliseconds) override {
-    if (auto l = c_->try_lead(name))
-      return l->fence;
-    return std::nullopt;
+    auto l = blocking_coordinator{*c_}.lead(name);
+    std::lock_guard guard{mtx_};
+    if (!l) {
+      fences_.erase(std::string{name});
+      return std::nullopt;
+    }
+    fences_[std::string{name}] = l->fence;
+    return l->fence;
   }
 
   void release(std::string_view name, std::string_view) override {
-    if (auto l = c_->try_lead(name))
-      c_->release_lead(*l);
+    std::uint64_t fence = 0;
+    {
+      std::lock_guard guard{mtx_};
+      auto i = fences_.find(std::string{name});
+      if (i == fences_.end())
+        return;
+      fence = i->second;
+      fences_.erase(i);
+    }
+    blocking_coordinator{*c_}.unlead(name, fence);
   }
 
  private:
   std::shared_ptr<coordinator> c_;
+  std::mutex mtx_;
+  std::unordered_map<std::string, std::uint64_t> fences_;
 };
 
 } // namespace

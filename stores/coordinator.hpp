@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,20 +14,52 @@
 
 namespace botmesh {
 
-/// A chat's turn, held by one replica at a time.
-struct turn {
+/// Where one request for a chat's turn stands.
+///
+/// Instants ending in `_ms` are milliseconds on the backend's clock (the
+/// Redis server's, or the memory hub's): a replica never compares them with
+/// its own clock directly. `now_ms` is the backend's clock when the answer
+/// was made, so `deadline_ms - now_ms` is how long the turn still holds from
+/// then; counted from when the request *left* the replica (which was
+/// earlier), it gives a lease the replica may safely assume.
+struct turn_state {
+  enum class status : std::uint8_t {
+    /// The turn is this request's: `fence`, `previous_holder`, `deadline_ms`.
+    granted,
+    /// Queued behind `blocker` (the incarnation holding the chat, or of the
+    /// ticket ahead).
+    waiting,
+    /// No longer queued: given up, skipped as dead, or its turn expired.
+    gone,
+  };
+
+  status state = status::gone;
   std::string key{};
-  /// The ticket this turn was granted for.
+  /// The request, unique per incarnation (see `coordinator::enter`).
+  std::uint64_t req = 0;
+  /// Position in the chat's queue (grows per chat while the chat is active).
   std::uint64_t ticket = 0;
-  /// Grows with every grant of the chat (and never goes back, also after the
-  /// chat's state was evicted): writes fenced by it reject a stale holder.
+  /// Grows with every grant of the chat and never goes back, also after an
+  /// idle chat's state expired: writes fenced by it reject a stale holder.
   std::uint64_t fence = 0;
-  /// The replica that held the chat's previous turn; nothing when unknown
-  /// (a new or evicted chat). Another replica means: drop in-memory copies
-  /// of the conversation and read its checkpoint.
+  /// The replica that held the chat's previous turn; nothing when unknown (a
+  /// new chat, or one idle long enough to be forgotten). Another replica
+  /// means: drop in-memory copies of the conversation, read its checkpoint.
   std::optional<std::string> previous_holder{};
-  /// When the turn expires unless renewed.
-  time_point deadline{};
+  std::int64_t deadline_ms = 0;
+  std::int64_t now_ms = 0;
+  std::string blocker{};
+
+  bool granted() const noexcept {
+    return state == status::granted;
+  }
+};
+
+/// A held turn, identified everywhere by its chat and fence: a late answer
+/// about a chat's previous turn never touches the next one.
+struct turn_ref {
+  std::string key{};
+  std::uint64_t fence = 0;
 };
 
 /// A leadership (exclusive transport, scheduler leader).
@@ -33,22 +67,70 @@ struct leadership {
   std::string name{};
   /// Grows with every new holder of the name.
   std::uint64_t fence = 0;
-  time_point deadline{};
+  /// Backend-clock expiry unless renewed, and the backend clock then.
+  std::int64_t deadline_ms = 0;
+  std::int64_t now_ms = 0;
+};
+
+/// What a replica renews every lease/3, in one batch.
+struct renewal {
+  std::vector<turn_ref> turns{};
+  /// Names to take or keep leading.
+  std::vector<std::string> leads{};
+};
+
+struct renewal_result {
+  /// The backend clock when the batch ran.
+  std::int64_t now_ms = 0;
+  /// Per turn of the request, in order: its new deadline, or 0 when lost
+  /// (expired, taken over, or released).
+  std::vector<std::int64_t> turns{};
+  /// Per name: the leadership, or nothing while another replica leads.
+  std::vector<std::optional<leadership>> leads{};
+};
+
+struct release_result {
+  /// False when the turn was no longer held (expired or released before).
+  bool released = false;
+  /// When the next ticket belongs to this incarnation, its grant (it is
+  /// pushed as well; the two are the same grant).
+  std::optional<turn_state> next{};
+  std::int64_t now_ms = 0;
 };
 
 /// Decides which replica processes each chat, and which one leads a name.
 ///
-/// The per-chat protocol: a replica takes a ticket for every message (after
-/// persisting it), then asks for the turn with that ticket. Turns are
-/// granted in ticket order, whatever the replica, one holder at a time.
-/// Tickets and turns of a replica whose heartbeat is gone are skipped;
-/// a turn not renewed within the lease is lost. Every coordinator instance
-/// has its own incarnation, so a restarted replica with the same replica id
-/// never inherits the dead process's turns.
+/// Per chat: a replica `enter`s the chat's queue once per message (after
+/// persisting it). The turn is granted at once when nobody holds or waits
+/// for the chat; otherwise the request waits. Releasing a turn grants it
+/// to the next ticket, whatever the replica, and pushes that grant to the
+/// replica that owns the ticket only (`on_grant`); `poll` is the safety net
+/// for a push lost on the way. One holder at a time; a turn not renewed
+/// within the lease expires and is passed on. A replica whose heartbeat is
+/// gone is skipped (`skip_if_dead`). Every coordinator instance has its own
+/// incarnation, so a restarted replica with the same replica id never
+/// inherits the dead process's tickets or turns.
 ///
-/// Failures throw `coordination_unavailable_error`.
+/// Idempotence is what makes lost replies harmless: an `enter` retried with
+/// the same request id gets the same ticket or grant, `release` is keyed by
+/// fence, `leave` by request id. So a caller that lost a reply repeats the
+/// call until it gets one, and never leaves a ticket or turn behind.
+///
+/// The asynchronous face: every operation returns at once and calls `done`
+/// exactly once, from a backend thread (or the caller's own, for the memory
+/// hub), with a result or an exception (`coordination_unavailable_error`,
+/// or `botmesh::error` with `errc::timeout` for a reply that never came —
+/// the request may or may not have run). `done` must not block. Operations
+/// on one chat issued by one caller run in the order they were issued.
+///
+/// `blocking_coordinator` gives the same operations as blocking calls, for
+/// tools, tests and threads that may block.
 class coordinator {
  public:
+  template <class T>
+  using completion = std::function<void(T, std::exception_ptr)>;
+  using grant_listener = std::function<void(turn_state)>;
+
   virtual ~coordinator();
 
   virtual const std::string& replica_id() const noexcept = 0;
@@ -58,43 +140,86 @@ class coordinator {
 
   virtual std::chrono::milliseconds lease() const noexcept = 0;
 
-  /// Takes the next ticket in the chat's queue.
-  virtual std::uint64_t take_ticket(std::string_view key) = 0;
+  /// Takes a ticket for request `req` (unique per incarnation; the caller
+  /// counts) of chat `key`; granted at once when nobody holds or waits.
+  /// `retry`: an earlier call for the same request may have run (its reply
+  /// was lost), so its ticket or grant is looked for first and returned
+  /// again instead of taking a second ticket.
+  virtual void enter(std::string_view key, std::uint64_t req, bool retry,
+                     completion<turn_state> done)
+    = 0;
 
-  /// Grants the turn when `ticket` is the next to serve and nobody holds
-  /// the chat (earlier tickets of dead replicas or given up are skipped).
-  virtual std::optional<turn> try_acquire(std::string_view key,
-                                          std::uint64_t ticket) = 0;
+  /// Where request `req` stands now. An expired holder is replaced on the
+  /// way, so a grant lost in transit is found here.
+  virtual void poll(std::string_view key, std::uint64_t req,
+                    completion<turn_state> done)
+    = 0;
 
-  /// Renews this replica's heartbeat and the turns it holds; returns the
-  /// keys of turns that were lost (expired or taken over).
-  virtual std::vector<std::string> renew(const std::vector<turn>& held) = 0;
+  /// Ends the turn `t` of this incarnation and grants the next ticket.
+  virtual void release(turn_ref t, completion<release_result> done) = 0;
 
-  /// Ends a turn; the next ticket is served. False for a turn no longer held.
-  virtual bool release(const turn& t) = 0;
+  /// Gives up request `req`: its queued ticket, or its turn when it was
+  /// granted meanwhile (then released as by `release`). True when something
+  /// was given up.
+  virtual void leave(std::string_view key, std::uint64_t req,
+                     completion<bool> done)
+    = 0;
 
-  /// Gives up a ticket that will not be used.
-  virtual void cancel_ticket(std::string_view key, std::uint64_t ticket) = 0;
+  /// When `incarnation`'s heartbeat is gone, skips it in chat `key`: its
+  /// turn and its queued tickets; true when something was skipped.
+  virtual void skip_if_dead(std::string_view key, std::string_view incarnation,
+                            completion<bool> done)
+    = 0;
 
-  /// Takes or renews the leadership of `name`; nothing while another live
-  /// replica leads it.
-  virtual std::optional<leadership> try_lead(std::string_view name) = 0;
+  /// Renews this incarnation's heartbeat, the turns and the leaderships of
+  /// `r` in one batch (one round trip).
+  virtual void renew(renewal r, completion<renewal_result> done) = 0;
 
-  /// Gives a leadership up.
-  virtual void release_lead(const leadership& l) = 0;
+  /// Gives a leadership up if this incarnation holds it at `fence`.
+  virtual void unlead(std::string_view name, std::uint64_t fence,
+                      completion<bool> done)
+    = 0;
 
-  /// Blocks until the chat's queue may have moved (a release, a cancel) or
-  /// `timeout` passes: the push that wakes a waiting replica. Callers keep
-  /// polling as a safety net.
-  virtual void wait_change(std::string_view key,
-                           std::chrono::milliseconds timeout) = 0;
+  /// Where grants for this incarnation's tickets arrive when another
+  /// request (a release, a leave, an expiry) granted them: called from a
+  /// backend thread, must not block. Set once, before the first `enter`.
+  virtual void on_grant(grant_listener fn) = 0;
+
+  /// Grows each time the push channel is (re)established. A request that
+  /// entered while it was some other value may have missed its push: poll
+  /// it. 0 while there is no channel.
+  virtual std::uint64_t push_epoch() const noexcept = 0;
+};
+
+/// The coordinator's operations as blocking calls. Throws
+/// `coordination_unavailable_error` (or `botmesh::error` with
+/// `errc::timeout`). Never from a CAF worker or a handler waiting for a
+/// turn: for tools, tests and the scheduler's own thread.
+class blocking_coordinator {
+ public:
+  explicit blocking_coordinator(coordinator& c) : c_(c) {
+    // nop
+  }
+
+  turn_state enter(std::string_view key, std::uint64_t req, bool retry = false);
+  turn_state poll(std::string_view key, std::uint64_t req);
+  release_result release(turn_ref t);
+  bool leave(std::string_view key, std::uint64_t req);
+  bool skip_if_dead(std::string_view key, std::string_view incarnation);
+  renewal_result renew(renewal r);
+  /// Takes or keeps the leadership of `name` (renewing the heartbeat).
+  std::optional<leadership> lead(std::string_view name);
+  bool unlead(std::string_view name, std::uint64_t fence);
+
+ private:
+  coordinator& c_;
 };
 
 class lease_provider;
 
 /// The coordinator's leaderships as a scheduler leader lease (the default
-/// `scheduler.lease` of a bot with coordination). The coordinator renews
-/// its own leaderships on each call; `ttl` is the coordinator's lease.
+/// `scheduler.lease` of a bot with coordination); `ttl` is the
+/// coordinator's lease.
 std::shared_ptr<lease_provider>
 make_coordinator_lease(std::shared_ptr<coordinator> c);
 

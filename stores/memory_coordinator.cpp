@@ -1,8 +1,8 @@
 #include <botmesh/stores/memory_coordinator.hpp>
 
-#include <condition_variable>
+#include <algorithm>
+#include <deque>
 #include <list>
-#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -13,22 +13,26 @@
 
 namespace botmesh {
 
-
-
 namespace {
+
+struct ticket_entry {
+  std::uint64_t ticket = 0;
+  std::string incarnation;
+  std::uint64_t req = 0;
+};
 
 struct holder {
   std::string incarnation;
-  std::string replica;
+  std::uint64_t req = 0;
   std::uint64_t ticket = 0;
   std::uint64_t fence = 0;
+  std::optional<std::string> previous;
   time_point deadline{};
 };
 
 struct chat_state {
-  std::uint64_t seq = 0;     // last ticket handed out
-  std::uint64_t serving = 1; // next ticket to serve
-  std::map<std::uint64_t, std::string> pending; // ticket -> incarnation
+  std::uint64_t seq = 0; // last ticket handed out
+  std::deque<ticket_entry> queue;
   std::optional<holder> owner;
   std::optional<std::string> last; // replica of the previous holder
   bool idle_listed = false;
@@ -41,6 +45,31 @@ struct lead_state {
   std::uint64_t term = 0;
 };
 
+struct member {
+  std::string replica;
+  std::chrono::milliseconds lease{};
+  time_point heartbeat{};
+  std::shared_ptr<coordinator::grant_listener> listener;
+};
+
+// A grant to hand to a listener once the hub's lock is released.
+struct push {
+  std::shared_ptr<coordinator::grant_listener> listener;
+  turn_state grant;
+};
+
+using pushes = std::vector<push>;
+
+void deliver(pushes& ps) {
+  for (auto& p : ps)
+    if (p.listener && *p.listener)
+      (*p.listener)(std::move(p.grant));
+}
+
+std::int64_t ms(time_point t) {
+  return to_unix_ms(t);
+}
+
 } // namespace
 
 struct memory_coordination_hub::impl {
@@ -50,27 +79,60 @@ struct memory_coordination_hub::impl {
   }
 
   bool alive(const std::string& incarnation, time_point now) const {
-    auto i = heartbeats.find(incarnation);
-    return i != heartbeats.end() && i->second > now;
+    auto i = members.find(incarnation);
+    return i != members.end() && i->second.heartbeat > now;
   }
 
-  // Drops an expired or dead holder and skips tickets that will never be
-  // served (given up, or of a replica whose heartbeat is gone).
-  void normalize(chat_state& c, time_point now) {
-    if (c.owner && (c.owner->deadline <= now || !alive(c.owner->incarnation, now))) {
-      c.last = c.owner->replica;
-      c.serving = std::max(c.serving, c.owner->ticket + 1);
-      c.owner.reset();
-      cv.notify_all();
+  turn_state granted(const std::string& key, const holder& h,
+                     time_point now) const {
+    turn_state s;
+    s.state = turn_state::status::granted;
+    s.key = key;
+    s.req = h.req;
+    s.ticket = h.ticket;
+    s.fence = h.fence;
+    s.previous_holder = h.previous;
+    s.deadline_ms = ms(h.deadline);
+    s.now_ms = ms(now);
+    return s;
+  }
+
+  // Grants the turn to the first queued ticket (not of `skip`), pushing the
+  // grant to the replica that owns it.
+  void grant_next(const std::string& key, chat_state& c, time_point now,
+                  const std::string& skip, pushes& out) {
+    while (!c.owner && !c.queue.empty()) {
+      auto e = std::move(c.queue.front());
+      c.queue.pop_front();
+      if (!skip.empty() && e.incarnation == skip)
+        continue;
+      auto m = members.find(e.incarnation);
+      auto lease = m != members.end() ? m->second.lease
+                                      : std::chrono::milliseconds{15'000};
+      c.owner = holder{e.incarnation, e.req, e.ticket, ++fences, c.last,
+                       now + lease};
+      if (m != members.end())
+        out.push_back(push{m->second.listener, granted(key, *c.owner, now)});
     }
-    while (!c.owner && c.serving <= c.seq) {
-      auto it = c.pending.find(c.serving);
-      if (it != c.pending.end() && alive(it->second, now))
-        break;
-      if (it != c.pending.end())
-        c.pending.erase(it);
-      ++c.serving;
-    }
+  }
+
+  // An owner past its deadline loses the turn; its incarnation's tickets
+  // queued behind it go with it (it stopped renewing: it is dead or frozen).
+  void expire(const std::string& key, chat_state& c, time_point now,
+              pushes& out) {
+    if (!c.owner || c.owner->deadline > now)
+      return;
+    auto gone = c.owner->incarnation;
+    c.last = replica_of(gone);
+    c.owner.reset();
+    grant_next(key, c, now, gone, out);
+  }
+
+  std::optional<std::string> replica_of(const std::string& incarnation) const {
+    auto i = members.find(incarnation);
+    if (i == members.end())
+      return std::nullopt;
+    return i->second.replica;
   }
 
   chat_state& chat(const std::string& key) {
@@ -86,7 +148,7 @@ struct memory_coordination_hub::impl {
   // idle chats beyond the bound. Fences come from one hub-wide counter, so
   // they stay monotonic for a recreated chat.
   void settle(const std::string& key, chat_state& c) {
-    if (c.owner || !c.pending.empty() || c.idle_listed)
+    if (c.owner || !c.queue.empty() || c.idle_listed)
       return;
     idle.push_back(key);
     c.idle_listed = true;
@@ -100,10 +162,9 @@ struct memory_coordination_hub::impl {
   memory_hub_options opts;
   const botmesh::clock* clk;
   mutable std::mutex mtx;
-  std::condition_variable cv;
   std::unordered_map<std::string, chat_state> chats;
   std::list<std::string> idle; // front: least recently used
-  std::unordered_map<std::string, time_point> heartbeats; // by incarnation
+  std::unordered_map<std::string, member> members; // by incarnation
   std::unordered_map<std::string, lead_state> leads;
   std::uint64_t fences = 0;
 };
@@ -130,19 +191,31 @@ memory_coordinator::memory_coordinator(memory_coordination_hub& hub,
     throw invalid_argument_error("lease", "the coordinator lease must be "
                                           "positive");
   std::lock_guard guard{hub_->mtx};
-  hub_->heartbeats[incarnation_] = hub_->clk->now() + lease_;
+  auto& m = hub_->members[incarnation_];
+  m.replica = replica_id_;
+  m.lease = lease_;
+  m.heartbeat = hub_->clk->now() + lease_;
 }
 
-memory_coordinator::~memory_coordinator() = default;
+memory_coordinator::~memory_coordinator() {
+  std::lock_guard guard{hub_->mtx};
+  if (auto i = hub_->members.find(incarnation_); i != hub_->members.end())
+    i->second.listener.reset();
+}
 
 void memory_coordinator::crash() {
   crashed_ = true;
+  std::lock_guard guard{hub_->mtx};
+  if (auto i = hub_->members.find(incarnation_); i != hub_->members.end())
+    i->second.listener.reset();
 }
 
-void memory_coordinator::check_alive() const {
-  if (crashed_)
-    throw coordination_unavailable_error(
-      fmt::format("replica {} crashed (simulated)", replica_id_));
+bool memory_coordinator::crashed(std::exception_ptr& err) const {
+  if (!crashed_)
+    return false;
+  err = std::make_exception_ptr(coordination_unavailable_error(
+    fmt::format("replica {} crashed (simulated)", replica_id_)));
+  return true;
 }
 
 const std::string& memory_coordinator::replica_id() const noexcept {
@@ -157,142 +230,277 @@ std::chrono::milliseconds memory_coordinator::lease() const noexcept {
   return lease_;
 }
 
-std::uint64_t memory_coordinator::take_ticket(std::string_view key) {
-  check_alive();
+void memory_coordinator::on_grant(grant_listener fn) {
+  std::lock_guard guard{hub_->mtx};
+  hub_->members[incarnation_].listener
+    = std::make_shared<grant_listener>(std::move(fn));
+}
+
+std::uint64_t memory_coordinator::push_epoch() const noexcept {
+  return 1;
+}
+
+namespace {
+
+turn_state waiting(const std::string& key, const chat_state& c,
+                   const ticket_entry& e, time_point now) {
+  turn_state s;
+  s.state = turn_state::status::waiting;
+  s.key = key;
+  s.req = e.req;
+  s.ticket = e.ticket;
+  s.now_ms = ms(now);
+  if (c.owner)
+    s.blocker = c.owner->incarnation;
+  else if (!c.queue.empty())
+    s.blocker = c.queue.front().incarnation;
+  return s;
+}
+
+turn_state gone(const std::string& key, std::uint64_t req, time_point now) {
+  turn_state s;
+  s.key = key;
+  s.req = req;
+  s.now_ms = ms(now);
+  return s;
+}
+
+} // namespace
+
+void memory_coordinator::enter(std::string_view key, std::uint64_t req,
+                               bool, completion<turn_state> done) {
+  std::exception_ptr err;
+  if (crashed(err))
+    return done({}, err);
   detail::check_key(key);
-  std::lock_guard guard{hub_->mtx};
-  auto k = std::string{key};
-  hub_->heartbeats[incarnation_] = hub_->clk->now() + lease_;
-  auto& c = hub_->chat(k);
-  auto ticket = ++c.seq;
-  c.pending[ticket] = incarnation_;
-  return ticket;
-}
-
-std::optional<turn> memory_coordinator::try_acquire(std::string_view key,
-                                                    std::uint64_t ticket) {
-  check_alive();
-  std::lock_guard guard{hub_->mtx};
-  auto now = hub_->clk->now();
-  auto k = std::string{key};
-  hub_->heartbeats[incarnation_] = now + lease_;
-  auto& c = hub_->chat(k);
-  hub_->normalize(c, now);
-  auto mine = c.pending.find(ticket);
-  if (mine == c.pending.end() || mine->second != incarnation_) {
-    hub_->settle(k, c);
-    throw coordination_unavailable_error(
-      fmt::format("chat {}: ticket {} is no longer in the queue (skipped as "
-                  "dead or given up)",
-                  key, ticket));
-  }
-  if (c.owner || c.serving != ticket)
-    return std::nullopt;
-  c.pending.erase(mine);
-  c.owner = holder{incarnation_, replica_id_, ticket, ++hub_->fences,
-                   now + lease_};
-  return turn{k, ticket, c.owner->fence, c.last, c.owner->deadline};
-}
-
-std::vector<std::string>
-memory_coordinator::renew(const std::vector<turn>& held) {
-  check_alive();
-  std::lock_guard guard{hub_->mtx};
-  auto now = hub_->clk->now();
-  hub_->heartbeats[incarnation_] = now + lease_;
-  std::vector<std::string> lost;
-  for (auto& t : held) {
-    auto i = hub_->chats.find(t.key);
-    if (i == hub_->chats.end()) {
-      lost.push_back(t.key);
-      continue;
+  turn_state out;
+  pushes ps;
+  {
+    std::lock_guard guard{hub_->mtx};
+    auto& h = *hub_;
+    auto now = h.clk->now();
+    auto k = std::string{key};
+    h.members[incarnation_].heartbeat = now + lease_;
+    auto& c = h.chat(k);
+    h.expire(k, c, now, ps);
+    auto mine = [&](const auto& x) {
+      return x.incarnation == incarnation_ && x.req == req;
+    };
+    if (c.owner && mine(*c.owner)) {
+      out = h.granted(k, *c.owner, now); // a retry: the same grant
+    } else if (auto i = std::find_if(c.queue.begin(), c.queue.end(), mine);
+               i != c.queue.end()) {
+      out = waiting(k, c, *i, now); // a retry: the same ticket
+    } else if (!c.owner && c.queue.empty()) {
+      c.owner = holder{incarnation_, req, ++c.seq, ++h.fences, c.last,
+                       now + lease_};
+      out = h.granted(k, *c.owner, now);
+    } else {
+      h.grant_next(k, c, now, {}, ps);
+      c.queue.push_back(ticket_entry{++c.seq, incarnation_, req});
+      out = waiting(k, c, c.queue.back(), now);
     }
-    auto& c = i->second;
-    if (c.owner && c.owner->deadline <= now) // expired before this renewal
-      hub_->normalize(c, now);
-    if (!c.owner || c.owner->incarnation != incarnation_
-        || c.owner->fence != t.fence) {
-      lost.push_back(t.key);
-      continue;
+  }
+  deliver(ps);
+  done(std::move(out), nullptr);
+}
+
+void memory_coordinator::poll(std::string_view key, std::uint64_t req,
+                              completion<turn_state> done) {
+  std::exception_ptr err;
+  if (crashed(err))
+    return done({}, err);
+  turn_state out;
+  pushes ps;
+  {
+    std::lock_guard guard{hub_->mtx};
+    auto& h = *hub_;
+    auto now = h.clk->now();
+    auto k = std::string{key};
+    h.members[incarnation_].heartbeat = now + lease_;
+    out = gone(k, req, now);
+    if (auto i = h.chats.find(k); i != h.chats.end()) {
+      auto& c = i->second;
+      h.expire(k, c, now, ps);
+      auto mine = [&](const auto& x) {
+        return x.incarnation == incarnation_ && x.req == req;
+      };
+      if (c.owner && mine(*c.owner))
+        out = h.granted(k, *c.owner, now);
+      else if (auto q = std::find_if(c.queue.begin(), c.queue.end(), mine);
+               q != c.queue.end())
+        out = waiting(k, c, *q, now);
+      h.settle(k, c);
     }
-    c.owner->deadline = now + lease_;
   }
-  return lost;
+  deliver(ps);
+  done(std::move(out), nullptr);
 }
 
-bool memory_coordinator::release(const turn& t) {
-  check_alive();
-  std::lock_guard guard{hub_->mtx};
-  auto i = hub_->chats.find(t.key);
-  if (i == hub_->chats.end())
-    return false;
-  auto& c = i->second;
-  if (!c.owner || c.owner->incarnation != incarnation_
-      || c.owner->fence != t.fence)
-    return false;
-  c.last = replica_id_;
-  c.serving = std::max(c.serving, c.owner->ticket + 1);
-  c.owner.reset();
-  hub_->normalize(c, hub_->clk->now());
-  hub_->settle(t.key, c);
-  hub_->cv.notify_all();
-  return true;
-}
-
-void memory_coordinator::cancel_ticket(std::string_view key,
-                                       std::uint64_t ticket) {
-  check_alive();
-  std::lock_guard guard{hub_->mtx};
-  auto i = hub_->chats.find(std::string{key});
-  if (i == hub_->chats.end())
-    return;
-  auto& c = i->second;
-  auto p = c.pending.find(ticket);
-  if (p == c.pending.end() || p->second != incarnation_)
-    return;
-  c.pending.erase(p);
-  hub_->normalize(c, hub_->clk->now());
-  hub_->settle(i->first, c);
-  hub_->cv.notify_all();
-}
-
-std::optional<leadership> memory_coordinator::try_lead(std::string_view name) {
-  check_alive();
-  detail::check_key(name, "name");
-  std::lock_guard guard{hub_->mtx};
-  auto now = hub_->clk->now();
-  hub_->heartbeats[incarnation_] = std::max(hub_->heartbeats[incarnation_],
-                                            now + lease_);
-  auto& l = hub_->leads[std::string{name}];
-  bool mine = l.incarnation == incarnation_ && l.deadline > now;
-  if (!mine) {
-    bool free = l.incarnation.empty() || l.deadline <= now
-                || !hub_->alive(l.incarnation, now);
-    if (!free)
-      return std::nullopt;
-    l.incarnation = incarnation_;
-    ++l.term;
+void memory_coordinator::release(turn_ref t, completion<release_result> done) {
+  std::exception_ptr err;
+  if (crashed(err))
+    return done({}, err);
+  release_result out;
+  pushes ps;
+  {
+    std::lock_guard guard{hub_->mtx};
+    auto& h = *hub_;
+    auto now = h.clk->now();
+    out.now_ms = ms(now);
+    if (auto i = h.chats.find(t.key); i != h.chats.end()) {
+      auto& c = i->second;
+      if (c.owner && c.owner->incarnation == incarnation_
+          && c.owner->fence == t.fence && c.owner->deadline > now) {
+        c.last = replica_id_;
+        c.owner.reset();
+        out.released = true;
+      }
+      h.expire(t.key, c, now, ps);
+      h.grant_next(t.key, c, now, {}, ps);
+      // The next grant, when it is ours, travels in the reply too.
+      if (c.owner && c.owner->incarnation == incarnation_)
+        out.next = h.granted(t.key, *c.owner, now);
+      h.settle(t.key, c);
+    }
   }
-  l.deadline = now + lease_;
-  return leadership{std::string{name}, l.term, l.deadline};
+  deliver(ps);
+  done(std::move(out), nullptr);
 }
 
-void memory_coordinator::release_lead(const leadership& lead) {
-  check_alive();
-  std::lock_guard guard{hub_->mtx};
-  auto i = hub_->leads.find(lead.name);
-  if (i != hub_->leads.end() && i->second.incarnation == incarnation_
-      && i->second.term == lead.fence) {
-    i->second.incarnation.clear();
-    hub_->cv.notify_all();
+void memory_coordinator::leave(std::string_view key, std::uint64_t req,
+                               completion<bool> done) {
+  std::exception_ptr err;
+  if (crashed(err))
+    return done({}, err);
+  bool left = false;
+  pushes ps;
+  {
+    std::lock_guard guard{hub_->mtx};
+    auto& h = *hub_;
+    auto now = h.clk->now();
+    auto k = std::string{key};
+    if (auto i = h.chats.find(k); i != h.chats.end()) {
+      auto& c = i->second;
+      if (c.owner && c.owner->incarnation == incarnation_
+          && c.owner->req == req) {
+        c.last = replica_id_;
+        c.owner.reset();
+        left = true;
+      } else {
+        auto q = std::find_if(c.queue.begin(), c.queue.end(), [&](auto& e) {
+          return e.incarnation == incarnation_ && e.req == req;
+        });
+        if (q != c.queue.end()) {
+          c.queue.erase(q);
+          left = true;
+        }
+      }
+      h.expire(k, c, now, ps);
+      h.grant_next(k, c, now, {}, ps);
+      h.settle(k, c);
+    }
   }
+  deliver(ps);
+  done(std::move(left), nullptr);
 }
 
-void memory_coordinator::wait_change(std::string_view,
-                                     std::chrono::milliseconds timeout) {
-  check_alive();
-  std::unique_lock guard{hub_->mtx};
-  hub_->cv.wait_for(guard, timeout);
+void memory_coordinator::skip_if_dead(std::string_view key,
+                                      std::string_view incarnation,
+                                      completion<bool> done) {
+  std::exception_ptr err;
+  if (crashed(err))
+    return done({}, err);
+  bool skipped = false;
+  pushes ps;
+  {
+    std::lock_guard guard{hub_->mtx};
+    auto& h = *hub_;
+    auto now = h.clk->now();
+    auto k = std::string{key};
+    auto dead = std::string{incarnation};
+    auto i = h.chats.find(k);
+    if (i != h.chats.end() && !h.alive(dead, now)) {
+      auto& c = i->second;
+      if (c.owner && c.owner->incarnation == dead) {
+        c.last = h.replica_of(dead);
+        c.owner.reset();
+        skipped = true;
+      }
+      auto before = c.queue.size();
+      std::erase_if(c.queue,
+                    [&](const ticket_entry& e) { return e.incarnation == dead; });
+      skipped = skipped || c.queue.size() != before;
+      h.grant_next(k, c, now, {}, ps);
+      h.settle(k, c);
+    }
+  }
+  deliver(ps);
+  done(std::move(skipped), nullptr);
+}
+
+void memory_coordinator::renew(renewal r, completion<renewal_result> done) {
+  std::exception_ptr err;
+  if (crashed(err))
+    return done({}, err);
+  renewal_result out;
+  pushes ps;
+  {
+    std::lock_guard guard{hub_->mtx};
+    auto& h = *hub_;
+    auto now = h.clk->now();
+    out.now_ms = ms(now);
+    h.members[incarnation_].heartbeat = now + lease_;
+    for (auto& t : r.turns) {
+      std::int64_t deadline = 0;
+      if (auto i = h.chats.find(t.key); i != h.chats.end()) {
+        auto& c = i->second;
+        h.expire(t.key, c, now, ps);
+        if (c.owner && c.owner->incarnation == incarnation_
+            && c.owner->fence == t.fence) {
+          c.owner->deadline = now + lease_;
+          deadline = ms(c.owner->deadline);
+        }
+      }
+      out.turns.push_back(deadline);
+    }
+    for (auto& name : r.leads) {
+      auto& l = h.leads[name];
+      bool mine = l.incarnation == incarnation_ && l.deadline > now;
+      if (!mine) {
+        bool free = l.incarnation.empty() || l.deadline <= now
+                    || !h.alive(l.incarnation, now);
+        if (!free) {
+          out.leads.emplace_back();
+          continue;
+        }
+        l.incarnation = incarnation_;
+        ++l.term;
+      }
+      l.deadline = now + lease_;
+      out.leads.push_back(leadership{name, l.term, ms(l.deadline), ms(now)});
+    }
+  }
+  deliver(ps);
+  done(std::move(out), nullptr);
+}
+
+void memory_coordinator::unlead(std::string_view name, std::uint64_t fence,
+                                completion<bool> done) {
+  std::exception_ptr err;
+  if (crashed(err))
+    return done({}, err);
+  bool released = false;
+  {
+    std::lock_guard guard{hub_->mtx};
+    auto i = hub_->leads.find(std::string{name});
+    if (i != hub_->leads.end() && i->second.incarnation == incarnation_
+        && i->second.term == fence) {
+      i->second.incarnation.clear();
+      released = true;
+    }
+  }
+  done(std::move(released), nullptr);
 }
 
 } // namespace botmesh

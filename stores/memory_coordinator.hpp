@@ -44,34 +44,40 @@ struct memory_coordinator_options {
 };
 
 /// A replica's coordinator on a memory hub. Every call it makes refreshes
-/// its heartbeat (as the lease actor's renewals do with Redis).
+/// its heartbeat (as the lease actor's renewals do with Redis). Completions
+/// and pushed grants run on the calling thread, after the hub's lock is
+/// released; pushes never get lost (`push_epoch` stays 1).
 class memory_coordinator final : public coordinator {
  public:
   memory_coordinator(memory_coordination_hub& hub,
                      memory_coordinator_options opts = {});
   ~memory_coordinator() override;
 
-  /// Simulates this replica dying: it stops renewing and every later call
-  /// throws `coordination_unavailable_error`; its tickets and turns are
-  /// skipped once its lease has passed.
+  /// Simulates this replica dying: it stops renewing, gets no more pushes,
+  /// and every later call fails with `coordination_unavailable_error`; its
+  /// tickets and turns are passed on once its lease has run out.
   void crash();
 
   const std::string& replica_id() const noexcept override;
   const std::string& incarnation() const noexcept override;
   std::chrono::milliseconds lease() const noexcept override;
-  std::uint64_t take_ticket(std::string_view key) override;
-  std::optional<turn> try_acquire(std::string_view key,
-                                  std::uint64_t ticket) override;
-  std::vector<std::string> renew(const std::vector<turn>& held) override;
-  bool release(const turn& t) override;
-  void cancel_ticket(std::string_view key, std::uint64_t ticket) override;
-  std::optional<leadership> try_lead(std::string_view name) override;
-  void release_lead(const leadership& l) override;
-  void wait_change(std::string_view key,
-                   std::chrono::milliseconds timeout) override;
+  void enter(std::string_view key, std::uint64_t req, bool retry,
+             completion<turn_state> done) override;
+  void poll(std::string_view key, std::uint64_t req,
+            completion<turn_state> done) override;
+  void release(turn_ref t, completion<release_result> done) override;
+  void leave(std::string_view key, std::uint64_t req,
+             completion<bool> done) override;
+  void skip_if_dead(std::string_view key, std::string_view incarnation,
+                    completion<bool> done) override;
+  void renew(renewal r, completion<renewal_result> done) override;
+  void unlead(std::string_view name, std::uint64_t fence,
+              completion<bool> done) override;
+  void on_grant(grant_listener fn) override;
+  std::uint64_t push_epoch() const noexcept override;
 
  private:
-  void check_alive() const;
+  bool crashed(std::exception_ptr& err) const;
 
   std::shared_ptr<memory_coordination_hub::impl> hub_;
   std::string replica_id_;

@@ -1,9 +1,8 @@
 #include <botmesh/stores/redis/redis_coordinator.hpp>
 
 #include <atomic>
-#include <condition_variable>
+#include <charconv>
 #include <mutex>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -17,8 +16,91 @@ namespace {
 
 using kind = redis_reply::kind;
 
-time_point server_ms(std::int64_t ms) {
-  return from_unix_ms(ms);
+std::int64_t int_at(const redis_reply& r, std::size_t i, std::string_view what) {
+  if (r.type != kind::array || i >= r.elements.size()
+      || r.elements[i].type != kind::integer)
+    throw coordination_unavailable_error(
+      fmt::format("{}: malformed reply (element {} is not an integer)", what,
+                  i));
+  return r.elements[i].integer;
+}
+
+std::string str_at(const redis_reply& r, std::size_t i, std::string_view what) {
+  if (r.type != kind::array || i >= r.elements.size()
+      || (r.elements[i].type != kind::string
+          && r.elements[i].type != kind::status))
+    throw coordination_unavailable_error(
+      fmt::format("{}: malformed reply (element {} is not a string)", what, i));
+  return r.elements[i].str;
+}
+
+// Parses a grant published by co_common.lua:
+//   "<req> <ticket> <fence> <deadline> <now> <#prev> <prev><chat key>"
+std::optional<turn_state> parse_grant(std::string_view p) {
+  std::int64_t v[6];
+  const char* at = p.data();
+  const char* end = p.data() + p.size();
+  for (auto& x : v) {
+    auto [next, ec] = std::from_chars(at, end, x);
+    if (ec != std::errc{} || next == end || *next != ' ' || x < 0)
+      return std::nullopt;
+    at = next + 1;
+  }
+  auto prev_len = static_cast<std::size_t>(v[5]);
+  if (static_cast<std::size_t>(end - at) < prev_len)
+    return std::nullopt;
+  turn_state s;
+  s.state = turn_state::status::granted;
+  s.req = static_cast<std::uint64_t>(v[0]);
+  s.ticket = static_cast<std::uint64_t>(v[1]);
+  s.fence = static_cast<std::uint64_t>(v[2]);
+  s.deadline_ms = v[3];
+  s.now_ms = v[4];
+  if (prev_len > 0)
+    s.previous_holder = std::string{at, prev_len};
+  s.key = std::string{at + prev_len, end};
+  if (s.key.empty())
+    return std::nullopt;
+  return s;
+}
+
+// A granted reply {1, ticket, fence, prev, deadline, now} from `first`.
+turn_state granted_from(const redis_reply& r, std::string_view key,
+                        std::uint64_t req, std::size_t first,
+                        std::string_view what) {
+  turn_state s;
+  s.state = turn_state::status::granted;
+  s.key = std::string{key};
+  s.req = req;
+  s.ticket = static_cast<std::uint64_t>(int_at(r, first, what));
+  s.fence = static_cast<std::uint64_t>(int_at(r, first + 1, what));
+  auto prev = str_at(r, first + 2, what);
+  if (!prev.empty())
+    s.previous_holder = std::move(prev);
+  s.deadline_ms = int_at(r, first + 3, what);
+  s.now_ms = int_at(r, first + 4, what);
+  return s;
+}
+
+// An enter or poll reply: {1, ...} granted, {0, ticket, now, blocker}
+// waiting, {-1, now} gone.
+turn_state state_from(const redis_reply& r, std::string_view key,
+                      std::uint64_t req, std::string_view what) {
+  auto status = int_at(r, 0, what);
+  if (status == 1)
+    return granted_from(r, key, req, 1, what);
+  turn_state s;
+  s.key = std::string{key};
+  s.req = req;
+  if (status == 0) {
+    s.state = turn_state::status::waiting;
+    s.ticket = static_cast<std::uint64_t>(int_at(r, 1, what));
+    s.now_ms = int_at(r, 2, what);
+    s.blocker = str_at(r, 3, what);
+  } else {
+    s.now_ms = int_at(r, 1, what);
+  }
+  return s;
 }
 
 } // namespace
@@ -28,73 +110,75 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
   std::shared_ptr<const redis_layout> layout;
   std::string replica;
   std::string incarnation;
-  std::chrono::milliseconds lease;
+  std::chrono::milliseconds lease{};
+  std::string lease_arg;
+  std::string ttl_arg;
+  std::string channel_prefix;
   std::atomic<bool> crashed{false};
 
-  // Wake-ups: a generation per chat key, bumped by the subscriber. The
-  // subscriber's callback owns only this, never the coordinator: otherwise
-  // it could end up destroying the client (and joining itself) on its own
+  // The push: the subscriber's callbacks own only this, never the
+  // coordinator, so they cannot end up destroying the client on its own
   // thread.
-  struct wake_state {
+  struct push_state {
     std::mutex mtx;
-    std::condition_variable cv;
-    std::unordered_map<std::string, std::uint64_t> generations;
+    std::shared_ptr<grant_listener> listener;
+    std::atomic<std::uint64_t> epoch{0};
   };
-  std::shared_ptr<wake_state> wake = std::make_shared<wake_state>();
+  std::shared_ptr<push_state> push = std::make_shared<push_state>();
 
-  void check_alive() const {
-    if (crashed)
-      throw coordination_unavailable_error(
-        fmt::format("replica {} crashed (simulated)", replica));
+  bool failed_crashed(std::exception_ptr& e) const {
+    if (!crashed)
+      return false;
+    e = std::make_exception_ptr(coordination_unavailable_error(
+      fmt::format("replica {} crashed (simulated)", replica)));
+    return true;
   }
 
-  // Runs a script; Redis failures become coordination_unavailable.
-  redis_reply eval(const redis_script& s, const std::vector<std::string>& keys,
-                   const std::vector<std::string>& args) {
-    check_alive();
+  // Turns a client failure into the coordinator's error (a timeout stays a
+  // timeout: the request may have run).
+  std::exception_ptr wrap(std::exception_ptr e, std::string_view what) const {
     try {
-      return client->eval(s, keys, args);
-    } catch (const error& e) {
-      throw coordination_unavailable_error(
-        fmt::format("coordinator {}: {}", replica, e.what()));
+      std::rethrow_exception(e);
+    } catch (const error& x) {
+      if (x.code() == errc::timeout)
+        return e;
+      return std::make_exception_ptr(coordination_unavailable_error(
+        fmt::format("coordinator {}: {}: {}", replica, what, x.what())));
+    } catch (const std::exception& x) {
+      return std::make_exception_ptr(coordination_unavailable_error(
+        fmt::format("coordinator {}: {}: {}", replica, what, x.what())));
     }
   }
 
-  // Synchronous, so no other replica can see a ticket of ours before our
-  // heartbeat (and skip it as dead). Skipped while the last one is fresh.
-  void heartbeat(bool force = false) {
-    auto now = std::chrono::steady_clock::now();
-    if (!force && now - last_heartbeat.load() < lease / 3)
-      return;
-    try {
-      client->call({"SET", layout->heartbeat(incarnation), replica, "PX",
-                    std::to_string(lease.count())});
-      last_heartbeat = now;
-    } catch (const error& e) {
-      throw coordination_unavailable_error(
-        fmt::format("coordinator {}: heartbeat failed: {}", replica, e.what()));
-    }
-  }
-
-  std::atomic<std::chrono::steady_clock::time_point> last_heartbeat{};
-
-  bool alive(const std::string& other) {
-    try {
-      auto r = client->call({"EXISTS", layout->heartbeat(other)});
-      return r.integer == 1;
-    } catch (const error& e) {
-      throw coordination_unavailable_error(
-        fmt::format("coordinator {}: checking a heartbeat: {}", replica,
-                    e.what()));
-    }
-  }
-
-  std::vector<std::string> turn_keys(std::string_view key,
-                                     std::initializer_list<const char*> parts) {
-    std::vector<std::string> out;
-    for (auto p : parts)
-      out.push_back(layout->turn(key, p));
-    return out;
+  // Runs a turn script of chat `key` and parses its reply with `parse`
+  // (which may throw); `done` gets the result or the error.
+  template <class T, class Parse>
+  void run(std::string_view key, const redis_script& script,
+           std::vector<std::string> args, Parse parse,
+           coordinator::completion<T> done) {
+    std::exception_ptr e;
+    if (failed_crashed(e))
+      return done(T{}, e);
+    auto self = shared_from_this();
+    client->eval_async(
+      key, script, {layout->turn(key, "h"), layout->turn(key, "q")},
+      std::move(args),
+      [self, &script, parse = std::move(parse),
+       done = std::move(done)](redis_reply r, std::exception_ptr e) {
+        if (e)
+          return done(T{}, self->wrap(e, "script " + script.name()));
+        if (r.type == kind::error)
+          return done(T{}, std::make_exception_ptr(coordination_unavailable_error(
+                             fmt::format("coordinator {}: script {}: {}",
+                                         self->replica, script.name(), r.str))));
+        T value;
+        try {
+          value = parse(r);
+        } catch (...) {
+          return done(T{}, std::current_exception());
+        }
+        done(std::move(value), nullptr);
+      });
   }
 };
 
@@ -103,26 +187,62 @@ redis_coordinator::redis_coordinator(redis_coordinator_options opts)
   if (opts.lease.count() <= 0)
     throw invalid_argument_error("lease", "the coordinator lease must be "
                                           "positive");
-  impl_->layout = make_legacy_layout(opts.prefix);
-  impl_->client = opts.client ? opts.client
-                              : std::make_shared<redis_client>(
-                                  redis_options{.url = opts.url});
-  impl_->replica = opts.replica_id.empty() ? detail::random_uuid() : opts.replica_id;
-  impl_->incarnation = detail::random_uuid();
-  impl_->lease = opts.lease.ms();
-  impl_->client->subscribe(impl_->layout->wake_channel(),
-                           [w = impl_->wake](std::string_view key) {
-                             std::lock_guard guard{w->mtx};
-                             ++w->generations[std::string{key}];
-                             w->cv.notify_all();
-                           });
-  impl_->heartbeat(true);
+  auto& i = *impl_;
+  i.layout = make_legacy_layout(opts.prefix);
+  i.client = opts.client ? opts.client
+                         : std::make_shared<redis_client>(
+                             redis_options{.url = opts.url});
+  i.replica = opts.replica_id.empty() ? detail::random_uuid() : opts.replica_id;
+  i.incarnation = detail::random_uuid();
+  i.lease = opts.lease.ms();
+  i.lease_arg = std::to_string(i.lease.count());
+  // Idle chats are forgotten far beyond any holder's lease: a holder that
+  // may still be alive renews (or a waiter polls) long before, so its
+  // chat's keys cannot expire under it; and fences are floored by the
+  // server clock, so they never go back for a chat that was forgotten.
+  i.ttl_arg = std::to_string(
+    std::max<std::int64_t>(600'000, 40 * static_cast<std::int64_t>(i.lease.count())));
+  i.channel_prefix = i.layout->grant_channel_prefix();
+  auto& s = internal::lua();
+  for (auto* script : {&s.co_enter, &s.co_poll, &s.co_release, &s.co_leave,
+                       &s.co_skip, &s.co_renew, &s.co_lead, &s.co_unlead})
+    i.client->preload(*script);
+  i.client->subscribe(
+    i.channel_prefix + i.incarnation,
+    [p = i.push](std::string_view payload) {
+      auto g = parse_grant(payload);
+      if (!g)
+        return; // not ours to understand: polling finds the grant
+      std::shared_ptr<grant_listener> l;
+      {
+        std::lock_guard guard{p->mtx};
+        l = p->listener;
+      }
+      if (l && *l)
+        (*l)(std::move(*g));
+    },
+    [p = i.push] { p->epoch.fetch_add(1); });
+  // The first heartbeat before any ticket: another replica must never see
+  // a ticket of ours and find no heartbeat (it would skip us as dead).
+  try {
+    i.client->call({"SET", i.layout->heartbeat(i.incarnation), i.replica, "PX",
+                    i.lease_arg});
+  } catch (const error& e) {
+    throw coordination_unavailable_error(
+      fmt::format("coordinator {}: first heartbeat failed: {}", i.replica,
+                  e.what()));
+  }
 }
 
-redis_coordinator::~redis_coordinator() = default;
+redis_coordinator::~redis_coordinator() {
+  std::lock_guard guard{impl_->push->mtx};
+  impl_->push->listener.reset();
+}
 
 void redis_coordinator::crash() {
   impl_->crashed = true;
+  std::lock_guard guard{impl_->push->mtx};
+  impl_->push->listener.reset();
 }
 
 const std::string& redis_coordinator::replica_id() const noexcept {
@@ -137,152 +257,204 @@ std::chrono::milliseconds redis_coordinator::lease() const noexcept {
   return impl_->lease;
 }
 
-std::uint64_t redis_coordinator::take_ticket(std::string_view key) {
-  impl_->check_alive();
-  impl_->heartbeat();
-  auto r = impl_->eval(internal::lua().co_ticket,
-                       impl_->turn_keys(key, {"seq", "tix"}),
-                       {impl_->incarnation});
-  expect_reply("script co_ticket", r, kind::integer);
-  return static_cast<std::uint64_t>(r.integer);
+void redis_coordinator::on_grant(grant_listener fn) {
+  std::lock_guard guard{impl_->push->mtx};
+  impl_->push->listener = std::make_shared<grant_listener>(std::move(fn));
 }
 
-std::optional<turn> redis_coordinator::try_acquire(std::string_view key,
-                                                   std::uint64_t ticket) {
-  impl_->check_alive();
-  impl_->heartbeat();
-  auto& s = internal::lua();
-  // At most one skip per call: a dead blocker found, skipped, then one retry.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    auto r = impl_->eval(s.co_acquire,
-                         impl_->turn_keys(key, {"seq", "tix", "serving",
-                                                "owner", "last"}),
-                         {impl_->incarnation, impl_->replica,
-                          std::to_string(ticket),
-                          std::to_string(impl_->lease.count())});
-    expect_reply("script co_acquire", r, kind::array);
-    if (r.elements.empty() || r.elements[0].type != kind::integer)
-      throw coordination_unavailable_error("script co_acquire: malformed reply");
-    auto status = r.elements[0].integer;
-    if (status == -1)
-      throw coordination_unavailable_error(
-        fmt::format("chat {}: ticket {} is no longer in the queue (skipped as "
-                    "dead or given up)",
-                    key, ticket));
-    if (status == 1) {
-      turn t;
-      t.key = std::string{key};
-      t.ticket = ticket;
-      t.fence = static_cast<std::uint64_t>(r.elements.at(1).integer);
-      if (!r.elements.at(2).str.empty())
-        t.previous_holder = r.elements[2].str;
-      t.deadline = server_ms(r.elements.at(3).integer);
-      return t;
-    }
-    // Blocked. The script cannot read another replica's heartbeat (another
-    // slot in a cluster): look it up here and skip a dead blocker.
-    auto blocker = r.elements.size() > 1 ? r.elements[1].str : std::string{};
-    if (blocker.empty() || blocker == impl_->incarnation || impl_->alive(blocker))
-      return std::nullopt;
-    impl_->eval(s.co_skip,
-                impl_->turn_keys(key, {"tix", "serving", "owner", "last"}),
-                {blocker, impl_->layout->wake_channel(), std::string{key}});
-  }
-  return std::nullopt;
+std::uint64_t redis_coordinator::push_epoch() const noexcept {
+  return impl_->push->epoch.load();
 }
 
-std::vector<std::string>
-redis_coordinator::renew(const std::vector<turn>& held) {
-  impl_->check_alive();
-  // One batch: the heartbeat and every held turn, pipelined on one
-  // connection (EVALSHA; a NOSCRIPT reply is retried with EVAL).
-  auto& script = internal::lua().co_renew;
-  std::vector<redis_client::command> cmds;
-  cmds.push_back({"SET", impl_->layout->heartbeat(impl_->incarnation),
-                  impl_->replica, "PX", std::to_string(impl_->lease.count())});
-  auto renew_cmd = [&](const turn& t, const std::string& verb,
-                       const std::string& code) {
-    return redis_client::command{verb,
-                                 code,
-                                 "1",
-                                 impl_->layout->turn(t.key, "owner"),
-                                 impl_->incarnation,
-                                 std::to_string(t.fence),
-                                 std::to_string(impl_->lease.count())};
-  };
-  for (auto& t : held)
-    cmds.push_back(renew_cmd(t, "EVALSHA", script.sha()));
-  std::vector<redis_reply> replies;
-  try {
-    replies = impl_->client->pipeline(std::move(cmds));
-  } catch (const error& e) {
-    throw coordination_unavailable_error(
-      fmt::format("coordinator {}: renewal failed: {}", impl_->replica,
-                  e.what()));
-  }
-  if (replies[0].type == kind::error)
-    throw coordination_unavailable_error(
-      fmt::format("coordinator {}: heartbeat failed: {}", impl_->replica,
-                  replies[0].str));
-  impl_->last_heartbeat = std::chrono::steady_clock::now();
-  std::vector<std::string> lost;
-  for (size_t i = 0; i < held.size(); ++i) {
-    auto r = replies[i + 1];
-    if (r.type == kind::error && r.str.starts_with("NOSCRIPT"))
-      r = impl_->client->call_raw(renew_cmd(held[i], "EVAL", script.body()));
-    expect_reply("script co_renew", r, kind::integer);
-    if (r.integer == 0)
-      lost.push_back(held[i].key);
-  }
-  return lost;
-}
-
-bool redis_coordinator::release(const turn& t) {
-  auto r = impl_->eval(internal::lua().co_release,
-                       impl_->turn_keys(t.key, {"owner", "serving", "last"}),
-                       {impl_->incarnation, std::to_string(t.fence),
-                        impl_->layout->wake_channel(), t.key});
-  expect_reply("script co_release", r, kind::integer);
-  return r.integer == 1;
-}
-
-void redis_coordinator::cancel_ticket(std::string_view key,
-                                      std::uint64_t ticket) {
-  impl_->eval(internal::lua().co_cancel, impl_->turn_keys(key, {"tix"}),
-              {impl_->incarnation, std::to_string(ticket),
-               impl_->layout->wake_channel(), std::string{key}});
-}
-
-std::optional<leadership> redis_coordinator::try_lead(std::string_view name) {
-  impl_->check_alive();
-  impl_->heartbeat();
-  auto r = impl_->eval(internal::lua().co_lead,
-                       {impl_->layout->lead(name), impl_->layout->lead_term(name)},
-                       {impl_->incarnation, std::to_string(impl_->lease.count())});
-  if (r.is_nil())
-    return std::nullopt;
-  expect_reply("script co_lead", r, kind::array);
-  leadership l;
-  l.name = std::string{name};
-  l.fence = static_cast<std::uint64_t>(r.elements.at(0).integer);
-  l.deadline = clock::system().now() + impl_->lease;
-  return l;
-}
-
-void redis_coordinator::release_lead(const leadership& l) {
-  impl_->eval(internal::lua().co_unlead,
-              {impl_->layout->lead(l.name), impl_->layout->lead_term(l.name)},
-              {impl_->incarnation, std::to_string(l.fence)});
-}
-
-void redis_coordinator::wait_change(std::string_view key,
-                                    std::chrono::milliseconds timeout) {
-  impl_->check_alive();
-  auto& w = *impl_->wake;
-  std::unique_lock guard{w.mtx};
+void redis_coordinator::enter(std::string_view key, std::uint64_t req,
+                              bool retry, completion<turn_state> done) {
+  auto& i = *impl_;
   auto k = std::string{key};
-  auto seen = w.generations[k];
-  w.cv.wait_for(guard, timeout, [&] { return w.generations[k] != seen; });
+  i.run<turn_state>(
+    key, internal::lua().co_enter,
+    {i.incarnation, std::to_string(req), i.lease_arg, i.ttl_arg, i.replica,
+     i.channel_prefix, k, retry ? "1" : "0"},
+    [k, req](const redis_reply& r) { return state_from(r, k, req, "co_enter"); },
+    std::move(done));
+}
+
+void redis_coordinator::poll(std::string_view key, std::uint64_t req,
+                             completion<turn_state> done) {
+  auto& i = *impl_;
+  auto k = std::string{key};
+  i.run<turn_state>(
+    key, internal::lua().co_poll,
+    {i.incarnation, std::to_string(req), i.ttl_arg, i.channel_prefix, k},
+    [k, req](const redis_reply& r) { return state_from(r, k, req, "co_poll"); },
+    std::move(done));
+}
+
+void redis_coordinator::release(turn_ref t, completion<release_result> done) {
+  auto& i = *impl_;
+  auto k = t.key;
+  i.run<release_result>(
+    k, internal::lua().co_release,
+    {i.incarnation, std::to_string(t.fence), i.ttl_arg, i.channel_prefix, k},
+    [k](const redis_reply& r) {
+      release_result out;
+      out.released = int_at(r, 0, "co_release") == 1;
+      out.now_ms = int_at(r, 1, "co_release");
+      if (r.elements.size() > 2) {
+        // The next grant is ours: {.., req, ticket, fence, prev, deadline}.
+        auto req = std::stoull(str_at(r, 2, "co_release"));
+        turn_state g;
+        g.state = turn_state::status::granted;
+        g.key = k;
+        g.req = req;
+        g.ticket = static_cast<std::uint64_t>(int_at(r, 3, "co_release"));
+        g.fence = static_cast<std::uint64_t>(int_at(r, 4, "co_release"));
+        auto prev = str_at(r, 5, "co_release");
+        if (!prev.empty())
+          g.previous_holder = std::move(prev);
+        g.deadline_ms = int_at(r, 6, "co_release");
+        g.now_ms = out.now_ms;
+        out.next = std::move(g);
+      }
+      return out;
+    },
+    std::move(done));
+}
+
+void redis_coordinator::leave(std::string_view key, std::uint64_t req,
+                              completion<bool> done) {
+  auto& i = *impl_;
+  auto k = std::string{key};
+  i.run<bool>(key, internal::lua().co_leave,
+              {i.incarnation, std::to_string(req), i.ttl_arg, i.channel_prefix,
+               k},
+              [](const redis_reply& r) {
+                if (r.type != kind::integer)
+                  throw coordination_unavailable_error(
+                    "co_leave: malformed reply");
+                return r.integer == 1;
+              },
+              std::move(done));
+}
+
+void redis_coordinator::skip_if_dead(std::string_view key,
+                                     std::string_view incarnation,
+                                     completion<bool> done) {
+  std::exception_ptr e;
+  if (impl_->failed_crashed(e))
+    return done(false, e);
+  // The heartbeat lives in another slot than the chat: look it up first,
+  // then skip with the chat's script.
+  auto self = impl_;
+  auto k = std::string{key};
+  auto dead = std::string{incarnation};
+  self->client->async(
+    k, {"EXISTS", self->layout->heartbeat(dead)},
+    [self, k, dead, done = std::move(done)](redis_reply r,
+                                            std::exception_ptr e) mutable {
+      if (e)
+        return done(false, self->wrap(e, "heartbeat lookup"));
+      if (r.type != kind::integer || r.integer != 0)
+        return done(false, nullptr); // alive (or an error reply: keep it)
+      self->run<bool>(k, internal::lua().co_skip,
+                      {dead, self->ttl_arg, self->channel_prefix, k},
+                      [](const redis_reply& r) {
+                        if (r.type != kind::integer)
+                          throw coordination_unavailable_error(
+                            "co_skip: malformed reply");
+                        return r.integer == 1;
+                      },
+                      std::move(done));
+    });
+}
+
+void redis_coordinator::renew(renewal r, completion<renewal_result> done) {
+  std::exception_ptr e;
+  if (impl_->failed_crashed(e))
+    return done({}, e);
+  auto& i = *impl_;
+  auto& s = internal::lua();
+  // One batch: TIME, the heartbeat, every held turn and every leadership,
+  // pipelined on one connection (EVALSHA: the scripts were loaded on it).
+  std::vector<redis_client::command> cmds;
+  cmds.push_back({"TIME"});
+  cmds.push_back({"SET", i.layout->heartbeat(i.incarnation), i.replica, "PX",
+                  i.lease_arg});
+  for (auto& t : r.turns)
+    cmds.push_back({"EVALSHA", s.co_renew.sha(), "2", i.layout->turn(t.key, "h"),
+                    i.layout->turn(t.key, "q"), i.incarnation,
+                    std::to_string(t.fence), i.lease_arg, i.ttl_arg});
+  for (auto& name : r.leads)
+    cmds.push_back({"EVALSHA", s.co_lead.sha(), "2", i.layout->lead(name),
+                    i.layout->lead_term(name), i.incarnation, i.lease_arg});
+  auto self = impl_;
+  i.client->async_batch(
+    std::move(cmds),
+    [self, r = std::move(r), done = std::move(done)](
+      std::vector<redis_reply> replies, std::exception_ptr e) {
+      if (e)
+        return done({}, self->wrap(e, "renewal"));
+      renewal_result out;
+      try {
+        auto& time = replies.at(0);
+        if (time.type != kind::array || time.elements.size() != 2)
+          throw coordination_unavailable_error("renewal: malformed TIME reply");
+        out.now_ms = std::stoll(time.elements[0].str) * 1000
+                     + std::stoll(time.elements[1].str) / 1000;
+        if (replies.at(1).type == kind::error)
+          throw coordination_unavailable_error(
+            fmt::format("coordinator {}: heartbeat failed: {}", self->replica,
+                        replies[1].str));
+        std::size_t at = 2;
+        for (std::size_t n = 0; n < r.turns.size(); ++n, ++at) {
+          auto& reply = replies.at(at);
+          if (reply.type == kind::error)
+            throw coordination_unavailable_error(
+              fmt::format("coordinator {}: renewing {}: {}", self->replica,
+                          r.turns[n].key, reply.str));
+          out.turns.push_back(int_at(reply, 0, "co_renew"));
+        }
+        for (std::size_t n = 0; n < r.leads.size(); ++n, ++at) {
+          auto& reply = replies.at(at);
+          if (reply.type == kind::error)
+            throw coordination_unavailable_error(
+              fmt::format("coordinator {}: leading {}: {}", self->replica,
+                          r.leads[n], reply.str));
+          auto term = int_at(reply, 0, "co_lead");
+          if (term == 0) {
+            out.leads.emplace_back();
+            continue;
+          }
+          out.leads.push_back(leadership{r.leads[n],
+                                         static_cast<std::uint64_t>(term),
+                                         int_at(reply, 1, "co_lead"),
+                                         int_at(reply, 2, "co_lead")});
+        }
+      } catch (...) {
+        return done({}, std::current_exception());
+      }
+      done(std::move(out), nullptr);
+    });
+}
+
+void redis_coordinator::unlead(std::string_view name, std::uint64_t fence,
+                               completion<bool> done) {
+  std::exception_ptr e;
+  if (impl_->failed_crashed(e))
+    return done(false, e);
+  auto self = impl_;
+  auto& script = internal::lua().co_unlead;
+  self->client->eval_async(
+    name, script, {self->layout->lead(name), self->layout->lead_term(name)},
+    {self->incarnation, std::to_string(fence)},
+    [self, done = std::move(done)](redis_reply r, std::exception_ptr e) {
+      if (e)
+        return done(false, self->wrap(e, "script co_unlead"));
+      if (r.type != kind::integer)
+        return done(false, std::make_exception_ptr(coordination_unavailable_error(
+                             fmt::format("coordinator {}: script co_unlead: {}",
+                                         self->replica, r.str))));
+      done(r.integer == 1, nullptr);
+    });
 }
 
 } // namespace botmesh

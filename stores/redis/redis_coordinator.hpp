@@ -25,34 +25,45 @@ struct redis_coordinator_options {
 /// A replica's coordinator on Redis (see redis_layout.hpp for the keys and
 /// stores/redis/lua/co_*.lua for the scripts, one per transition).
 ///
-/// Turn deadlines and heartbeats run on the Redis server's clock. A waiting
-/// replica is woken by a PUBLISH from the release script, read by a
-/// subscriber on its own connection; callers keep polling as a safety net,
-/// since pub/sub is at most once. Redis errors throw
-/// `coordination_unavailable_error` naming what failed.
+/// Turn deadlines and heartbeats run on the Redis server's clock. Grants
+/// made by another replica's release are published on this incarnation's
+/// own channel and read by a subscriber on a connection of its own; pub/sub
+/// is at most once, so `push_epoch` changes with every (re)subscription and
+/// waiters poll what may have been missed. A chat idle for
+/// max(10 min, 40 x lease) is forgotten (its keys expire): its next holder
+/// learns no previous holder, and fences keep growing regardless.
+///
+/// Each chat's operations go on one connection (chosen by its key), so a
+/// release and the next enter of the same chat reach Redis in order
+/// without waiting for each other. Redis errors complete with
+/// `coordination_unavailable_error` naming what failed; a reply that never
+/// came with `errc::timeout`.
 class redis_coordinator final : public coordinator {
  public:
   explicit redis_coordinator(redis_coordinator_options opts = {});
   ~redis_coordinator() override;
 
-  /// Simulates a dead replica: every later call throws and nothing is
+  /// Simulates a dead replica: every later call fails and nothing is
   /// renewed, so its heartbeat and turns expire after the lease.
   void crash();
 
   const std::string& replica_id() const noexcept override;
   const std::string& incarnation() const noexcept override;
   std::chrono::milliseconds lease() const noexcept override;
-  std::uint64_t take_ticket(std::string_view key) override;
-  std::optional<turn> try_acquire(std::string_view key,
-                                  std::uint64_t ticket) override;
-  std::vector<std::string> renew(const std::vector<turn>& held) override;
-  bool release(const turn& t) override;
-  void cancel_ticket(std::string_view key, std::uint64_t ticket) override;
-  std::optional<leadership> try_lead(std::string_view name) override;
-  void release_lead(const leadership& l) override;
-  void wait_change(std::string_view key,
-                   std::chrono::milliseconds timeout) override;
-
+  void enter(std::string_view key, std::uint64_t req, bool retry,
+             completion<turn_state> done) override;
+  void poll(std::string_view key, std::uint64_t req,
+            completion<turn_state> done) override;
+  void release(turn_ref t, completion<release_result> done) override;
+  void leave(std::string_view key, std::uint64_t req,
+             completion<bool> done) override;
+  void skip_if_dead(std::string_view key, std::string_view incarnation,
+                    completion<bool> done) override;
+  void renew(renewal r, completion<renewal_result> done) override;
+  void unlead(std::string_view name, std::uint64_t fence,
+              completion<bool> done) override;
+  void on_grant(grant_listener fn) override;
+  std::uint64_t push_epoch() const noexcept override;
 
  private:
   struct impl;

@@ -47,8 +47,8 @@ std::string redis_layout::lead_term(std::string_view name) const {
   return lead(name) + ":term";
 }
 
-std::string redis_layout::wake_channel() const {
-  return prefix_ + ":co:wake";
+std::string redis_layout::grant_channel_prefix() const {
+  return prefix_ + ":co:wake:";
 }
 
 namespace {

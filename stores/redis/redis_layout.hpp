@@ -30,10 +30,15 @@ namespace botmesh {
 ///
 /// Coordinator keys (the same in every layout: one hash tag per chat):
 ///
-///   p:co:{t:<chat>}:seq|tix|serving|owner|last   a chat's turn queue
+///   p:co:{t:<chat>}:h       hash   a chat's turn: holder, fence, last
+///                                  holder, ticket counter
+///   p:co:{t:<chat>}:q       list   its queued tickets
+///                                  (both expire when the chat is idle; see
+///                                  lua/lib/co_common.lua)
 ///   p:co:rep:<incarnation>  string replica heartbeat (PX lease)
 ///   p:co:{ld:<name>}        string leadership holder (PX lease), :term counter
-///   p:co:wake               channel  released / given-up chat keys
+///   p:co:wake:<incarnation> channel  grants pushed to the replica that owns
+///                                  the ticket
 ///
 /// Segments inside a hash tag are percent-encoded (%, :, {, }, glob
 /// characters, spaces), so a chat id can never break a tag.
@@ -64,12 +69,13 @@ class redis_layout {
   virtual std::string schedule_index() const = 0;
   virtual std::string lease(std::string_view name) const = 0;
 
-  /// `part` is one of seq, tix, serving, owner, last.
+  /// `part` is "h" (the turn hash) or "q" (the ticket queue).
   std::string turn(std::string_view chat, std::string_view part) const;
   std::string heartbeat(std::string_view incarnation) const;
   std::string lead(std::string_view name) const;
   std::string lead_term(std::string_view name) const;
-  std::string wake_channel() const;
+  /// Followed by an incarnation: where grants for it are published.
+  std::string grant_channel_prefix() const;
 
  protected:
   explicit redis_layout(std::string prefix) : prefix_(std::move(prefix)) {

@@ -37,27 +37,71 @@ struct redis_coordinator_factory {
 TYPE_TO_STRING(redis_coordinator_factory);
 BOTMESH_COORDINATOR_CONFORMANCE(redis_coordinator_factory);
 
-TEST_CASE("a release wakes a replica waiting on Redis without polling") {
+TEST_CASE("a chat's turn state is two keys under its hash tag that expire "
+          "when the chat is idle") {
+  redis_coordinator_factory f;
+  auto a = f.make("a");
+  botmesh::blocking_coordinator sync{*a};
+  auto g = sync.enter("tienda:ana", 1);
+  REQUIRE(g.granted());
+  REQUIRE(sync.enter("tienda:ana", 2).state == botmesh::turn_state::status::waiting);
+  botmesh::redis_client raw{{.url = test::redis_url()}};
+  auto h = f.prefix + ":co:{t:tienda%3Aana}:h";
+  auto q = f.prefix + ":co:{t:tienda%3Aana}:q";
+  CHECK(raw.call({"EXISTS", h, q}).integer == 2);
+  // Far above the lease (10 min minimum), never forever.
+  for (auto& k : {h, q}) {
+    auto ttl = raw.call({"PTTL", k}).integer;
+    CHECK(ttl > 500'000);
+    CHECK(ttl <= 600'000);
+  }
+  // The fence is floored by the server clock: a chat forgotten after its
+  // keys expired starts above every fence it had.
+  auto time = raw.call({"TIME"});
+  auto now_ms = std::stoll(time.elements[0].str) * 1000;
+  CHECK(g.fence >= static_cast<std::uint64_t>(now_ms - 5000) * 1024);
+  raw.call({"DEL", h, q}); // as if it expired
+  auto again = sync.enter("tienda:ana", 3);
+  REQUIRE(again.granted());
+  CHECK(again.fence > g.fence);
+  CHECK_FALSE(again.previous_holder.has_value());
+}
+
+TEST_CASE("a grant is published only on the channel of the replica that "
+          "owns the ticket") {
   redis_coordinator_factory f;
   auto a = f.make("a");
   auto b = f.make("b");
-  auto ta = a->take_ticket("chat");
-  auto held = a->try_acquire("chat", ta);
-  REQUIRE(held);
-  auto tb = b->take_ticket("chat");
-  std::atomic<bool> woken{false};
-  std::thread waiter{[&] {
-    // One long wait: only the push can end it early.
-    b->wait_change("chat", std::chrono::seconds(5));
-    woken = true;
-  }};
+  botmesh::redis_client sub_client{{.url = test::redis_url()}};
+  std::mutex mtx;
+  std::vector<std::string> seen;
+  sub_client.subscribe(f.prefix + ":co:wake:" + a->incarnation(),
+                       [&](std::string_view p) {
+                         std::lock_guard guard{mtx};
+                         seen.push_back("a " + std::string{p});
+                       });
+  sub_client.subscribe(f.prefix + ":co:wake:" + b->incarnation(),
+                       [&](std::string_view p) {
+                         std::lock_guard guard{mtx};
+                         seen.push_back("b " + std::string{p});
+                       });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto g = botmesh::blocking_coordinator{*a}.enter("chat", 1);
+  REQUIRE(g.granted());
+  REQUIRE(botmesh::blocking_coordinator{*b}.enter("chat", 2).state
+          == botmesh::turn_state::status::waiting);
+  REQUIRE(botmesh::blocking_coordinator{*a}.release({"chat", g.fence}).released);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::lock_guard guard{mtx};
+    if (!seen.empty())
+      break;
+  }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  auto t0 = std::chrono::steady_clock::now();
-  REQUIRE(a->release(*held));
-  waiter.join();
-  CHECK(woken.load());
-  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
-  CHECK(b->try_acquire("chat", tb).has_value());
+  std::lock_guard guard{mtx};
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].starts_with("b 2 "));
+  CHECK(seen[0].ends_with("chat"));
 }
 
 #include <botmesh/stores/redis/redis_store.hpp>
@@ -67,15 +111,15 @@ TEST_CASE("store.coordinator() shares the store's client and prefix") {
                               .prefix = test::unique_prefix("bmstore")}};
   auto a = store.coordinator("a");
   auto b = store.coordinator("b");
-  auto ta = a->take_ticket("chat");
-  auto tb = b->take_ticket("chat");
-  auto held = a->try_acquire("chat", ta);
-  REQUIRE(held);
-  CHECK_FALSE(b->try_acquire("chat", tb).has_value());
-  REQUIRE(a->release(*held));
-  auto next = b->try_acquire("chat", tb);
-  REQUIRE(next);
-  CHECK(next->previous_holder == "a");
+  auto held = botmesh::blocking_coordinator{*a}.enter("chat", 1);
+  REQUIRE(held.granted());
+  CHECK(botmesh::blocking_coordinator{*b}.enter("chat", 1).state
+        == botmesh::turn_state::status::waiting);
+  auto rel = botmesh::blocking_coordinator{*a}.release({"chat", held.fence});
+  REQUIRE(rel.released);
+  auto next = botmesh::blocking_coordinator{*b}.poll("chat", 1);
+  REQUIRE(next.granted());
+  CHECK(next.previous_holder == "a");
   // The keys live under the store's prefix.
   auto keys = store.client().call(
     {"KEYS", store.layout().prefix() + ":co:*"});
@@ -164,39 +208,3 @@ TEST_CASE("an exclusive transport is elected on Redis; the standby takes over "
   CHECK_NOTHROW(b->send("x", "hola"));
 }
 
-#include <botmesh/runtime/internal/turn_keeper.hpp>
-
-TEST_CASE("a release that failed on the network is repaired by the keeper "
-          "well before the lease expires") {
-  test::redis_process server;
-  auto flaky = std::make_shared<botmesh::redis_client>(botmesh::redis_options{
-    .url = server.url(), .command_timeout = "200ms", .max_backoff = "100ms"});
-  botmesh::redis_coordinator a{{.client = flaky, .prefix = "watchdog",
-                                .replica_id = "a", .lease = "6s"}};
-  botmesh::redis_coordinator b{{.url = server.url(), .prefix = "watchdog",
-                                .replica_id = "b", .lease = "6s"}};
-  botmesh::internal::turn_keeper keeper{a, std::chrono::minutes(1), nullptr};
-  auto t = a.take_ticket("chat");
-  auto granted = a.try_acquire("chat", t);
-  REQUIRE(granted);
-  auto held = keeper.hold(*granted);
-  auto tb = b.take_ticket("chat");
-  server.signal(SIGSTOP); // the network "cuts" while a releases
-  keeper.release(held);   // times out: queued for the watchdog
-  server.signal(SIGCONT);
-  auto t0 = std::chrono::steady_clock::now();
-  std::optional<botmesh::turn> got;
-  while (!got && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
-    try {
-      got = b.try_acquire("chat", tb);
-    } catch (const botmesh::coordination_unavailable_error&) {
-      // b's connection may also have been reset by the stop
-    }
-    if (!got)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  REQUIRE(got);
-  // Without the retry, b would have waited for the 6 s lease to run out.
-  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
-  CHECK(got->previous_holder == "a");
-}

@@ -38,26 +38,25 @@ TEST_CASE("the hub evicts idle chats least recently used first; fences stay "
   botmesh::manual_clock clock;
   botmesh::memory_coordination_hub hub{{.max_idle_keys = 2, .clock = &clock}};
   botmesh::memory_coordinator a{hub, {.replica_id = "a"}};
+  botmesh::blocking_coordinator sync{a};
   std::uint64_t first_fence = 0;
+  std::uint64_t req = 0;
   for (auto key : {"c1", "c2", "c3"}) {
-    auto t = a.take_ticket(key);
-    auto held = a.try_acquire(key, t);
-    REQUIRE(held);
+    auto held = sync.enter(key, ++req);
+    REQUIRE(held.granted());
     if (first_fence == 0)
-      first_fence = held->fence;
-    REQUIRE(a.release(*held));
+      first_fence = held.fence;
+    REQUIRE(sync.release({key, held.fence}).released);
   }
   CHECK(hub.keys() == 2); // c1 was the least recently used idle chat
-  auto t = a.take_ticket("c1");
-  auto again = a.try_acquire("c1", t);
-  REQUIRE(again);
-  CHECK_FALSE(again->previous_holder.has_value());
-  CHECK(again->fence > first_fence);
+  auto again = sync.enter("c1", ++req);
+  REQUIRE(again.granted());
+  CHECK_FALSE(again.previous_holder.has_value());
+  CHECK(again.fence > first_fence);
   // c3, used more recently, kept its history.
-  auto t2 = a.take_ticket("c3");
-  auto c3 = a.try_acquire("c3", t2);
-  REQUIRE(c3);
-  CHECK(c3->previous_holder == "a");
+  auto c3 = sync.enter("c3", ++req);
+  REQUIRE(c3.granted());
+  CHECK(c3.previous_holder == "a");
 }
 
 TEST_CASE("a crashed coordinator refuses calls and replica ids default to "
@@ -69,7 +68,8 @@ TEST_CASE("a crashed coordinator refuses calls and replica ids default to "
   CHECK(a.replica_id() != b.replica_id());
   CHECK(a.lease() == 15s);
   a.crash();
-  CHECK_THROWS_AS(a.take_ticket("x"), botmesh::coordination_unavailable_error);
+  CHECK_THROWS_AS(botmesh::blocking_coordinator{a}.enter("x", 1),
+                  botmesh::coordination_unavailable_error);
   CHECK_THROWS_AS((botmesh::memory_coordinator{hub, {.lease = 0}}),
                   botmesh::invalid_argument_error);
 }

@@ -25,12 +25,12 @@ struct scripts {
   redis_script schedule_remove;
   redis_script lease_acquire;
   redis_script lease_release;
-  redis_script co_ticket;
-  redis_script co_acquire;
+  redis_script co_enter;
+  redis_script co_poll;
+  redis_script co_release;
+  redis_script co_leave;
   redis_script co_skip;
   redis_script co_renew;
-  redis_script co_release;
-  redis_script co_cancel;
   redis_script co_lead;
   redis_script co_unlead;
 };

@@ -1,13 +1,29 @@
 #!lua
--- Ends a turn and wakes the replicas waiting for the chat.
--- KEYS[1] owner  KEYS[2] serving  KEYS[3] last
--- ARGV[1] incarnation  ARGV[2] fence  PUBLISH channel: ARGV[3]  message: ARGV[4]
--- Returns 1 when released, 0 when the turn was no longer held. Cost: O(1).
-local o = redis.call('HMGET', KEYS[1], 'inc', 'fence', 'replica', 'ticket')
-if o[1] ~= ARGV[1] or o[2] ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[3], 'replica', o[3])
-local serving = tonumber(redis.call('GET', KEYS[2]) or '1')
-redis.call('SET', KEYS[2], math.max(serving, tonumber(o[4]) + 1))
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[3], ARGV[4])
-return 1
+--@include co_common
+-- Ends a turn held by this incarnation at this fence and grants the next
+-- ticket (pushed to its replica).
+--
+-- KEYS[1] H  KEYS[2] Q
+-- ARGV[1] incarnation  ARGV[2] fence  ARGV[3] ttl ms
+-- ARGV[4] grant channel prefix  ARGV[5] chat key
+-- Returns {released (1/0), now} and, when the next holder is this same
+-- incarnation, its grant after them: {.., req, ticket, fence, previous
+-- holder, deadline}. Releasing a turn no longer held (expired, released
+-- before) changes nothing of the current holder. Cost: O(1), O(queue
+-- length) when an expired holder's tickets are dropped.
+local now = co_now()
+local o = redis.call('HMGET', KEYS[1], 'o_inc', 'fence', 'o_dl', 'o_rep')
+local released = 0
+if o[1] == ARGV[1] and o[2] == ARGV[2] and tonumber(o[3]) > now then
+  co_clear(o[4])
+  released = 1
+end
+local g = co_expire(now, ARGV[4], ARGV[5])
+if not redis.call('HGET', KEYS[1], 'o_inc') then
+  g = co_grant_next(now, '', ARGV[4], ARGV[5]) or g
+end
+co_touch(ARGV[3])
+if g and g[1] == ARGV[1] then
+  return {released, now, g[2], tonumber(g[3]), g[4], g[5], g[6]}
+end
+return {released, now}

@@ -1,22 +1,23 @@
 #!lua
--- Skips what a dead replica holds in a chat's queue: its turn, and its
--- ticket at the head of the queue. The caller saw its heartbeat gone.
--- KEYS[1] tix  KEYS[2] serving  KEYS[3] owner  KEYS[4] last
--- ARGV[1] the dead incarnation   PUBLISH channel: ARGV[2]   message: ARGV[3]
--- Returns 1 when something was skipped, else 0. Cost: O(1).
+--@include co_common
+-- Skips a dead incarnation in a chat: its turn and its queued tickets. The
+-- caller saw its heartbeat gone (a heartbeat lives in another slot, so the
+-- script cannot look itself).
+--
+-- KEYS[1] H  KEYS[2] Q
+-- ARGV[1] the dead incarnation  ARGV[2] ttl ms
+-- ARGV[3] grant channel prefix  ARGV[4] chat key
+-- Returns 1 when something was skipped, else 0. Cost: O(queue length).
+local now = co_now()
 local skipped = 0
-local o = redis.call('HMGET', KEYS[3], 'inc', 'replica', 'ticket')
-local serving = tonumber(redis.call('GET', KEYS[2]) or '1')
+local o = redis.call('HMGET', KEYS[1], 'o_inc', 'o_rep')
 if o[1] == ARGV[1] then
-  redis.call('HSET', KEYS[4], 'replica', o[2])
-  serving = math.max(serving, tonumber(o[3]) + 1)
-  redis.call('DEL', KEYS[3])
-  skipped = 1
-elseif not o[1] and redis.call('HGET', KEYS[1], serving) == ARGV[1] then
-  redis.call('HDEL', KEYS[1], serving)
-  serving = serving + 1
+  co_clear(o[2])
   skipped = 1
 end
-redis.call('SET', KEYS[2], serving)
-if skipped == 1 then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+if co_drop(ARGV[1]) > 0 then skipped = 1 end
+if not redis.call('HGET', KEYS[1], 'o_inc') then
+  co_grant_next(now, '', ARGV[3], ARGV[4])
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then co_touch(ARGV[2]) end
 return skipped

@@ -1,0 +1,124 @@
+-- Shared by the co_* turn scripts; spliced in at build time where a script
+-- says "--@include co_common". Every such script gets
+--   KEYS[1] H: the chat's hash          KEYS[2] Q: the chat's ticket queue
+--
+-- H fields (all written as integers with co_int):
+--   seq       last ticket handed out
+--   fence     last fence granted: max(previous + 1, server ms * 1024), so it
+--             keeps growing even after an idle chat's keys expired (see ttl
+--             below) and were created again
+--   last      replica id of the previous holder ('' or missing: unknown)
+--   o_inc o_rep o_req o_tk o_dl o_prev
+--             the holder: incarnation, replica id, request id, ticket,
+--             deadline (server ms) and the previous holder it was told
+-- Q entries (a list, oldest first):
+--   "<ticket> <incarnation> <req> <lease ms> <replica id>"
+--
+-- Expiry: every script refreshes both keys' PEXPIRE to the ttl the caller
+-- passes (far above the lease). A holder renews within its lease and a
+-- waiter polls within it, so the keys of a chat with a live holder or
+-- waiter never expire; only idle chats are forgotten.
+--
+-- A grant is pushed: PUBLISH on "<channel prefix><incarnation>" with
+--   "<req> <ticket> <fence> <deadline> <now> <#prev> <prev><chat key>"
+
+local function co_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Integers beyond 1e14 must not reach Redis in Lua's %.14g notation.
+local function co_int(n)
+  return string.format('%d', n)
+end
+
+local function co_parse(e)
+  return string.match(e, '^(%d+) (%S+) (%d+) (%d+) (.*)$')
+end
+
+local function co_touch(ttl)
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
+
+-- Makes (inc, req, ticket) the holder for `lease` ms; returns its grant.
+local function co_grant(now, inc, rep, req, tk, lease)
+  local fence = math.max(tonumber(redis.call('HGET', KEYS[1], 'fence') or '0') + 1,
+                         now * 1024)
+  local prev = redis.call('HGET', KEYS[1], 'last') or ''
+  local dl = now + lease
+  redis.call('HSET', KEYS[1], 'fence', co_int(fence), 'o_inc', inc,
+             'o_rep', rep, 'o_req', req, 'o_tk', tk, 'o_dl', co_int(dl),
+             'o_prev', prev)
+  return {inc, req, tk, fence, prev, dl}
+end
+
+-- Grants the turn to the first queued ticket not of incarnation `skip` and
+-- pushes the grant to its replica. Returns the grant, or nil.
+local function co_grant_next(now, skip, chan, key)
+  while true do
+    local e = redis.call('LPOP', KEYS[2])
+    if not e then return nil end
+    local tk, inc, req, lease, rep = co_parse(e)
+    if tk and inc ~= skip then
+      local g = co_grant(now, inc, rep, req, tk, tonumber(lease))
+      redis.call('PUBLISH', chan .. inc,
+                 req .. ' ' .. tk .. ' ' .. co_int(g[4]) .. ' ' .. co_int(g[6])
+                 .. ' ' .. co_int(now) .. ' ' .. #g[5] .. ' ' .. g[5] .. key)
+      return g
+    end
+  end
+end
+
+-- Removes every queued ticket of incarnation `inc`; returns how many.
+local function co_drop(inc)
+  local n = 0
+  for _, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+    local tk, i = co_parse(e)
+    if i == inc then
+      n = n + redis.call('LREM', KEYS[2], 1, e)
+    end
+  end
+  return n
+end
+
+-- Finds this request's queued entry: the entry and its ticket, or nil.
+local function co_find(inc, req)
+  for _, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+    local tk, i, r = co_parse(e)
+    if i == inc and r == req then return e, tk end
+  end
+  return nil
+end
+
+-- Ends the current holding; the holder's replica becomes `last`.
+local function co_clear(rep)
+  redis.call('HSET', KEYS[1], 'last', rep or '')
+  redis.call('HDEL', KEYS[1], 'o_inc', 'o_rep', 'o_req', 'o_tk', 'o_dl',
+             'o_prev')
+end
+
+-- A holder past its deadline loses the turn, and its incarnation's queued
+-- tickets with it: it stopped renewing, so it is dead or frozen past its
+-- lease. The next ticket is granted. Returns that grant, or nil.
+local function co_expire(now, chan, key)
+  local o = redis.call('HMGET', KEYS[1], 'o_inc', 'o_dl', 'o_rep')
+  if o[1] and tonumber(o[2]) <= now then
+    co_clear(o[3])
+    co_drop(o[1])
+    return co_grant_next(now, o[1], chan, key)
+  end
+  return nil
+end
+
+-- Who is in the way of a waiting request: the holder, else the head.
+local function co_blocker()
+  local h = redis.call('HGET', KEYS[1], 'o_inc')
+  if h then return h end
+  local e = redis.call('LINDEX', KEYS[2], 0)
+  if e then
+    local tk, i = co_parse(e)
+    return i or ''
+  end
+  return ''
+end
