@@ -3,10 +3,14 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include <caf/actor.hpp>
+
+#include <botmesh/actors/turn_token.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/message.hpp>
 
@@ -41,8 +45,20 @@ class chat_services {
   /// backlog hands over several messages at once so the handoff to a handler
   /// thread is paid once per batch, not per message. `first_of_activation`
   /// is true when the batch starts the chat actor's (re)spawned life.
+  ///
+  /// With coordination the batch is one event and `turn` its granted turn:
+  /// every visible effect of its handler checks it first (see turn_token).
+  /// Without coordination `turn` is null.
   virtual void run_turns(const std::string& key, std::vector<chat_event> batch,
-                         bool first_of_activation, std::function<void()> done)
+                         bool first_of_activation,
+                         std::shared_ptr<turn_token> turn,
+                         std::function<void()> done)
+    = 0;
+
+  /// An event got no turn (`turn_wait` passed): it is dropped after an
+  /// `errc::coordination_unavailable` error event.
+  virtual void turn_failed(const std::string& key, chat_event ev,
+                           std::string why)
     = 0;
 
   /// A message was refused without running: `errc::overloaded` (the chat's
@@ -67,6 +83,11 @@ struct router_config {
   /// A chat actor with no message for this long is passivated (its actor
   /// exits; the next message spawns a fresh one).
   std::chrono::milliseconds passivate_after{60'000};
+  /// With coordination: this replica's lease actor (see lease_actor.hpp),
+  /// from which every event gets its turn; empty without.
+  caf::actor lease{};
+  /// The longest the head event of a chat waits for its turn.
+  std::chrono::milliseconds turn_wait{120'000};
 };
 
 } // namespace botmesh

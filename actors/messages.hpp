@@ -26,5 +26,63 @@ using idle_atom = caf::atom_constant<caf::atom("bm_idle")>;
 /// router forwards (timer id) to the chat actor, spawning it if needed.
 using timer_atom = caf::atom_constant<caf::atom("bm_timer")>;
 
+// -- chat <-> lease actor (see lease_actor.hpp) ------------------------------
+//
+//   chat                         lease actor                    coordinator
+//    | (acquire, key, req) ------->| enter(key, req) ----------------->|
+//    |                             |<------------- granted | waiting --|
+//    |<-- (granted, req, token) ---|  (waiting: pushed grant, or poll) |
+//    | (start, key, fence) ------->|  settle bound starts              |
+//    |   ... the step runs on the handler pool, checking the token ... |
+//    | (release, key, fence) ----->| release(key, fence) ------------->|
+//    |                             |   grants the next ticket itself   |
+//    |<-- (lost, req, fence, why) -|  a turn or a ticket was lost      |
+//    | (leave, key, req) --------->| leave(key, req) --------------->|
+//
+// Every lease/3 the lease actor renews its heartbeat, every held turn and
+// every leadership in one batch.
+
+/// chat -> lease: (key, req): take a ticket for request `req` (one per
+/// message or timer, unique in the process).
+using acquire_atom = caf::atom_constant<caf::atom("bm_acq")>;
+
+/// lease -> chat: (req, shared_ptr<turn_token>): the turn is the request's.
+using granted_atom = caf::atom_constant<caf::atom("bm_grant")>;
+
+/// chat -> lease: (key, fence): the step of this turn starts now (its
+/// settle bound starts counting).
+using start_atom = caf::atom_constant<caf::atom("bm_start")>;
+
+/// chat -> lease: (key, fence): the turn is over.
+using release_atom = caf::atom_constant<caf::atom("bm_rel")>;
+
+/// chat -> lease: (key, req): the request is given up (turn_wait passed,
+/// the bot stops, or it is entered again to keep the chat's order).
+using leave_atom = caf::atom_constant<caf::atom("bm_leave")>;
+
+/// lease -> chat: (req, fence, reason): the request's turn (fence != 0) or
+/// its ticket (fence == 0: "gone") was lost.
+using lost_atom = caf::atom_constant<caf::atom("bm_lost")>;
+
+/// chat -> itself: (req): the turn_wait bound of the head request passed.
+using turn_wait_atom = caf::atom_constant<caf::atom("bm_twait")>;
+
+// -- session <-> lease actor ------------------------------------------------
+
+/// session -> lease: (name): present this replica for leading `name`.
+using lead_atom = caf::atom_constant<caf::atom("bm_lead")>;
+
+/// session -> lease: (name): stop presenting; give the leadership up.
+using unlead_atom = caf::atom_constant<caf::atom("bm_unlead")>;
+
+/// lease -> session: (name, fence): elected.
+using leader_atom = caf::atom_constant<caf::atom("bm_leader")>;
+
+/// lease -> session: (name, reason): not (or no longer) leading.
+using follower_atom = caf::atom_constant<caf::atom("bm_follow")>;
+
+/// bot -> lease, bot -> session: shut down cleanly, then reply.
+using shutdown_atom = caf::atom_constant<caf::atom("bm_shut")>;
+
 
 } // namespace botmesh

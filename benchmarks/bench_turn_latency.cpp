@@ -1,163 +1,379 @@
-// bench_turn_latency: uncontended acquire+release latency (p50/p99/p999) of
-// the memory and Redis coordinators next to a bare Redis PING round trip
-// measured in the same run; hand-off latency between two replicas
-// alternating on one chat, woken by the push and by polling only; and turns
-// per second over 1k chats. Redis from REDIS_URL.
+// bench_turn_latency: what a turn costs the runtime, measured through the
+// lease actor as a chat actor sees it (acquire -> granted; the release is
+// sent and not awaited), next to a bare PING through the same Redis client
+// in the same run:
+//
+//   bench turn_p50 / turn_p99 us           uncontended turns on Redis
+//   ratio turn_p50_vs_ping, turn_p99_vs_ping
+//   bench handoff_push_p50 us               B waits while A holds a chat; A
+//   bench handoff_poll_p50 us               releases: until B's chat is told
+//   ratio handoff_poll_vs_push              (push, and polling only)
+//   bench contended_turns_per_s             two replicas, 1k chats
+//   bench evalsha_per_s                     a comparable 2-key script, same
+//   ratio contended_vs_evalsha              client, same concurrency
+//
+// The memory hub's figures come first (no Redis needed). Redis from
+// REDIS_URL; ratios are medians of interleaved rounds.
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
+#include <future>
+#include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include <caf/all.hpp>
+
+#include <botmesh/actors/lease_actor.hpp>
+#include <botmesh/actors/messages.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
 #include <botmesh/stores/redis/redis_coordinator.hpp>
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::turn_token>)
 
 using namespace std::chrono_literals;
 using clk = std::chrono::steady_clock;
 
 namespace {
 
-struct percentiles {
-  double p50, p99, p999;
-};
-
-percentiles pct(std::vector<double> us) {
-  std::sort(us.begin(), us.end());
-  auto at = [&](double q) {
-    return us[std::min(us.size() - 1, static_cast<size_t>(q * us.size()))];
-  };
-  return {at(0.5), at(0.99), at(0.999)};
-}
+std::atomic<std::uint64_t> next_req{1};
 
 double micros(clk::duration d) {
   return std::chrono::duration<double, std::micro>(d).count();
 }
 
-percentiles uncontended(botmesh::coordinator& c, int n) {
+double at(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<std::size_t>(q * v.size()))];
+}
+
+double median(std::vector<double> v) {
+  return at(std::move(v), 0.5);
+}
+
+// Acts as a chat actor: `n` turns one after the other, each on the next of
+// `chats` keys; records acquire -> granted.
+caf::behavior sequential(caf::event_based_actor* self, caf::actor lease,
+                         std::string prefix, int n, int chats,
+                         std::shared_ptr<std::vector<double>> out,
+                         std::shared_ptr<std::promise<void>> done) {
+  auto i = std::make_shared<int>(0);
+  auto t0 = std::make_shared<clk::time_point>();
+  auto next = [=] {
+    *t0 = clk::now();
+    self->send(lease, botmesh::acquire_atom::value,
+               prefix + std::to_string(*i % chats), next_req.fetch_add(1));
+  };
+  next();
+  return {
+    [=](botmesh::granted_atom, std::uint64_t,
+        std::shared_ptr<botmesh::turn_token>& t) {
+      out->push_back(micros(clk::now() - *t0));
+      self->send(lease, botmesh::release_atom::value, t->key(), t->fence());
+      if (++*i == n) {
+        done->set_value();
+        self->quit();
+        return;
+      }
+      next();
+    },
+    [=](botmesh::lost_atom, std::uint64_t, std::uint64_t, const std::string&) {
+      next(); // not expected uncontended; keep going
+    },
+  };
+}
+
+// Keeps `depth` turns in flight over `chats` keys; counts grants.
+caf::behavior saturating(caf::event_based_actor* self, caf::actor lease,
+                         std::string prefix, int depth, int chats,
+                         std::shared_ptr<std::atomic<long>> grants,
+                         std::shared_ptr<std::atomic<bool>> stop) {
+  auto rng = std::make_shared<std::mt19937>(std::random_device{}());
+  auto acquire = [=] {
+    self->send(lease, botmesh::acquire_atom::value,
+               prefix + std::to_string((*rng)() % chats), next_req.fetch_add(1));
+  };
+  for (int k = 0; k < depth; ++k)
+    acquire();
+  return {
+    [=](botmesh::granted_atom, std::uint64_t,
+        std::shared_ptr<botmesh::turn_token>& t) {
+      ++*grants;
+      self->send(lease, botmesh::release_atom::value, t->key(), t->fence());
+      if (!stop->load())
+        acquire();
+    },
+    [=](botmesh::lost_atom, std::uint64_t, std::uint64_t, const std::string&) {
+      if (!stop->load())
+        acquire();
+    },
+  };
+}
+
+// The coordinator without its push: grants are found by polling only.
+class no_push final : public botmesh::coordinator {
+ public:
+  explicit no_push(std::shared_ptr<botmesh::coordinator> c) : c_(std::move(c)) {
+    // nop
+  }
+  const std::string& replica_id() const noexcept override {
+    return c_->replica_id();
+  }
+  const std::string& incarnation() const noexcept override {
+    return c_->incarnation();
+  }
+  std::chrono::milliseconds lease() const noexcept override {
+    return c_->lease();
+  }
+  void enter(std::string_view k, std::uint64_t r, bool retry,
+             completion<botmesh::turn_state> d) override {
+    c_->enter(k, r, retry, std::move(d));
+  }
+  void poll(std::string_view k, std::uint64_t r,
+            completion<botmesh::turn_state> d) override {
+    c_->poll(k, r, std::move(d));
+  }
+  void release(botmesh::turn_ref t,
+               completion<botmesh::release_result> d) override {
+    c_->release(std::move(t), std::move(d));
+  }
+  void leave(std::string_view k, std::uint64_t r,
+             completion<bool> d) override {
+    c_->leave(k, r, std::move(d));
+  }
+  void skip_if_dead(std::string_view k, std::string_view i,
+                    completion<bool> d) override {
+    c_->skip_if_dead(k, i, std::move(d));
+  }
+  void renew(botmesh::renewal r,
+             completion<botmesh::renewal_result> d) override {
+    c_->renew(std::move(r), std::move(d));
+  }
+  void unlead(std::string_view n, std::uint64_t f,
+              completion<bool> d) override {
+    c_->unlead(n, f, std::move(d));
+  }
+  void on_grant(grant_listener) override {
+    c_->on_grant([](botmesh::turn_state) {}); // dropped: polling finds it
+  }
+  std::uint64_t push_epoch() const noexcept override {
+    return 0;
+  }
+
+ private:
+  std::shared_ptr<botmesh::coordinator> c_;
+};
+
+struct replica {
+  std::shared_ptr<botmesh::coordinator> coord;
+  caf::actor lease;
+};
+
+replica make_replica(caf::actor_system& sys,
+                     std::shared_ptr<botmesh::coordinator> c) {
+  botmesh::lease_config cfg;
+  cfg.coordinator = c;
+  return {c, botmesh::spawn_lease_actor(sys, cfg)};
+}
+
+void shutdown(caf::actor_system& sys, replica& r) {
+  caf::scoped_actor self{sys};
+  self->request(r.lease, 10s, botmesh::shutdown_atom::value)
+    .receive([](bool) {}, [](caf::error&) {});
+}
+
+std::vector<double> turns(caf::actor_system& sys, replica& r, int n,
+                          const std::string& prefix) {
+  auto out = std::make_shared<std::vector<double>>();
+  out->reserve(n);
+  auto done = std::make_shared<std::promise<void>>();
+  auto f = done->get_future();
+  sys.spawn(sequential, r.lease, prefix, n, 1000, out, done);
+  f.wait();
+  return *out;
+}
+
+// A holds the chat; B's request waits; A releases: the time until B's chat
+// actor is told it has the turn.
+std::vector<double> handoffs(caf::actor_system& sys, replica& a, replica& b,
+                             int n, const std::string& key) {
   std::vector<double> us;
-  us.reserve(n);
+  caf::scoped_actor ca{sys};
+  caf::scoped_actor cb{sys};
   for (int i = 0; i < n; ++i) {
-    auto key = "u" + std::to_string(i % 64);
+    std::shared_ptr<botmesh::turn_token> held;
+    ca->send(a.lease, botmesh::acquire_atom::value, key, next_req.fetch_add(1));
+    ca->receive([&](botmesh::granted_atom, std::uint64_t,
+                    std::shared_ptr<botmesh::turn_token>& t) { held = t; });
+    cb->send(b.lease, botmesh::acquire_atom::value, key, next_req.fetch_add(1));
+    std::this_thread::sleep_for(2ms); // B's request is queued by now
     auto t0 = clk::now();
-    auto t = c.take_ticket(key);
-    auto held = c.try_acquire(key, t);
-    c.release(*held);
-    us.push_back(micros(clk::now() - t0));
-  }
-  return pct(us);
-}
-
-// A and B alternate on one chat: B queues while A holds the turn; the
-// figure is the time from A's release until B holds the turn.
-percentiles handoff(botmesh::coordinator& a, botmesh::coordinator& b, int n,
-                    bool push) {
-  std::vector<double> us;
-  std::string key = push ? "handoff-push" : "handoff-poll";
-  for (int i = 0; i < n; ++i) {
-    auto ta = a.take_ticket(key);
-    auto held = a.try_acquire(key, ta);
-    auto tb = b.take_ticket(key);
-    std::atomic<bool> released{false};
-    clk::time_point t0;
-    std::thread waiter{[&] {
-      for (;;) {
-        if (released.load())
-          if (auto got = b.try_acquire(key, tb)) {
-            us.push_back(micros(clk::now() - t0));
-            b.release(*got);
-            return;
-          }
-        if (push)
-          b.wait_change(key, 100ms);
-        else
-          std::this_thread::sleep_for(5ms); // the polling floor
-      }
-    }};
-    std::this_thread::sleep_for(2ms); // let B wait
-    t0 = clk::now();
-    released = true;
-    a.release(*held);
-    waiter.join();
-  }
-  return pct(us);
-}
-
-double turns_per_second(std::vector<botmesh::coordinator*> replicas, int chats) {
-  std::atomic<bool> stop{false};
-  std::atomic<long> turns{0};
-  std::vector<std::thread> pool;
-  for (int t = 0; t < 8; ++t) {
-    pool.emplace_back([&, t] {
-      auto& c = *replicas[t % replicas.size()];
-      std::mt19937 rng(t);
-      while (!stop) {
-        auto key = "chat" + std::to_string(rng() % chats);
-        auto ticket = c.take_ticket(key);
-        std::optional<botmesh::turn> held;
-        while (!(held = c.try_acquire(key, ticket)))
-          c.wait_change(key, 5ms);
-        c.release(*held);
-        ++turns;
-      }
+    ca->send(a.lease, botmesh::release_atom::value, held->key(), held->fence());
+    cb->receive([&](botmesh::granted_atom, std::uint64_t,
+                    std::shared_ptr<botmesh::turn_token>& t) {
+      us.push_back(micros(clk::now() - t0));
+      cb->send(b.lease, botmesh::release_atom::value, t->key(), t->fence());
     });
   }
-  auto t0 = clk::now();
-  std::this_thread::sleep_for(2s);
-  stop = true;
-  for (auto& th : pool)
-    th.join();
-  return turns / std::chrono::duration<double>(clk::now() - t0).count();
+  return us;
 }
 
-void print(const char* what, percentiles p) {
-  std::printf("%-44s p50 %8.1f us  p99 %8.1f us  p999 %8.1f us\n", what, p.p50,
-              p.p99, p.p999);
+double contended(caf::actor_system& sys, replica& a, replica& b, int depth,
+                 const std::string& prefix, std::chrono::milliseconds span) {
+  auto grants = std::make_shared<std::atomic<long>>(0);
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  auto x = sys.spawn(saturating, a.lease, prefix, depth / 2, 1000, grants, stop);
+  auto y = sys.spawn(saturating, b.lease, prefix, depth / 2, 1000, grants, stop);
+  std::this_thread::sleep_for(200ms); // warm up
+  auto g0 = grants->load();
+  auto t0 = clk::now();
+  std::this_thread::sleep_for(span);
+  auto rate = (grants->load() - g0)
+              / std::chrono::duration<double>(clk::now() - t0).count();
+  stop->store(true);
+  std::this_thread::sleep_for(300ms); // in-flight turns drain
+  caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(y, caf::exit_reason::user_shutdown);
+  return rate;
+}
+
+// The baseline: a small script of two keys in one slot (HINCRBY + a list
+// push and pop), `depth` in flight through the same client.
+double evalsha(botmesh::redis_client& client, int depth,
+               const std::string& prefix, std::chrono::milliseconds span) {
+  static const botmesh::redis_script script{
+    "bench", "#!lua\nlocal n = redis.call('HINCRBY', KEYS[1], 'seq', 1)\n"
+             "redis.call('RPUSH', KEYS[2], n)\nredis.call('LPOP', KEYS[2])\n"
+             "redis.call('PEXPIRE', KEYS[1], 60000)\nreturn n\n"};
+  client.preload(script);
+  client.eval(script, {prefix + "{x}:h", prefix + "{x}:q"}, {});
+  std::atomic<long> done{0};
+  std::atomic<bool> stop{false};
+  std::mt19937 rng{7};
+  std::function<void(std::string)> issue = [&](std::string k) {
+    client.eval_async(k, script, {k + ":h", k + ":q"}, {},
+                      [&, k](botmesh::redis_reply, std::exception_ptr) {
+                        ++done;
+                        if (!stop.load())
+                          issue(k);
+                      });
+  };
+  for (int i = 0; i < depth; ++i)
+    issue(prefix + "{c" + std::to_string(rng() % 1000) + "}");
+  std::this_thread::sleep_for(200ms);
+  auto d0 = done.load();
+  auto t0 = clk::now();
+  std::this_thread::sleep_for(span);
+  auto rate = (done.load() - d0)
+              / std::chrono::duration<double>(clk::now() - t0).count();
+  stop = true;
+  std::this_thread::sleep_for(300ms);
+  return rate;
+}
+
+void line(const char* name, double v, const char* unit) {
+  std::printf("bench %s %.1f %s\n", name, v, unit);
+}
+
+void ratio(const char* name, double v) {
+  std::printf("ratio %s %.3f\n", name, v);
 }
 
 } // namespace
 
-int main() {
-  std::printf("bench_turn_latency\n");
+int main(int argc, char** argv) {
+  int rounds = 5;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string{argv[i]} == "--rounds")
+      rounds = std::max(1, std::atoi(argv[i + 1]));
+  caf::actor_system_config cfg;
+  cfg.set("scheduler.max-threads", 2);
+  cfg.set("scheduler.max-throughput", 32);
+  caf::actor_system sys{cfg};
+  std::printf("bench_turn_latency: %d rounds\n", rounds);
   {
     botmesh::memory_coordination_hub hub;
-    botmesh::memory_coordinator a{hub, {.replica_id = "a"}};
-    botmesh::memory_coordinator b{hub, {.replica_id = "b"}};
-    print("memory: uncontended acquire+release", uncontended(a, 50'000));
-    print("memory: hand-off, push wake-up", handoff(a, b, 300, true));
-    print("memory: hand-off, polling only", handoff(a, b, 300, false));
-    std::printf("memory: turns/s over 1k chats, 2 replicas x 4 threads: %.0f\n",
-                turns_per_second({&a, &b}, 1000));
+    auto a = make_replica(sys, std::make_shared<botmesh::memory_coordinator>(
+                                 hub, botmesh::memory_coordinator_options{
+                                        .replica_id = "a"}));
+    auto b = make_replica(sys, std::make_shared<botmesh::memory_coordinator>(
+                                 hub, botmesh::memory_coordinator_options{
+                                        .replica_id = "b"}));
+    auto u = turns(sys, a, 20'000, "mu");
+    line("memory_turn_p50", at(u, 0.5), "us");
+    line("memory_turn_p99", at(u, 0.99), "us");
+    line("memory_handoff_push_p50", median(handoffs(sys, a, b, 200, "mh")), "us");
+    line("memory_contended_turns_per_s", contended(sys, a, b, 64, "mc", 1s),
+         "turns/s");
+    shutdown(sys, a);
+    shutdown(sys, b);
   }
   auto url = std::getenv("REDIS_URL");
   if (!url) {
-    std::printf("redis: REDIS_URL not set, Redis figures not measured\n");
+    std::printf("REDIS_URL not set: Redis figures not measured\n");
     return 0;
   }
-  botmesh::redis_client client{{.url = url}};
-  std::vector<double> ping;
-  for (int i = 0; i < 5000; ++i) {
-    auto t0 = clk::now();
-    client.call({"PING"});
-    ping.push_back(micros(clk::now() - t0));
-  }
-  auto base = pct(ping);
-  print("redis baseline: PING round trip (our client)", base);
+  auto client = std::make_shared<botmesh::redis_client>(
+    botmesh::redis_options{.url = url});
   auto prefix = "bench-turn-" + std::to_string(std::random_device{}());
-  botmesh::redis_coordinator a{{.url = url, .prefix = prefix, .replica_id = "a"}};
-  botmesh::redis_coordinator b{{.url = url, .prefix = prefix, .replica_id = "b"}};
-  auto u = uncontended(a, 5'000);
-  print("redis: uncontended acquire+release", u);
-  std::printf("ratio redis acquire+release p50 / PING p50: %.2f (3 round trips)\n",
-              u.p50 / base.p50);
-  print("redis: hand-off, push wake-up", handoff(a, b, 200, true));
-  print("redis: hand-off, polling only", handoff(a, b, 200, false));
-  std::printf("redis: turns/s over 1k chats, 2 replicas x 4 threads: %.0f\n",
-              turns_per_second({&a, &b}, 1000));
+  auto coord = [&](const char* id) {
+    return std::make_shared<botmesh::redis_coordinator>(
+      botmesh::redis_coordinator_options{.client = client, .prefix = prefix,
+                                         .replica_id = id});
+  };
+  auto a = make_replica(sys, coord("a"));
+  auto b = make_replica(sys, coord("b"));
+  auto pa = make_replica(sys, std::make_shared<no_push>(coord("pa")));
+  auto pb = make_replica(sys, std::make_shared<no_push>(coord("pb")));
+  std::vector<double> p50s, p99s, pings50, pings99, push, poll, cont, eval,
+    r50, r99, rhand, rcont;
+  for (int r = 0; r < rounds; ++r) {
+    std::vector<double> ping;
+    for (int i = 0; i < 3000; ++i) {
+      auto t0 = clk::now();
+      client->call({"PING"});
+      ping.push_back(micros(clk::now() - t0));
+    }
+    auto u = turns(sys, a, 3000, prefix + ":u" + std::to_string(r) + ":");
+    auto ph = median(handoffs(sys, a, b, 60, prefix + ":hp" + std::to_string(r)));
+    auto pl = median(handoffs(sys, pa, pb, 15, prefix + ":hl" + std::to_string(r)));
+    auto c = contended(sys, a, b, 64, prefix + ":c" + std::to_string(r) + ":", 1s);
+    auto e = evalsha(*client, 64, prefix + ":e" + std::to_string(r), 1s);
+    p50s.push_back(at(u, 0.5));
+    p99s.push_back(at(u, 0.99));
+    pings50.push_back(at(ping, 0.5));
+    pings99.push_back(at(ping, 0.99));
+    push.push_back(ph);
+    poll.push_back(pl);
+    cont.push_back(c);
+    eval.push_back(e);
+    r50.push_back(at(u, 0.5) / at(ping, 0.5));
+    r99.push_back(at(u, 0.99) / at(ping, 0.99));
+    rhand.push_back(pl / ph);
+    rcont.push_back(c / e);
+    std::printf("  round %d: ping p50 %.0f us, turn p50 %.0f / p99 %.0f us, "
+                "hand-off push %.0f / poll %.0f us, contended %.0f/s, "
+                "evalsha %.0f/s\n",
+                r + 1, at(ping, 0.5), at(u, 0.5), at(u, 0.99), ph, pl, c, e);
+  }
+  line("ping_p50", median(pings50), "us");
+  line("ping_p99", median(pings99), "us");
+  line("turn_p50", median(p50s), "us");
+  line("turn_p99", median(p99s), "us");
+  ratio("turn_p50_vs_ping", median(r50));
+  ratio("turn_p99_vs_ping", median(r99));
+  line("handoff_push_p50", median(push), "us");
+  line("handoff_poll_p50", median(poll), "us");
+  ratio("handoff_poll_vs_push", median(rhand));
+  line("contended_turns_per_s", median(cont), "turns/s");
+  line("evalsha_per_s", median(eval), "calls/s");
+  ratio("contended_vs_evalsha", median(rcont));
+  for (auto* r : {&a, &b, &pa, &pb})
+    shutdown(sys, *r);
   return 0;
 }

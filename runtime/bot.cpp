@@ -10,14 +10,15 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include <botmesh/actors/lease_actor.hpp>
 #include <botmesh/actors/messages.hpp>
 #include <botmesh/actors/router.hpp>
+#include <botmesh/actors/session_actor.hpp>
+#include <botmesh/actors/turn_token.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
-#include <botmesh/runtime/internal/provider_session.hpp>
-#include <botmesh/runtime/internal/turn_keeper.hpp>
 #include <botmesh/stores/memory_store.hpp>
 
 namespace botmesh {
@@ -26,14 +27,6 @@ using internal::ascii_iequals;
 using internal::trim;
 
 namespace {
-
-// The turn this handler thread runs, for the fence check of sends and
-// checkpoint writes.
-thread_local internal::held_turn* current_held = nullptr;
-// The running turn's stop token (settle, lost lease, or bot stop).
-thread_local std::stop_token current_turn_stop;
-
-
 
 struct route {
   enum kind_t { any, keywords, regex } kind;
@@ -60,7 +53,11 @@ void emit(const listeners<Event>& ls, const Event& ev) {
 
 } // namespace
 
-struct bot::impl final : chat_services, provider_host, internal::flow_host {
+struct bot::impl final : chat_services,
+                         provider_host,
+                         internal::flow_host,
+                         lease_listener,
+                         session_hooks {
   impl(bot& owner, bot_options o) : self(owner), opts(std::move(o)) {
     if (!opts.provider)
       throw invalid_argument_error("provider",
@@ -90,12 +87,12 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   // -- flow_host -------------------------------------------------------------
 
   void send_to_chat(const std::string& key, const inbound_message& to,
-                    std::string_view text) override {
+                    std::string_view text, const turn_token* turn) override {
     outgoing_message out;
     out.chat = to.chat;
     out.text = std::string{text};
     out.reply_to = to.id;
-    send(std::move(out), &key);
+    send(std::move(out), &key, turn);
   }
 
   botmesh::store& flow_store() override {
@@ -113,89 +110,103 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
           msg ? std::optional<inbound_message>{*msg} : std::nullopt);
   }
 
-  std::stop_token flow_stop_token() override {
-    return current_turn_stop.stop_possible() ? current_turn_stop
-                                             : stop_source.get_token();
-  }
-
-  void fence(const std::string& key) override {
-    if (keeper && current_held && current_held->turn.key == key)
-      keeper->check(*current_held);
-  }
-
-  // -- coordination ----------------------------------------------------------
-
-  // Takes a ticket and waits for the chat's turn; nothing (after an error
-  // event) when it cannot be had within turn_wait.
-  std::shared_ptr<internal::held_turn> acquire_turn(const std::string& key,
-                                                    const inbound_message& msg) {
-    auto& co = *opts.coordination;
-    std::string why;
-    try {
-      if (auto held = keeper->acquire(key, co.turn_wait.ms(), co.max_poll.ms(),
-                                      stop_source.get_token()))
-        return held;
-      why = fmt::format("within turn_wait ({})",
-                        format_duration(co.turn_wait.ms()));
-    } catch (const std::exception& e) {
-      why = fmt::format("because {}", e.what());
-    }
-    ++turn_failures;
-    raise(errc::coordination_unavailable,
-          fmt::format("chat {}: message {} got no turn {}", key, msg.id, why),
-          key, msg);
-    return nullptr;
+  // The turn's stop token (settle, a lost lease, and the bot's stop are
+  // forwarded to it), or the bot's own without coordination.
+  std::stop_token flow_stop_token(const turn_token* turn) override {
+    return turn ? turn->stop_token() : stop_source.get_token();
   }
 
   const std::string& lang() const override {
     return opts.lang;
   }
 
-  void timer_turn(const std::string& key, std::uint64_t id) {
-    // A timer acts only with the chat's turn: when another replica held the
-    // chat meanwhile, with_turn drops this stale copy and the timer with it.
-    inbound_message origin;
-    origin.id = fmt::format("timer-{}", id);
-    origin.chat = key;
-    with_turn(key, origin, [&] {
+  // -- lease_listener (on the lease actor's thread: never block) ------------
+
+  void turn_lost(const std::string& key, std::uint64_t,
+                 turn_end why) override {
+    post_event([this, key, reason = std::string{to_string(why)}] {
+      emit(on_lost, events::lease_lost{key, reason});
+    });
+  }
+
+  // -- session_hooks ---------------------------------------------------------
+
+  void start_transport() override {
+    {
+      std::lock_guard guard{run_mtx};
+      closed_since = std::chrono::steady_clock::now();
+    }
+    opts.provider->start(*this);
+  }
+
+  void stop_transport() override {
+    opts.provider->stop();
+  }
+
+  void run_blocking(std::function<void()> fn) override {
+    pool->post(std::move(fn));
+  }
+
+  std::optional<std::chrono::steady_clock::duration> closed_for() override {
+    std::lock_guard guard{run_mtx};
+    if (transport != provider_state::closed)
+      return std::nullopt;
+    return std::chrono::steady_clock::now() - closed_since;
+  }
+
+  void leader(const std::string& name, std::uint64_t fence) override {
+    post_event([this, name, fence] {
+      emit(on_leader, events::leader{name, fence});
+    });
+  }
+
+  void follower(const std::string& name, const std::string& reason) override {
+    post_event([this, name, reason] {
+      emit(on_follower, events::follower{name, reason});
+    });
+  }
+
+  // Listeners run on the handler pool: user code, which may block, never
+  // runs on an actor's thread.
+  void post_event(std::function<void()> fn) {
+    if (pool)
+      pool->post(std::move(fn));
+  }
+
+  // -- coordinated turns -----------------------------------------------------
+
+  // One event holding its granted turn. A chat held elsewhere since this
+  // replica's last turn drops its stale in-memory conversation first; a
+  // turn that ended while the step ran drops it after (its checkpoint stays
+  // for the next holder).
+  void coordinated_turn(const std::string& key, chat_event& ev, bool first,
+                        const std::shared_ptr<turn_token>& token) {
+    if (held_elsewhere(*token))
+      flows.drop(key);
+    // A bot stop stops the turn's step too.
+    std::stop_callback forward{stop_source.get_token(),
+                               [t = token] { t->request_stop(); }};
+    if (ev.is_timer()) {
       try {
-        flows.on_timer(key, id);
+        flows.on_timer(key, ev.timer, token.get());
       } catch (const std::exception& e) {
         raise(errc::handler_failed,
               fmt::format("chat {}: a flow timer failed: {}", key, e.what()),
               key, std::nullopt);
       }
-    });
+    } else {
+      record(key, ev.message, first);
+      run_handlers(key, ev.message, first, token.get());
+    }
+    if (!token->valid())
+      flows.drop(key);
   }
 
-  // Runs `fn` holding the chat's turn when coordination is on, plainly
-  // otherwise. A chat held elsewhere since this replica's last turn drops
-  // the stale in-memory conversation first; a turn lost while `fn` ran
-  // drops it after (its checkpoint stays for the new holder).
-  template <class F>
-  void with_turn(const std::string& key, const inbound_message& origin, F&& fn) {
-    std::shared_ptr<internal::held_turn> held;
-    std::optional<std::stop_callback<std::function<void()>>> forward;
-    if (keeper) {
-      held = acquire_turn(key, origin);
-      if (!held)
-        return;
-      if (held_elsewhere(*held))
-        flows.drop(key);
-      // A bot stop stops the turn's step too.
-      forward.emplace(stop_source.get_token(),
-                      std::function<void()>{[h = held] { h->stop.request_stop(); }});
-      current_turn_stop = held->stop.get_token();
-      current_held = held.get();
-    }
-    fn();
-    current_turn_stop = {};
-    current_held = nullptr;
-    if (held) {
-      if (!held->lost_reason.empty())
-        flows.drop(key);
-      keeper->release(held);
-    }
+  // True when another (or an unknown) replica held the chat last: what this
+  // replica has in memory of its conversation may be stale.
+  bool held_elsewhere(const turn_token& t) const {
+    auto& prev = t.previous_holder();
+    return !prev || *prev != opts.coordination->coordinator->replica_id();
   }
 
   // -- owned actor system ----------------------------------------------------
@@ -215,10 +226,15 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   // -- chat_services ---------------------------------------------------------
 
   void run_turns(const std::string& key, std::vector<chat_event> batch,
-                 bool first, std::function<void()> done) override {
+                 bool first, std::shared_ptr<turn_token> turn,
+                 std::function<void()> done) override {
     pool->post([this, key, batch = std::move(batch), first,
-                done = std::move(done)]() mutable {
+                turn = std::move(turn), done = std::move(done)]() mutable {
       for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (turn) {
+          coordinated_turn(key, batch[i], first && i == 0, turn);
+          continue;
+        }
         // Past the stop bound, the rest of the batch is refused like the
         // messages still queued in the chat actor.
         if (batch[i].is_timer()) {
@@ -233,10 +249,36 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
                               key));
           continue;
         }
-        turn(key, batch[i].message, first && i == 0);
+        record(key, batch[i].message, first && i == 0);
+        run_handlers(key, batch[i].message, first && i == 0, nullptr);
       }
       done();
     });
+  }
+
+  void turn_failed(const std::string& key, chat_event ev,
+                   std::string why) override {
+    ++turn_failures;
+    if (ev.is_timer()) {
+      raise(errc::coordination_unavailable,
+            fmt::format("chat {}: a flow timer got no turn {}", key, why), key,
+            std::nullopt);
+      return;
+    }
+    auto id = ev.message.id;
+    raise(errc::coordination_unavailable,
+          fmt::format("chat {}: message {} got no turn {}", key, id, why), key,
+          std::move(ev.message));
+  }
+
+  void timer_turn(const std::string& key, std::uint64_t id) {
+    try {
+      flows.on_timer(key, id, nullptr);
+    } catch (const std::exception& e) {
+      raise(errc::handler_failed,
+            fmt::format("chat {}: a flow timer failed: {}", key, e.what()),
+            key, std::nullopt);
+    }
   }
 
   void refused(const std::string& key, inbound_message msg, errc code,
@@ -310,39 +352,24 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
     return false;
   }
 
-  // The replica runs the transport only while elected for provider:<id>.
+  // The replica runs the transport only while elected for provider:<id>:
+  // the session actor asks the lease actor to present it.
   void start_session() {
     auto& co = *opts.coordination;
-    internal::provider_session::hooks h;
-    h.start_transport = [this] {
-      {
-        std::lock_guard guard{run_mtx};
-        closed_since = std::chrono::steady_clock::now();
-      }
-      opts.provider->start(*this);
-    };
-    h.stop_transport = [this] { opts.provider->stop(); };
-    h.closed_for = [this]() -> std::optional<std::chrono::steady_clock::duration> {
-      std::lock_guard guard{run_mtx};
-      if (transport != provider_state::closed)
-        return std::nullopt;
-      return std::chrono::steady_clock::now() - closed_since;
-    };
-    h.on_leader = [this](const std::string& name, std::uint64_t fence) {
-      emit(on_leader, events::leader{name, fence});
-    };
-    h.on_follower = [this](const std::string& name, const std::string& why) {
-      emit(on_follower, events::follower{name, why});
-    };
-    session = std::make_unique<internal::provider_session>(
-      *co.coordinator, "provider:" + provider_id, co.provider_down.ms(),
-      std::move(h));
+    session_config sc;
+    sc.lease = lease_handle;
+    sc.name = "provider:" + provider_id;
+    sc.provider_down = co.provider_down.ms();
+    sc.period = co.coordinator->lease() / 3;
+    sc.rest = std::max(co.coordinator->lease(), std::chrono::milliseconds{3000});
+    sc.hooks = this;
+    sc.leading = leading_flag;
+    session_handle = spawn_session_actor(*sys, std::move(sc));
   }
 
   bool leading() const {
-    return session && session->leading();
+    return leading_flag->load();
   }
-
 
   void input_closed() override {
     std::lock_guard guard{run_mtx};
@@ -351,18 +378,6 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   }
 
   // -- turns -----------------------------------------------------------------
-
-  // True when another (or an unknown) replica held the chat last: what this
-  // replica has in memory of its conversation may be stale.
-  bool held_elsewhere(const internal::held_turn& h) const {
-    auto& prev = h.turn.previous_holder;
-    return !prev || *prev != opts.coordination->coordinator->replica_id();
-  }
-
-  void turn(const std::string& key, const inbound_message& msg, bool first) {
-    record(key, msg, first);
-    with_turn(key, msg, [&] { run_handlers(key, msg, first); });
-  }
 
   void record(const std::string& key, const inbound_message& msg, bool first) {
     if (opts.log_messages) {
@@ -382,11 +397,11 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   }
 
   void run_handlers(const std::string& key, const inbound_message& msg,
-                    bool first) {
+                    bool first, const turn_token* turn) {
     emit(on_in, events::message_in{key, msg});
     try {
-      if (!flows.on_message(key, msg, first))
-        dispatch(key, msg);
+      if (!flows.on_message(key, msg, first, turn))
+        dispatch(key, msg, turn);
     } catch (const lease_lost_error& e) {
       // The turn was lost while the handler ran: its write was refused.
       raise(errc::lease_lost,
@@ -421,8 +436,9 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
     opts.store->save_chat(rec);
   }
 
-  void dispatch(const std::string& key, const inbound_message& msg) {
-    context ctx{self, key, msg};
+  void dispatch(const std::string& key, const inbound_message& msg,
+                const turn_token* turn) {
+    context ctx{self, key, msg, turn};
     auto text = trim(msg.text);
     for (auto& r : routes) {
       switch (r.kind) {
@@ -447,15 +463,17 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
     }
   }
 
-  void send(outgoing_message msg, const std::string* key) {
+  void send(outgoing_message msg, const std::string* key,
+            const turn_token* turn) {
     if (msg.chat.empty())
       throw invalid_argument_error("chat", "send: the chat must not be empty");
     msg.provider = provider_id;
     if (exclusive() && !leading())
       throw provider_not_leader_error(provider_id);
-    // Fencing: a handler whose turn was lost must not answer out of order.
-    if (key)
-      fence(*key);
+    // Fencing: a step whose turn was lost (or ran past settle) must not
+    // answer out of order.
+    if (turn)
+      turn->check();
     try {
       opts.provider->send(msg);
     } catch (const botmesh::error&) {
@@ -518,8 +536,10 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   listeners<events::follower> on_follower;
   provider_state transport = provider_state::closed; // guarded by run_mtx
   std::chrono::steady_clock::time_point closed_since{};
-  std::unique_ptr<internal::provider_session> session;
-  std::unique_ptr<internal::turn_keeper> keeper;
+  caf::actor lease_handle;   // with coordination
+  caf::actor session_handle; // with an exclusive transport
+  std::shared_ptr<std::atomic<bool>> leading_flag =
+    std::make_shared<std::atomic<bool>>(false);
 
   std::mutex lifecycle_mtx;
   bool started = false;
@@ -544,7 +564,7 @@ void context::reply(std::string_view text) {
   out.chat = msg_.chat;
   out.text = std::string{text};
   out.reply_to = msg_.id;
-  bot_.impl_->send(std::move(out), &key_);
+  bot_.impl_->send(std::move(out), &key_, turn_);
 }
 
 botmesh::store& context::store() noexcept {
@@ -552,7 +572,7 @@ botmesh::store& context::store() noexcept {
 }
 
 std::stop_token context::stop_token() const noexcept {
-  return bot_.impl_->flow_stop_token();
+  return bot_.impl_->flow_stop_token(turn_);
 }
 
 // -- bot ----------------------------------------------------------------------
@@ -711,12 +731,6 @@ void bot::start() {
     if (!impl_->opts.store->supports_compare_and_set())
       std::fprintf(stderr, "botmesh: the store has no compare-and-set: "
                            "checkpoints of replicas are fenced only locally\n");
-    auto* self = impl_.get();
-    impl_->keeper = std::make_unique<internal::turn_keeper>(
-      *co.coordinator, co.settle.ms(),
-      [self](const std::string& key, const std::string& reason) {
-        emit(self->on_lost, events::lease_lost{key, reason});
-      });
   }
   // Half the cores: the CAF workers that route and order messages need the
   // rest. Blocking handlers still get more threads (the pool grows when all
@@ -728,6 +742,17 @@ void bot::start() {
   rc.services = impl_.get();
   rc.max_pending_per_chat = impl_->opts.max_pending_per_chat;
   rc.passivate_after = impl_->opts.passivate_after.ms();
+  if (impl_->opts.coordination) {
+    auto& co = *impl_->opts.coordination;
+    lease_config lc;
+    lc.coordinator = co.coordinator;
+    lc.settle = co.settle.ms();
+    lc.max_poll = co.max_poll.ms();
+    lc.listener = impl_.get();
+    impl_->lease_handle = spawn_lease_actor(*impl_->sys, std::move(lc));
+    rc.lease = impl_->lease_handle;
+    rc.turn_wait = co.turn_wait.ms();
+  }
   impl_->router_handle = spawn_router(*impl_->sys, rc);
   impl_->started = true;
   impl_->accepting = true;
@@ -765,9 +790,22 @@ void bot::stop() {
   // 3. Past the bound, running handlers are asked to give up; then wait for them.
   if (!drained)
     impl_->stop_source.request_stop();
+  // 4. The session gives its leadership up; the lease actor releases what
+  //    it still holds and gives up what it waits for (bounded by a lease).
+  if (impl_->session_handle || impl_->lease_handle) {
+    caf::scoped_actor self{*impl_->sys};
+    auto bound = impl_->opts.coordination->coordinator->lease()
+                 + std::chrono::seconds(1);
+    for (auto& h : {impl_->session_handle, impl_->lease_handle})
+      if (h)
+        self->request(h, bound, shutdown_atom::value)
+          .receive([](bool) {}, [](caf::error&) {});
+  }
+  // A detached actor's thread ends only once nothing refers to it: the
+  // actor system waits for that thread when it is destroyed.
+  impl_->session_handle = nullptr;
+  impl_->lease_handle = nullptr;
   impl_->pool->shutdown();
-  impl_->keeper.reset();
-  impl_->session.reset(); // hands the leadership on
   impl_->opts.provider->stop();
   caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
 }
@@ -796,11 +834,11 @@ void bot::send(std::string_view chat, std::string_view text) {
   outgoing_message msg;
   msg.chat = std::string{chat};
   msg.text = std::string{text};
-  impl_->send(std::move(msg), nullptr);
+  impl_->send(std::move(msg), nullptr, nullptr);
 }
 
 void bot::send(outgoing_message msg) {
-  impl_->send(std::move(msg), nullptr);
+  impl_->send(std::move(msg), nullptr, nullptr);
 }
 
 bot_stats bot::stats() const {

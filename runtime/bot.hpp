@@ -27,6 +27,7 @@
 namespace botmesh {
 
 class bot;
+class turn_token;
 
 /// What a handler gets for one message. Valid only during the handler call.
 class context {
@@ -50,7 +51,9 @@ class context {
   }
 
   /// Sends `text` to this message's chat. Throws `botmesh::error`
-  /// (`errc::provider_error`) when the provider fails.
+  /// (`errc::provider_error`) when the provider fails, and
+  /// `lease_lost_error` when, with coordination, this turn no longer holds
+  /// (lost, or past `settle`): nothing is sent then.
   void reply(std::string_view text);
 
   botmesh::store& store() noexcept;
@@ -67,14 +70,16 @@ class context {
  private:
   friend class bot;
 
-  context(botmesh::bot& b, const std::string& key, const inbound_message& msg)
-    : bot_(b), key_(key), msg_(msg) {
+  context(botmesh::bot& b, const std::string& key, const inbound_message& msg,
+          const turn_token* turn)
+    : bot_(b), key_(key), msg_(msg), turn_(turn) {
     // nop
   }
 
   botmesh::bot& bot_;
   const std::string& key_;
   const inbound_message& msg_;
+  const turn_token* turn_; // with coordination: this message's turn
   std::vector<std::string> matches_;
 };
 

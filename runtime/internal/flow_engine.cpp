@@ -194,7 +194,7 @@ void flow_context::idle(duration after, std::function<void(flow_context&)> fn) {
 }
 
 std::stop_token flow_context::stop_token() const {
-  return conv_.engine.host().flow_stop_token();
+  return conv_.engine.host().flow_stop_token(conv_.turn);
 }
 
 // -- ask_awaiter ----------------------------------------------------------------
@@ -310,17 +310,22 @@ std::uint64_t flow_engine::arm(conversation& c, std::chrono::milliseconds after)
   return id;
 }
 
+void flow_engine::fence(const conversation& c) const {
+  if (c.turn)
+    c.turn->check();
+}
+
 void flow_engine::send(conversation& c, std::string_view text) {
   if (c.superseded)
     throw lease_lost_error(c.key, "superseded");
-  host_.send_to_chat(c.key, c.current, text);
+  host_.send_to_chat(c.key, c.current, text, c.turn);
 }
 
 void flow_engine::checkpoint(conversation& c, bool waiting,
                              std::uint32_t question) {
   if (!c.def->persistent || c.superseded)
     return;
-  host_.fence(c.key);
+  fence(c);
   flow_checkpoint cp;
   cp.key = c.key;
   cp.flow = c.def->name;
@@ -368,10 +373,11 @@ void flow_engine::begin_step(conversation& c) {
 }
 
 void flow_engine::start(const flow::definition& def, const std::string& key,
-                        const inbound_message& msg) {
+                        const inbound_message& msg, const turn_token* turn) {
   auto& c = create(key);
   c.def = &def;
   c.current = msg;
+  c.turn = turn;
   c.created = msg.timestamp;
   begin_step(c);
   drive(c);
@@ -388,11 +394,29 @@ void flow_engine::drive(conversation& c) {
       return; // waiting for an answer
     try {
       c.task.rethrow();
+    } catch (const lease_lost_error& e) {
+      // The turn ended under the step (settle, a lost lease): the step is
+      // suspended, not failed. Its checkpoint stays for the next holder.
+      host_.raise_error(errc::lease_lost,
+                        fmt::format("chat {}: flow {} step {}: {}", c.key,
+                                    c.def->name, c.def->steps[c.step].name,
+                                    e.what()),
+                        c.key, &c.current);
+      finish(c, false);
+      return;
     } catch (const std::exception& e) {
       host_.raise_error(errc::handler_failed,
                         fmt::format("chat {}: flow {} step {} failed: {}",
                                     c.key, c.def->name,
                                     c.def->steps[c.step].name, e.what()),
+                        c.key, &c.current);
+      finish(c, true);
+      return;
+    } catch (...) {
+      host_.raise_error(errc::handler_failed,
+                        fmt::format("chat {}: flow {} step {} failed",
+                                    c.key, c.def->name,
+                                    c.def->steps[c.step].name),
                         c.key, &c.current);
       finish(c, true);
       return;
@@ -422,8 +446,10 @@ void flow_engine::drive(conversation& c) {
           finish(c, true);
           return;
         }
-        if (target != c.def && c.def->persistent && !target->persistent)
+        if (target != c.def && c.def->persistent && !target->persistent) {
+          fence(c);
           host_.flow_store().clear_checkpoint_if(c.key, c.revision);
+        }
         c.def = target;
         c.step = *step;
         break;
@@ -441,7 +467,10 @@ void flow_engine::drive(conversation& c) {
 }
 
 void flow_engine::finish(conversation& c, bool clear) {
-  if (clear && c.def->persistent && c.revision != 0 && !c.superseded)
+  // A step whose turn ended (settle, lost lease) never clears: the
+  // checkpoint belongs to whoever holds the chat now.
+  if (clear && c.def->persistent && c.revision != 0 && !c.superseded
+      && (!c.turn || c.turn->valid()))
     host_.flow_store().clear_checkpoint_if(c.key, c.revision);
   erase(c.key);
 }
@@ -454,7 +483,8 @@ void flow_engine::deliver(conversation& c, answer a) {
   drive(c);
 }
 
-bool flow_engine::restore(const std::string& key, const inbound_message& msg) {
+bool flow_engine::restore(const std::string& key, const inbound_message& msg,
+                          const turn_token* turn) {
   std::optional<flow_checkpoint> cp;
   try {
     cp = host_.flow_store().get_checkpoint(key);
@@ -480,12 +510,16 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg) {
                                   "\"{}\" does not match the flows of this bot",
                                   key, cp->flow, cp->step),
                       key, &msg);
+    if (turn)
+      turn->check();
     host_.flow_store().clear_checkpoint_if(key, cp->revision);
     host_.send_to_chat(key, msg,
-                       text(host_.lang(), "core.conversation.interrupted"));
+                       text(host_.lang(), "core.conversation.interrupted"),
+                       turn);
     return true; // the notice consumed the message
   }
   auto& c = create(key);
+  c.turn = turn;
   c.def = def;
   c.step = *step;
   c.current = msg;
@@ -506,7 +540,8 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg) {
 }
 
 bool flow_engine::on_message(const std::string& key,
-                             const inbound_message& msg, bool first) {
+                             const inbound_message& msg, bool first,
+                             const turn_token* turn) {
   auto c = find(key);
   if (!c && any_persistent_) {
     bool look = first;
@@ -514,11 +549,12 @@ bool flow_engine::on_message(const std::string& key,
       std::lock_guard guard{mtx_};
       look = dropped_.erase(key) > 0 || look;
     }
-    if (look && restore(key, msg))
+    if (look && restore(key, msg, turn))
       return true;
   }
   if (c) {
     c->current = msg;
+    c->turn = turn;
     for (auto& w : c->idles)
       w.timer = arm(*c, w.after); // silence restarts with every message
     if (c->waiting) {
@@ -536,17 +572,19 @@ bool flow_engine::on_message(const std::string& key,
   }
   for (auto& f : flows_) {
     if (f->triggered_by(msg.text)) {
-      start(*f, key, msg);
+      start(*f, key, msg, turn);
       return true;
     }
   }
   return false;
 }
 
-void flow_engine::on_timer(const std::string& key, std::uint64_t id) {
+void flow_engine::on_timer(const std::string& key, std::uint64_t id,
+                           const turn_token* turn) {
   auto c = find(key);
   if (!c)
     return; // the conversation ended: a stale timer
+  c->turn = turn;
   if (c->waiting && c->wait_timer == id) {
     deliver(*c, answer{c->current, true});
     return;
@@ -558,10 +596,23 @@ void flow_engine::on_timer(const std::string& key, std::uint64_t id) {
       c->pending = conversation::next::none;
       try {
         fn(c->ctx);
+      } catch (const lease_lost_error& e) {
+        host_.raise_error(errc::lease_lost,
+                          fmt::format("chat {}: idle watcher: {}", key,
+                                      e.what()),
+                          key, nullptr);
+        finish(*c, false);
+        return;
       } catch (const std::exception& e) {
         host_.raise_error(errc::handler_failed,
                           fmt::format("chat {}: idle watcher failed: {}", key,
                                       e.what()),
+                          key, nullptr);
+      } catch (...) {
+        // Whatever a watcher throws becomes an error event, never an
+        // exception out of the handler thread.
+        host_.raise_error(errc::handler_failed,
+                          fmt::format("chat {}: idle watcher failed", key),
                           key, nullptr);
       }
       if (c->pending == conversation::next::end)

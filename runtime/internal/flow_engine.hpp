@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <botmesh/actors/turn_token.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/flow.hpp>
 #include <botmesh/stores/store.hpp>
@@ -50,21 +51,20 @@ namespace internal {
 /// FNV-1a of a flow's name and its steps' names and kinds, as 16 hex digits.
 std::string fingerprint_of(const flow::definition& d);
 
-/// What the engine needs from the bot.
+/// What the engine needs from the bot. `turn` is the chat's current turn
+/// with coordination (null without): every visible effect checks it first.
 class flow_host {
  public:
   virtual ~flow_host() = default;
   virtual void send_to_chat(const std::string& key, const inbound_message& to,
-                            std::string_view text) = 0;
+                            std::string_view text, const turn_token* turn)
+    = 0;
   virtual botmesh::store& flow_store() = 0;
   virtual void arm_timer(const std::string& key, std::chrono::milliseconds after,
                          std::uint64_t id) = 0;
   virtual void raise_error(errc code, std::string what, const std::string& key,
                            const inbound_message* msg) = 0;
-  virtual std::stop_token flow_stop_token() = 0;
-  /// Throws `lease_lost_error` when the chat's turn was lost (the local
-  /// fence check before a checkpoint write).
-  virtual void fence(const std::string& key) = 0;
+  virtual std::stop_token flow_stop_token(const turn_token* turn) = 0;
   virtual const std::string& lang() const = 0;
 };
 
@@ -83,6 +83,8 @@ struct conversation {
 
   flow_engine& engine;
   std::string key;
+  /// The turn the conversation runs in now (valid during a turn only).
+  const turn_token* turn = nullptr;
   const flow::definition* def = nullptr;
   std::size_t step = 0;
   nlohmann::json state = nlohmann::json::object();
@@ -120,10 +122,11 @@ class flow_engine {
   /// activation (`first`), or after `drop(key)`. Otherwise every message
   /// of a chat without a conversation would cost a store read.
   bool on_message(const std::string& key, const inbound_message& msg,
-                  bool first);
+                  bool first, const turn_token* turn = nullptr);
 
   /// A timer of `key` fired; stale ones are discarded.
-  void on_timer(const std::string& key, std::uint64_t id);
+  void on_timer(const std::string& key, std::uint64_t id,
+                const turn_token* turn = nullptr);
 
   /// Discards the chat's in-memory conversation (its checkpoint stays), so
   /// its next message reads the checkpoint. Called from the chat's turn.
@@ -145,9 +148,11 @@ class flow_engine {
   conversation* find(const std::string& key);
   conversation& create(const std::string& key);
   void erase(const std::string& key);
-  bool restore(const std::string& key, const inbound_message& msg);
+  bool restore(const std::string& key, const inbound_message& msg,
+               const turn_token* turn);
+  void fence(const conversation& c) const;
   void start(const flow::definition& def, const std::string& key,
-             const inbound_message& msg);
+             const inbound_message& msg, const turn_token* turn);
   void begin_step(conversation& c);
   void drive(conversation& c);
   void finish(conversation& c, bool clear);

@@ -340,7 +340,9 @@ TEST_CASE("with coordination the scheduler's leadership uses the coordinator") {
   a.bot->start();
   REQUIRE(test::eventually([&] { return ticks.load() > 0; }));
   botmesh::memory_coordinator other{hub, {.replica_id = "z"}};
-  CHECK_FALSE(other.try_lead("test:scheduler:leader").has_value());
+  CHECK_FALSE(botmesh::blocking_coordinator{other}
+                .lead("test:scheduler:leader")
+                .has_value());
 }
 
 TEST_CASE("a flow timer of a conversation whose chat moved to another replica "

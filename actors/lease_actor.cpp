@@ -1,0 +1,872 @@
+#include <botmesh/actors/lease_actor.hpp>
+
+#include <algorithm>
+#include <mutex>
+#include <queue>
+#include <unordered_map>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include <botmesh/actors/messages.hpp>
+
+namespace botmesh {
+
+lease_listener::~lease_listener() {
+  // nop
+}
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+
+using tick_atom = caf::atom_constant<caf::atom("bm_ltick")>;
+using wake_atom = caf::atom_constant<caf::atom("bm_lwake")>;
+using give_up_atom = caf::atom_constant<caf::atom("bm_lgiveup")>;
+
+// Completions of coordinator calls, as messages to the lease actor.
+struct enter_done {
+  std::uint64_t req = 0;
+  clk::time_point sent{};
+  turn_state st{};
+  std::string error{}; // empty: ok
+};
+
+struct poll_done {
+  std::uint64_t req = 0;
+  clk::time_point sent{};
+  turn_state st{};
+  std::string error{};
+};
+
+struct release_done {
+  turn_ref ref{};
+  clk::time_point sent{};
+  release_result res{};
+  std::string error{};
+};
+
+struct leave_done {
+  std::string key{};
+  std::uint64_t req = 0;
+  std::string error{};
+};
+
+struct renew_done {
+  bool periodic = false;
+  clk::time_point sent{};
+  renewal asked{};
+  renewal_result res{};
+  std::string error{};
+};
+
+struct skip_done {
+  std::uint64_t req = 0;
+  std::string error{};
+};
+
+struct unlead_done {
+  std::string name{};
+  std::uint64_t fence = 0;
+  std::string error{};
+};
+
+struct pushed_grant {
+  turn_state st{};
+};
+
+} // namespace
+} // namespace botmesh
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::enter_done)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::poll_done)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::release_done)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::leave_done)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::renew_done)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::skip_done)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::unlead_done)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::pushed_grant)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::turn_token>)
+
+namespace botmesh {
+
+namespace {
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// Completions arrive on backend threads. They reach the actor through this
+// gate, which the actor closes when it exits: nothing is sent to it (or to
+// its actor system) afterwards.
+struct gate {
+  std::mutex mtx;
+  caf::actor target;
+
+  template <class... Ts>
+  void send(Ts&&... xs) {
+    std::lock_guard guard{mtx};
+    if (target)
+      caf::anon_send(target, std::forward<Ts>(xs)...);
+  }
+
+  void close() {
+    std::lock_guard guard{mtx};
+    target = nullptr;
+  }
+};
+
+struct waiting {
+  std::string key;
+  caf::actor chat;
+  bool in_flight = false; // an enter or poll is outstanding
+  bool entered = false;   // an enter was answered: the ticket exists
+  bool retry = false;     // an earlier enter may have run unanswered
+  bool cancelled = false; // the chat gave it up while in flight
+  bool settled = false;   // granted (or dropped) while in flight: the
+                          // outstanding answer is stale and ignored
+  std::uint64_t epoch = 0;
+  clk::time_point next{clk::time_point::max()};
+  milliseconds backoff{5};
+  std::string blocker;
+  clk::time_point blocked_since{};
+  bool skipping = false;
+};
+
+struct held {
+  std::uint64_t req = 0;
+  caf::actor chat;
+  std::shared_ptr<turn_token> token;
+  clk::time_point valid_until{};
+  clk::time_point settle_at{clk::time_point::max()};
+};
+
+struct leading {
+  caf::actor session;
+  std::optional<std::uint64_t> fence;
+  clk::time_point valid_until{};
+  bool told = false;
+};
+
+struct repair {
+  enum kind_t { release, leave, unlead } kind = release;
+  std::string key;
+  std::uint64_t id = 0; // fence or request
+  clk::time_point give_up{};
+  clk::time_point next{};
+};
+
+struct lease_state {
+  lease_config cfg;
+  std::shared_ptr<gate> g = std::make_shared<gate>();
+  milliseconds lease{};
+  milliseconds margin{};
+  std::unordered_map<std::uint64_t, waiting> waits;
+  std::unordered_map<std::string, held> holds; // by chat key
+  std::unordered_map<std::string, leading> leads;
+  std::vector<repair> repairs;
+  // When waiting requests are due, earliest first (stale entries skipped).
+  std::priority_queue<std::pair<clk::time_point, std::uint64_t>,
+                      std::vector<std::pair<clk::time_point, std::uint64_t>>,
+                      std::greater<>>
+    due;
+  // The backend clock as seen from this process: a grant pushed with a
+  // backend deadline D holds locally until at least D + base. Each reply
+  // gives a bound (its send time minus its backend time); the largest of the
+  // last half lease or so is kept, refreshed so a clock drift or jump ages
+  // out.
+  std::optional<std::int64_t> base_cur;
+  std::optional<std::int64_t> base_prev;
+  clk::time_point base_since{};
+  bool renewing = false;
+  clk::time_point armed{clk::time_point::max()};
+  std::size_t in_flight = 0; // backend calls not answered yet
+  bool shutting_down = false;
+  caf::response_promise shutdown_rp;
+
+  static inline const char* name = "botmesh.lease";
+};
+
+using lease_actor_t = caf::stateful_actor<lease_state>;
+
+clk::time_point now(lease_actor_t* self) {
+  return self->clock().now();
+}
+
+std::int64_t ticks(clk::time_point t) {
+  return t.time_since_epoch().count();
+}
+
+void observe(lease_actor_t* self, clk::time_point sent, std::int64_t now_ms) {
+  auto& st = self->state;
+  auto bound = ticks(sent) - now_ms * 1'000'000;
+  auto t = now(self);
+  if (t - st.base_since > st.lease / 2) {
+    st.base_prev = st.base_cur;
+    st.base_cur.reset();
+    st.base_since = t;
+  }
+  st.base_cur = st.base_cur ? std::max(*st.base_cur, bound) : bound;
+}
+
+// A lease the replica may assume for a grant or renewal answered at
+// backend time `now_ms`, its request sent at `sent`.
+clk::time_point valid_from_reply(lease_actor_t* self, clk::time_point sent,
+                                 std::int64_t deadline_ms, std::int64_t now_ms) {
+  return sent + milliseconds{deadline_ms - now_ms} - self->state.margin;
+}
+
+// The same for a pushed grant, which carries no send time of ours.
+std::optional<clk::time_point> valid_from_push(lease_actor_t* self,
+                                               std::int64_t deadline_ms) {
+  auto& st = self->state;
+  std::optional<std::int64_t> base;
+  for (auto& b : {st.base_cur, st.base_prev})
+    if (b)
+      base = base ? std::max(*base, *b) : *b;
+  if (!base)
+    return std::nullopt;
+  auto mapped = clk::time_point{nanoseconds{deadline_ms * 1'000'000 + *base}};
+  // The grant was made before it was read: never more than a lease from now.
+  return std::min(mapped, now(self) + st.lease) - st.margin;
+}
+
+void arm(lease_actor_t* self, clk::time_point at) {
+  auto& st = self->state;
+  if (at >= st.armed)
+    return;
+  st.armed = at;
+  auto t = now(self);
+  auto in = at > t ? at - t : clk::duration::zero();
+  self->delayed_send(self, in, wake_atom::value);
+}
+
+void schedule(lease_actor_t* self, std::uint64_t req, waiting& w,
+              clk::time_point at) {
+  w.next = at;
+  self->state.due.emplace(at, req);
+  arm(self, at);
+}
+
+// Polling interval of a waiting request: fast while its push may have been
+// missed, slow (a safety net) otherwise.
+milliseconds poll_interval(lease_actor_t* self, waiting& w) {
+  auto& st = self->state;
+  auto epoch = st.cfg.coordinator->push_epoch();
+  if (epoch == 0 || epoch != w.epoch) {
+    auto d = w.backoff;
+    w.backoff = std::min(w.backoff * 2, st.cfg.max_poll);
+    return d;
+  }
+  return st.lease / 3;
+}
+
+void send_enter(lease_actor_t* self, std::uint64_t req, waiting& w) {
+  auto& st = self->state;
+  w.in_flight = true;
+  w.epoch = st.cfg.coordinator->push_epoch();
+  auto sent = now(self);
+  ++st.in_flight;
+  st.cfg.coordinator->enter(w.key, req, w.retry,
+                            [g = st.g, req, sent](turn_state s,
+                                                  std::exception_ptr e) {
+                              g->send(enter_done{req, sent, std::move(s),
+                                                 e ? what_of(e) : std::string{}});
+                            });
+}
+
+void send_poll(lease_actor_t* self, std::uint64_t req, waiting& w) {
+  auto& st = self->state;
+  w.in_flight = true;
+  auto sent = now(self);
+  ++st.in_flight;
+  st.cfg.coordinator->poll(w.key, req,
+                           [g = st.g, req, sent](turn_state s,
+                                                 std::exception_ptr e) {
+                             g->send(poll_done{req, sent, std::move(s),
+                                               e ? what_of(e) : std::string{}});
+                           });
+}
+
+void send_release(lease_actor_t* self, turn_ref ref) {
+  auto& st = self->state;
+  auto sent = now(self);
+  ++st.in_flight;
+  st.cfg.coordinator->release(ref, [g = st.g, ref, sent](release_result r,
+                                                         std::exception_ptr e) {
+    g->send(release_done{ref, sent, std::move(r),
+                         e ? what_of(e) : std::string{}});
+  });
+}
+
+void send_leave(lease_actor_t* self, const std::string& key,
+                std::uint64_t req) {
+  auto& st = self->state;
+  ++st.in_flight;
+  st.cfg.coordinator->leave(key, req,
+                            [g = st.g, key, req](bool, std::exception_ptr e) {
+                              g->send(leave_done{key, req,
+                                                 e ? what_of(e) : std::string{}});
+                            });
+}
+
+void send_unlead(lease_actor_t* self, const std::string& name,
+                 std::uint64_t fence) {
+  auto& st = self->state;
+  ++st.in_flight;
+  st.cfg.coordinator->unlead(name, fence, [g = st.g, name, fence](
+                                            bool, std::exception_ptr e) {
+    g->send(unlead_done{name, fence, e ? what_of(e) : std::string{}});
+  });
+}
+
+void send_renew(lease_actor_t* self, renewal r, bool periodic) {
+  auto& st = self->state;
+  auto sent = now(self);
+  ++st.in_flight;
+  auto asked = r;
+  st.cfg.coordinator->renew(std::move(r), [g = st.g, periodic, sent,
+                                           asked = std::move(asked)](
+                                            renewal_result res,
+                                            std::exception_ptr e) {
+    g->send(renew_done{periodic, sent, asked, std::move(res),
+                       e ? what_of(e) : std::string{}});
+  });
+}
+
+void add_repair(lease_actor_t* self, repair::kind_t kind, std::string key,
+                std::uint64_t id) {
+  auto& st = self->state;
+  auto t = now(self);
+  // A turn or a ticket left behind resolves itself within a lease at the
+  // latest (it expires, or its grant is released on arrival); repairing
+  // only makes it quicker.
+  auto retry = std::max(milliseconds{50}, st.lease / 30);
+  st.repairs.push_back(repair{kind, std::move(key), id, t + st.lease, t + retry});
+  arm(self, t + retry);
+}
+
+// Ends a held turn otherwise than by its release and passes it on.
+void lose(lease_actor_t* self, const std::string& key, turn_end why) {
+  auto& st = self->state;
+  auto i = st.holds.find(key);
+  if (i == st.holds.end())
+    return;
+  auto h = std::move(i->second);
+  st.holds.erase(i);
+  if (!h.token->end(why))
+    return;
+  if (st.cfg.listener)
+    st.cfg.listener->turn_lost(key, h.token->fence(), why);
+  self->send(h.chat, lost_atom::value, h.req, h.token->fence(),
+             std::string{to_string(why)});
+  // Harmless when the backend expired it already; when it did not (a
+  // renewal answered late), the chat goes on without waiting a lease.
+  send_release(self, turn_ref{key, h.token->fence()});
+}
+
+void grant(lease_actor_t* self, const turn_state& s,
+           std::optional<clk::time_point> valid_until) {
+  auto& st = self->state;
+  auto w = st.waits.find(s.req);
+  auto release_it = [&] {
+    auto h = st.holds.find(s.key);
+    if (h != st.holds.end() && h->second.token->fence() == s.fence)
+      return; // the same grant, heard twice (push and reply)
+    send_release(self, turn_ref{s.key, s.fence});
+  };
+  if (w == st.waits.end() || w->second.key != s.key || w->second.settled) {
+    release_it(); // nobody waits for it (given up, or unknown): pass it on
+    return;
+  }
+  if (w->second.cancelled) {
+    if (!w->second.in_flight)
+      st.waits.erase(w);
+    release_it();
+    return;
+  }
+  if (!valid_until) {
+    // A push before any backend time was seen: ask for a reply whose send
+    // time bounds the lease.
+    if (!w->second.in_flight)
+      send_poll(self, s.req, w->second);
+    return;
+  }
+  auto t = now(self);
+  if (*valid_until <= t) {
+    // It travelled longer than its lease (this process was frozen): too late
+    // to use. The chat enters again.
+    auto chat = w->second.chat;
+    if (!w->second.in_flight)
+      st.waits.erase(w);
+    else
+      w->second.settled = true;
+    send_release(self, turn_ref{s.key, s.fence});
+    self->send(chat, lost_atom::value, s.req, std::uint64_t{0},
+               std::string{"frozen"});
+    return;
+  }
+  if (auto old = st.holds.find(s.key); old != st.holds.end())
+    lose(self, s.key, turn_end::expired); // a newer grant: the old one is gone
+  auto chat = w->second.chat;
+  if (w->second.in_flight)
+    w->second.settled = true; // its answer, when it comes, is stale
+  else
+    st.waits.erase(w);
+  auto token = std::make_shared<turn_token>(
+    s.key, s.fence, s.req, s.previous_holder, *valid_until,
+    [&c = self->clock()] { return c.now(); });
+  st.holds[s.key] = held{s.req, chat, token, *valid_until,
+                         clk::time_point::max()};
+  arm(self, *valid_until);
+  self->send(chat, granted_atom::value, s.req, std::move(token));
+}
+
+void answer_waiting(lease_actor_t* self, std::uint64_t req, waiting& w,
+                    const turn_state& s, clk::time_point sent) {
+  auto& st = self->state;
+  switch (s.state) {
+    case turn_state::status::granted:
+      grant(self, s, valid_from_reply(self, sent, s.deadline_ms, s.now_ms));
+      return;
+    case turn_state::status::waiting: {
+      w.entered = true;
+      w.retry = false;
+      auto t = now(self);
+      if (s.blocker != w.blocker) {
+        w.blocker = s.blocker;
+        w.blocked_since = t;
+      } else if (!w.skipping && !s.blocker.empty()
+                 && s.blocker != st.cfg.coordinator->incarnation()
+                 && t - w.blocked_since >= st.lease / 2) {
+        // The same holder for half a lease: if its heartbeat is gone it is
+        // dead, and skipping it saves waiting out its turn.
+        w.skipping = true;
+        ++st.in_flight;
+        st.cfg.coordinator->skip_if_dead(
+          w.key, s.blocker, [g = st.g, req](bool, std::exception_ptr e) {
+            g->send(skip_done{req, e ? what_of(e) : std::string{}});
+          });
+      }
+      schedule(self, req, w, t + poll_interval(self, w));
+      return;
+    }
+    case turn_state::status::gone: {
+      auto chat = w.chat;
+      st.waits.erase(req);
+      self->send(chat, lost_atom::value, req, std::uint64_t{0},
+                 std::string{"gone"});
+      return;
+    }
+  }
+}
+
+void leave_request(lease_actor_t* self, const std::string& key,
+                   std::uint64_t req) {
+  auto& st = self->state;
+  if (auto h = st.holds.find(key); h != st.holds.end() && h->second.req == req) {
+    auto fence = h->second.token->fence();
+    h->second.token->end(turn_end::released);
+    st.holds.erase(h);
+    send_release(self, turn_ref{key, fence});
+    return;
+  }
+  auto w = st.waits.find(req);
+  if (w == st.waits.end())
+    return;
+  if (w->second.in_flight) {
+    w->second.cancelled = true; // settled when the answer comes
+    return;
+  }
+  st.waits.erase(w);
+  send_leave(self, key, req);
+}
+
+void renew_now(lease_actor_t* self) {
+  auto& st = self->state;
+  if (st.renewing || st.shutting_down)
+    return;
+  renewal r;
+  for (auto& [key, h] : st.holds)
+    r.turns.push_back(turn_ref{key, h.token->fence()});
+  for (auto& [name, l] : st.leads)
+    r.leads.push_back(name);
+  st.renewing = true;
+  send_renew(self, std::move(r), true);
+}
+
+void on_renewed(lease_actor_t* self, renew_done& d) {
+  auto& st = self->state;
+  if (d.periodic)
+    st.renewing = false;
+  if (!d.error.empty())
+    return; // leases lapse on their own: each turn's validity runs out
+  observe(self, d.sent, d.res.now_ms);
+  for (std::size_t i = 0; i < d.asked.turns.size() && i < d.res.turns.size();
+       ++i) {
+    auto& ref = d.asked.turns[i];
+    auto h = st.holds.find(ref.key);
+    if (h == st.holds.end() || h->second.token->fence() != ref.fence)
+      continue; // released or replaced meanwhile: never touch the new turn
+    if (d.res.turns[i] == 0) {
+      lose(self, ref.key, turn_end::expired);
+      continue;
+    }
+    auto v = valid_from_reply(self, d.sent, d.res.turns[i], d.res.now_ms);
+    if (v > h->second.valid_until) {
+      h->second.valid_until = v;
+      h->second.token->extend(v);
+    }
+  }
+  for (std::size_t i = 0; i < d.asked.leads.size() && i < d.res.leads.size();
+       ++i) {
+    auto l = st.leads.find(d.asked.leads[i]);
+    if (l == st.leads.end())
+      continue;
+    auto& got = d.res.leads[i];
+    auto& lead = l->second;
+    if (got) {
+      lead.valid_until = valid_from_reply(self, d.sent, got->deadline_ms,
+                                          got->now_ms);
+      arm(self, lead.valid_until);
+      if (lead.fence != got->fence) {
+        lead.fence = got->fence;
+        lead.told = false;
+        self->send(lead.session, leader_atom::value, l->first, got->fence);
+      }
+    } else if (lead.fence) {
+      lead.fence.reset();
+      self->send(lead.session, follower_atom::value, l->first,
+                 std::string{"lost"});
+    } else if (!lead.told) {
+      lead.told = true;
+      self->send(lead.session, follower_atom::value, l->first,
+                 std::string{"standby"});
+    }
+  }
+}
+
+void check_shutdown(lease_actor_t* self) {
+  auto& st = self->state;
+  if (st.shutting_down && st.in_flight == 0 && st.repairs.empty()) {
+    st.shutdown_rp.deliver(true);
+    st.g->close();
+    self->quit();
+  }
+}
+
+// Everything due: retries and polls, lapsed leases, settle bounds, repairs.
+void wake(lease_actor_t* self) {
+  auto& st = self->state;
+  auto t = now(self);
+  st.armed = clk::time_point::max();
+  while (!st.due.empty() && st.due.top().first <= t) {
+    auto [at, req] = st.due.top();
+    st.due.pop();
+    auto w = st.waits.find(req);
+    if (w == st.waits.end() || w->second.next != at || w->second.in_flight)
+      continue;
+    w->second.next = clk::time_point::max();
+    if (w->second.entered)
+      send_poll(self, req, w->second);
+    else
+      send_enter(self, req, w->second);
+  }
+  if (!st.due.empty())
+    arm(self, st.due.top().first);
+  std::vector<std::pair<std::string, turn_end>> lapsed;
+  for (auto& [key, h] : st.holds) {
+    if (h.settle_at <= t)
+      lapsed.emplace_back(key, turn_end::settle);
+    else if (h.valid_until <= t)
+      lapsed.emplace_back(key, turn_end::frozen);
+    else
+      arm(self, std::min(h.settle_at, h.valid_until));
+  }
+  for (auto& [key, why] : lapsed)
+    lose(self, key, why);
+  for (auto& [name, l] : st.leads) {
+    if (l.fence && l.valid_until <= t) {
+      l.fence.reset();
+      self->send(l.session, follower_atom::value, name, std::string{"lost"});
+    }
+  }
+  auto repairs = std::move(st.repairs);
+  st.repairs.clear();
+  for (auto& r : repairs) {
+    if (r.give_up <= t)
+      continue;
+    if (r.next > t) {
+      st.repairs.push_back(std::move(r));
+      arm(self, st.repairs.back().next);
+      continue;
+    }
+    switch (r.kind) {
+      case repair::release:
+        send_release(self, turn_ref{r.key, r.id});
+        break;
+      case repair::leave:
+        send_leave(self, r.key, r.id);
+        break;
+      case repair::unlead:
+        send_unlead(self, r.key, r.id);
+        break;
+    }
+  }
+  check_shutdown(self);
+}
+
+caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
+  auto& st = self->state;
+  st.cfg = std::move(cfg);
+  st.lease = st.cfg.coordinator->lease();
+  st.margin = st.lease / 10;
+  st.g->target = caf::actor_cast<caf::actor>(self);
+  st.base_since = now(self);
+  st.cfg.coordinator->on_grant([g = st.g](turn_state s) {
+    g->send(pushed_grant{std::move(s)});
+  });
+  self->send(self, tick_atom::value);
+  self->set_exit_handler([=](caf::exit_msg& msg) {
+    self->state.g->close();
+    self->quit(msg.reason);
+  });
+  return {
+    [=](acquire_atom, const std::string& key, std::uint64_t req) {
+      auto& st = self->state;
+      if (st.shutting_down) {
+        self->send(caf::actor_cast<caf::actor>(self->current_sender()),
+                   lost_atom::value, req, std::uint64_t{0},
+                   std::string{"stopped"});
+        return;
+      }
+      auto& w = st.waits[req];
+      w.key = key;
+      w.chat = caf::actor_cast<caf::actor>(self->current_sender());
+      send_enter(self, req, w);
+    },
+    [=](start_atom, const std::string& key, std::uint64_t fence) {
+      auto& st = self->state;
+      auto h = st.holds.find(key);
+      if (h == st.holds.end() || h->second.token->fence() != fence)
+        return;
+      h->second.settle_at = now(self) + st.cfg.settle;
+      h->second.token->start(h->second.settle_at);
+      arm(self, h->second.settle_at);
+    },
+    [=](release_atom, const std::string& key, std::uint64_t fence) {
+      auto& st = self->state;
+      auto h = st.holds.find(key);
+      if (h == st.holds.end() || h->second.token->fence() != fence)
+        return; // lost and passed on already
+      h->second.token->end(turn_end::released);
+      st.holds.erase(h);
+      send_release(self, turn_ref{key, fence});
+    },
+    [=](leave_atom, const std::string& key, std::uint64_t req) {
+      leave_request(self, key, req);
+    },
+    [=](enter_done& d) {
+      auto& st = self->state;
+      --st.in_flight;
+      auto i = st.waits.find(d.req);
+      if (i == st.waits.end()) {
+        check_shutdown(self);
+        return;
+      }
+      auto& w = i->second;
+      w.in_flight = false;
+      if (w.settled) {
+        st.waits.erase(i);
+        check_shutdown(self);
+        return;
+      }
+      if (!d.error.empty()) {
+        w.retry = true; // it may have run: never take a second ticket
+        if (w.cancelled) {
+          auto key = w.key;
+          st.waits.erase(i);
+          send_leave(self, key, d.req);
+        } else {
+          auto t = now(self);
+          auto delay = w.backoff;
+          w.backoff = std::min(w.backoff * 2, st.lease / 3);
+          schedule(self, d.req, w, t + delay);
+        }
+        check_shutdown(self);
+        return;
+      }
+      observe(self, d.sent, d.st.now_ms);
+      if (w.cancelled) {
+        auto key = w.key;
+        st.waits.erase(i);
+        if (d.st.granted())
+          send_release(self, turn_ref{key, d.st.fence});
+        else if (d.st.state == turn_state::status::waiting)
+          send_leave(self, key, d.req);
+        check_shutdown(self);
+        return;
+      }
+      answer_waiting(self, d.req, w, d.st, d.sent);
+    },
+    [=](poll_done& d) {
+      auto& st = self->state;
+      --st.in_flight;
+      auto i = st.waits.find(d.req);
+      if (i == st.waits.end()) {
+        check_shutdown(self);
+        return;
+      }
+      auto& w = i->second;
+      w.in_flight = false;
+      if (w.settled) {
+        st.waits.erase(i);
+        check_shutdown(self);
+        return;
+      }
+      if (!d.error.empty()) {
+        if (w.cancelled) {
+          auto key = w.key;
+          st.waits.erase(i);
+          send_leave(self, key, d.req);
+        } else {
+          schedule(self, d.req, w, now(self) + poll_interval(self, w));
+        }
+        check_shutdown(self);
+        return;
+      }
+      observe(self, d.sent, d.st.now_ms);
+      if (w.cancelled) {
+        auto key = w.key;
+        st.waits.erase(i);
+        if (d.st.granted())
+          send_release(self, turn_ref{key, d.st.fence});
+        else if (d.st.state == turn_state::status::waiting)
+          send_leave(self, key, d.req);
+        check_shutdown(self);
+        return;
+      }
+      answer_waiting(self, d.req, w, d.st, d.sent);
+    },
+    [=](pushed_grant& p) {
+      grant(self, p.st, valid_from_push(self, p.st.deadline_ms));
+    },
+    [=](release_done& d) {
+      auto& st = self->state;
+      --st.in_flight;
+      if (!d.error.empty()) {
+        add_repair(self, repair::release, d.ref.key, d.ref.fence);
+      } else {
+        observe(self, d.sent, d.res.now_ms);
+        if (d.res.next)
+          grant(self, *d.res.next,
+                valid_from_reply(self, d.sent, d.res.next->deadline_ms,
+                                 d.res.next->now_ms));
+      }
+      check_shutdown(self);
+    },
+    [=](leave_done& d) {
+      --self->state.in_flight;
+      if (!d.error.empty())
+        add_repair(self, repair::leave, d.key, d.req);
+      check_shutdown(self);
+    },
+    [=](unlead_done& d) {
+      --self->state.in_flight;
+      if (!d.error.empty())
+        add_repair(self, repair::unlead, d.name, d.fence);
+      check_shutdown(self);
+    },
+    [=](skip_done& d) {
+      auto& st = self->state;
+      --st.in_flight;
+      if (auto i = st.waits.find(d.req); i != st.waits.end()) {
+        i->second.skipping = false;
+        i->second.blocked_since = now(self); // look again in half a lease
+      }
+      check_shutdown(self);
+    },
+    [=](renew_done& d) {
+      --self->state.in_flight;
+      on_renewed(self, d);
+      check_shutdown(self);
+    },
+    [=](tick_atom) {
+      auto& st = self->state;
+      if (st.shutting_down)
+        return;
+      renew_now(self);
+      self->delayed_send(self, st.lease / 3, tick_atom::value);
+    },
+    [=](wake_atom) { wake(self); },
+    [=](lead_atom, const std::string& name) {
+      auto& st = self->state;
+      auto& l = st.leads[name];
+      l.session = caf::actor_cast<caf::actor>(self->current_sender());
+      l.told = false;
+      renewal r;
+      r.leads.push_back(name);
+      send_renew(self, std::move(r), false); // elect now, not at the next tick
+    },
+    [=](unlead_atom, const std::string& name) {
+      auto& st = self->state;
+      auto l = st.leads.find(name);
+      if (l == st.leads.end())
+        return;
+      if (l->second.fence)
+        send_unlead(self, name, *l->second.fence);
+      st.leads.erase(l);
+    },
+    [=](shutdown_atom) -> caf::result<bool> {
+      auto& st = self->state;
+      st.shutting_down = true;
+      st.shutdown_rp = self->make_response_promise();
+      std::vector<std::string> keys;
+      for (auto& [key, h] : st.holds)
+        keys.push_back(key);
+      for (auto& key : keys) {
+        auto h = st.holds.find(key);
+        auto fence = h->second.token->fence();
+        h->second.token->end(turn_end::stopped);
+        st.holds.erase(h);
+        send_release(self, turn_ref{key, fence});
+      }
+      std::vector<std::pair<std::string, std::uint64_t>> reqs;
+      for (auto& [req, w] : st.waits)
+        reqs.emplace_back(w.key, req);
+      for (auto& [key, req] : reqs)
+        leave_request(self, key, req);
+      for (auto& [name, l] : st.leads)
+        if (l.fence)
+          send_unlead(self, name, *l.fence);
+      st.leads.clear();
+      // Repairs are best effort: whatever is left expires within a lease.
+      self->delayed_send(self, st.lease, give_up_atom::value);
+      auto rp = st.shutdown_rp;
+      check_shutdown(self);
+      return rp;
+    },
+    [=](give_up_atom) {
+      auto& st = self->state;
+      st.repairs.clear();
+      st.in_flight = 0;
+      check_shutdown(self);
+    },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_lease_actor(caf::actor_system& sys, lease_config cfg) {
+  return sys.spawn(lease_actor, std::move(cfg));
+}
+
+} // namespace botmesh

@@ -1,0 +1,62 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <caf/actor.hpp>
+
+namespace botmesh {
+
+/// What the session actor drives (the bot implements it).
+class session_hooks {
+ public:
+  virtual ~session_hooks();
+
+  /// Starts / stops the transport. They may block: the session actor calls
+  /// them through `run_blocking`, never on a CAF worker.
+  virtual void start_transport() = 0;
+  virtual void stop_transport() = 0;
+
+  /// Runs `fn` off the CAF workers (the bot's handler pool); returns at once.
+  virtual void run_blocking(std::function<void()> fn) = 0;
+
+  /// How long the transport has been closed; nothing while it is open.
+  /// Must not block.
+  virtual std::optional<std::chrono::steady_clock::duration> closed_for() = 0;
+
+  /// Events; must not block.
+  virtual void leader(const std::string& name, std::uint64_t fence) = 0;
+  virtual void follower(const std::string& name, const std::string& reason) = 0;
+};
+
+struct session_config {
+  /// This replica's lease actor, which presents it for `name`.
+  caf::actor lease{};
+  std::string name{};
+  /// A leader whose transport stays closed this long yields.
+  std::chrono::milliseconds provider_down{60'000};
+  /// How often the transport's state is looked at (lease/3).
+  std::chrono::milliseconds period{5'000};
+  /// How long a yielding leader waits before presenting itself again.
+  std::chrono::milliseconds rest{3'000};
+  /// Must outlive the actor.
+  session_hooks* hooks = nullptr;
+  /// Set while this replica leads (read by `bot::send` on any thread).
+  std::shared_ptr<std::atomic<bool>> leading{};
+};
+
+/// Spawns the session actor of an exclusive transport: it asks the lease
+/// actor to present this replica for `name` (the lease actor renews the
+/// leadership in its batch), starts the transport when elected and stops
+/// it when the leadership is lost, and yields when the transport stays
+/// closed for `provider_down`, presenting itself again after `rest`.
+/// `(shutdown_atom)` gives the leadership up, stops the transport, replies
+/// `true` and exits.
+caf::actor spawn_session_actor(caf::actor_system& sys, session_config cfg);
+
+} // namespace botmesh

@@ -1,0 +1,128 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+
+namespace botmesh {
+
+/// Why a turn stopped holding.
+enum class turn_end : std::uint8_t {
+  holding = 0,
+  /// The backend says the turn is gone (its lease ran out, or another
+  /// replica took the chat over).
+  expired,
+  /// Renewals failed for almost the whole lease (a freeze, a network cut):
+  /// dropped before the backend expires it.
+  frozen,
+  /// The step held the turn past `settle`.
+  settle,
+  /// The turn was released (the step is over).
+  released,
+  /// The bot stopped.
+  stopped,
+};
+
+std::string_view to_string(turn_end e) noexcept;
+
+/// A granted turn as the code running it sees it: the check before every
+/// visible effect of a step (a send, a checkpoint write or clear, a user
+/// data write), readable from any thread without a lock.
+///
+/// One writer, the replica's lease actor, moves it forward (`extend` after
+/// each renewal, `end` once); handler threads only read. A turn is valid
+/// while it has not ended, the clock is before `valid_until` (computed from
+/// when the request that granted or renewed it *left*, minus a margin, so a
+/// replica frozen past its lease finds its turn invalid the moment it
+/// resumes, before any renewal could run), and before its settle bound once
+/// the step started.
+///
+/// Cost: `check` is two atomic loads and a clock read.
+class turn_token {
+ public:
+  using clock = std::chrono::steady_clock;
+  using time_source = std::function<clock::time_point()>;
+
+  turn_token(std::string key, std::uint64_t fence, std::uint64_t req,
+             std::optional<std::string> previous_holder,
+             clock::time_point valid_until, time_source now = {});
+
+  const std::string& key() const noexcept {
+    return key_;
+  }
+
+  /// Identifies the turn together with the key.
+  std::uint64_t fence() const noexcept {
+    return fence_;
+  }
+
+  /// The request (message or timer) it was granted for.
+  std::uint64_t req() const noexcept {
+    return req_;
+  }
+
+  /// The replica that held the chat before; nothing when unknown.
+  const std::optional<std::string>& previous_holder() const noexcept {
+    return previous_;
+  }
+
+  /// How the turn ended; `holding` while it has not (a time bound passed
+  /// without the lease actor noticing yet still reads `holding`: use
+  /// `valid`).
+  turn_end ended() const noexcept {
+    return static_cast<turn_end>(end_.load(std::memory_order_acquire));
+  }
+
+  /// True while every effect of the step may still be made visible.
+  bool valid() const noexcept;
+
+  /// Throws `lease_lost_error` (key, reason) unless `valid()`. The reason
+  /// is the end's name; a lease that ran out unnoticed reads "frozen", a
+  /// settle bound passed "settle".
+  void check() const;
+
+  /// Fires when the turn ends (settle, loss, bot stop).
+  std::stop_token stop_token() const noexcept {
+    return stop_.get_token();
+  }
+
+  // -- the lease actor's side ------------------------------------------------
+
+  /// A renewal extended the lease.
+  void extend(clock::time_point valid_until) noexcept;
+
+  /// The step started: it must be over by `settle_at`.
+  void start(clock::time_point settle_at) noexcept;
+
+  /// Ends the turn once (later calls do nothing) and fires the stop token.
+  /// Returns false when it had ended already.
+  bool end(turn_end why) noexcept;
+
+  /// Fires the stop token without ending the turn (the bot stops: the step
+  /// should give up, but what it writes meanwhile still counts).
+  void request_stop() noexcept {
+    stop_.request_stop();
+  }
+
+ private:
+  clock::time_point now() const {
+    return now_ ? now_() : clock::now();
+  }
+
+  std::string key_;
+  std::uint64_t fence_;
+  std::uint64_t req_;
+  std::optional<std::string> previous_;
+  time_source now_;
+  std::atomic<std::int64_t> valid_until_;
+  std::atomic<std::int64_t> settle_at_;
+  std::atomic<std::uint8_t> end_{0};
+  std::stop_source stop_;
+};
+
+} // namespace botmesh
