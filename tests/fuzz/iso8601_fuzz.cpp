@@ -8,6 +8,7 @@
 // text that parses to the same instant (to the millisecond, or to the
 // second for format_iso8601, which prints seconds).
 
+#include <cctype>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +27,8 @@ namespace {
 // remove once the parser bounds the years it accepts.
 bool long_year(std::string_view text) {
   std::size_t i = 0;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i])))
+    ++i; // the parser skips leading white space
   if (i < text.size() && (text[i] == '-' || text[i] == '+'))
     ++i;
   std::size_t digits = 0;
