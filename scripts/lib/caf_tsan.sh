@@ -74,11 +74,17 @@ caf_tsan_ensure() {
     return 0
   fi
   echo "sanitize: building CAF $caf_tsan_version (core) with -fsanitize=thread into $caf_tsan_prefix" >&2
-  local work
+  local work rc=0
   work="$(mktemp -d)"
-  # shellcheck disable=SC2064
-  trap "rm -rf '$work'" RETURN
-  local src
+  caf_tsan_build "$cxx" "$work" || rc=1
+  rm -rf "$work"
+  [ "$rc" -eq 0 ] || return 1
+  echo "$want" >"$stamp"
+}
+
+# Fetches, builds and installs into $caf_tsan_prefix, working in $2.
+caf_tsan_build() {
+  local cxx="$1" work="$2" src
   src="$(caf_tsan_fetch "$work")" || return 1
   # The same configuration as Debian's build (log level QUIET, exceptions
   # and memory management on), core only, against libstdc++.
@@ -97,6 +103,8 @@ caf_tsan_ensure() {
   rm -rf "$caf_tsan_prefix"
   cmake --install "$work/build" >"$work/install.log" 2>&1 \
     || { cat "$work/install.log" >&2; return 1; }
+  # Every installed header must be Debian's (libcaf-dev also ships the io
+  # and openssl modules' headers, which are not built here).
   local h bad=0
   while IFS= read -r h; do
     if ! cmp -s "$caf_tsan_prefix/include/$h" "/usr/include/$h"; then
@@ -105,8 +113,8 @@ caf_tsan_ensure() {
     fi
   done < <(cd "$caf_tsan_prefix/include" && find caf -type f)
   if [ "$bad" -ne 0 ]; then
+    rm -rf "$caf_tsan_prefix"
     echo "sanitize: CAF headers differ from Debian's libcaf-dev; refusing to mix them" >&2
     return 1
   fi
-  echo "$want" >"$stamp"
 }
