@@ -16,6 +16,7 @@
 #include <poll.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/redis/internal/protocol.hpp>
 #include <botmesh/stores/redis/internal/sha1.hpp>
 
 namespace botmesh {
@@ -62,13 +63,11 @@ namespace {
 
 using steady = std::chrono::steady_clock;
 
-struct endpoint_info {
-  std::string host = "127.0.0.1";
-  int port = 6379;
-  std::string user;
-  std::string password;
-  int db = 0;
-};
+} // namespace
+
+namespace internal {
+
+namespace {
 
 [[noreturn]] void bad_url(std::string_view url, std::string_view why) {
   throw invalid_argument_error(
@@ -86,6 +85,8 @@ int parse_int(std::string_view url, std::string_view s, std::string_view what,
     bad_url(url, fmt::format("bad {} \"{}\"", what, s));
   return v;
 }
+
+} // namespace
 
 endpoint_info parse_url(std::string_view url) {
   endpoint_info ep;
@@ -149,6 +150,14 @@ redis_reply convert(const redisReply* r) {
   }
   return out;
 }
+
+} // namespace internal
+
+namespace {
+
+using internal::convert;
+using internal::endpoint_info;
+using internal::parse_url;
 
 timeval to_timeval(std::chrono::milliseconds d) {
   timeval tv;
