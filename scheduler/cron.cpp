@@ -514,6 +514,10 @@ std::string format_iso8601(time_point t, std::string_view zone) {
   auto s = to_seconds(t);
   if (zone == "UTC")
     return cctz::format("%Y-%m-%dT%H:%M:%SZ", s, tz);
+  // Offsets of old local mean times have seconds (Africa/Monrovia was
+  // -00:44:30): printed as +HH:MM they would name another instant.
+  if (tz.lookup(s).offset % 60 != 0)
+    return cctz::format("%Y-%m-%dT%H:%M:%S%E*z", s, tz);
   return cctz::format("%Y-%m-%dT%H:%M:%S%Ez", s, tz);
 }
 
@@ -523,7 +527,8 @@ time_point parse_iso8601(std::string_view text, std::string_view zone) {
   sec_tp s;
   cctz::detail::femtoseconds fs;
   for (const char* fmt_str :
-       {"%Y-%m-%dT%H:%M:%E*S%Ez", "%Y-%m-%dT%H:%M:%E*SZ", "%Y-%m-%dT%H:%M%Ez",
+       {"%Y-%m-%dT%H:%M:%E*S%Ez", "%Y-%m-%dT%H:%M:%E*S%E*z",
+        "%Y-%m-%dT%H:%M:%E*SZ", "%Y-%m-%dT%H:%M%Ez",
         "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%E*S", "%Y-%m-%dT%H:%M"}) {
     std::string f = fmt_str;
     bool utc = f.back() == 'Z';

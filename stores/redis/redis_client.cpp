@@ -151,6 +151,37 @@ redis_reply convert(const redisReply* r) {
   return out;
 }
 
+
+// hiredis 0.14 allocates an array's element table as soon as it reads the
+// header, so a hostile or broken server announcing `*1000000041` would make
+// it try an 8 GB allocation. The reader's array constructor is wrapped to
+// refuse counts over the bound (the reader then fails the connection).
+namespace {
+
+redisReplyObjectFunctions bounded_functions(const redisReplyObjectFunctions& d) {
+  static redisReplyObjectFunctions defaults = d;
+  redisReplyObjectFunctions f = d;
+  f.createArray = [](const redisReadTask* task, int elements) -> void* {
+    auto* g = static_cast<reader_guard*>(task->privdata);
+    if (elements < 0
+        || (g && static_cast<std::size_t>(elements) > g->max_elements)) {
+      if (g)
+        g->refused = elements;
+      return nullptr;
+    }
+    return defaults.createArray(task, elements);
+  };
+  return f;
+}
+
+} // namespace
+
+void bound_reader(redisReader* reader, reader_guard* guard) {
+  static redisReplyObjectFunctions fns = bounded_functions(*reader->fn);
+  reader->fn = &fns;
+  reader->privdata = guard;
+}
+
 } // namespace internal
 
 namespace {
@@ -202,35 +233,8 @@ std::optional<std::string> authenticate(redisContext* ctx,
   return std::nullopt;
 }
 
-// hiredis 0.14 allocates an array's element table as soon as it reads the
-// header, so a hostile or broken server announcing `*1000000041` would make
-// it try an 8 GB allocation. The reader's array constructor is wrapped to
-// refuse counts over the bound (the reader then fails the connection).
-struct reader_guard {
-  std::size_t max_elements = 0;
-  long long refused = -1; // the count refused, for the error message
-};
-
-redisReplyObjectFunctions bounded_functions(const redisReplyObjectFunctions& d) {
-  static redisReplyObjectFunctions defaults = d;
-  redisReplyObjectFunctions f = d;
-  f.createArray = [](const redisReadTask* task, int elements) -> void* {
-    auto* g = static_cast<reader_guard*>(task->privdata);
-    if (elements < 0
-        || (g && static_cast<std::size_t>(elements) > g->max_elements)) {
-      if (g)
-        g->refused = elements;
-      return nullptr;
-    }
-    return defaults.createArray(task, elements);
-  };
-  return f;
-}
-
-void bound_reader(redisContext* ctx, reader_guard* guard) {
-  static redisReplyObjectFunctions fns = bounded_functions(*ctx->reader->fn);
-  ctx->reader->fn = &fns;
-  ctx->reader->privdata = guard;
+void bound_reader(redisContext* ctx, internal::reader_guard* guard) {
+  internal::bound_reader(ctx->reader, guard);
 }
 
 struct request {
@@ -496,7 +500,7 @@ class connection {
   std::chrono::milliseconds backoff_{0};
   steady::time_point next_attempt_{};
   steady::time_point last_used_{}; // owned by the connection's thread
-  reader_guard guard_{opts_.max_reply_elements};
+  internal::reader_guard guard_{opts_.max_reply_elements};
   std::thread thread_;
 };
 
@@ -590,7 +594,7 @@ class subscriber {
   std::string channel_;
   std::function<void(std::string_view)> fn_;
   std::function<void()> on_subscribed_;
-  reader_guard guard_{opts_.max_reply_elements};
+  internal::reader_guard guard_{opts_.max_reply_elements};
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -1,6 +1,6 @@
 // Console lines: bytes read by the console provider (as piped into the
 // demo), then every message it delivers handled by a running bot with the
-// demo's kinds of routes (a regex route, keywords, a catch-all).
+// demo's kinds of routes (a pattern route, keywords, a catch-all).
 //
 // Contract checked: the provider delivers exactly the non-blank lines of
 // the input (split at '\n', one trailing '\r' stripped) and then reports
@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -84,7 +83,7 @@ struct running_bot {
     bot = std::make_unique<botmesh::bot>(
       botmesh::bot_options{.provider = provider, .log_messages = false});
     bot->hears({"hola", "ayuda"}, [](botmesh::context& c) { c.reply("hi"); });
-    bot->hears(std::regex{R"(^\s*(-?\d+)\s*\+\s*(-?\d+)\s*$)"},
+    bot->hears(botmesh::pattern{R"(^\s*(-?\d+)\s*\+\s*(-?\d+)\s*$)"},
                [](botmesh::context& c) {
                  c.reply(c.matches()[1] + " + " + c.matches()[2]);
                });
@@ -105,12 +104,6 @@ running_bot& the_bot() {
   }
   return *current;
 }
-
-// Issue 11 item 1 (open): the regex route runs libstdc++'s recursive
-// std::regex_search, which overflows the handler thread's stack on long
-// lines (30,000 digits in the g++ build, 65,000 in this one). Held back unless
-// BOTMESH_FUZZ_STRICT=1; remove once routes use a linear-time engine.
-constexpr std::size_t max_line_for_regex = 8192;
 
 } // namespace
 
@@ -153,8 +146,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
       FUZZ_CHECK(e.field() == "text", e.what());
       continue;
     }
-    if (!botmesh::fuzz::strict() && m.text.size() > max_line_for_regex)
-      continue;
     m.provider.clear();
     b.provider->inject(std::move(m));
     ++b.expected;

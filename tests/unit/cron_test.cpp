@@ -364,3 +364,12 @@ TEST_CASE("counting the runs of a long stretch equals counting them one by one")
           std::chrono::duration_cast<std::chrono::minutes>(b - a).count()));
   CHECK(every_minute.count_between(b, a) == 0);
 }
+
+TEST_CASE("an offset with seconds is printed with them and parses back") {
+  // Africa/Monrovia was -00:44:30 until 1972.
+  auto t = botmesh::parse_iso8601("1971-06-01T00:00:30Z");
+  auto text = botmesh::format_iso8601(t, "Africa/Monrovia");
+  CHECK(text == "1971-05-31T23:16:00-00:44:30");
+  CHECK(botmesh::parse_iso8601(text) == t);
+  CHECK(botmesh::format_iso8601(t, "Europe/Madrid") == "1971-06-01T01:00:30+01:00");
+}

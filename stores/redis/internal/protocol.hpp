@@ -4,12 +4,14 @@
 // conversion of hiredis replies — so tests and fuzz targets can reach them
 // without a server. Not installed.
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
 #include <botmesh/stores/redis/redis_client.hpp>
 
 struct redisReply;
+struct redisReader;
 
 namespace botmesh::internal {
 
@@ -29,5 +31,17 @@ endpoint_info parse_url(std::string_view url);
 
 /// Copies a reply read by hiredis (any depth) into a `redis_reply`.
 redis_reply convert(const redisReply* r);
+
+/// The bound on what a reply may make the reader allocate: an array header
+/// announcing more than `max_elements` (or a negative count) fails the
+/// reader instead of allocating its element table; `refused` then holds
+/// the count, for the error message.
+struct reader_guard {
+  std::size_t max_elements = 0;
+  long long refused = -1;
+};
+
+/// Makes `reader` (a hiredis reader) honour `guard`, which must outlive it.
+void bound_reader(redisReader* reader, reader_guard* guard);
 
 } // namespace botmesh::internal
