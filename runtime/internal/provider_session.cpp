@@ -25,7 +25,26 @@ provider_session::~provider_session() {
 
 bool provider_session::wait(std::chrono::milliseconds d) {
   std::unique_lock guard{mtx_};
-  return !cv_.wait_for(guard, d, [this] { return stopping_; });
+  cv_.wait_for(guard, d, [this] { return stopping_ || !yield_reason_.empty(); });
+  return !stopping_;
+}
+
+bool provider_session::wait_out(std::chrono::milliseconds d) {
+  // Yields asked for while standing down change nothing.
+  std::unique_lock guard{mtx_};
+  auto stopped = cv_.wait_for(guard, d, [this] { return stopping_; });
+  yield_reason_.clear();
+  return !stopped;
+}
+
+void provider_session::yield(std::string reason) {
+  if (reason.empty())
+    reason = "yielded";
+  {
+    std::lock_guard guard{mtx_};
+    yield_reason_ = std::move(reason);
+  }
+  cv_.notify_all();
 }
 
 void provider_session::loop() {
@@ -49,6 +68,10 @@ void provider_session::loop() {
         now_lead = lead;
     }
     if (!now_lead) {
+      {
+        std::lock_guard guard{mtx_};
+        yield_reason_.clear(); // a standby has nothing to yield
+      }
       if (lead) {
         step_down("lost");
         said_standby = true;
@@ -68,17 +91,23 @@ void provider_session::loop() {
       said_standby = false;
       hooks_.on_leader(name_, lead->fence);
     }
+    std::string yield_reason;
+    {
+      std::lock_guard guard{mtx_};
+      yield_reason.swap(yield_reason_);
+    }
     auto closed = hooks_.closed_for();
-    if (closed && *closed >= provider_down_) {
-      // The transport stayed closed: yield so a standby can connect.
+    if (!yield_reason.empty() || (closed && *closed >= provider_down_)) {
+      // The transport stayed closed, or says another connection is live:
+      // yield so a standby (or that other connection) can have it.
       auto l = *lead;
-      step_down("provider_down");
+      step_down(yield_reason.empty() ? "provider_down" : yield_reason.c_str());
       try {
         coord_.release_lead(l);
       } catch (const std::exception&) {
         // nop: it expires
       }
-      if (!wait(std::max(coord_.lease(), std::chrono::milliseconds{3000})))
+      if (!wait_out(std::max(coord_.lease(), std::chrono::milliseconds{3000})))
         break;
     }
   } while (wait(period));

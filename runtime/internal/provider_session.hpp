@@ -10,6 +10,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <atomic>
 #include <string>
 #include <thread>
 
@@ -41,9 +42,16 @@ class provider_session {
     return leading_.load();
   }
 
+  /// The transport says another connection is live: a leader steps down
+  /// (`on_follower(name, reason)`), stops the transport, releases the
+  /// leadership, waits max(lease, 3 s) and presents itself again. Ignored
+  /// on a standby. Returns at once (the work happens on the session thread).
+  void yield(std::string reason);
+
  private:
   void loop();
-  bool wait(std::chrono::milliseconds d); // false when stopping
+  bool wait(std::chrono::milliseconds d); // false when stopping; a yield wakes it
+  bool wait_out(std::chrono::milliseconds d); // ignores yields
 
   coordinator& coord_;
   std::string name_;
@@ -53,6 +61,7 @@ class provider_session {
   std::mutex mtx_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  std::string yield_reason_; // non-empty: a yield was asked for
   std::thread thread_;
 };
 
