@@ -3,9 +3,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -245,6 +247,7 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
       ++refused_overload;
     else
       ++refused_stopped;
+    turn_ended(key, msg.id, turn_outcome::refused);
     raise(code, std::move(why), key, std::move(msg));
   }
 
@@ -259,6 +262,14 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   // -- provider_host ---------------------------------------------------------
 
   void deliver(inbound_message msg) override {
+    deliver(std::move(msg), delivery_callbacks{});
+  }
+
+  void deliver(inbound_message msg, delivery_callbacks cb) override {
+    auto refuse = [&](errc code) {
+      if (cb.accepted)
+        cb.accepted(code);
+    };
     if (msg.provider.empty())
       msg.provider = provider_id;
     if (msg.id.empty())
@@ -271,6 +282,7 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
       ++refused_invalid;
       auto key = msg.chat.empty() ? std::string{} : chat_key(msg);
       raise(errc::invalid_argument, e.what(), std::move(key), std::move(msg));
+      refuse(errc::invalid_argument);
       return;
     }
     if (!accepting.load()) {
@@ -280,10 +292,56 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
             fmt::format("chat {}: message arrived while the bot is stopped",
                         key),
             key, std::move(msg));
+      refuse(errc::stopped);
       return;
     }
     ++received;
+    if (cb.turn_ended) {
+      std::lock_guard guard{deliveries_mtx};
+      deliveries[delivery_key(chat_key(msg), msg.id)].push_back(
+        std::move(cb.turn_ended));
+    }
+    if (cb.accepted)
+      cb.accepted(errc::none);
     caf::anon_send(router_handle, std::move(msg));
+  }
+
+  // The turn-end notices of delivered messages, by chat key and message id
+  // (a duplicate id in one chat queues behind the first: same chat, same order).
+  static std::string delivery_key(const std::string& key,
+                                  const std::string& id) {
+    std::string k;
+    k.reserve(key.size() + id.size() + 1);
+    k += key;
+    k.push_back('\n');
+    k += id;
+    return k;
+  }
+
+  void turn_ended(const std::string& key, const std::string& id,
+                  turn_outcome outcome) {
+    std::function<void(turn_outcome)> fn;
+    {
+      std::lock_guard guard{deliveries_mtx};
+      if (deliveries.empty())
+        return;
+      auto i = deliveries.find(delivery_key(key, id));
+      if (i == deliveries.end())
+        return;
+      fn = std::move(i->second.front());
+      i->second.pop_front();
+      if (i->second.empty())
+        deliveries.erase(i);
+    }
+    fn(outcome);
+  }
+
+  bool yield_leadership(std::string_view reason) override {
+    std::lock_guard guard{session_mtx};
+    if (!session)
+      return false;
+    session->yield(std::string{reason});
+    return true;
   }
 
   void state_changed(provider_state s) override {
@@ -334,6 +392,9 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
     h.on_follower = [this](const std::string& name, const std::string& why) {
       emit(on_follower, events::follower{name, why});
     };
+    // Under the lock: the session's thread may start the transport, whose
+    // first answer may already ask to yield.
+    std::lock_guard guard{session_mtx};
     session = std::make_unique<internal::provider_session>(
       *co.coordinator, "provider:" + provider_id, co.provider_down.ms(),
       std::move(h));
@@ -361,7 +422,9 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
 
   void turn(const std::string& key, const inbound_message& msg, bool first) {
     record(key, msg, first);
-    with_turn(key, msg, [&] { run_handlers(key, msg, first); });
+    auto outcome = turn_outcome::failed;
+    with_turn(key, msg, [&] { outcome = run_handlers(key, msg, first); });
+    turn_ended(key, msg.id, outcome);
   }
 
   void record(const std::string& key, const inbound_message& msg, bool first) {
@@ -381,12 +444,14 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
     }
   }
 
-  void run_handlers(const std::string& key, const inbound_message& msg,
-                    bool first) {
+  turn_outcome run_handlers(const std::string& key, const inbound_message& msg,
+                           bool first) {
+    auto outcome = turn_outcome::failed;
     emit(on_in, events::message_in{key, msg});
     try {
       if (!flows.on_message(key, msg, first))
         dispatch(key, msg);
+      outcome = turn_outcome::handled;
     } catch (const lease_lost_error& e) {
       // The turn was lost while the handler ran: its write was refused.
       raise(errc::lease_lost,
@@ -405,6 +470,7 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
             key, msg);
     }
     ++handled;
+    return outcome;
   }
 
   void record_chat(const std::string& key, const inbound_message& msg) {
@@ -522,7 +588,11 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
   listeners<events::follower> on_follower;
   provider_state transport = provider_state::closed; // guarded by run_mtx
   std::chrono::steady_clock::time_point closed_since{};
+  std::mutex session_mtx; // guards `session` against yield_leadership
   std::unique_ptr<internal::provider_session> session;
+  std::mutex deliveries_mtx;
+  std::unordered_map<std::string, std::deque<std::function<void(turn_outcome)>>>
+    deliveries;
   std::unique_ptr<internal::turn_keeper> keeper;
 
   std::mutex lifecycle_mtx;
@@ -772,7 +842,16 @@ void bot::stop() {
     impl_->stop_source.request_stop();
   impl_->pool->shutdown();
   impl_->keeper.reset();
-  impl_->session.reset(); // hands the leadership on
+  {
+    // Destroyed outside the lock: its thread may stop the transport, whose
+    // thread may be calling yield_leadership.
+    std::unique_ptr<internal::provider_session> session;
+    {
+      std::lock_guard session_guard{impl_->session_mtx};
+      session = std::move(impl_->session);
+    }
+    session.reset(); // hands the leadership on
+  }
   impl_->opts.provider->stop();
   caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
 }
