@@ -2,12 +2,14 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
@@ -131,6 +133,8 @@ struct client::impl {
                             ec.message());
     if (ec == beast::error::timeout)
       throw error(errc::timeout, what);
+    if (ec == net::error::operation_aborted)
+      throw error(errc::stopped, what);
     throw error(errc::provider_error, what);
   }
 
@@ -243,6 +247,13 @@ struct client::impl {
     out.keep_alive(true);
     out.prepare_payload();
     c.lowest().expires_at(deadline);
+    // A stop request cancels the socket's operations on the thread running
+    // them (posting to its io_context is thread-safe).
+    std::optional<std::stop_callback<std::function<void()>>> on_stop;
+    if (req.stop.stop_possible())
+      on_stop.emplace(req.stop, std::function<void()>{[&c] {
+                        net::post(c.ioc, [&c] { c.lowest().cancel(); });
+                      }});
     ec = run(c, [&](auto h) { bhttp::async_write(stream, out, h); });
     if (ec)
       return {};
@@ -322,12 +333,16 @@ client_response client::request(const client_request& req) {
       throw;
     }
     if (!ec) {
-      i.give_back(key, std::move(c), keep);
+      // A stop that fired may have left a cancel queued on this connection.
+      i.give_back(key, std::move(c), keep && !req.stop.stop_requested());
       return r;
     }
     i.give_back(key, std::move(c), false);
     // A pooled connection the server closed while it was idle: resend once.
-    if (reused && attempt == 0 && !answer_started && ec != beast::error::timeout) {
+    if (req.stop.stop_requested())
+      ec = net::error::operation_aborted;
+    if (reused && attempt == 0 && !answer_started && ec != beast::error::timeout
+        && ec != net::error::operation_aborted) {
       ++i.n_retried;
       continue;
     }

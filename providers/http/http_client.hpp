@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -27,6 +28,9 @@ struct client_request {
   /// The whole exchange (connect, TLS, write, read); zero: the client's
   /// `request_timeout`.
   std::chrono::milliseconds timeout{0};
+  /// Cancels the request from another thread (a long poll when its
+  /// provider stops): it then throws `botmesh::error` with `errc::stopped`.
+  std::stop_token stop{};
 };
 
 struct client_response {
@@ -88,7 +92,8 @@ class client {
   /// `invalid_argument_error` ("url") for a URL that is not http(s)://host...,
   /// `botmesh::error` with `errc::timeout` past the timeout and
   /// `errc::provider_error` for any other failure (resolve, connect, TLS
-  /// verification, a broken answer), naming the host.
+  /// verification, a broken answer), naming the host; `errc::stopped` when
+  /// `req.stop` fired.
   client_response request(const client_request& req);
 
   client_stats stats() const;

@@ -12,6 +12,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -537,6 +538,17 @@ void server::stop() {
   live.clear();
   i.ioc.restart();
   i.ioc.poll();
+}
+
+void server::after(std::chrono::milliseconds delay, std::function<void()> fn) {
+  auto& i = *impl_;
+  if (i.stopping)
+    return;
+  auto timer = std::make_shared<net::steady_timer>(i.ioc, delay);
+  timer->async_wait([timer, fn = std::move(fn)](beast::error_code ec) {
+    if (!ec)
+      fn();
+  });
 }
 
 std::uint16_t server::port() const noexcept {

@@ -145,6 +145,10 @@ class server {
   /// Idempotent; the server cannot be started again.
   void stop();
 
+  /// Runs `fn` on an I/O thread after `delay` (for bounded waits of held
+  /// answers). Dropped when the server stops first. After `start` only.
+  void after(std::chrono::milliseconds delay, std::function<void()> fn);
+
   /// The bound port (after `start`).
   std::uint16_t port() const noexcept;
 
