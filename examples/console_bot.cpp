@@ -7,9 +7,11 @@
 //
 // Type "pedido" to place an order (product, quantity, confirmation).
 
+#include <charconv>
+#include <cstdint>
 #include <cstring>
+#include <exception>
 #include <iostream>
-#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -60,9 +62,25 @@ botmesh::flow order_flow() {
   return f;
 }
 
-} // namespace
+// "a + b" for 64-bit integers; a number or a sum that does not fit gets a
+// sentence instead of a wrong result.
+std::string sum(const std::string& a_text, const std::string& b_text) {
+  auto parse = [](const std::string& t, std::int64_t& v) {
+    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    return ec == std::errc{} && p == t.data() + t.size();
+  };
+  std::int64_t a = 0;
+  std::int64_t b = 0;
+  if (!parse(a_text, a) || !parse(b_text, b))
+    return "Ese número es demasiado grande: sé sumar enteros de hasta 19 "
+           "cifras.";
+  std::int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r))
+    return "La suma no cabe en un entero de 64 bits.";
+  return a_text + " + " + b_text + " = " + std::to_string(r);
+}
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::shared_ptr<botmesh::store> store = std::make_shared<botmesh::memory_store>();
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--db") == 0 && i + 1 < argc) {
@@ -86,12 +104,9 @@ int main(int argc, char** argv) {
     c.reply("Sé tomar pedidos ('pedido'), sumar ('2 + 3') y repetir lo que "
             "dices.");
   });
-  bot.hears(std::regex{R"(^\s*(-?\d+)\s*\+\s*(-?\d+)\s*$)"},
+  bot.hears(botmesh::pattern{R"(^\s*(-?\d+)\s*\+\s*(-?\d+)\s*$)"},
             [](botmesh::context& c) {
-              auto a = std::stoll(c.matches()[1]);
-              auto b = std::stoll(c.matches()[2]);
-              c.reply(c.matches()[1] + " + " + c.matches()[2] + " = "
-                      + std::to_string(a + b));
+              c.reply(sum(c.matches()[1], c.matches()[2]));
             });
   bot.on_message([](botmesh::context& c) { c.reply("Dijiste: " + c.text()); });
 
@@ -99,4 +114,17 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << e.what << '\n';
   });
   return bot.run();
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  // A bad --db (a missing directory, a directory, a damaged file) is a
+  // message and an exit code, not an abort.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "console_bot: " << e.what() << '\n';
+    return 1;
+  }
 }

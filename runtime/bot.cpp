@@ -38,9 +38,9 @@ thread_local std::stop_token current_turn_stop;
 
 
 struct route {
-  enum kind_t { any, keywords, pattern } kind;
+  enum kind_t { any, keywords, regex } kind;
   std::vector<std::string> words;
-  std::regex re;
+  std::optional<botmesh::pattern> re;
   handler fn;
 };
 
@@ -503,16 +503,12 @@ struct bot::impl final : chat_services, provider_host, internal::flow_host {
             }
           }
           break;
-        case route::pattern: {
-          std::smatch m;
-          if (std::regex_search(msg.text, m, r.re)) {
-            for (auto& g : m)
-              ctx.matches_.push_back(g.str());
+        case route::regex:
+          if (r.re->search(msg.text, &ctx.matches_)) {
             r.fn(ctx);
             return;
           }
           break;
-        }
       }
     }
   }
@@ -677,10 +673,9 @@ bot& bot::hears(std::initializer_list<const char*> keywords, handler h) {
                std::move(h));
 }
 
-bot& bot::hears(std::regex pattern, handler h) {
+bot& bot::hears(botmesh::pattern p, handler h) {
   impl_->check_not_started();
-  impl_->routes.push_back(
-    route{route::pattern, {}, std::move(pattern), std::move(h)});
+  impl_->routes.push_back(route{route::regex, {}, std::move(p), std::move(h)});
   return *this;
 }
 

@@ -7,7 +7,6 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -18,6 +17,7 @@
 #include <botmesh/providers/provider.hpp>
 #include <botmesh/runtime/core/duration.hpp>
 #include <botmesh/runtime/core/message.hpp>
+#include <botmesh/runtime/core/pattern.hpp>
 #include <botmesh/runtime/events.hpp>
 #include <botmesh/runtime/flow.hpp>
 #include <botmesh/scheduler/scheduler.hpp>
@@ -44,7 +44,7 @@ class context {
     return key_;
   }
 
-  /// For regex handlers: the whole match and its groups; empty otherwise.
+  /// For pattern handlers: the whole match and its groups; empty otherwise.
   const std::vector<std::string>& matches() const noexcept {
     return matches_;
   }
@@ -207,8 +207,10 @@ class bot {
   /// Same, for a braced list: `hears({"hola", "buenas"}, h)`.
   bot& hears(std::initializer_list<const char*> keywords, handler h);
 
-  /// Handles a message whose text contains a match of `pattern`.
-  bot& hears(std::regex pattern, handler h);
+  /// Handles a message whose text contains a match of `p` (linear time:
+  /// see `botmesh::pattern`); `context::matches()` holds the whole match
+  /// and its groups. `bot.hears(botmesh::pattern{R"(pedido (\d+))"}, h)`.
+  bot& hears(botmesh::pattern p, handler h);
 
   /// Registers a conversation flow (see flow.hpp). A chat's message goes
   /// first to the conversation waiting in it, then to flow triggers, then to

@@ -7,7 +7,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -18,6 +17,7 @@
 
 #include <botmesh/runtime/core/duration.hpp>
 #include <botmesh/runtime/core/message.hpp>
+#include <botmesh/runtime/core/pattern.hpp>
 
 namespace botmesh {
 
@@ -223,7 +223,9 @@ class flow {
   /// (ASCII case-insensitive) and no conversation is active in the chat.
   flow& hears(std::vector<std::string> keywords);
   flow& hears(std::initializer_list<const char*> keywords);
-  flow& hears(std::regex pattern);
+  /// Starts the flow when the text contains a match of `p` (linear time:
+  /// see `botmesh::pattern`).
+  flow& hears(botmesh::pattern p);
 
   /// An ask step: sends `question`, waits for the answer, validates it
   /// (re-asking), then calls `on_answer`. On a timeout the conversation ends.

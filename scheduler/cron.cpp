@@ -83,9 +83,12 @@ std::uint64_t parse_field(const field_spec& f, std::string_view expr,
           bad(f, expr, fmt::format("step \"{}\" is not a number", step_text));
       auto [p, ec] = std::from_chars(step_text.data(),
                                      step_text.data() + step_text.size(), step);
-      if (ec != std::errc{} || step == 0)
-        bad(f, expr, fmt::format("step {} must be a positive number",
-                                 step_text));
+      // A step wider than the field can only ever select its first value;
+      // larger ones (near INT_MAX) would also overflow `v += step` below.
+      auto span = f.max - f.min + 1;
+      if (ec != std::errc{} || step == 0 || step > span)
+        bad(f, expr, fmt::format("step {} must be a number from 1 to {}",
+                                 step_text, span));
       if (range != "*" && range.find('-') == std::string_view::npos)
         bad(f, expr, fmt::format("\"{}\": a step needs '*' or a range before "
                                  "it (e.g. */15 or 1-30/5)",
@@ -342,6 +345,60 @@ struct cron_schedule::impl {
   }
 };
 
+namespace {
+
+// Slots of one matching civil day at or after minute-of-day (h0, m0).
+std::uint64_t slots_from(const cron_expr& e, int h0, int m0) {
+  auto per_hour = static_cast<std::uint64_t>(std::popcount(e.minute_bits()));
+  std::uint64_t n = 0;
+  if (h0 < 24 && e.hour(h0) && m0 < 60)
+    n += std::popcount(e.minute_bits() >> m0);
+  for (int h = h0 + 1; h < 24; ++h)
+    if (e.hour(h))
+      n += per_hour;
+  return n;
+}
+
+bool day_matches(const cron_expr& e, const cctz::civil_day& d) {
+  return e.month(d.month()) && e.day(d.day(), weekday_number(d));
+}
+
+// Civil slots s with a < s <= b (slots sit on whole minutes).
+std::uint64_t civil_slots(const cron_expr& e, const cctz::civil_second& a,
+                          const cctz::civil_second& b) {
+  if (b <= a)
+    return 0;
+  // First slot strictly after a: the next whole minute.
+  auto from = cctz::civil_minute{a} + 1;
+  auto to = cctz::civil_minute{b}; // slots <= b
+  if (to < from)
+    return 0;
+  auto per_day = slots_from(e, 0, 0);
+  std::uint64_t n = 0;
+  cctz::civil_day d{from};
+  cctz::civil_day last{to};
+  for (; d <= last; ++d) {
+    if (!e.month(d.month())) {
+      d = cctz::civil_day{cctz::civil_month{d} + 1} - 1; // next month
+      continue;
+    }
+    if (!e.day(d.day(), weekday_number(d)))
+      continue;
+    std::uint64_t k = per_day;
+    if (d == cctz::civil_day{from})
+      k = slots_from(e, from.hour(), from.minute());
+    if (d == last) {
+      // Remove the slots after `to` on the last day.
+      auto after = slots_from(e, to.hour(), to.minute() + 1);
+      k -= std::min(k, after);
+    }
+    n += k;
+  }
+  return n;
+}
+
+} // namespace
+
 cron_schedule::cron_schedule(std::string_view expr, std::string_view zone,
                              time_point now) {
   auto i = std::make_shared<impl>();
@@ -358,6 +415,80 @@ cron_schedule::cron_schedule(std::string_view expr, std::string_view zone,
 
 std::optional<time_point> cron_schedule::next_after(time_point from) const {
   return impl_->next_after(from);
+}
+
+std::uint64_t cron_schedule::count_between(time_point after,
+                                           time_point until) const {
+  auto& i = *impl_;
+  if (until <= after)
+    return 0;
+  // Walks near the ends (where an instant may fall in a gap or an overlap)
+  // and counts the middle arithmetically: whole civil days by their
+  // matching hours and minutes, then each offset change by the DST policy.
+  constexpr auto day = std::chrono::hours{24};
+  auto walk = [&](time_point from, time_point to) {
+    std::uint64_t n = 0;
+    for (auto t = next_after(from); t && *t <= to; t = next_after(*t))
+      ++n;
+    return n;
+  };
+  // A middle boundary must not sit within a day of an offset change, so
+  // that it maps to one civil time and the change is counted once.
+  auto near_transition = [&](time_point t) {
+    cctz::time_zone::civil_transition tr;
+    auto s = to_seconds(t - day);
+    return i.tz.next_transition(s, &tr)
+           && i.tz.lookup(tr.to).post <= to_seconds(t + day);
+  };
+  auto a = after + day;
+  while (a < until && near_transition(a))
+    a += day;
+  auto b = until - day;
+  while (b > a && near_transition(b))
+    b -= day;
+  if (b <= a + day)
+    return walk(after, until);
+  auto& e = i.expr;
+  std::uint64_t n = walk(after, a) + walk(b, until);
+  n += civil_slots(e, cctz::convert(to_seconds(a), i.tz),
+                   cctz::convert(to_seconds(b), i.tz));
+  // Offset changes inside (a, b]: slots inside a gap were counted once but
+  // run once shifted (a fixed hour) unless they land on another slot, or
+  // never (a wildcard hour); slots inside an overlap were counted once and
+  // run twice with a wildcard hour.
+  cctz::time_zone::civil_transition tr;
+  auto at = to_seconds(a);
+  while (i.tz.next_transition(at, &tr)) {
+    // The instant the new offset starts: `to` read in the new offset.
+    auto instant = i.tz.lookup(tr.to).post;
+    if (instant > to_seconds(b) || instant <= at)
+      break;
+    at = instant;
+    if (tr.to > tr.from) { // gap [from, to)
+      auto gap = tr.to - tr.from;
+      for (auto m = cctz::civil_minute{tr.from - 1} + 1;
+           cctz::civil_second{m} < tr.to; ++m) {
+        if (!day_matches(e, cctz::civil_day{m}) || !e.hour(m.hour())
+            || !e.minute(m.minute()))
+          continue;
+        if (e.hour_is_wildcard()) {
+          --n;
+          continue;
+        }
+        auto shifted = cctz::civil_minute{cctz::civil_second{m} + gap};
+        if (day_matches(e, cctz::civil_day{shifted}) && e.hour(shifted.hour())
+            && e.minute(shifted.minute()))
+          --n; // lands on another slot: runs once
+      }
+    } else if (e.hour_is_wildcard()) { // overlap [to, from) runs twice
+      for (auto m = cctz::civil_minute{tr.to - 1} + 1;
+           cctz::civil_second{m} < tr.from; ++m)
+        if (day_matches(e, cctz::civil_day{m}) && e.hour(m.hour())
+            && e.minute(m.minute()))
+          ++n;
+    }
+  }
+  return n;
 }
 
 const cron_expr& cron_schedule::expr() const noexcept {
@@ -396,9 +527,19 @@ time_point parse_iso8601(std::string_view text, std::string_view zone) {
         "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%E*S", "%Y-%m-%dT%H:%M"}) {
     std::string f = fmt_str;
     bool utc = f.back() == 'Z';
-    if (cctz::detail::parse(f, in, utc ? cctz::utc_time_zone() : tz, &s, &fs))
-      return from_seconds(s)
-             + std::chrono::duration_cast<std::chrono::milliseconds>(fs);
+    if (!cctz::detail::parse(f, in, utc ? cctz::utc_time_zone() : tz, &s,
+                             &fs))
+      continue;
+    // Bounded so that the instant fits a millisecond time_point (seconds x
+    // 1000 of a year like 999999999 would wrap around silently).
+    auto year = cctz::convert(s, cctz::utc_time_zone()).year();
+    if (year < min_iso_year || year > max_iso_year)
+      throw invalid_argument_error(
+        "from", fmt::format("ISO-8601 time \"{}\": year {} is outside the "
+                            "supported range {}-{}",
+                            text, year, min_iso_year, max_iso_year));
+    return from_seconds(s)
+           + std::chrono::duration_cast<std::chrono::milliseconds>(fs);
   }
   throw invalid_argument_error(
     "from", fmt::format("invalid ISO-8601 time \"{}\": expected e.g. "
@@ -410,10 +551,10 @@ std::string to_iso_utc(time_point t) {
   auto ms = to_unix_ms(t) % 1000;
   if (ms < 0)
     ms += 1000;
-  return fmt::format("{}.{:03}Z",
-                     cctz::format("%Y-%m-%dT%H:%M:%S", to_seconds(t),
-                                  cctz::utc_time_zone()),
-                     ms);
+  // Four-digit years, as JavaScript's toISOString() writes them.
+  auto c = cctz::convert(to_seconds(t), cctz::utc_time_zone());
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", c.year(),
+                     c.month(), c.day(), c.hour(), c.minute(), c.second(), ms);
 }
 
 } // namespace botmesh

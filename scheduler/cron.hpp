@@ -103,6 +103,13 @@ class cron_schedule {
   /// none within four years.
   std::optional<time_point> next_after(time_point from) const;
 
+  /// How many run instants fall in (`after`, `until`]: the ones
+  /// `next_after` would give one by one, counted arithmetically (by civil
+  /// day, with the DST policy applied per offset change), so a missed
+  /// stretch of years costs about a microsecond per day, not one step per
+  /// slot.
+  std::uint64_t count_between(time_point after, time_point until) const;
+
   const cron_expr& expr() const noexcept;
 
   /// The zone name as given ("local" stays "local").
@@ -127,9 +134,14 @@ void validate_time_zone(std::string_view zone);
 /// `zone` is "UTC").
 std::string format_iso8601(time_point t, std::string_view zone);
 
+/// The years `parse_iso8601` accepts (in UTC): four-digit years from 1.
+inline constexpr long long min_iso_year = 1;
+inline constexpr long long max_iso_year = 9999;
+
 /// Parses ISO-8601 "YYYY-MM-DDTHH:MM[:SS[.fff]]" followed by "Z" or
 /// "+HH:MM"/"-HH:MM", or without offset (then read in `zone`). Throws
-/// `invalid_argument_error` (field "from") for anything else.
+/// `invalid_argument_error` (field "from") for anything else, and for an
+/// instant whose UTC year is outside `min_iso_year`..`max_iso_year`.
 time_point parse_iso8601(std::string_view text, std::string_view zone = "UTC");
 
 /// ISO-8601 in UTC with milliseconds, as JavaScript's toISOString():

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -76,7 +77,7 @@ class memory_coordinator final : public coordinator {
   std::string replica_id_;
   std::string incarnation_;
   std::chrono::milliseconds lease_;
-  bool crashed_ = false;
+  std::atomic<bool> crashed_{false}; // set by crash() from any thread
 };
 
 } // namespace botmesh

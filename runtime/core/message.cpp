@@ -62,6 +62,14 @@ std::string chat_key(const inbound_message& msg) {
 }
 
 void validate(const inbound_message& msg, const message_limits& limits) {
+  // Every field travels through JSON (message log, saved answers): bytes
+  // that are not UTF-8 would come back rewritten, so they are refused here.
+  auto utf8_field = [&](std::string_view name, const std::string& value) {
+    if (!is_valid_utf8(value))
+      throw invalid_argument_error(
+        std::string{name},
+        fmt::format("inbound message field \"{}\" is not valid UTF-8", name));
+  };
   auto id_field = [&](std::string_view name, const std::string& value) {
     if (value.size() > limits.max_id_bytes)
       throw invalid_argument_error(
@@ -69,6 +77,7 @@ void validate(const inbound_message& msg, const message_limits& limits) {
         fmt::format("inbound message field \"{}\" is {} bytes, over the limit "
                     "of {} bytes",
                     name, value.size(), limits.max_id_bytes));
+    utf8_field(name, value);
   };
   if (msg.chat.empty())
     throw invalid_argument_error(
@@ -77,6 +86,7 @@ void validate(const inbound_message& msg, const message_limits& limits) {
   if (msg.provider.empty())
     throw invalid_argument_error("provider",
                                  "inbound message has an empty \"provider\"");
+  id_field("provider", msg.provider);
   id_field("chat", msg.chat);
   id_field("participant", msg.participant);
   id_field("sender", msg.sender);
@@ -91,6 +101,8 @@ void validate(const inbound_message& msg, const message_limits& limits) {
                                "the limit of {} bytes (chat {})",
                                msg.media_url.size(), limits.max_text_bytes,
                                msg.chat));
+  utf8_field("media_url", msg.media_url);
+  utf8_field("raw", msg.raw);
   if (msg.text.size() > limits.max_text_bytes)
     throw invalid_argument_error(
       "text", fmt::format("inbound message text is {} bytes, over the limit of "

@@ -163,10 +163,12 @@ struct message_limits {
 };
 
 /// Checks an inbound message; throws `invalid_argument_error` naming the
-/// field: "chat" (empty or too long), "provider" (empty), "text" (over
-/// `max_text_bytes` or not UTF-8), "participant"/"sender"/"id"/"data"/
-/// "command"/"media_id"/"mime_type" (over `max_id_bytes`), "media_url"
-/// (over `max_text_bytes`).
+/// field: "chat" (empty), "provider" (empty), "text" (over `max_text_bytes`),
+/// "provider"/"chat"/"participant"/"sender"/"id"/"data"/"command"/
+/// "media_id"/"mime_type" (over `max_id_bytes`), "media_url" (over
+/// `max_text_bytes`), and any of those, "text" or "raw" when it is not
+/// valid UTF-8 (every field round-trips through JSON, which would rewrite
+/// bad bytes).
 void validate(const inbound_message& msg, const message_limits& limits);
 
 /// JSON encoding of an inbound message (used by the message log and by a

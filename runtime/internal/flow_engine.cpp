@@ -35,8 +35,8 @@ bool flow::definition::triggered_by(std::string_view text) const {
   for (auto& k : keywords)
     if (ascii_iequals(t, k))
       return true;
-  for (auto& re : patterns)
-    if (std::regex_search(text.begin(), text.end(), re))
+  for (auto& p : patterns)
+    if (p.search(text))
       return true;
   return false;
 }
@@ -62,8 +62,8 @@ flow& flow::hears(std::initializer_list<const char*> keywords) {
   return hears(std::vector<std::string>(keywords.begin(), keywords.end()));
 }
 
-flow& flow::hears(std::regex pattern) {
-  def_->patterns.push_back(std::move(pattern));
+flow& flow::hears(botmesh::pattern p) {
+  def_->patterns.push_back(std::move(p));
   return *this;
 }
 

@@ -37,7 +37,7 @@ struct flow::definition {
 
   std::string name;
   std::vector<std::string> keywords;
-  std::vector<std::regex> patterns;
+  std::vector<botmesh::pattern> patterns;
   std::vector<step_def> steps;
   bool persistent = false;
 

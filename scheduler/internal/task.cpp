@@ -21,14 +21,18 @@ run_plan plan_claim(const task& t, const schedule_claim& c, time_point now,
       p.slots.push_back(slot);
       break;
     case missed_policy::catch_up:
-      // Oldest first, up to max_catch_up; the rest are only counted
-      // (arithmetically for intervals, so a long outage costs nothing).
+      // Oldest first, up to max_catch_up; the rest are only counted,
+      // arithmetically, so a record dated decades ago costs no walk.
       for (std::optional<time_point> s = slot; s && *s <= now;
            s = t.slot_after(*s)) {
         if (p.slots.size() < t.opts.max_catch_up) {
           p.slots.push_back(*s);
         } else if (t.kind == task_kind::every) {
           skipped = static_cast<std::size_t>((now - *s) / t.interval) + 1;
+          break;
+        } else if (t.kind == task_kind::cron) {
+          // *s itself plus every run after it up to now.
+          skipped = 1 + t.cron->count_between(*s, now);
           break;
         } else {
           ++skipped;

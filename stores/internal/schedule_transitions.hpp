@@ -8,9 +8,36 @@
 #include <optional>
 #include <string_view>
 
+#include <fmt/format.h>
+
+#include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/schedule_store.hpp>
 
 namespace botmesh::internal {
+
+/// Instants a stored schedule may hold: years 1 to 9999. Anything else is a
+/// damaged record; accepting it would overflow the planning arithmetic (a
+/// slot near INT64_MIN) or make the scheduler count ages of missed slots.
+inline constexpr std::int64_t min_record_ms = -62'135'596'800'000;
+inline constexpr std::int64_t max_record_ms = 253'402'300'799'999;
+
+/// Throws `errc::corrupted_record` naming `where` (the key or row) and the
+/// field when a time of `rec` is out of range.
+inline void check_record_times(const schedule_record& rec,
+                               std::string_view where) {
+  auto check = [&](time_point t, std::string_view field) {
+    auto ms = to_unix_ms(t);
+    if (ms < min_record_ms || ms > max_record_ms)
+      throw error(errc::corrupted_record,
+                  fmt::format("{}: field \"{}\" holds {} ms, outside years "
+                              "1-9999",
+                              where, field, ms));
+  };
+  check(rec.next_run_at, "next_run_at");
+  check(rec.lease_until, "lease_until");
+  check(rec.claimed_at, "claimed_at");
+  check(rec.updated_at, "updated_at");
+}
 
 /// Registers `spec` on `rec` (a fresh record when absent): an existing live
 /// record with the same spec stays as it is (returns false: nothing to

@@ -193,6 +193,37 @@ std::optional<std::string> authenticate(redisContext* ctx,
   return std::nullopt;
 }
 
+// hiredis 0.14 allocates an array's element table as soon as it reads the
+// header, so a hostile or broken server announcing `*1000000041` would make
+// it try an 8 GB allocation. The reader's array constructor is wrapped to
+// refuse counts over the bound (the reader then fails the connection).
+struct reader_guard {
+  std::size_t max_elements = 0;
+  long long refused = -1; // the count refused, for the error message
+};
+
+redisReplyObjectFunctions bounded_functions(const redisReplyObjectFunctions& d) {
+  static redisReplyObjectFunctions defaults = d;
+  redisReplyObjectFunctions f = d;
+  f.createArray = [](const redisReadTask* task, int elements) -> void* {
+    auto* g = static_cast<reader_guard*>(task->privdata);
+    if (elements < 0
+        || (g && static_cast<std::size_t>(elements) > g->max_elements)) {
+      if (g)
+        g->refused = elements;
+      return nullptr;
+    }
+    return defaults.createArray(task, elements);
+  };
+  return f;
+}
+
+void bound_reader(redisContext* ctx, reader_guard* guard) {
+  static redisReplyObjectFunctions fns = bounded_functions(*ctx->reader->fn);
+  ctx->reader->fn = &fns;
+  ctx->reader->privdata = guard;
+}
+
 struct request {
   redis_client::command cmd;
   redis_client::callback done;
@@ -222,7 +253,9 @@ class connection {
     {
       std::unique_lock guard{mtx_};
       // While the server is unreachable, fail at once instead of queueing
-      // behind a connect attempt that is bound to wait.
+      // behind a connect attempt that is bound to wait. A quick failure
+      // (refused: the server is restarting) allows the next attempt at
+      // once, so the first command after the server is back reconnects.
       if (down_ && steady::now() < next_attempt_) {
         auto why = last_error_;
         guard.unlock();
@@ -265,32 +298,44 @@ class connection {
     }
   }
 
-  void mark_down(const std::string& why) {
+  // `attempt_took`: how long the failed connection attempt waited. Only
+  // slow failures (timeouts) back off; a refused connection costs nothing
+  // to retry, so the next command tries again.
+  void mark_down(const std::string& why,
+                 steady::duration attempt_took = steady::duration::max()) {
     std::lock_guard guard{mtx_};
     down_ = true;
     last_error_ = why;
+    if (attempt_took < std::chrono::milliseconds{20}) {
+      next_attempt_ = steady::now();
+      return;
+    }
     backoff_ = std::min(opts_.max_backoff.ms(),
                         std::max(std::chrono::milliseconds{50}, backoff_ * 2));
     next_attempt_ = steady::now() + backoff_;
   }
 
   bool connect() {
+    auto t0 = steady::now();
     auto ctx = redisConnectWithTimeout(ep_.host.c_str(), ep_.port,
                                        to_timeval(opts_.connect_timeout.ms()));
     if (!ctx || ctx->err) {
-      mark_down(ctx ? ctx->errstr : "cannot allocate a connection");
+      mark_down(ctx ? ctx->errstr : "cannot allocate a connection",
+                steady::now() - t0);
       if (ctx)
         redisFree(ctx);
       return false;
     }
+    bound_reader(ctx, &guard_);
     redisSetTimeout(ctx, to_timeval(opts_.command_timeout.ms()));
     redisEnableKeepAlive(ctx);
     if (auto err = authenticate(ctx, ep_, true)) {
-      mark_down(*err);
+      mark_down(*err, steady::now() - t0);
       redisFree(ctx);
       return false;
     }
     ctx_ = ctx;
+    last_used_ = steady::now();
     std::lock_guard guard{mtx_};
     down_ = false;
     backoff_ = std::chrono::milliseconds{0};
@@ -305,7 +350,24 @@ class connection {
     mark_down(why);
   }
 
+  // A connection idle for a while may have been closed by the server (a
+  // restart, an idle timeout). Looking for its EOF before writing sends the
+  // batch on a fresh connection instead of failing it; a busy connection
+  // skips the check.
+  bool closed_by_peer() {
+    if (steady::now() - last_used_ < std::chrono::milliseconds{100})
+      return false;
+    pollfd pfd{ctx_->fd, POLLIN | POLLRDHUP, 0};
+    // Readable with nothing asked means EOF, a reset or stray bytes: the
+    // connection cannot be trusted either way.
+    return ::poll(&pfd, 1, 0) > 0;
+  }
+
   void run(std::vector<request>& batch) {
+    if (ctx_ && closed_by_peer()) {
+      redisFree(ctx_);
+      ctx_ = nullptr;
+    }
     if (!ctx_ && !connect()) {
       std::string why;
       {
@@ -335,6 +397,7 @@ class connection {
     }
     for (size_t i = 0; i < batch.size(); ++i) {
       void* raw = nullptr;
+      guard_.refused = -1;
       if (redisGetReply(ctx_, &raw) != REDIS_OK || !raw) {
         bool timed_out = ctx_->err == REDIS_ERR_IO
                          && (errno == EAGAIN || errno == EWOULDBLOCK);
@@ -342,6 +405,10 @@ class connection {
                                            format_duration(
                                              opts_.command_timeout.ms()))
                              : std::string{ctx_->errstr};
+        if (guard_.refused != -1)
+          why = fmt::format("the server announced an array of {} elements "
+                            "(the bound is {}): protocol error",
+                            guard_.refused, guard_.max_elements);
         // The stream's state is unknown now: start over on a new connection.
         reset(why);
         fail_all(batch, i, timed_out ? errc::timeout : errc::store_error, why);
@@ -351,6 +418,7 @@ class connection {
       freeReplyObject(raw);
       batch[i].done(std::move(reply), nullptr);
     }
+    last_used_ = steady::now();
   }
 
   endpoint_info ep_;
@@ -365,6 +433,8 @@ class connection {
   std::string last_error_;
   std::chrono::milliseconds backoff_{0};
   steady::time_point next_attempt_{};
+  steady::time_point last_used_{}; // owned by the connection's thread
+  reader_guard guard_{opts_.max_reply_elements};
   std::thread thread_;
 };
 
@@ -393,6 +463,7 @@ class subscriber {
         redisFree(ctx);
       return nullptr;
     }
+    bound_reader(ctx, &guard_);
     // Pub/sub ignores the database: no SELECT.
     if (authenticate(ctx, ep_, false) || run_setup(ctx, {"SUBSCRIBE", channel_})) {
       redisFree(ctx);
@@ -444,6 +515,7 @@ class subscriber {
   redis_options opts_;
   std::string channel_;
   std::function<void(std::string_view)> fn_;
+  reader_guard guard_{opts_.max_reply_elements};
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -512,18 +584,26 @@ redis_reply redis_client::call(command cmd) {
 
 std::vector<redis_reply> redis_client::pipeline(std::vector<command> cmds) {
   auto& conn = impl_->pick();
-  std::vector<std::promise<redis_reply>> promises(cmds.size());
+  // The promises are shared with the callbacks, and every reply is awaited
+  // before the first error is thrown: the connection's thread may still be
+  // completing later commands when an earlier one failed.
+  auto promises =
+    std::make_shared<std::vector<std::promise<redis_reply>>>(cmds.size());
   std::vector<std::future<redis_reply>> futures;
+  futures.reserve(cmds.size());
   for (size_t i = 0; i < cmds.size(); ++i) {
-    futures.push_back(promises[i].get_future());
+    futures.push_back((*promises)[i].get_future());
     conn.enqueue(request{std::move(cmds[i]),
-                         [&p = promises[i]](redis_reply r, std::exception_ptr e) {
+                         [promises, i](redis_reply r, std::exception_ptr e) {
+                           auto& p = (*promises)[i];
                            if (e)
                              p.set_exception(e);
                            else
                              p.set_value(std::move(r));
                          }});
   }
+  for (auto& f : futures)
+    f.wait();
   std::vector<redis_reply> out;
   out.reserve(futures.size());
   for (auto& f : futures)

@@ -38,8 +38,15 @@ struct redis_options {
   duration connect_timeout = "2s";
   /// Connections (each owned by one thread). Callers spread over them.
   std::size_t connections = 2;
-  /// Reconnection backoff doubles from 50 ms up to this.
+  /// After a connection attempt that timed out, the next waits from 50 ms
+  /// doubling up to this; a refused attempt (a restarting server) is
+  /// retried by the next command at once.
   duration max_backoff = "2s";
+  /// Most elements a reply array may announce. The server is trusted with
+  /// the data, not with the memory a header makes the client allocate: a
+  /// larger count fails the connection with a protocol error instead of
+  /// an allocation of gigabytes.
+  std::size_t max_reply_elements = 4 * 1024 * 1024;
 };
 
 /// A Lua script sent with EVALSHA (falling back to EVAL on NOSCRIPT, since

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/internal/schedule_transitions.hpp>
 #include <botmesh/stores/redis/internal/scripts.hpp>
 
 namespace botmesh::internal {
@@ -55,6 +56,7 @@ schedule_record read_record(std::string_view id, std::string_view key,
   rec.done = num("done") != 0;
   rec.deleted = num("deleted") != 0;
   rec.updated_at = from_unix_ms(num("updated"));
+  check_record_times(rec, fmt::format("redis schedule {}", key));
   return rec;
 }
 

@@ -92,9 +92,9 @@ TEST_CASE("a garbage checkpoint gives a clear error and the chat keeps "
     sqlite3_close(raw);
   }
   auto p = std::make_shared<botmesh::testing_provider>();
-  botmesh::bot b{{.provider = p, .store = db}};
   std::mutex mtx;
   std::vector<botmesh::events::error> errors;
+  botmesh::bot b{{.provider = p, .store = db}};
   b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
     std::lock_guard guard{mtx};
     errors.push_back(e);

@@ -97,11 +97,11 @@ TEST_CASE("two bots on a real Redis never run a chat's handlers at once") {
   };
   auto pa = std::make_shared<botmesh::testing_provider>();
   auto pb = std::make_shared<botmesh::testing_provider>();
-  auto a = make("a", pa);
-  auto b = make("b", pb);
   std::atomic<int> in_flight{0};
   std::atomic<int> overlaps{0};
   std::atomic<int> done{0};
+  auto a = make("a", pa);
+  auto b = make("b", pb);
   auto handler = [&](botmesh::context&) {
     if (in_flight.fetch_add(1) != 0)
       ++overlaps;

@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <barrier>
+#include <functional>
+#include <limits>
 #include <thread>
 
 #include <sqlite3.h>
@@ -56,6 +58,19 @@ void raw_sql(const std::string& path, const std::string& sql) {
   sqlite3_free(err);
   sqlite3_close(db);
   REQUIRE(rc == SQLITE_OK);
+}
+
+// Reads one integer with a separate connection.
+std::int64_t raw_int(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  REQUIRE(sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK);
+  REQUIRE(sqlite3_step(st) == SQLITE_ROW);
+  auto v = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return v;
 }
 
 } // namespace
@@ -129,6 +144,34 @@ TEST_CASE("a corrupted checkpoint row gives an error naming the key, and the "
   REQUIRE(next);
   CHECK(*next > rev);
   CHECK(s.get_checkpoint("test:broken")->flow == "pedido");
+}
+
+TEST_CASE("a schedule row with a time out of range is a corrupted record "
+          "naming its id, and it is left as it was") {
+  test::temp_file file;
+  botmesh::sqlite_store s{{.path = file.path()}};
+  s.start();
+  auto sched = s.schedules();
+  sched->register_task("job", "every 1000", botmesh::from_unix_ms(1),
+                       botmesh::from_unix_ms(0));
+  raw_sql(file.path(), "UPDATE schedules SET next_run_at=-9223372036854775807 "
+                       "WHERE id='job'");
+  for (auto f : std::vector<std::function<void()>>{
+         [&] { sched->get("job"); },
+         [&] { sched->claim("job", "me", botmesh::from_unix_ms(5),
+                            std::chrono::seconds(1)); }}) {
+    try {
+      f();
+      FAIL("read a damaged schedule");
+    } catch (const botmesh::error& e) {
+      CHECK(e.code() == botmesh::errc::corrupted_record);
+      CHECK(std::string{e.what()}.find("sqlite schedule job") != std::string::npos);
+      CHECK(std::string{e.what()}.find("next_run_at") != std::string::npos);
+    }
+  }
+  // Nothing was rewritten by the failed claim.
+  CHECK(raw_int(file.path(), "SELECT next_run_at FROM schedules WHERE id='job'")
+        == std::numeric_limits<std::int64_t>::min() + 1);
 }
 
 TEST_CASE("compare-and-set holds across separate connections to one file") {

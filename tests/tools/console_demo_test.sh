@@ -26,4 +26,36 @@ check "a restarted demo resumes the order" "✅ Pedido confirmado: 2 x café. ¡
 
 "$bot" --bogus </dev/null >/dev/null 2>&1; rc=$?
 check "a bad argument exits 2" 2 "$rc"
+
+# A bad --db is a clear message and exit 1, never an abort.
+for db in "$tmp/missing/dir/bot.db" "$tmp"; do
+  out=$("$bot" --db "$db" </dev/null 2>&1); rc=$?
+  check "--db $db exits 1" 1 "$rc"
+  case "$out" in
+    "console_bot: "*"$db"*) echo "ok: --db $db names the file" ;;
+    *) echo "FAIL: --db $db: unexpected message: $out"; fail=1 ;;
+  esac
+done
+head -c 65536 /dev/urandom > "$tmp/garbage.db"
+out=$("$bot" --db "$tmp/garbage.db" </dev/null 2>&1); rc=$?
+check "a damaged database file exits 1" 1 "$rc"
+case "$out" in
+  "console_bot: "*) echo "ok: the damaged file gets a message" ;;
+  *) echo "FAIL: damaged file: unexpected message: $out"; fail=1 ;;
+esac
+
+# Sums that do not fit in 64 bits are said so, not wrapped.
+out=$(printf '9223372036854775807 + 1
+99999999999999999999 + 1
+-5 + 3
+' | "$bot" 2>&1); rc=$?
+check "overflowing sums are refused in words" \
+  "$(printf 'La suma no cabe en un entero de 64 bits.\nEse número es demasiado grande: sé sumar enteros de hasta 19 cifras.\n-5 + 3 = -2')" "$out"
+
+# A 30,000-digit message is routed by the linear-time pattern, not a crash.
+digits=$(head -c 30000 /dev/zero | tr '\0' '7')
+out=$(printf '%s + 1\nhola\n' "$digits" | "$bot" 2>&1); rc=$?
+check "a 30,000-digit sum exits 0" 0 "$rc"
+check "and both lines are answered" \
+  "$(printf "Ese número es demasiado grande: sé sumar enteros de hasta 19 cifras.\n¡Hola! Soy un bot de botmesh. Escribe 'pedido' para pedir o 'ayuda' para ver qué más sé hacer.")" "$out"
 exit $fail

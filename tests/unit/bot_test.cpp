@@ -29,11 +29,11 @@ std::vector<std::string> texts(const std::vector<botmesh::outgoing_message>& v) 
 
 } // namespace
 
-TEST_CASE("keyword, regex and catch-all handlers route in registration order") {
+TEST_CASE("keyword, pattern and catch-all handlers route in registration order") {
   auto p = make_provider();
   botmesh::bot b{{.provider = p}};
   b.hears({"hola", "buenas"}, [](botmesh::context& c) { c.reply("¡Hola!"); });
-  b.hears(std::regex{R"(pedido (\d+))"}, [](botmesh::context& c) {
+  b.hears(botmesh::pattern{R"(pedido (\d+))"}, [](botmesh::context& c) {
     c.reply("pedido " + c.matches().at(1));
   });
   b.on_message([](botmesh::context& c) { c.reply("eco: " + c.text()); });
@@ -52,8 +52,8 @@ TEST_CASE("keyword, regex and catch-all handlers route in registration order") {
 TEST_CASE("invalid inbound messages are refused naming the field and nothing "
           "valid is lost") {
   auto p = make_provider();
-  botmesh::bot b{{.provider = p, .limits = {.max_text_bytes = 100}}};
   test::error_log errors;
+  botmesh::bot b{{.provider = p, .limits = {.max_text_bytes = 100}}};
   errors.attach(b);
   b.on_message([](botmesh::context& c) { c.reply("ok " + c.text()); });
   b.start();
@@ -81,11 +81,11 @@ TEST_CASE("invalid inbound messages are refused naming the field and nothing "
 TEST_CASE("a chat over its pending bound refuses with an overloaded error and a "
           "counter") {
   auto p = make_provider();
-  botmesh::bot b{{.provider = p, .max_pending_per_chat = 3}};
   test::error_log errors;
-  errors.attach(b);
   std::latch release{1};
   std::atomic<int> started{0};
+  botmesh::bot b{{.provider = p, .max_pending_per_chat = 3}};
+  errors.attach(b);
   b.on_message([&](botmesh::context& c) {
     if (c.message().chat == "busy" && started++ == 0)
       release.wait();
@@ -112,8 +112,8 @@ TEST_CASE("a chat over its pending bound refuses with an overloaded error and a 
 
 TEST_CASE("a handler that throws raises handler_failed and its chat goes on") {
   auto p = make_provider();
-  botmesh::bot b{{.provider = p}};
   test::error_log errors;
+  botmesh::bot b{{.provider = p}};
   errors.attach(b);
   b.hears("boom", [](botmesh::context&) -> void {
     throw std::runtime_error("kaput");
@@ -130,8 +130,8 @@ TEST_CASE("a handler that throws raises handler_failed and its chat goes on") {
 
 TEST_CASE("a failing provider send is reported and counted") {
   auto p = make_provider();
-  botmesh::bot b{{.provider = p}};
   test::error_log errors;
+  botmesh::bot b{{.provider = p}};
   errors.attach(b);
   b.on_message([](botmesh::context& c) { c.reply("x"); });
   b.start();
@@ -176,11 +176,11 @@ TEST_CASE("stop drains in-flight turns before returning") {
 TEST_CASE("stop past its bound refuses queued messages and fires the stop "
           "token") {
   auto p = make_provider();
-  botmesh::bot b{{.provider = p, .stop_timeout = 100ms}};
   test::error_log errors;
-  errors.attach(b);
   std::atomic<bool> saw_stop{false};
   std::latch running{1};
+  botmesh::bot b{{.provider = p, .stop_timeout = 100ms}};
+  errors.attach(b);
   b.on_message([&](botmesh::context& c) {
     if (c.text() == "slow") {
       running.count_down();
@@ -203,9 +203,9 @@ TEST_CASE("stop past its bound refuses queued messages and fires the stop "
 
 TEST_CASE("events message:in and message:out follow each turn") {
   auto p = make_provider();
-  botmesh::bot b{{.provider = p}};
   std::mutex mtx;
   std::vector<std::string> seen;
+  botmesh::bot b{{.provider = p}};
   b.on<botmesh::events::message_in>([&](const botmesh::events::message_in& e) {
     std::lock_guard guard{mtx};
     seen.push_back("in " + e.key + " " + e.message.text);
@@ -314,8 +314,8 @@ TEST_CASE("bot options are checked when the bot is created") {
 TEST_CASE("a bot's scheduled tasks run while it runs and pause when it stops") {
   auto p = make_provider();
   auto store = std::make_shared<botmesh::memory_schedule_store>();
-  botmesh::bot b{{.provider = p, .scheduler = {.store = store, .tick = "20ms"}}};
   std::atomic<int> beats{0};
+  botmesh::bot b{{.provider = p, .scheduler = {.store = store, .tick = "20ms"}}};
   b.every(10, [&] { ++beats; });
   auto durable = b.every("1h", {.id = "informe"},
                          [](const botmesh::scheduled_run&) {});

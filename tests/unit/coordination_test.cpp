@@ -33,6 +33,11 @@ struct replica {
       .provider = provider, .store = std::move(store), .coordination = co});
     errors.attach(*bot);
   }
+
+  // The bot goes first: its threads may still report into `errors`.
+  ~replica() {
+    bot.reset();
+  }
 };
 
 std::vector<std::string> texts(const botmesh::testing_provider& p) {
@@ -63,13 +68,13 @@ TEST_CASE("three replicas on one hub never run a chat's handlers at once and "
           "keep each replica's order") {
   botmesh::memory_coordination_hub hub;
   auto store = std::make_shared<botmesh::memory_store>();
-  replica a{hub, store, "a"};
-  replica b{hub, store, "b"};
-  replica c{hub, store, "c"};
   std::atomic<int> in_flight{0};
   std::atomic<int> overlaps{0};
   std::mutex mtx;
   std::map<std::string, std::vector<int>> seen; // per replica
+  replica a{hub, store, "a"};
+  replica b{hub, store, "b"};
+  replica c{hub, store, "c"};
   auto handler = [&](std::string who) {
     return [&, who](botmesh::context& ctx) {
       if (in_flight.fetch_add(1) != 0)
@@ -137,12 +142,12 @@ TEST_CASE("a crashed replica's chat is taken over after its lease; its late "
           "reply is fenced with lease_lost") {
   botmesh::memory_coordination_hub hub;
   auto store = std::make_shared<botmesh::memory_store>();
-  replica a{hub, store, "a", {}, "300ms"};
-  replica b{hub, store, "b", {}, "300ms"};
   std::latch a_running{1};
   std::latch a_release{1};
   std::mutex mtx;
   std::vector<std::string> lost;
+  replica a{hub, store, "a", {}, "300ms"};
+  replica b{hub, store, "b", {}, "300ms"};
   a.bot->on<botmesh::events::lease_lost>(
     [&](const botmesh::events::lease_lost& e) {
       std::lock_guard guard{mtx};
@@ -178,10 +183,10 @@ TEST_CASE("a message that cannot get its turn within turn_wait gets "
           "coordination_unavailable") {
   botmesh::memory_coordination_hub hub;
   auto store = std::make_shared<botmesh::memory_store>();
-  replica a{hub, store, "a"};
-  replica b{hub, store, "b", {.turn_wait = "100ms"}};
   std::latch a_running{1};
   std::latch a_release{1};
+  replica a{hub, store, "a"};
+  replica b{hub, store, "b", {.turn_wait = "100ms"}};
   a.bot->on_message([&](botmesh::context&) {
     a_running.count_down();
     a_release.wait();
@@ -207,8 +212,8 @@ TEST_CASE("settle stops a step that holds the turn too long and lets the "
           "chat go on") {
   botmesh::memory_coordination_hub hub;
   auto store = std::make_shared<botmesh::memory_store>();
-  replica a{hub, store, "a", {.settle = "200ms"}, "600ms"};
   std::atomic<bool> stopped{false};
+  replica a{hub, store, "a", {.settle = "200ms"}, "600ms"};
   a.bot->on_message([&](botmesh::context& c) {
     if (c.text() == "lento") {
       while (!c.stop_token().stop_requested())
@@ -261,6 +266,11 @@ struct exclusive_replica {
         std::lock_guard guard{mtx};
         events.push_back("follower " + e.reason);
       });
+  }
+
+  // The bot goes first: stopping it raises events into `events`.
+  ~exclusive_replica() {
+    bot.reset();
   }
 
   bool saw(const std::string& e) {
@@ -323,9 +333,9 @@ TEST_CASE("a leader whose transport stays closed for provider_down yields") {
 TEST_CASE("with coordination the scheduler's leadership uses the coordinator") {
   botmesh::memory_coordination_hub hub;
   auto store = std::make_shared<botmesh::memory_store>();
+  std::atomic<int> ticks{0};
   replica a{hub, store, "a"};
   a.bot->every("1h", {.id = "report"}, [](const botmesh::scheduled_run&) {});
-  std::atomic<int> ticks{0};
   a.bot->every(10, [&] { ++ticks; }); // proves the scheduler has ticked
   a.bot->start();
   REQUIRE(test::eventually([&] { return ticks.load() > 0; }));
@@ -337,9 +347,9 @@ TEST_CASE("a flow timer of a conversation whose chat moved to another replica "
           "is discarded") {
   botmesh::memory_coordination_hub hub;
   auto store = std::make_shared<botmesh::memory_store>();
+  std::atomic<int> idle_fired{0};
   replica a{hub, store, "a"};
   replica b{hub, store, "b"};
-  std::atomic<int> idle_fired{0};
   a.bot->conversation("vigila", {"vigila"}, [&](botmesh::flow_context& c)
                                                 -> botmesh::flow_task {
     c.idle("150ms", [&](botmesh::flow_context& c2) {

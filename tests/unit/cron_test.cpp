@@ -279,3 +279,88 @@ TEST_CASE("ISO-8601 parsing and formatting for occurrence keys") {
   CHECK_THROWS_AS(botmesh::parse_iso8601("yesterday"),
                   botmesh::invalid_argument_error);
 }
+
+TEST_CASE("a step wider than its field is rejected naming the field") {
+  // Near INT_MAX, `v += step` used to overflow and select wrong values.
+  CHECK(field_of("1-5/2147483647 * * * *") == "minute");
+  CHECK(field_of("1 1-3/2147483647 * * *") == "hour");
+  CHECK(field_of("0 0 */99999999999 * *") == "day_of_month");
+  CHECK(field_of("0 0 * */13 *") == "month");
+  CHECK(field_of("0 0 * * */9") == "day_of_week");
+  CHECK(field_of("*/60 * * * *") == "ok");  // the field's whole span
+  CHECK(field_of("*/61 * * * *") == "minute");
+  CHECK(field_of("0 */24 * * *") == "ok");
+  try {
+    cron_expr::parse("1-5/2147483647 * * * *");
+    FAIL("accepted");
+  } catch (const botmesh::invalid_argument_error& e) {
+    CHECK(std::string{e.what()}.find("from 1 to 60") != std::string::npos);
+  }
+  // */60 selects only the first minute.
+  cron_schedule s{"*/60 * * * *", "UTC",
+                  botmesh::parse_iso8601("2026-01-01T00:00:00Z")};
+  CHECK(botmesh::format_iso8601(
+          *s.next_after(botmesh::parse_iso8601("2026-01-01T00:00:00Z")), "UTC")
+        == "2026-01-01T01:00:00Z");
+}
+
+TEST_CASE("ISO-8601 years outside 1-9999 are rejected instead of wrapping") {
+  auto year_error = [](const char* text) {
+    try {
+      botmesh::parse_iso8601(text);
+    } catch (const botmesh::invalid_argument_error& e) {
+      CHECK(e.field() == "from");
+      return std::string{e.what()};
+    }
+    return std::string{"accepted"};
+  };
+  CHECK(year_error("999999999-01-01T00:00:00Z").find("outside the supported "
+                                                     "range 1-9999")
+        != std::string::npos);
+  CHECK(year_error("-5-01-01T00:00:00Z") != "accepted");
+  CHECK(year_error("10000-01-01T00:00:00Z") != "accepted");
+  CHECK(botmesh::to_iso_utc(botmesh::parse_iso8601("9999-12-31T23:59:59Z"))
+        == "9999-12-31T23:59:59.000Z");
+  CHECK(botmesh::to_iso_utc(botmesh::parse_iso8601("0001-01-01T00:00:00Z"))
+        == "0001-01-01T00:00:00.000Z");
+}
+
+TEST_CASE("counting the runs of a long stretch equals counting them one by one") {
+  // Windows that start and end anywhere (also inside a gap or an overlap)
+  // in zones with ordinary, midnight and 30-minute offset changes.
+  std::mt19937 rng{777};
+  for (auto zone : {"UTC", "America/New_York", "Europe/Madrid",
+                    "America/Santiago", "Australia/Lord_Howe"}) {
+    for (auto expr : {"*/15 * * * *", "30 2 * * *", "0 0 * * *", "0 */2 * * *",
+                      "45 1 * * 0", "0,30 1-3 * * *", "30 2,3 * * *",
+                      "0 0 29 2 *", "* 2 * * *"}) {
+      CAPTURE(zone);
+      CAPTURE(expr);
+      cron_schedule s{expr, zone, botmesh::parse_iso8601("2024-01-01T00:00:00Z")};
+      for (int trial = 0; trial < 3; ++trial) {
+        auto from = botmesh::from_unix_ms(
+          1'704'067'200'000
+          + static_cast<std::int64_t>(rng() % (3u * 31'536'000u)) * 1000 + 17);
+        auto until = from + std::chrono::hours(24 * (1 + rng() % 500))
+                     + std::chrono::minutes(rng() % 1440);
+        CAPTURE(botmesh::to_iso_utc(from));
+        CAPTURE(botmesh::to_iso_utc(until));
+        std::uint64_t walked = 0;
+        for (auto t = s.next_after(from); t && *t <= until; t = s.next_after(*t))
+          ++walked;
+        CHECK(s.count_between(from, until) == walked);
+      }
+    }
+  }
+  cron_schedule every_minute{"* * * * *", "Europe/Madrid",
+                             botmesh::parse_iso8601("1970-01-01T00:00:00Z")};
+  // 1970 -> 2026 without a walk: exact with the policy (wildcard hour:
+  // spring gaps skipped, autumn overlaps run twice, so it equals the
+  // elapsed minutes).
+  auto a = botmesh::parse_iso8601("1970-01-01T00:00:00Z");
+  auto b = botmesh::parse_iso8601("2026-11-30T00:00:00Z");
+  CHECK(every_minute.count_between(a, b)
+        == static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::minutes>(b - a).count()));
+  CHECK(every_minute.count_between(b, a) == 0);
+}

@@ -118,7 +118,6 @@ TEST_CASE("a conversation coroutine reads like a script; other chats are not "
 
 TEST_CASE("go_to moves between flows and steps") {
   auto p = std::make_shared<botmesh::testing_provider>();
-  botmesh::bot b{{.provider = p}};
   flow menu{"menu"};
   menu.hears({"menu"}).ask("opcion", "1) pedido 2) ayuda",
                            [](flow_context& c, const answer& a) {
@@ -134,6 +133,7 @@ TEST_CASE("go_to moves between flows and steps") {
     c.send(c.state().value("p", std::string{"nada"}) + ", gracias");
     co_return;
   });
+  botmesh::bot b{{.provider = p}};
   b.add_flow(menu).add_flow(compra);
   b.start();
   for (auto t : {"menu", "1", "pan", "menu", "2"})
@@ -147,11 +147,11 @@ TEST_CASE("go_to moves between flows and steps") {
 
 TEST_CASE("a wait timeout and an idle watcher act in the chat's order") {
   auto p = std::make_shared<botmesh::testing_provider>();
-  botmesh::bot b{{.provider = p, .lang = "es"}};
   flow f{"lento"};
   f.hears({"empezar"}).ask("nombre", "¿Nombre?", nullptr,
                            {.timeout = "60ms"});
   std::atomic<int> idles{0};
+  botmesh::bot b{{.provider = p, .lang = "es"}};
   b.conversation("vigilado", {"vigila"}, [&](flow_context& c) -> flow_task {
     c.idle("80ms", [&](flow_context& c2) {
       ++idles;
@@ -248,8 +248,8 @@ TEST_CASE("a persistent do step waiting at a later question starts over in "
 TEST_CASE("a rejected checkpoint write ends the conversation as superseded") {
   auto store = std::make_shared<botmesh::memory_store>();
   auto p = std::make_shared<botmesh::testing_provider>();
-  botmesh::bot b{{.provider = p, .store = store}};
   test::error_log errors;
+  botmesh::bot b{{.provider = p, .store = store}};
   errors.attach(b);
   b.add_flow(order_flow());
   b.on_message([](botmesh::context& c) { c.reply("handler"); });
@@ -285,8 +285,8 @@ TEST_CASE("a checkpoint of a changed flow notifies the user in the bot's "
   cp.fingerprint = "old";
   REQUIRE(store->set_checkpoint_if(cp, 0));
   auto p = std::make_shared<botmesh::testing_provider>();
-  botmesh::bot b{{.provider = p, .store = store, .lang = "es"}};
   test::error_log errors;
+  botmesh::bot b{{.provider = p, .store = store, .lang = "es"}};
   errors.attach(b);
   b.add_flow(order_flow());
   b.start();
@@ -303,8 +303,8 @@ TEST_CASE("a checkpoint of a changed flow notifies the user in the bot's "
 
 TEST_CASE("a step that throws ends its conversation with an error event") {
   auto p = std::make_shared<botmesh::testing_provider>();
-  botmesh::bot b{{.provider = p}};
   test::error_log errors;
+  botmesh::bot b{{.provider = p}};
   errors.attach(b);
   b.conversation("roto", {"roto"}, [](flow_context& c) -> flow_task {
     co_await c.ask("¿Seguro?");

@@ -108,6 +108,37 @@ TEST_CASE("validation names the bad field of an inbound message") {
   m = ok;
   m.participant = std::string(9, 'p');
   CHECK(field_of(m) == "participant");
+  // Bytes that are not UTF-8 would be rewritten by a JSON round trip.
+  m = ok;
+  m.chat = "c\xc3";
+  CHECK(field_of(m) == "chat");
+  m = ok;
+  m.id = "\xed\xa0\x80"; // a UTF-16 surrogate encoded in UTF-8
+  CHECK(field_of(m) == "id");
+  m = ok;
+  m.sender = "\xc0\xaf"; // overlong
+  CHECK(field_of(m) == "sender");
+  m = ok;
+  m.participant = "\xff";
+  CHECK(field_of(m) == "participant");
+  m = ok;
+  m.provider = "p\x80";
+  CHECK(field_of(m) == "provider");
+  m = ok;
+  m.raw = "{\"a\":\"\xfe\"}";
+  CHECK(field_of(m) == "raw");
+  m = ok;
+  m.chat = "ñandú";
+  m.id = "id-€";
+  CHECK(field_of(m) == "ok");
+  try {
+    m = ok;
+    m.chat = "c\xc3";
+    botmesh::validate(m, limits);
+  } catch (const botmesh::invalid_argument_error& e) {
+    // The message names the field and does not echo the bad bytes.
+    CHECK(std::string{e.what()} == "inbound message field \"chat\" is not valid UTF-8");
+  }
 }
 
 TEST_CASE("an inbound message round-trips through its JSON encoding") {

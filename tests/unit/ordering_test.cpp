@@ -81,8 +81,8 @@ TEST_CASE("100 chats x 100 messages from several threads: each chat in order, "
   constexpr int chats = 100;
   constexpr int per_chat = 100;
   auto p = std::make_shared<botmesh::testing_provider>();
-  botmesh::bot b{{.provider = p, .handler_threads = 16}};
   recorder rec{chats};
+  botmesh::bot b{{.provider = p, .handler_threads = 16}};
   b.on_message([&](botmesh::context& c) {
     auto [chat, seq] = parse(c.text());
     rec.call(chat, seq);
@@ -114,9 +114,9 @@ TEST_CASE("chat order and exclusion hold across passivation and re-spawn") {
   constexpr int per_round = 30;
   constexpr int rounds = 3;
   auto p = std::make_shared<botmesh::testing_provider>();
+  recorder rec{chats};
   botmesh::bot b{
     {.provider = p, .passivate_after = 20ms, .handler_threads = 16}};
-  recorder rec{chats};
   b.on_message([&](botmesh::context& c) {
     auto [chat, seq] = parse(c.text());
     rec.call(chat, seq);

@@ -6,6 +6,8 @@
 #include <mutex>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/scheduler/cron.hpp>
 #include <botmesh/scheduler/scheduler.hpp>
@@ -532,4 +534,33 @@ TEST_CASE("a catch-up interrupted by stop resumes from its first slot not run") 
   REQUIRE(ran.size() == 5);
   CHECK(ran[2] == t0() + 3min);
   CHECK(ran[4] == t0() + 5min);
+}
+
+TEST_CASE("a cron catch-up from a record dated 1970 counts its skipped slots "
+          "without walking them") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  // The stored row (same spec) fell due in 1970: ~29.9 million minutes ago.
+  store->register_task("sync", "cron TZ=UTC * * * * *",
+                       botmesh::parse_iso8601("1970-01-01T00:00:00Z"),
+                       botmesh::parse_iso8601("1970-01-01T00:00:00Z"));
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .clock = &clk, .log = rec.logger()}};
+  s.schedule("* * * * *",
+             {.id = "sync", .missed = missed_policy::catch_up,
+              .max_catch_up = 3, .time_zone = "UTC"},
+             rec.handler());
+  s.poll();
+  REQUIRE(rec.count() == 3);
+  CHECK(rec.runs[0].scheduled_at
+        == botmesh::parse_iso8601("1970-01-01T00:00:00Z"));
+  CHECK(rec.runs[2].scheduled_at
+        == botmesh::parse_iso8601("1970-01-01T00:02:00Z"));
+  // Every minute from 00:03 in 1970 up to and including t0.
+  auto skipped = std::chrono::duration_cast<std::chrono::minutes>(
+                   t0() - botmesh::parse_iso8601("1970-01-01T00:03:00Z"))
+                   .count()
+                 + 1;
+  CHECK(rec.logs_containing(fmt::format("skips {} more", skipped)) == 1);
+  CHECK(store->get("sync")->next_run_at == t0() + 1min);
 }

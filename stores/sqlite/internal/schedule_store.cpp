@@ -24,6 +24,7 @@ schedule_record read(const stmt& s) {
   r.done = s.int64(7) != 0;
   r.deleted = s.int64(8) != 0;
   r.updated_at = from_unix_ms(s.int64(9));
+  check_record_times(r, "sqlite schedule " + r.id);
   return r;
 }
 
