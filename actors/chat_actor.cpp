@@ -12,6 +12,7 @@
 #include <botmesh/actors/messages.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::turn_token>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::chat_event)
 
 namespace botmesh {
 
@@ -183,24 +184,24 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
   self->state.router = std::move(router);
   self->state.last_activity = std::chrono::steady_clock::now();
   return {
-    [=](inbound_message& msg) {
+    [=](chat_event& ev) {
       auto& st = self->state;
       ++st.received;
       auto pending = st.empty() ? 0 : st.queue->size();
       if (pending >= st.cfg.max_pending_per_chat) {
         st.cfg.services->refused(
-          st.key, std::move(msg), errc::overloaded,
+          st.key, std::move(ev), errc::overloaded,
           fmt::format("chat {} has {} messages waiting (max_pending_per_chat)",
                       st.key, pending));
         return;
       }
-      push(self, chat_event{std::move(msg), 0});
+      push(self, std::move(ev));
     },
     // Timers are internal and never refused: they do not count against the
     // pending bound.
     [=](timer_atom, std::uint64_t id) {
       ++self->state.received;
-      push(self, chat_event{{}, id});
+      push(self, chat_event{{}, id, {}});
     },
     [=](granted_atom, std::uint64_t req, std::shared_ptr<turn_token>& token) {
       auto e = find(self, req);
@@ -271,8 +272,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
         if (q[i].req != 0)
           self->send(st.cfg.lease, leave_atom::value, st.key, q[i].req);
         if (!q[i].ev.is_timer())
-          st.cfg.services->refused(st.key, std::move(q[i].ev.message),
-                                   errc::stopped,
+          st.cfg.services->refused(st.key, std::move(q[i].ev), errc::stopped,
                                    fmt::format("chat {}: the bot stopped before "
                                                "this message's turn",
                                                st.key));

@@ -11,6 +11,7 @@
 #include <caf/actor.hpp>
 
 #include <botmesh/actors/turn_token.hpp>
+#include <botmesh/providers/provider.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/message.hpp>
 
@@ -23,9 +24,22 @@ struct chat_event {
   inbound_message message{};
   /// Non-zero for a timer: the id the runtime gave it when arming it.
   std::uint64_t timer = 0;
+  /// The provider's turn-end notice (see `delivery_callbacks`), if any. It
+  /// travels with the event so whoever ends it (the turn, a refusal, a
+  /// turn that never came) tells the provider, once.
+  std::function<void(turn_outcome)> on_end{};
 
   bool is_timer() const noexcept {
     return timer != 0;
+  }
+
+  /// Reports how the event ended, once (later calls do nothing).
+  void end(turn_outcome outcome) {
+    if (on_end) {
+      auto fn = std::move(on_end);
+      on_end = nullptr;
+      fn(outcome);
+    }
   }
 };
 
@@ -63,7 +77,7 @@ class chat_services {
 
   /// A message was refused without running: `errc::overloaded` (the chat's
   /// pending queue is full) or `errc::stopped` (the bot is stopping).
-  virtual void refused(const std::string& key, inbound_message msg, errc code,
+  virtual void refused(const std::string& key, chat_event ev, errc code,
                        std::string why) = 0;
 
   /// A chat actor was spawned / passivated (for statistics).

@@ -81,6 +81,10 @@ using leader_atom = caf::atom_constant<caf::atom("bm_leader")>;
 /// lease -> session: (name, reason): not (or no longer) leading.
 using follower_atom = caf::atom_constant<caf::atom("bm_follow")>;
 
+/// transport -> session: (reason): another connection is live (Telegram's
+/// 409): step down as on provider_down, present again later.
+using yield_atom = caf::atom_constant<caf::atom("bm_yield")>;
+
 /// bot -> lease, bot -> session: shut down cleanly, then reply.
 using shutdown_atom = caf::atom_constant<caf::atom("bm_shut")>;
 

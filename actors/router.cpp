@@ -11,6 +11,8 @@
 #include <botmesh/runtime/core/caf_error.hpp>
 #include <botmesh/runtime/core/checkpoint.hpp>
 
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::chat_event)
+
 
 namespace botmesh {
 
@@ -41,24 +43,28 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     self->state.chats.clear();
     self->quit(msg.reason);
   });
+  // A message (with the provider's turn-end notice, if any) goes to its
+  // chat actor, spawned on first use.
+  auto forward = [=](chat_event ev) {
+    auto& st = self->state;
+    auto key = chat_key(ev.message);
+    if (st.draining) {
+      st.cfg.services->refused(key, std::move(ev), errc::stopped,
+                               fmt::format("chat {}: the bot is stopping",
+                                           key));
+      return;
+    }
+    auto& entry = st.chats[key];
+    if (!entry.handle) {
+      entry.handle = spawn_chat(self, key, st.cfg);
+      st.cfg.services->chat_activated(key);
+    }
+    ++entry.forwarded;
+    self->send(entry.handle, std::move(ev));
+  };
   return {
-    [=](inbound_message& msg) {
-      auto& st = self->state;
-      auto key = chat_key(msg);
-      if (st.draining) {
-        st.cfg.services->refused(key, std::move(msg), errc::stopped,
-                                 fmt::format("chat {}: the bot is stopping",
-                                             key));
-        return;
-      }
-      auto& entry = st.chats[key];
-      if (!entry.handle) {
-        entry.handle = spawn_chat(self, key, st.cfg);
-        st.cfg.services->chat_activated(key);
-      }
-      ++entry.forwarded;
-      self->send(entry.handle, std::move(msg));
-    },
+    [=](inbound_message& msg) { forward(chat_event{std::move(msg), 0, {}}); },
+    [=](chat_event& ev) { forward(std::move(ev)); },
     [=](timer_atom, const std::string& key, std::uint64_t id) {
       auto& st = self->state;
       if (st.draining)

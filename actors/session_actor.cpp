@@ -36,11 +36,29 @@ void step_down(session_actor_t* self, const std::string& reason) {
   hooks->follower(st.cfg.name, reason);
 }
 
+// Steps down and presents itself again after the rest period.
+void yield(session_actor_t* self, const std::string& reason) {
+  auto& st = self->state;
+  self->send(st.cfg.lease, unlead_atom::value, st.cfg.name);
+  step_down(self, reason);
+  st.resting = true;
+  self->delayed_send(self, st.cfg.rest, present_atom::value);
+}
+
 caf::behavior session_actor(session_actor_t* self, session_config cfg) {
   self->state.cfg = std::move(cfg);
-  self->send(self->state.cfg.lease, lead_atom::value, self->state.cfg.name);
-  self->delayed_send(self, self->state.cfg.period, check_atom::value);
   return {
+    [=](start_atom) {
+      auto& st = self->state;
+      self->send(st.cfg.lease, lead_atom::value, st.cfg.name);
+      self->delayed_send(self, st.cfg.period, check_atom::value);
+    },
+    [=](yield_atom, const std::string& reason) {
+      auto& st = self->state;
+      if (st.stopping || !st.fence)
+        return;
+      yield(self, reason);
+    },
     [=](leader_atom, const std::string&, std::uint64_t fence) {
       auto& st = self->state;
       if (st.stopping || st.resting)
@@ -76,13 +94,8 @@ caf::behavior session_actor(session_actor_t* self, session_config cfg) {
       if (!st.fence)
         return;
       auto closed = st.cfg.hooks->closed_for();
-      if (closed && *closed >= st.cfg.provider_down) {
-        // The transport stayed closed: yield so a standby can connect.
-        self->send(st.cfg.lease, unlead_atom::value, st.cfg.name);
-        step_down(self, "provider_down");
-        st.resting = true;
-        self->delayed_send(self, st.cfg.rest, present_atom::value);
-      }
+      if (closed && *closed >= st.cfg.provider_down)
+        yield(self, "provider_down"); // so a standby can connect
     },
     [=](present_atom) {
       auto& st = self->state;

@@ -54,9 +54,10 @@ struct session_config {
 /// actor to present this replica for `name` (the lease actor renews the
 /// leadership in its batch), starts the transport when elected and stops
 /// it when the leadership is lost, and yields when the transport stays
-/// closed for `provider_down`, presenting itself again after `rest`.
-/// `(shutdown_atom)` gives the leadership up, stops the transport, replies
-/// `true` and exits.
+/// closed for `provider_down` or when told `(yield_atom, reason)` (another
+/// connection is live), presenting itself again after `rest`. It presents
+/// itself once it gets `(start_atom)`. `(shutdown_atom)` gives the
+/// leadership up, replies `true` and exits (the bot stops the transport).
 caf::actor spawn_session_actor(caf::actor_system& sys, session_config cfg);
 
 } // namespace botmesh

@@ -6,6 +6,32 @@ provider_host::~provider_host() {
   // nop
 }
 
+void provider_host::deliver(inbound_message msg, delivery_callbacks cb) {
+  deliver(std::move(msg));
+  if (cb.accepted)
+    cb.accepted(errc::none);
+  if (cb.turn_ended)
+    cb.turn_ended(turn_outcome::untracked);
+}
+
+bool provider_host::yield_leadership(std::string_view) {
+  return false;
+}
+
+std::string_view to_string(turn_outcome o) noexcept {
+  switch (o) {
+    case turn_outcome::handled:
+      return "handled";
+    case turn_outcome::failed:
+      return "failed";
+    case turn_outcome::refused:
+      return "refused";
+    case turn_outcome::untracked:
+      return "untracked";
+  }
+  return "untracked";
+}
+
 provider::~provider() {
   // nop
 }

@@ -1,8 +1,11 @@
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
+#include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/message.hpp>
 
 namespace botmesh {
@@ -19,6 +22,44 @@ enum class provider_state { connecting, open, closed };
 
 std::string_view to_string(provider_state s) noexcept;
 
+/// How the turn of a delivered message ended (see `delivery_callbacks`).
+enum class turn_outcome : std::uint8_t {
+  /// Its handlers (or its conversation) ran and returned.
+  handled,
+  /// It ran but a handler threw, or it got no turn (coordination
+  /// unavailable, lease lost): an `events::error` says which.
+  failed,
+  /// It was accepted but refused before running: its chat's queue was full
+  /// (`errc::overloaded`) or the bot stopped first (`errc::stopped`).
+  refused,
+  /// The host does not follow turns (the default `provider_host`): the
+  /// notice came right after acceptance and says nothing about the turn.
+  untracked,
+};
+
+std::string_view to_string(turn_outcome o) noexcept;
+
+/// Notices about one delivered message, for transports that answer the
+/// platform's request only once the bot took the message (a webhook's 200)
+/// or once its turn ended (Telegram's reply in the webhook response).
+///
+/// Both are optional. Each is called at most once, from any thread (the
+/// caller of `deliver`, a CAF worker or a handler thread), and must return
+/// quickly without blocking or throwing. `accepted` is always called;
+/// `turn_ended` only after `accepted(errc::none)`, never before it.
+struct delivery_callbacks {
+  /// `errc::none` once the bot has accepted the message: validated and
+  /// counted now; with durability (a later feature) after the inbound
+  /// journal write, so this may come after `deliver` returned. Otherwise
+  /// why it was refused: `errc::invalid_argument` (a field over the limits;
+  /// an `events::error` names it) or `errc::stopped` (the bot is stopping:
+  /// the platform should retry later).
+  std::function<void(errc)> accepted;
+  /// The message's turn finished. A handler's sends of this turn all
+  /// happened before this call.
+  std::function<void(turn_outcome)> turn_ended;
+};
+
 /// The bot side of a provider: where a started provider delivers what it
 /// receives. Every method is thread-safe and returns quickly (it never waits
 /// for a handler), so a provider may call it from its own I/O threads.
@@ -30,12 +71,30 @@ class provider_host {
   /// an `error` event naming the field; none is dropped silently.
   virtual void deliver(inbound_message msg) = 0;
 
+  /// Same, with notices about what became of the message (see
+  /// `delivery_callbacks`). The default delivers, reports acceptance at
+  /// once and then `turn_outcome::untracked`; the bot follows the turn.
+  /// Cost in the bot: one map entry per message between intake and the end
+  /// of its turn, only when `turn_ended` is set.
+  virtual void deliver(inbound_message msg, delivery_callbacks callbacks);
+
   /// Reports a change of the transport's state.
   virtual void state_changed(provider_state state) = 0;
 
   /// The provider will deliver nothing more (its input ended, e.g. stdin
   /// closed). A bot waiting in `run()` then drains and returns.
   virtual void input_closed() = 0;
+
+  /// For an exclusive transport (`exclusive_session`): the platform says
+  /// another connection is live (Telegram's 409 Conflict on getUpdates), so
+  /// this replica should not fight for it. Returns true when the host takes
+  /// it as a fencing signal: it yields the leadership (`events::follower`
+  /// with `reason`), stops the transport from another thread (so the caller
+  /// must not wait for anything but `stop()`), waits at least a lease and
+  /// presents itself again. Returns false when there is no election (no
+  /// coordination, or a shared session; the default): the provider backs
+  /// off and retries by itself. Never blocks.
+  virtual bool yield_leadership(std::string_view reason);
 };
 
 /// A transport to a chat platform.

@@ -83,6 +83,19 @@ void testing_provider::send(const outgoing_message& msg) {
 }
 
 void testing_provider::inject(inbound_message msg) {
+  inject(std::move(msg), delivery_callbacks{});
+}
+
+bool testing_provider::ask_to_yield(std::string_view reason) {
+  provider_host* host;
+  {
+    std::lock_guard guard{impl_->mtx};
+    host = impl_->host;
+  }
+  return host && host->yield_leadership(reason);
+}
+
+void testing_provider::inject(inbound_message msg, delivery_callbacks cb) {
   provider_host* host;
   {
     std::lock_guard guard{impl_->mtx};
@@ -94,7 +107,10 @@ void testing_provider::inject(inbound_message msg) {
                             impl_->opts.id));
   if (msg.provider.empty())
     msg.provider = impl_->opts.id;
-  host->deliver(std::move(msg));
+  if (cb.accepted || cb.turn_ended)
+    host->deliver(std::move(msg), std::move(cb));
+  else
+    host->deliver(std::move(msg));
 }
 
 void testing_provider::inject(std::string chat, std::string text) {

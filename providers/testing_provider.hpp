@@ -36,6 +36,13 @@ class testing_provider final : public provider {
   /// `provider` when empty. Throws `errc::provider_error` when not started.
   void inject(inbound_message msg);
 
+  /// Same, with delivery notices (see `delivery_callbacks`).
+  void inject(inbound_message msg, delivery_callbacks callbacks);
+
+  /// Asks the host to yield the leadership as a transport that saw another
+  /// live connection would; returns the host's answer.
+  bool ask_to_yield(std::string_view reason);
+
   /// Shorthand: a text message in a one-to-one chat.
   void inject(std::string chat, std::string text);
 

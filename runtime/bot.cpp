@@ -3,9 +3,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -20,6 +22,8 @@
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
 #include <botmesh/stores/memory_store.hpp>
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::chat_event)
 
 namespace botmesh {
 
@@ -196,7 +200,7 @@ struct bot::impl final : chat_services,
       }
     } else {
       record(key, ev.message, first);
-      run_handlers(key, ev.message, first, token.get());
+      ev.end(run_handlers(key, ev.message, first, token.get()));
     }
     if (!token->valid())
       flows.drop(key);
@@ -243,14 +247,15 @@ struct bot::impl final : chat_services,
           continue;
         }
         if (stop_source.stop_requested()) {
-          refused(key, std::move(batch[i].message), errc::stopped,
+          refused(key, std::move(batch[i]), errc::stopped,
                   fmt::format("chat {}: the bot stopped before this "
                               "message's turn",
                               key));
           continue;
         }
         record(key, batch[i].message, first && i == 0);
-        run_handlers(key, batch[i].message, first && i == 0, nullptr);
+        batch[i].end(
+          run_handlers(key, batch[i].message, first && i == 0, nullptr));
       }
       done();
     });
@@ -265,6 +270,7 @@ struct bot::impl final : chat_services,
             std::nullopt);
       return;
     }
+    ev.end(turn_outcome::failed);
     auto id = ev.message.id;
     raise(errc::coordination_unavailable,
           fmt::format("chat {}: message {} got no turn {}", key, id, why), key,
@@ -281,13 +287,14 @@ struct bot::impl final : chat_services,
     }
   }
 
-  void refused(const std::string& key, inbound_message msg, errc code,
+  void refused(const std::string& key, chat_event ev, errc code,
                std::string why) override {
     if (code == errc::overloaded)
       ++refused_overload;
     else
       ++refused_stopped;
-    raise(code, std::move(why), key, std::move(msg));
+    ev.end(turn_outcome::refused);
+    raise(code, std::move(why), key, std::move(ev.message));
   }
 
   void chat_activated(const std::string&) override {
@@ -301,6 +308,14 @@ struct bot::impl final : chat_services,
   // -- provider_host ---------------------------------------------------------
 
   void deliver(inbound_message msg) override {
+    deliver(std::move(msg), delivery_callbacks{});
+  }
+
+  void deliver(inbound_message msg, delivery_callbacks cb) override {
+    auto refuse = [&](errc code) {
+      if (cb.accepted)
+        cb.accepted(code);
+    };
     if (msg.provider.empty())
       msg.provider = provider_id;
     if (msg.id.empty())
@@ -313,6 +328,7 @@ struct bot::impl final : chat_services,
       ++refused_invalid;
       auto key = msg.chat.empty() ? std::string{} : chat_key(msg);
       raise(errc::invalid_argument, e.what(), std::move(key), std::move(msg));
+      refuse(errc::invalid_argument);
       return;
     }
     if (!accepting.load()) {
@@ -322,10 +338,29 @@ struct bot::impl final : chat_services,
             fmt::format("chat {}: message arrived while the bot is stopped",
                         key),
             key, std::move(msg));
+      refuse(errc::stopped);
       return;
     }
     ++received;
-    caf::anon_send(router_handle, std::move(msg));
+    if (cb.accepted)
+      cb.accepted(errc::none);
+    // The turn-end notice travels with the message, through the router and
+    // the chat actor to the end of its turn.
+    if (cb.turn_ended)
+      caf::anon_send(router_handle,
+                     chat_event{std::move(msg), 0, std::move(cb.turn_ended)});
+    else
+      caf::anon_send(router_handle, std::move(msg));
+  }
+
+  // Another connection is live (Telegram's 409): the session actor steps
+  // down as on provider_down, and presents itself again later.
+  bool yield_leadership(std::string_view reason) override {
+    auto h = session_handle; // set once, before the transport starts
+    if (!h)
+      return false;
+    caf::anon_send(h, yield_atom::value, std::string{reason});
+    return true;
   }
 
   void state_changed(provider_state s) override {
@@ -365,6 +400,9 @@ struct bot::impl final : chat_services,
     sc.hooks = this;
     sc.leading = leading_flag;
     session_handle = spawn_session_actor(*sys, std::move(sc));
+    // Presented only now: the transport it may start must find the handle
+    // set (yield_leadership reads it from the transport's threads).
+    caf::anon_send(session_handle, start_atom::value);
   }
 
   bool leading() const {
@@ -396,12 +434,14 @@ struct bot::impl final : chat_services,
     }
   }
 
-  void run_handlers(const std::string& key, const inbound_message& msg,
-                    bool first, const turn_token* turn) {
+  turn_outcome run_handlers(const std::string& key, const inbound_message& msg,
+                            bool first, const turn_token* turn) {
+    auto outcome = turn_outcome::failed;
     emit(on_in, events::message_in{key, msg});
     try {
       if (!flows.on_message(key, msg, first, turn))
         dispatch(key, msg, turn);
+      outcome = turn_outcome::handled;
     } catch (const lease_lost_error& e) {
       // The turn was lost while the handler ran: its write was refused.
       raise(errc::lease_lost,
@@ -420,6 +460,7 @@ struct bot::impl final : chat_services,
             key, msg);
     }
     ++handled;
+    return outcome;
   }
 
   void record_chat(const std::string& key, const inbound_message& msg) {

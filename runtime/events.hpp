@@ -50,7 +50,9 @@ struct leader {
 /// This replica stands by for an exclusive transport
 /// ("coordination:follower"): reason "standby" (another replica leads),
 /// "lost" (the leadership was lost), "provider_down" (it yielded after its
-/// transport stayed closed).
+/// transport stayed closed), or the reason the transport gave when it asked
+/// to yield because another connection is live (Telegram long polling:
+/// "conflict", its 409).
 struct follower {
   std::string name;
   std::string reason;

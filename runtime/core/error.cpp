@@ -30,6 +30,12 @@ std::string_view to_string(errc code) noexcept {
       return "store_error";
     case errc::timeout:
       return "timeout";
+    case errc::retry_after:
+      return "retry_after";
+    case errc::forbidden:
+      return "forbidden";
+    case errc::bad_request:
+      return "bad_request";
   }
   return "unknown";
 }
@@ -56,6 +62,17 @@ lease_lost_error::lease_lost_error(std::string key, std::string reason)
 coordination_unavailable_error::coordination_unavailable_error(
   const std::string& what)
   : error(errc::coordination_unavailable, what) {
+  // nop
+}
+
+platform_error::platform_error(errc code, int http_status,
+                               std::string description,
+                               std::chrono::milliseconds retry_after,
+                               const std::string& what)
+  : error(code, what),
+    http_status_(http_status),
+    description_(std::move(description)),
+    retry_after_(retry_after) {
   // nop
 }
 

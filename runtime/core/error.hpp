@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -38,6 +39,15 @@ enum class errc : std::uint8_t {
   store_error,
   /// An operation did not complete within its bound.
   timeout,
+  /// The platform asked to slow down (HTTP 429, Telegram "Too Many
+  /// Requests"): `platform_error::retry_after()` says how long to wait.
+  retry_after,
+  /// The platform refused the bot for this chat (HTTP 403: the user blocked
+  /// the bot, the bot was removed from the group). Retrying does not help.
+  forbidden,
+  /// The platform rejected the request as malformed (HTTP 400: a chat that
+  /// does not exist, text too long, a bad button). Retrying does not help.
+  bad_request,
 };
 
 /// Returns the stable name of a code, e.g. "lease_lost".
@@ -93,6 +103,38 @@ class lease_lost_error : public error {
 class coordination_unavailable_error : public error {
  public:
   explicit coordination_unavailable_error(const std::string& what);
+};
+
+/// A platform (Telegram Bot API, Graph API) refused a request. `code()` is
+/// `errc::retry_after` (429), `errc::forbidden` (403), `errc::bad_request`
+/// (400, 404) or `errc::provider_error` (anything else: 5xx, a network
+/// failure, an unreadable answer).
+class platform_error : public error {
+ public:
+  platform_error(errc code, int http_status, std::string description,
+                 std::chrono::milliseconds retry_after,
+                 const std::string& what);
+
+  /// The HTTP status of the platform's answer; 0 when none arrived.
+  int http_status() const noexcept {
+    return http_status_;
+  }
+
+  /// The platform's own words ("Forbidden: bot was blocked by the user").
+  const std::string& description() const noexcept {
+    return description_;
+  }
+
+  /// How long the platform asked to wait before retrying; zero unless
+  /// `code()` is `errc::retry_after`.
+  std::chrono::milliseconds retry_after() const noexcept {
+    return retry_after_;
+  }
+
+ private:
+  int http_status_;
+  std::string description_;
+  std::chrono::milliseconds retry_after_;
 };
 
 /// `send()` on a standby replica of an exclusive transport (the spec's

@@ -91,6 +91,17 @@ void validate(const inbound_message& msg, const message_limits& limits) {
   id_field("participant", msg.participant);
   id_field("sender", msg.sender);
   id_field("id", msg.id);
+  id_field("data", msg.data);
+  id_field("command", msg.command);
+  id_field("media_id", msg.media_id);
+  id_field("mime_type", msg.mime_type);
+  if (msg.media_url.size() > limits.max_text_bytes)
+    throw invalid_argument_error(
+      "media_url", fmt::format("inbound message media_url is {} bytes, over "
+                               "the limit of {} bytes (chat {})",
+                               msg.media_url.size(), limits.max_text_bytes,
+                               msg.chat));
+  utf8_field("media_url", msg.media_url);
   utf8_field("raw", msg.raw);
   if (msg.text.size() > limits.max_text_bytes)
     throw invalid_argument_error(
@@ -125,8 +136,68 @@ std::string to_json(const inbound_message& msg) {
   field("type", to_string(msg.type));
   out += fmt::format(",\"ts\":{}", to_unix_ms(msg.timestamp));
   field("raw", msg.raw);
+  auto optional = [&](std::string_view name, const std::string& value) {
+    if (!value.empty())
+      field(name, value);
+  };
+  optional("data", msg.data);
+  optional("command", msg.command);
+  optional("media_id", msg.media_id);
+  optional("media_url", msg.media_url);
+  optional("mime_type", msg.mime_type);
+  if (msg.latitude != 0 || msg.longitude != 0)
+    out += fmt::format(",\"lat\":{},\"lon\":{}", msg.latitude, msg.longitude);
+  if (msg.edited)
+    out += ",\"edited\":true";
   out.push_back('}');
   return out;
+}
+
+void validate(const outgoing_message& msg) {
+  if (msg.chat.empty())
+    throw invalid_argument_error("chat",
+                                 "outgoing message has an empty \"chat\"");
+  if (msg.has_media()) {
+    switch (msg.media) {
+      case message_type::image:
+      case message_type::audio:
+      case message_type::video:
+      case message_type::document:
+      case message_type::sticker:
+        break;
+      default:
+        throw invalid_argument_error(
+          "media", fmt::format("outgoing message media \"{}\" is not a "
+                               "media type (image, audio, video, document, "
+                               "sticker)",
+                               to_string(msg.media)));
+    }
+    if (msg.media_url.empty() && msg.media_id.empty())
+      throw invalid_argument_error(
+        "media", "outgoing message media needs a media_url or a media_id");
+  }
+  bool any_button = false;
+  for (auto& row : msg.buttons)
+    for (auto& b : row) {
+      any_button = true;
+      if (b.text.empty())
+        throw invalid_argument_error("buttons",
+                                     "outgoing message has a button without "
+                                     "text");
+      if (b.data.empty() && b.url.empty())
+        throw invalid_argument_error(
+          "buttons", fmt::format("button \"{}\" has neither data nor url",
+                                 b.text));
+    }
+  if (msg.text.empty() && !msg.has_media() && !any_button)
+    throw invalid_argument_error(
+      "text", fmt::format("outgoing message to {} has no text, media or "
+                          "buttons",
+                          msg.chat));
+  if (!is_valid_utf8(msg.text))
+    throw invalid_argument_error(
+      "text", fmt::format("outgoing message text to {} is not valid UTF-8",
+                          msg.chat));
 }
 
 namespace internal {
@@ -142,6 +213,21 @@ inbound_message read_inbound_message(const json_reader& r) {
   msg.type = r.type("type");
   msg.timestamp = from_unix_ms(r.int64("ts"));
   msg.raw = r.string("raw");
+  auto optional = [&](std::string_view name, std::string& out) {
+    if (r.has(name))
+      out = r.string(name);
+  };
+  optional("data", msg.data);
+  optional("command", msg.command);
+  optional("media_id", msg.media_id);
+  optional("media_url", msg.media_url);
+  optional("mime_type", msg.mime_type);
+  if (r.has("lat"))
+    msg.latitude = r.number("lat");
+  if (r.has("lon"))
+    msg.longitude = r.number("lon");
+  if (r.has("edited"))
+    msg.edited = r.boolean("edited");
   return msg;
 }
 

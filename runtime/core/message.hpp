@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <caf/meta/type_name.hpp>
 
@@ -54,6 +55,24 @@ struct inbound_message {
   /// The provider's payload as received (usually JSON), for handlers that
   /// need provider-specific fields. May be empty.
   std::string raw{};
+  /// For `message_type::button`: the pressed button's data (Telegram
+  /// callback data, WhatsApp button or list row id, Messenger postback
+  /// payload); `text` then holds the button's title when the platform sends it.
+  std::string data{};
+  /// A bot command without its slash and bot name ("start" for
+  /// "/start@my_bot abc"); `text` keeps the whole text. Empty otherwise.
+  std::string command{};
+  /// Media (image, audio, video, document, sticker): the platform's id of
+  /// the file, a URL when the platform gives one, and its MIME type. `text`
+  /// holds the caption.
+  std::string media_id{};
+  std::string media_url{};
+  std::string mime_type{};
+  /// For `message_type::location`: degrees (WGS 84).
+  double latitude = 0;
+  double longitude = 0;
+  /// True when this is an edit of an earlier message (same `id`).
+  bool edited = false;
 
   bool is_group() const noexcept {
     return !participant.empty();
@@ -63,17 +82,68 @@ struct inbound_message {
                          const inbound_message&) = default;
 };
 
+/// A button under an outgoing message. Pressing it comes back as an
+/// inbound message of type `button` whose `data` is this button's `data`.
+struct button {
+  /// The label shown. Required.
+  std::string text{};
+  /// What comes back when pressed (Telegram: at most 64 bytes; WhatsApp:
+  /// the reply or row id, at most 256). Empty for a link button.
+  std::string data{};
+  /// A link button (Telegram only): opens this URL instead of calling back.
+  std::string url{};
+
+  friend bool operator==(const button&, const button&) = default;
+};
+
+/// How `outgoing_message::text` is to be read by the platform.
+enum class text_format : std::uint8_t {
+  plain,
+  /// Telegram MarkdownV2 / WhatsApp's *bold* _italic_ (sent as is).
+  markdown,
+  /// Telegram HTML (WhatsApp has none: sent as plain text).
+  html,
+};
+
 /// A message the bot sends.
 struct outgoing_message {
   std::string provider{};
   std::string chat{};
+  /// The text, or the caption of the media.
   std::string text{};
   /// Id of the inbound message this answers, when it answers one.
   std::string reply_to{};
+  /// Buttons in rows. Telegram: an inline keyboard. WhatsApp: up to 3
+  /// buttons become reply buttons, more become a list (at most 10 rows)
+  /// opened by `menu_label`. Messenger: up to 3 postback buttons.
+  std::vector<std::vector<button>> buttons{};
+  /// The label of the button that opens a WhatsApp list; "Options" when empty.
+  std::string menu_label{};
+  /// Media to send: `media` says which kind (image, audio, video, document,
+  /// sticker; `text` is then the caption), `media_url` a public URL or
+  /// `media_id` a platform file id (one of them).
+  message_type media = message_type::text;
+  std::string media_url{};
+  std::string media_id{};
+  text_format format = text_format::plain;
+  /// When true and `reply_to` is set, the platform shows the answered
+  /// message quoted (Telegram `reply_parameters`, WhatsApp `context`).
+  bool quote = false;
+
+  bool has_media() const noexcept {
+    return media != message_type::text;
+  }
 
   friend bool operator==(const outgoing_message&,
                          const outgoing_message&) = default;
 };
+
+/// Checks an outgoing message before it reaches a provider; throws
+/// `invalid_argument_error` naming the field: "chat" (empty), "text" (empty
+/// with no media and no buttons, or not UTF-8), "buttons" (a button without
+/// text, or with neither data nor url), "media" (not a media type, or with
+/// neither `media_url` nor `media_id`).
+void validate(const outgoing_message& msg);
 
 /// The key that orders a conversation: `provider:chat`, and
 /// `provider:chat:participant` in groups (conversations are per participant).
@@ -94,17 +164,22 @@ struct message_limits {
 
 /// Checks an inbound message; throws `invalid_argument_error` naming the
 /// field: "chat" (empty), "provider" (empty), "text" (over `max_text_bytes`),
-/// "provider"/"chat"/"participant"/"sender"/"id" (over `max_id_bytes`), and
-/// any of those, "text" or "raw" when it is not valid UTF-8 (every field
-/// round-trips through JSON, which would rewrite bad bytes).
+/// "provider"/"chat"/"participant"/"sender"/"id"/"data"/"command"/
+/// "media_id"/"mime_type" (over `max_id_bytes`), "media_url" (over
+/// `max_text_bytes`), and any of those, "text" or "raw" when it is not
+/// valid UTF-8 (every field round-trips through JSON, which would rewrite
+/// bad bytes).
 void validate(const inbound_message& msg, const message_limits& limits);
 
 /// JSON encoding of an inbound message (used by the message log and by a
 /// checkpoint's saved answer): an object with fields id, provider, chat,
-/// participant, sender, text, type, ts (Unix ms) and raw.
+/// participant, sender, text, type, ts (Unix ms) and raw; then, only when
+/// they are not empty/zero/false, data, command, media_id, media_url,
+/// mime_type, lat, lon and edited.
 std::string to_json(const inbound_message& msg);
 
-/// Decodes `to_json` output. Throws `botmesh::error` with
+/// Decodes `to_json` output (the optional fields may be absent, as in
+/// records written before they existed). Throws `botmesh::error` with
 /// `errc::corrupted_record` naming the missing or mistyped field.
 inbound_message inbound_message_from_json(std::string_view json);
 
@@ -138,13 +213,28 @@ typename Inspector::result_type inspect(Inspector& f, inbound_message& x) {
       x.timestamp = from_unix_ms(ts);
     },
     caf::meta::type_name("botmesh.inbound_message"), x.id, x.provider, x.chat,
-    x.participant, x.sender, x.text, type, ts, x.raw);
+    x.participant, x.sender, x.text, type, ts, x.raw, x.data, x.command,
+    x.media_id, x.media_url, x.mime_type, x.latitude, x.longitude, x.edited);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, button& x) {
+  return f(caf::meta::type_name("botmesh.button"), x.text, x.data, x.url);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, outgoing_message& x) {
-  return f(caf::meta::type_name("botmesh.outgoing_message"), x.provider,
-           x.chat, x.text, x.reply_to);
+  auto media = static_cast<std::uint8_t>(x.media);
+  auto format = static_cast<std::uint8_t>(x.format);
+  return detail::inspect_then(
+    f,
+    [&] {
+      x.media = static_cast<message_type>(media);
+      x.format = static_cast<text_format>(format);
+    },
+    caf::meta::type_name("botmesh.outgoing_message"), x.provider, x.chat,
+    x.text, x.reply_to, x.buttons, x.menu_label, media, x.media_url,
+    x.media_id, format, x.quote);
 }
 
 } // namespace botmesh

@@ -148,6 +148,92 @@ TEST_CASE("an inbound message round-trips through its JSON encoding") {
   CHECK(botmesh::inbound_message_from_json(json) == m);
 }
 
+TEST_CASE("an inbound message's button, media, location and edit fields "
+          "round-trip through JSON, and older records without them still read") {
+  auto m = sample();
+  m.type = botmesh::message_type::location;
+  m.data = "order:42";
+  m.command = "start";
+  m.media_id = "AgAD";
+  m.media_url = "https://example.org/a.jpg";
+  m.mime_type = "image/jpeg";
+  m.latitude = 40.416775;
+  m.longitude = -3.70379;
+  m.edited = true;
+  auto json = botmesh::to_json(m);
+  CHECK(botmesh::is_valid_json(json));
+  CHECK(botmesh::inbound_message_from_json(json) == m);
+  // A record written before these fields existed.
+  auto old = sample();
+  auto old_json = botmesh::to_json(old);
+  CHECK(old_json.find("\"data\"") == std::string::npos);
+  CHECK(botmesh::inbound_message_from_json(old_json) == old);
+  // A mistyped optional field is named.
+  auto bad = old_json;
+  bad.insert(bad.size() - 1, ",\"lat\":\"north\"");
+  CHECK(corrupted_message([&] { botmesh::inbound_message_from_json(bad); })
+          .find("\"lat\"")
+        != std::string::npos);
+}
+
+TEST_CASE("validation names an inbound message's oversized button data and "
+          "media fields") {
+  botmesh::message_limits limits{.max_text_bytes = 10, .max_id_bytes = 8};
+  inbound_message m;
+  m.provider = "p";
+  m.chat = "c";
+  m.data = std::string(9, 'd');
+  try {
+    botmesh::validate(m, limits);
+    FAIL("expected invalid data");
+  } catch (const botmesh::invalid_argument_error& e) {
+    CHECK(e.field() == "data");
+  }
+  m.data.clear();
+  m.media_url = std::string(11, 'u');
+  try {
+    botmesh::validate(m, limits);
+    FAIL("expected invalid media_url");
+  } catch (const botmesh::invalid_argument_error& e) {
+    CHECK(e.field() == "media_url");
+  }
+}
+
+TEST_CASE("validation names the bad field of an outgoing message with "
+          "buttons or media") {
+  auto field_of = [](botmesh::outgoing_message m) -> std::string {
+    try {
+      botmesh::validate(m);
+    } catch (const botmesh::invalid_argument_error& e) {
+      return e.field();
+    }
+    return "ok";
+  };
+  botmesh::outgoing_message ok;
+  ok.chat = "c";
+  ok.text = "hola";
+  CHECK(field_of(ok) == "ok");
+  auto m = ok;
+  m.chat.clear();
+  CHECK(field_of(m) == "chat");
+  m = ok;
+  m.text.clear();
+  CHECK(field_of(m) == "text");
+  m.buttons = {{{.text = "Sí", .data = "yes"}}};
+  CHECK(field_of(m) == "ok");
+  m.buttons = {{{.text = "", .data = "yes"}}};
+  CHECK(field_of(m) == "buttons");
+  m.buttons = {{{.text = "Sí"}}};
+  CHECK(field_of(m) == "buttons");
+  m = ok;
+  m.media = botmesh::message_type::image;
+  CHECK(field_of(m) == "media");
+  m.media_url = "https://example.org/a.png";
+  CHECK(field_of(m) == "ok");
+  m.media = botmesh::message_type::location;
+  CHECK(field_of(m) == "media");
+}
+
 TEST_CASE("JSON strings escape control characters and replace invalid UTF-8") {
   CHECK(botmesh::json_quote("a\"b\\c\n\x01") == R"("a\"b\\c\n\u0001")");
   auto bad = botmesh::json_quote("ok\xff");
@@ -229,4 +315,39 @@ TEST_CASE("a checkpoint travels as a CAF message (binary inspect round-trip)") {
   }
   CHECK(back == cp);
   CHECK(caf::deep_to_string(cp).find("pedido") != std::string::npos);
+}
+
+TEST_CASE("messages with buttons, media and location travel as CAF messages "
+          "(binary inspect round-trip)") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  auto in = sample();
+  in.type = botmesh::message_type::button;
+  in.data = "yes";
+  in.latitude = 1.5;
+  in.edited = true;
+  botmesh::outgoing_message out;
+  out.chat = "c";
+  out.text = "¿Seguro?";
+  out.buttons = {{{.text = "Sí", .data = "yes"}, {.text = "No", .data = "no"}},
+                 {{.text = "Web", .url = "https://example.org"}}};
+  out.media = botmesh::message_type::image;
+  out.media_id = "AgAD";
+  out.format = botmesh::text_format::html;
+  out.quote = true;
+  std::vector<char> buf;
+  {
+    caf::binary_serializer sink{sys, buf};
+    auto a = in;
+    auto b = out;
+    REQUIRE(!sink(a, b));
+  }
+  inbound_message in_back;
+  botmesh::outgoing_message out_back;
+  {
+    caf::binary_deserializer source{sys, buf};
+    REQUIRE(!source(in_back, out_back));
+  }
+  CHECK(in_back == in);
+  CHECK(out_back == out);
 }

@@ -32,6 +32,25 @@ simdjson::dom::element json_reader::get(std::string_view field) const {
   return e;
 }
 
+bool json_reader::has(std::string_view field) const noexcept {
+  simdjson::dom::element e;
+  return obj_.at_key(field).get(e) == simdjson::SUCCESS;
+}
+
+double json_reader::number(std::string_view field) const {
+  auto e = get(field);
+  double d;
+  if (e.get(d) == simdjson::SUCCESS)
+    return d;
+  std::int64_t i;
+  if (e.get(i) == simdjson::SUCCESS)
+    return static_cast<double>(i);
+  std::uint64_t u;
+  if (e.get(u) == simdjson::SUCCESS)
+    return static_cast<double>(u);
+  fail(field, "is not a number");
+}
+
 bool json_reader::is_null(std::string_view field) const {
   return get(field).is_null();
 }

@@ -28,7 +28,11 @@ class json_reader {
     // nop
   }
 
+  /// True when the object has `field` (of any type, null included).
+  bool has(std::string_view field) const noexcept;
   bool is_null(std::string_view field) const;
+  /// Any JSON number, as a double.
+  double number(std::string_view field) const;
   std::string string(std::string_view field) const;
   std::int64_t int64(std::string_view field) const;
   std::uint64_t uint64(std::string_view field) const;

@@ -1,0 +1,375 @@
+// bench_webhook: Telegram webhook throughput and latency.
+//
+// A load generator in this executable (one thread, Asio) keeps 40
+// keep-alive connections busy posting ~1 KB Telegram updates over 10 000
+// chats; the bot answers each in the webhook response (reply in webhook).
+// The baseline is a bare Beast hello-world server with the same number of
+// I/O threads, measured in the same run. Rounds alternate baseline and
+// webhook; the ratios are the median over rounds.
+//
+//   bench_webhook [--rounds N] [--seconds S] [--threads T] [--connections C]
+//
+// Prints `bench <name> <value> <unit>` and `ratio <name> <value>` lines.
+
+#include <algorithm>
+#include <utility>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+
+#include <botmesh/providers/telegram/telegram_webhook.hpp>
+#include <caf/all.hpp>
+
+#include <botmesh/actors/router.hpp>
+#include <botmesh/runtime/botmesh.hpp>
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = beast::http;
+using tcp = net::ip::tcp;
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* secret = "bench-secret";
+constexpr int chats = 10000;
+
+// -- bare Beast hello world ---------------------------------------------------
+
+class hello_session : public std::enable_shared_from_this<hello_session> {
+ public:
+  explicit hello_session(tcp::socket s) : stream_(std::move(s)) {
+    // nop
+  }
+
+  void read() {
+    req_ = {};
+    bhttp::async_read(stream_, buf_, req_,
+                      [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                        if (!ec)
+                          self->write();
+                      });
+  }
+
+ private:
+  void write() {
+    res_ = {};
+    res_.result(bhttp::status::ok);
+    res_.version(11);
+    res_.set(bhttp::field::content_type, "application/json");
+    res_.body() = R"({"method":"sendMessage","chat_id":1,"text":"ok"})";
+    res_.keep_alive(req_.keep_alive());
+    res_.prepare_payload();
+    bhttp::async_write(stream_, res_,
+                       [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                         if (!ec)
+                           self->read();
+                       });
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buf_;
+  bhttp::request<bhttp::string_body> req_;
+  bhttp::response<bhttp::string_body> res_;
+};
+
+class hello_server {
+ public:
+  explicit hello_server(std::size_t threads)
+    : acceptor_(ioc_, tcp::endpoint{net::ip::make_address("127.0.0.1"), 0}) {
+    accept();
+    for (std::size_t i = 0; i < threads; ++i)
+      threads_.emplace_back([this] { ioc_.run(); });
+  }
+
+  ~hello_server() {
+    ioc_.stop();
+    for (auto& t : threads_)
+      t.join();
+  }
+
+  std::uint16_t port() const {
+    return acceptor_.local_endpoint().port();
+  }
+
+ private:
+  void accept() {
+    acceptor_.async_accept(net::make_strand(ioc_),
+                           [this](beast::error_code ec, tcp::socket s) {
+                             if (ec)
+                               return;
+                             s.set_option(tcp::no_delay{true});
+                             std::make_shared<hello_session>(std::move(s))->read();
+                             accept();
+                           });
+  }
+
+  net::io_context ioc_;
+  tcp::acceptor acceptor_;
+  std::vector<std::thread> threads_;
+};
+
+// -- load generator -----------------------------------------------------------
+
+std::string update_body(std::int64_t update_id, int chat) {
+  // ~1 KB like a real private-chat text update (names, entities, padding text).
+  static const std::string filler(700, 'a');
+  return fmt::format(
+    R"({{"update_id":{},"message":{{"message_id":{},"from":{{"id":{},"is_bot":false,"first_name":"Ana","last_name":"García","username":"ana_{}","language_code":"es"}},"chat":{{"id":{},"first_name":"Ana","last_name":"García","username":"ana_{}","type":"private"}},"date":1700000000,"text":"hola {}"}}}})",
+    update_id, update_id, 100000 + chat, chat, 100000 + chat, chat, filler);
+}
+
+struct round_result {
+  double rps = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+  std::uint64_t errors = 0;
+};
+
+class load_generator {
+ public:
+  load_generator(std::uint16_t port, std::string path, std::size_t connections)
+    : port_(port), path_(std::move(path)), conns_(connections) {
+    // nop
+  }
+
+  round_result run(std::chrono::milliseconds warmup, std::chrono::milliseconds measure,
+                   std::atomic<std::int64_t>& next_update) {
+    next_update_ = &next_update;
+    measuring_ = false;
+    stop_ = false;
+    latencies_.clear();
+    latencies_.reserve(1 << 20);
+    completed_ = 0;
+    errors_ = 0;
+    for (std::size_t i = 0; i < conns_; ++i) {
+      auto c = std::make_shared<conn>(ioc_);
+      c->sock.connect(tcp::endpoint{net::ip::make_address("127.0.0.1"), port_});
+      c->sock.set_option(tcp::no_delay{true});
+      all_.push_back(c);
+      send(c);
+    }
+    net::steady_timer t{ioc_};
+    steady::time_point start;
+    t.expires_after(warmup);
+    t.async_wait([&](beast::error_code) {
+      measuring_ = true;
+      start = steady::now();
+      t.expires_after(measure);
+      t.async_wait([&](beast::error_code) {
+        stop_ = true;
+        measuring_ = false;
+      });
+    });
+    ioc_.run();
+    auto secs = std::chrono::duration<double>(measure).count();
+    ioc_.restart();
+    all_.clear();
+    round_result r;
+    r.rps = static_cast<double>(completed_) / secs;
+    r.errors = errors_;
+    if (!latencies_.empty()) {
+      std::sort(latencies_.begin(), latencies_.end());
+      r.p50_us = latencies_[latencies_.size() / 2];
+      r.p99_us = latencies_[latencies_.size() * 99 / 100];
+    }
+    return r;
+  }
+
+ private:
+  struct conn {
+    explicit conn(net::io_context& ioc) : sock(ioc) {
+      // nop
+    }
+    tcp::socket sock;
+    std::string out;
+    std::string in;
+    steady::time_point sent;
+  };
+
+  void send(const std::shared_ptr<conn>& c) {
+    if (stop_) {
+      beast::error_code ec;
+      c->sock.close(ec);
+      return;
+    }
+    auto id = ++*next_update_;
+    auto body = update_body(id, static_cast<int>(id % chats));
+    c->out = fmt::format("POST {} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                         "application/json\r\nX-Telegram-Bot-Api-Secret-Token: "
+                         "{}\r\nContent-Length: {}\r\n\r\n{}",
+                         path_, secret, body.size(), body);
+    c->in.clear();
+    c->sent = steady::now();
+    net::async_write(c->sock, net::buffer(c->out),
+                     [this, c](beast::error_code ec, std::size_t) {
+                       if (ec) {
+                         ++errors_;
+                         return;
+                       }
+                       read(c);
+                     });
+  }
+
+  void read(const std::shared_ptr<conn>& c) {
+    auto old = c->in.size();
+    c->in.resize(old + 4096);
+    c->sock.async_read_some(
+      net::buffer(c->in.data() + old, 4096),
+      [this, c, old](beast::error_code ec, std::size_t n) {
+        if (ec) {
+          ++errors_;
+          return;
+        }
+        c->in.resize(old + n);
+        auto end = c->in.find("\r\n\r\n");
+        if (end == std::string::npos)
+          return read(c);
+        auto cl = c->in.find("Content-Length: ");
+        if (cl == std::string::npos)
+          cl = c->in.find("content-length: ");
+        std::size_t len = cl == std::string::npos
+                            ? 0
+                            : std::strtoul(c->in.c_str() + cl + 16, nullptr, 10);
+        if (c->in.size() < end + 4 + len)
+          return read(c);
+        if (!c->in.starts_with("HTTP/1.1 200"))
+          ++errors_;
+        if (measuring_) {
+          ++completed_;
+          latencies_.push_back(
+            std::chrono::duration<double, std::micro>(steady::now() - c->sent).count());
+        }
+        send(c);
+      });
+  }
+
+  net::io_context ioc_{1};
+  std::uint16_t port_;
+  std::string path_;
+  std::size_t conns_;
+  std::vector<std::shared_ptr<conn>> all_;
+  std::atomic<std::int64_t>* next_update_ = nullptr;
+  bool measuring_ = false;
+  bool stop_ = false;
+  std::vector<double> latencies_;
+  std::uint64_t completed_ = 0;
+  std::uint64_t errors_ = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 5;
+  double seconds = 2;
+  std::size_t threads = 1;
+  std::size_t connections = 40;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string_view a = argv[i];
+    if (a == "--rounds")
+      rounds = std::atoi(argv[i + 1]);
+    else if (a == "--seconds")
+      seconds = std::atof(argv[i + 1]);
+    else if (a == "--threads")
+      threads = static_cast<std::size_t>(std::atoi(argv[i + 1]));
+    else if (a == "--connections")
+      connections = static_cast<std::size_t>(std::atoi(argv[i + 1]));
+  }
+  auto measure = std::chrono::milliseconds{static_cast<int>(seconds * 1000)};
+  auto warmup = std::chrono::milliseconds{500};
+
+  hello_server hello{threads};
+
+  botmesh::telegram::webhook_options o;
+  o.token = "1:bench";
+  o.api_url = "http://127.0.0.1:9"; // never called: replies go in the webhook
+  o.secret_token = secret;
+  o.reply_in_webhook = true;
+  o.listen.io_threads = threads;
+  o.flood = botmesh::http::flood_limits::none();
+  auto provider = std::make_shared<botmesh::telegram::webhook_provider>(o);
+  // BENCH_CAF_TUNED=1: the bot in an application's actor system whose
+  // workers poll for work longer before sleeping (for comparison).
+  std::unique_ptr<caf::actor_system_config> cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::unique_ptr<botmesh::bot> bot_ptr;
+  if (std::getenv("BENCH_CAF_TUNED")) {
+    cfg = std::make_unique<caf::actor_system_config>();
+    cfg->set("scheduler.max-threads", 2);
+    cfg->set("scheduler.max-throughput", 32);
+    cfg->set("work-stealing.aggressive-poll-attempts", 1000);
+    cfg->set("work-stealing.moderate-sleep-duration", caf::timespan{std::chrono::microseconds{20}});
+    cfg->set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::microseconds{200}});
+    botmesh::configure_actor_system(*cfg);
+    sys = std::make_unique<caf::actor_system>(*cfg);
+    bot_ptr = std::make_unique<botmesh::bot>(
+      *sys, botmesh::bot_options{.provider = provider, .log_messages = false});
+  } else {
+    bot_ptr = std::make_unique<botmesh::bot>(
+      botmesh::bot_options{.provider = provider, .log_messages = false});
+  }
+  auto& bot = *bot_ptr;
+  bot.on_message([](botmesh::context& c) { c.reply("ok"); });
+  bot.start();
+
+  std::atomic<std::int64_t> next_update{0};
+  std::vector<double> rps_ratio, p99_ratio;
+  std::vector<round_result> hello_rounds, hook_rounds;
+  for (int r = 0; r < rounds; ++r) {
+    load_generator base{hello.port(), "/telegram", connections};
+    auto b = base.run(warmup, measure, next_update);
+    load_generator hook{provider->server().port(), "/telegram", connections};
+    auto w = hook.run(warmup, measure, next_update);
+    hello_rounds.push_back(b);
+    hook_rounds.push_back(w);
+    if (b.rps > 0)
+      rps_ratio.push_back(w.rps / b.rps);
+    if (b.p99_us > 0)
+      p99_ratio.push_back(w.p99_us / b.p99_us);
+    std::fprintf(stderr,
+                 "round %d: beast %.0f req/s p50 %.0f us p99 %.0f us | webhook "
+                 "%.0f req/s p50 %.0f us p99 %.0f us (errors %llu/%llu)\n",
+                 r + 1, b.rps, b.p50_us, b.p99_us, w.rps, w.p50_us, w.p99_us,
+                 static_cast<unsigned long long>(b.errors),
+                 static_cast<unsigned long long>(w.errors));
+  }
+  auto med = [](const std::vector<round_result>& v, double round_result::*f) {
+    std::vector<double> x;
+    for (auto& r : v)
+      x.push_back(r.*f);
+    return median(x);
+  };
+  std::printf("bench beast_hello_rps %.0f req/s\n", med(hello_rounds, &round_result::rps));
+  std::printf("bench beast_hello_p50 %.0f us\n", med(hello_rounds, &round_result::p50_us));
+  std::printf("bench beast_hello_p99 %.0f us\n", med(hello_rounds, &round_result::p99_us));
+  std::printf("bench webhook_rps %.0f req/s\n", med(hook_rounds, &round_result::rps));
+  std::printf("bench webhook_p50 %.0f us\n", med(hook_rounds, &round_result::p50_us));
+  std::printf("bench webhook_p99 %.0f us\n", med(hook_rounds, &round_result::p99_us));
+  std::printf("ratio webhook_vs_beast_rps %.2f\n", median(rps_ratio));
+  std::printf("ratio webhook_vs_beast_p99 %.2f\n", median(p99_ratio));
+  auto s = bot.stats();
+  std::fprintf(stderr, "handled %llu, refused %llu, in-webhook replies %llu\n",
+               static_cast<unsigned long long>(s.handled),
+               static_cast<unsigned long long>(s.refused_overload + s.refused_stopped),
+               static_cast<unsigned long long>(provider->stats().replies_in_webhook));
+  bot.stop();
+  bot_ptr.reset();
+  return 0;
+}

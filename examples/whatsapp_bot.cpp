@@ -1,0 +1,84 @@
+// whatsapp_bot: answers every text message on WhatsApp (Cloud API).
+//
+// Configuration (environment):
+//   WHATSAPP_TOKEN             Graph API access token (required)
+//   WHATSAPP_APP_SECRET        app secret for X-Hub-Signature-256 (required)
+//   WHATSAPP_VERIFY_TOKEN      the verify token set in the app's webhook (required)
+//   WHATSAPP_PHONE_NUMBER_ID   sender; default: the number each message came to
+//   GRAPH_API_URL              Graph API base URL (default https://graph.facebook.com)
+//   PORT                       where GET|POST /whatsapp listens (default 8080)
+//   LISTEN_ADDRESS             default 0.0.0.0
+//
+// SIGTERM or SIGINT: stops taking messages, drains what is queued, exits 0.
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include <botmesh/providers/meta/meta_webhook.hpp>
+#include <botmesh/runtime/botmesh.hpp>
+
+namespace {
+
+std::string env(const char* name, const char* fallback = "") {
+  auto* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+} // namespace
+
+int main() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::shared_ptr<botmesh::meta::webhook_provider> provider;
+  try {
+    botmesh::meta::webhook_options o;
+    o.access_token = env("WHATSAPP_TOKEN");
+    o.app_secret = env("WHATSAPP_APP_SECRET");
+    o.verify_token = env("WHATSAPP_VERIFY_TOKEN");
+    o.phone_number_id = env("WHATSAPP_PHONE_NUMBER_ID");
+    o.api_url = env("GRAPH_API_URL", "https://graph.facebook.com");
+    o.listen.address = env("LISTEN_ADDRESS", "0.0.0.0");
+    o.listen.port = static_cast<std::uint16_t>(std::atoi(env("PORT", "8080").c_str()));
+    o.on_status = [](const botmesh::meta::status_event& s) {
+      std::fprintf(stderr, "whatsapp_bot: %s %s\n", s.message_id.c_str(),
+                   s.status.c_str());
+    };
+    provider = std::make_shared<botmesh::meta::webhook_provider>(o);
+  } catch (const botmesh::invalid_argument_error& e) {
+    std::fprintf(stderr, "whatsapp_bot: %s (field %s)\n", e.what(), e.field().c_str());
+    return 2;
+  }
+
+  botmesh::bot bot{{.provider = provider}};
+  bot.on_message([](botmesh::context& c) {
+    if (c.message().type == botmesh::message_type::text)
+      c.reply("Dijiste: " + c.text());
+  });
+  bot.on<botmesh::events::error>([](const botmesh::events::error& e) {
+    std::fprintf(stderr, "whatsapp_bot: %s\n", e.what.c_str());
+  });
+  std::thread waiter{[&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "whatsapp_bot: signal %d, draining\n", sig);
+    bot.stop();
+  }};
+  try {
+    bot.start();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "whatsapp_bot: %s\n", e.what());
+    std::_Exit(1);
+  }
+  std::fprintf(stderr, "whatsapp_bot: listening on port %u\n",
+               static_cast<unsigned>(provider->server().port()));
+  auto rc = bot.run();
+  waiter.join();
+  return rc;
+}

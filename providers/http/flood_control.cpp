@@ -1,0 +1,158 @@
+#include <botmesh/providers/http/flood_control.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include <botmesh/runtime/core/error.hpp>
+
+namespace botmesh::http {
+
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+struct bucket {
+  double tokens = 0;
+  steady::time_point at{};
+
+  // Refills at `rate` per second up to `cap`; the wait for one token.
+  steady::duration refill(double rate, double cap, steady::time_point now) {
+    if (rate <= 0)
+      return steady::duration::zero();
+    if (at == steady::time_point{}) {
+      tokens = cap;
+      at = now;
+    }
+    auto secs = std::chrono::duration<double>(now - at).count();
+    tokens = std::min(cap, tokens + secs * rate);
+    at = now;
+    if (tokens >= 1)
+      return steady::duration::zero();
+    return std::chrono::duration_cast<steady::duration>(
+      std::chrono::duration<double>((1 - tokens) / rate));
+  }
+
+  bool full(double rate, double cap, steady::time_point now) const {
+    auto secs = std::chrono::duration<double>(now - at).count();
+    return rate <= 0 || tokens + secs * rate >= cap;
+  }
+};
+
+} // namespace
+
+struct flood_control::impl {
+  flood_limits lim;
+  std::mutex mtx;
+  std::condition_variable cv;
+  bucket global;
+  std::unordered_map<std::string, bucket> chats;
+  steady::time_point paused_until{};
+
+  double chat_rate(bool group) const {
+    return group ? lim.per_group_per_minute / 60.0 : lim.per_chat_per_second;
+  }
+
+  double chat_cap(bool group) const {
+    return std::max(1.0, group ? lim.per_group_burst : lim.per_chat_burst);
+  }
+
+  // Under mtx: how long until a message may go; zero when it may now.
+  steady::duration wait_locked(bucket& b, bool group, steady::time_point now) {
+    auto w = std::max(global.refill(lim.per_bot_per_second,
+                                    std::max(1.0, lim.per_bot_burst), now),
+                      b.refill(chat_rate(group), chat_cap(group), now));
+    if (paused_until > now)
+      w = std::max(w, paused_until - now);
+    return w;
+  }
+
+  void prune(steady::time_point now) {
+    if (chats.size() <= 10000)
+      return;
+    for (auto i = chats.begin(); i != chats.end();) {
+      // Groups and chats share the map; a full bucket holds no state.
+      if (i->second.full(lim.per_chat_per_second, chat_cap(false), now)
+          && i->second.full(lim.per_group_per_minute / 60.0, chat_cap(true), now))
+        i = chats.erase(i);
+      else
+        ++i;
+    }
+  }
+};
+
+flood_control::flood_control(flood_limits limits)
+  : impl_(std::make_unique<impl>()) {
+  impl_->lim = limits;
+}
+
+flood_control::~flood_control() {
+  // nop
+}
+
+bool flood_control::acquire(std::string_view chat, bool group,
+                            std::stop_token stop) {
+  auto& i = *impl_;
+  std::stop_callback wake{stop, [&i] {
+                            std::lock_guard g{i.mtx};
+                            i.cv.notify_all();
+                          }};
+  std::unique_lock guard{i.mtx};
+  for (;;) {
+    if (stop.stop_requested())
+      return false;
+    auto now = steady::now();
+    auto& b = i.chats[std::string{chat}];
+    auto w = i.wait_locked(b, group, now);
+    if (w == steady::duration::zero()) {
+      if (i.lim.per_bot_per_second > 0)
+        i.global.tokens -= 1;
+      if (i.chat_rate(group) > 0)
+        b.tokens -= 1;
+      i.prune(now);
+      return true;
+    }
+    i.cv.wait_for(guard, w);
+  }
+}
+
+std::chrono::milliseconds flood_control::wait_time(std::string_view chat,
+                                                   bool group) {
+  auto& i = *impl_;
+  std::lock_guard guard{i.mtx};
+  auto& b = i.chats[std::string{chat}];
+  auto w = i.wait_locked(b, group, steady::now());
+  return std::chrono::ceil<std::chrono::milliseconds>(w);
+}
+
+void flood_control::pause(std::chrono::milliseconds d) {
+  auto& i = *impl_;
+  std::lock_guard guard{i.mtx};
+  i.paused_until = std::max(i.paused_until, steady::now() + d);
+}
+
+void send_with_retry(flood_control& flood, std::string_view chat, bool group,
+                     const std::function<void()>& send, int max_attempts,
+                     std::stop_token stop) {
+  for (int attempt = 1;; ++attempt) {
+    if (!flood.acquire(chat, group, stop))
+      throw error(errc::stopped,
+                  fmt::format("send to {}: stopped while waiting for the flood "
+                              "control",
+                              chat));
+    try {
+      send();
+      return;
+    } catch (const platform_error& e) {
+      if (e.code() != errc::retry_after || attempt >= max_attempts)
+        throw;
+      flood.pause(e.retry_after());
+    }
+  }
+}
+
+} // namespace botmesh::http

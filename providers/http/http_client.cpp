@@ -1,0 +1,358 @@
+#include <botmesh/providers/http/http_client.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <fmt/format.h>
+
+#include <botmesh/runtime/core/error.hpp>
+
+namespace botmesh::http {
+
+namespace net = boost::asio;
+namespace ssl = boost::asio::ssl;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = net::ip::tcp;
+using steady = std::chrono::steady_clock;
+
+const std::string* client_response::header(std::string_view lower_name) const
+  noexcept {
+  for (auto& [k, v] : headers)
+    if (k == lower_name)
+      return &v;
+  return nullptr;
+}
+
+url_parts parse_url(std::string_view url) {
+  url_parts p;
+  std::string_view rest;
+  if (url.starts_with("https://")) {
+    p.tls = true;
+    p.port = 443;
+    rest = url.substr(8);
+  } else if (url.starts_with("http://")) {
+    p.port = 80;
+    rest = url.substr(7);
+  } else {
+    throw invalid_argument_error(
+      "url", fmt::format("URL \"{}\" does not start with http:// or https://",
+                         url));
+  }
+  auto slash = rest.find_first_of("/?");
+  auto authority = rest.substr(0, slash);
+  p.target = slash == std::string_view::npos ? "/" : std::string{rest.substr(slash)};
+  if (p.target.front() == '?')
+    p.target.insert(0, "/");
+  if (authority.empty() || authority.find('@') != std::string_view::npos)
+    throw invalid_argument_error(
+      "url", fmt::format("URL \"{}\" has no host (or has credentials)", url));
+  auto colon = authority.rfind(':');
+  if (colon != std::string_view::npos && authority.find(']') == std::string_view::npos) {
+    auto port_text = authority.substr(colon + 1);
+    unsigned long port = 0;
+    for (char c : port_text) {
+      if (c < '0' || c > '9' || port > 65535)
+        throw invalid_argument_error(
+          "url", fmt::format("URL \"{}\" has a bad port", url));
+      port = port * 10 + static_cast<unsigned long>(c - '0');
+    }
+    if (port_text.empty() || port == 0 || port > 65535)
+      throw invalid_argument_error("url",
+                                   fmt::format("URL \"{}\" has a bad port", url));
+    p.port = static_cast<std::uint16_t>(port);
+    authority = authority.substr(0, colon);
+  }
+  p.host = std::string{authority};
+  if (p.host.empty())
+    throw invalid_argument_error("url",
+                                 fmt::format("URL \"{}\" has no host", url));
+  return p;
+}
+
+namespace {
+
+// One connection. Its I/O runs on its own io_context, driven by the thread
+// that uses it (one at a time: it is out of the pool while in use), so a
+// request needs no hand-off to another thread and its timeouts are those of
+// beast::tcp_stream. The io_context is declared first: destroyed last.
+struct connection {
+  net::io_context ioc{1};
+  std::optional<beast::tcp_stream> plain;
+  std::optional<beast::ssl_stream<beast::tcp_stream>> secure;
+  beast::flat_buffer buffer;
+  steady::time_point idle_since{};
+
+  beast::tcp_stream& lowest() {
+    return secure ? beast::get_lowest_layer(*secure) : *plain;
+  }
+};
+
+// Runs one asynchronous operation to completion on `c`'s io_context.
+template <class Start>
+beast::error_code run(connection& c, Start&& start) {
+  beast::error_code result = net::error::would_block;
+  start([&result](beast::error_code ec, auto&&...) { result = ec; });
+  c.ioc.restart();
+  c.ioc.run();
+  return result;
+}
+
+struct host_pool {
+  std::vector<std::unique_ptr<connection>> idle;
+  std::size_t open = 0;
+};
+
+} // namespace
+
+struct client::impl {
+  client_options opts;
+  ssl::context tls{ssl::context::tls_client};
+  std::mutex mtx;
+  std::condition_variable cv;
+  std::unordered_map<std::string, host_pool> pools;
+  std::atomic<std::uint64_t> n_requests{0}, n_opened{0}, n_reused{0},
+    n_retried{0};
+
+  [[noreturn]] void fail(const url_parts& u, std::string_view step,
+                         beast::error_code ec) {
+    auto what = fmt::format("http {}://{}:{}: {} failed: {}",
+                            u.tls ? "https" : "http", u.host, u.port, step,
+                            ec.message());
+    if (ec == beast::error::timeout)
+      throw error(errc::timeout, what);
+    if (ec == net::error::operation_aborted)
+      throw error(errc::stopped, what);
+    throw error(errc::provider_error, what);
+  }
+
+  std::unique_ptr<connection> open(const url_parts& u, steady::time_point deadline) {
+    auto c = std::make_unique<connection>();
+    beast::error_code ec;
+    tcp::resolver resolver{c->ioc};
+    auto endpoints = resolver.resolve(u.host, std::to_string(u.port), ec);
+    if (ec)
+      fail(u, "resolve", ec);
+    if (u.tls)
+      c->secure.emplace(c->ioc, tls);
+    else
+      c->plain.emplace(c->ioc);
+    auto connect_by = std::min(deadline, steady::now() + opts.connect_timeout.ms());
+    c->lowest().expires_at(connect_by);
+    ec = run(*c, [&](auto h) { c->lowest().async_connect(endpoints, h); });
+    if (ec)
+      fail(u, "connect", ec);
+    beast::error_code ignored;
+    c->lowest().socket().set_option(tcp::no_delay{true}, ignored);
+    if (u.tls) {
+      if (opts.verify_tls) {
+        c->secure->set_verify_mode(ssl::verify_peer);
+        c->secure->set_verify_callback(ssl::host_name_verification(u.host));
+      } else {
+        c->secure->set_verify_mode(ssl::verify_none);
+      }
+      if (!SSL_set_tlsext_host_name(c->secure->native_handle(), u.host.c_str()))
+        fail(u, "TLS server name", beast::error_code{static_cast<int>(::ERR_get_error()),
+                                                      net::error::get_ssl_category()});
+      c->lowest().expires_at(connect_by);
+      ec = run(*c, [&](auto h) {
+        c->secure->async_handshake(ssl::stream_base::client, h);
+      });
+      if (ec)
+        fail(u, "TLS handshake", ec);
+    }
+    ++n_opened;
+    return c;
+  }
+
+  // A pooled connection (reused = true) or a new one; waits while the host
+  // has max_connections_per_host in use.
+  std::unique_ptr<connection> acquire(const std::string& key, const url_parts& u,
+                                      steady::time_point deadline, bool& reused) {
+    std::unique_lock guard{mtx};
+    auto& pool = pools[key];
+    for (;;) {
+      auto now = steady::now();
+      while (!pool.idle.empty()) {
+        auto c = std::move(pool.idle.back());
+        pool.idle.pop_back();
+        if (now - c->idle_since < opts.idle_timeout.ms()) {
+          reused = true;
+          return c;
+        }
+        --pool.open; // too old: the server has likely closed it
+      }
+      if (pool.open < opts.max_connections_per_host) {
+        ++pool.open;
+        guard.unlock();
+        try {
+          reused = false;
+          return open(u, deadline);
+        } catch (...) {
+          guard.lock();
+          --pool.open;
+          cv.notify_one();
+          throw;
+        }
+      }
+      if (cv.wait_until(guard, deadline) == std::cv_status::timeout)
+        throw error(errc::timeout,
+                    fmt::format("http {}:{}: no connection came free before "
+                                "the timeout ({} in use)",
+                                u.host, u.port, pool.open));
+    }
+  }
+
+  void give_back(const std::string& key, std::unique_ptr<connection> c,
+                 bool keep) {
+    std::lock_guard guard{mtx};
+    auto& pool = pools[key];
+    if (keep) {
+      c->idle_since = steady::now();
+      pool.idle.push_back(std::move(c));
+    } else {
+      --pool.open;
+    }
+    cv.notify_one();
+  }
+
+  template <class Stream>
+  client_response exchange(connection& c, Stream& stream, const url_parts& u,
+                           const client_request& req, steady::time_point deadline,
+                           bool& answer_started, beast::error_code& ec,
+                           bool& keep) {
+    bhttp::request<bhttp::string_body> out;
+    out.method_string(req.method);
+    out.target(u.target);
+    out.version(11);
+    out.set(bhttp::field::host, u.host);
+    out.set(bhttp::field::user_agent, opts.user_agent);
+    if (!req.body.empty() || req.method == "POST")
+      out.set(bhttp::field::content_type, req.content_type);
+    for (auto& [k, v] : req.headers)
+      out.set(k, v);
+    out.body() = req.body;
+    out.keep_alive(true);
+    out.prepare_payload();
+    c.lowest().expires_at(deadline);
+    // A stop request cancels the socket's operations on the thread running
+    // them (posting to its io_context is thread-safe).
+    std::optional<std::stop_callback<std::function<void()>>> on_stop;
+    if (req.stop.stop_possible())
+      on_stop.emplace(req.stop, std::function<void()>{[&c] {
+                        net::post(c.ioc, [&c] { c.lowest().cancel(); });
+                      }});
+    ec = run(c, [&](auto h) { bhttp::async_write(stream, out, h); });
+    if (ec)
+      return {};
+    bhttp::response_parser<bhttp::string_body> parser;
+    parser.body_limit(opts.max_response_bytes);
+    ec = run(c, [&](auto h) { bhttp::async_read(stream, c.buffer, parser, h); });
+    answer_started = parser.got_some();
+    if (ec)
+      return {};
+    auto msg = parser.release();
+    keep = msg.keep_alive();
+    client_response r;
+    r.status = static_cast<int>(msg.result_int());
+    for (auto& f : msg) {
+      std::string name{f.name_string()};
+      for (auto& ch : name)
+        ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      r.headers.emplace_back(std::move(name), std::string{f.value()});
+    }
+    r.body = std::move(msg.body());
+    return r;
+  }
+};
+
+client::client(client_options opts) : impl_(std::make_unique<impl>()) {
+  if (opts.max_connections_per_host == 0)
+    throw invalid_argument_error(
+      "max_connections_per_host",
+      "http client_options.max_connections_per_host must be > 0");
+  auto positive = [](const duration& d, const char* name) {
+    if (d.count() <= 0)
+      throw invalid_argument_error(
+        name, fmt::format("http client_options.{} must be > 0", name));
+  };
+  positive(opts.connect_timeout, "connect_timeout");
+  positive(opts.request_timeout, "request_timeout");
+  positive(opts.idle_timeout, "idle_timeout");
+  impl_->opts = std::move(opts);
+  beast::error_code ec;
+  if (impl_->opts.ca_file.empty())
+    impl_->tls.set_default_verify_paths(ec);
+  else
+    impl_->tls.load_verify_file(impl_->opts.ca_file, ec);
+  if (ec && !impl_->opts.ca_file.empty())
+    throw error(errc::provider_error,
+                fmt::format("http client: cannot load CA file {}: {}",
+                            impl_->opts.ca_file, ec.message()));
+}
+
+client::~client() {
+  // nop: pooled connections close with their io_contexts
+}
+
+client_response client::request(const client_request& req) {
+  auto u = parse_url(req.url);
+  auto& i = *impl_;
+  ++i.n_requests;
+  auto timeout = req.timeout.count() > 0 ? req.timeout : i.opts.request_timeout.ms();
+  auto deadline = steady::now() + timeout;
+  auto key = fmt::format("{}://{}:{}", u.tls ? "https" : "http", u.host, u.port);
+  for (int attempt = 0;; ++attempt) {
+    bool reused = false;
+    auto c = i.acquire(key, u, deadline, reused);
+    if (reused)
+      ++i.n_reused;
+    bool answer_started = false;
+    bool keep = false;
+    beast::error_code ec;
+    client_response r;
+    try {
+      if (c->secure)
+        r = i.exchange(*c, *c->secure, u, req, deadline, answer_started, ec, keep);
+      else
+        r = i.exchange(*c, *c->plain, u, req, deadline, answer_started, ec, keep);
+    } catch (...) {
+      i.give_back(key, std::move(c), false);
+      throw;
+    }
+    if (!ec) {
+      // A stop that fired may have left a cancel queued on this connection.
+      i.give_back(key, std::move(c), keep && !req.stop.stop_requested());
+      return r;
+    }
+    i.give_back(key, std::move(c), false);
+    // A pooled connection the server closed while it was idle: resend once.
+    if (req.stop.stop_requested())
+      ec = net::error::operation_aborted;
+    if (reused && attempt == 0 && !answer_started && ec != beast::error::timeout
+        && ec != net::error::operation_aborted) {
+      ++i.n_retried;
+      continue;
+    }
+    i.fail(u, "request", ec);
+  }
+}
+
+client_stats client::stats() const {
+  return client_stats{impl_->n_requests, impl_->n_opened, impl_->n_reused,
+                      impl_->n_retried};
+}
+
+} // namespace botmesh::http

@@ -1,0 +1,168 @@
+#pragma once
+
+// An HTTP/1.1 server for webhooks and operational endpoints, on Boost.Beast
+// (which stays inside http_server.cpp). Several providers may share one.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <botmesh/runtime/core/duration.hpp>
+
+namespace botmesh::http {
+
+/// One request as a handler sees it. Header names are lower case.
+struct request {
+  std::string method{}; ///< "GET", "POST"...
+  std::string target{}; ///< path and query, as sent: "/whatsapp?hub.mode=x"
+  std::vector<std::pair<std::string, std::string>> headers{};
+  std::string body{};
+
+  /// `target` before any '?'.
+  std::string_view path() const noexcept;
+  /// `target` after the first '?', or empty.
+  std::string_view query() const noexcept;
+  /// The first header named `lower_name`, or nothing.
+  const std::string* header(std::string_view lower_name) const noexcept;
+  /// The query parameter `name`, percent- and '+'-decoded; nothing when absent.
+  std::optional<std::string> query_param(std::string_view name) const;
+};
+
+/// An answer. `Content-Length` and `Connection` are set by the server.
+struct response {
+  int status = 200;
+  std::string body{};
+  std::string content_type = "text/plain; charset=utf-8";
+  std::vector<std::pair<std::string, std::string>> headers{};
+};
+
+namespace internal {
+struct exchange;
+struct server_state;
+} // namespace internal
+
+/// The way to answer one request: exactly once, from any thread, now or
+/// later (a webhook may hold its answer until the bot's turn ends). Copies
+/// share the request; the first `respond` wins, later ones are ignored.
+/// When the last copy goes away unanswered, the server answers 500.
+class responder {
+ public:
+  explicit responder(std::shared_ptr<internal::exchange> x) noexcept
+    : x_(std::move(x)) {
+    // nop
+  }
+
+  /// Sends `r`; returns false when the request was already answered (or
+  /// its connection is gone). Never blocks: the write runs on I/O threads.
+  bool respond(response r) const;
+
+  /// Shorthand for an empty-bodied answer with `status`.
+  bool respond(int status) const;
+
+  bool answered() const noexcept;
+
+ private:
+  std::shared_ptr<internal::exchange> x_;
+};
+
+/// Handles one request. Runs on an I/O thread: it must not block; answer
+/// through `r` now or later. An exception it throws answers 500.
+using handler = std::function<void(request& req, responder r)>;
+
+struct server_options {
+  /// Where to listen. Tests use loopback only.
+  std::string address = "127.0.0.1";
+  /// 0: any free port (read it with `server::port()` after `start`).
+  std::uint16_t port = 0;
+  /// Threads running the server's I/O and its handlers.
+  std::size_t io_threads = 1;
+  /// Largest accepted request body; a larger one is answered 413 and the
+  /// connection closed.
+  std::size_t max_body_bytes = 1024 * 1024;
+  /// From accepting a connection until its first request header is
+  /// complete; past it the connection is closed (slow or silent clients).
+  duration header_timeout = "10s";
+  /// From the end of a header until the end of its body.
+  duration read_timeout = "30s";
+  /// A keep-alive connection waiting for its next request header.
+  duration idle_timeout = "60s";
+  /// `stop()` waits this long for requests in flight to be answered.
+  duration shutdown_timeout = "10s";
+};
+
+/// Counters since construction.
+struct server_stats {
+  std::uint64_t connections = 0; ///< accepted
+  std::uint64_t requests = 0;    ///< complete requests handed to a route
+  std::uint64_t not_found = 0;   ///< 404 and 405 answers
+  std::uint64_t too_large = 0;   ///< 413 answers
+  std::uint64_t timeouts = 0;    ///< connections closed by a timeout
+  std::uint64_t bad_requests = 0; ///< unparsable requests (400, 431)
+};
+
+/// An HTTP/1.1 server with keep-alive, routes by method and exact path,
+/// a body cap, timeouts and a graceful stop.
+///
+/// Cost: one strand and one parser per connection; the request's headers
+/// and body are copied once into `request`. Routes may change at any time
+/// (a copy-on-write table read once per request).
+class server {
+ public:
+  /// Throws `invalid_argument_error` for `io_threads` 0 ("io_threads"),
+  /// `max_body_bytes` 0 ("max_body_bytes") or a non-positive timeout
+  /// (named after the field).
+  explicit server(server_options opts = {});
+
+  /// Stops (see `stop`).
+  ~server();
+
+  server(const server&) = delete;
+  server& operator=(const server&) = delete;
+
+  /// Sends requests for `method` and exactly `path` to `h` (replacing an
+  /// earlier route). Another method on a routed path gets 405; an unknown
+  /// path 404.
+  void route(std::string method, std::string path, handler h);
+
+  /// Removes a route; its requests then get 404.
+  void remove_route(const std::string& method, const std::string& path);
+
+  /// Binds, listens and starts the I/O threads. Idempotent. Throws
+  /// `botmesh::error` (`errc::provider_error`) when the address cannot be
+  /// bound, naming it.
+  void start();
+
+  /// Graceful stop: stops accepting, closes idle connections, lets the
+  /// requests in flight be answered (with `Connection: close`) for up to
+  /// `shutdown_timeout`, then closes everything and joins the threads.
+  /// Idempotent; the server cannot be started again.
+  void stop();
+
+  /// Runs `fn` on an I/O thread after `delay` (for bounded waits of held
+  /// answers). Dropped when the server stops first. After `start` only.
+  void after(std::chrono::milliseconds delay, std::function<void()> fn);
+
+  /// The bound port (after `start`).
+  std::uint16_t port() const noexcept;
+
+  /// "http://127.0.0.1:<port>" (after `start`).
+  std::string url() const;
+
+  server_stats stats() const;
+
+ private:
+  std::shared_ptr<internal::server_state> impl_;
+};
+
+/// Decodes %XX escapes and '+' (as in a query string). Invalid escapes are
+/// kept as they are.
+std::string percent_decode(std::string_view s);
+
+} // namespace botmesh::http

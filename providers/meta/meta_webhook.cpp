@@ -1,0 +1,313 @@
+#include <botmesh/providers/meta/meta_webhook.hpp>
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include <botmesh/providers/http/signature.hpp>
+#include <botmesh/providers/meta/internal/payload.hpp>
+#include <botmesh/runtime/core/error.hpp>
+
+namespace botmesh::meta {
+
+namespace {
+
+// The answer to one POST: 200 once every message was accepted, 503 when
+// one was refused because the bot is stopping.
+struct payload_answer {
+  http::responder r;
+  std::atomic<std::size_t> pending;
+  std::atomic<bool> retry{false};
+
+  payload_answer(http::responder resp, std::size_t n)
+    : r(std::move(resp)), pending(n) {
+    // nop
+  }
+
+  void one_done() {
+    if (--pending == 0)
+      r.respond(retry ? 503 : 200);
+  }
+};
+
+} // namespace
+
+struct webhook_provider::impl : std::enable_shared_from_this<impl> {
+  webhook_options opts;
+  std::shared_ptr<http::server> srv;
+  bool own_server = false;
+  http::client api;
+  http::flood_control flood;
+  std::string auth;
+
+  std::mutex host_mtx;
+  provider_host* host = nullptr;
+  std::atomic<provider_state> st{provider_state::closed};
+
+  std::mutex dedup_mtx;
+  std::unordered_set<std::string> seen;
+  std::deque<std::string> seen_order;
+
+  std::mutex phone_mtx;
+  std::unordered_map<std::string, std::string> phone_of_chat;
+
+  std::atomic<std::uint64_t> n_payloads{0}, n_messages{0}, n_accepted{0},
+    n_statuses{0}, n_unauthorized{0}, n_malformed{0}, n_unknown{0},
+    n_duplicates{0}, n_verifications{0}, n_sent{0}, n_retried{0};
+
+  explicit impl(webhook_options o)
+    : opts(std::move(o)), api(opts.http), flood(opts.flood) {
+    auth = "Bearer " + opts.access_token;
+  }
+
+  provider_host* current_host() {
+    std::lock_guard guard{host_mtx};
+    return host;
+  }
+
+  bool remember(const std::string& id) {
+    if (id.empty())
+      return true;
+    std::lock_guard guard{dedup_mtx};
+    if (!seen.insert(id).second)
+      return false;
+    seen_order.push_back(id);
+    while (seen_order.size() > std::max<std::size_t>(1, opts.dedup_window)) {
+      seen.erase(seen_order.front());
+      seen_order.pop_front();
+    }
+    return true;
+  }
+
+  void forget(const std::string& id) {
+    std::lock_guard guard{dedup_mtx};
+    seen.erase(id);
+  }
+
+  void on_verify(http::request& req, http::responder r) {
+    auto mode = req.query_param("hub.mode");
+    auto token = req.query_param("hub.verify_token");
+    auto challenge = req.query_param("hub.challenge");
+    if (mode && *mode == "subscribe" && token && challenge
+        && http::constant_time_equals(*token, opts.verify_token)) {
+      ++n_verifications;
+      r.respond({.status = 200, .body = *challenge});
+      return;
+    }
+    r.respond(403);
+  }
+
+  void on_post(http::request& req, http::responder r) {
+    if (!opts.allow_unauthenticated) {
+      auto* sig = req.header("x-hub-signature-256");
+      if (!sig || !http::verify_hub_signature(*sig, opts.app_secret, req.body)) {
+        ++n_unauthorized;
+        r.respond(401);
+        return;
+      }
+    }
+    auto* h = current_host();
+    if (!h) {
+      r.respond(503);
+      return;
+    }
+    internal::parsed_payload p;
+    try {
+      p = internal::parse_payload(req.body, opts.kind, opts.id);
+    } catch (const invalid_argument_error& e) {
+      ++n_malformed;
+      r.respond({.status = 400, .body = e.what()});
+      return;
+    }
+    ++n_payloads;
+    n_unknown += p.unknown;
+    n_statuses += p.statuses.size();
+    if (opts.on_status)
+      for (auto& s : p.statuses) {
+        try {
+          opts.on_status(s);
+        } catch (const std::exception&) {
+          // nop: a listener's failure is not the platform's
+        }
+      }
+    std::vector<std::size_t> fresh;
+    for (std::size_t i = 0; i < p.messages.size(); ++i) {
+      if (remember(p.messages[i].id))
+        fresh.push_back(i);
+      else
+        ++n_duplicates;
+    }
+    if (fresh.empty()) {
+      r.respond(200);
+      return;
+    }
+    auto answer = std::make_shared<payload_answer>(std::move(r), fresh.size());
+    auto self = shared_from_this();
+    for (auto i : fresh) {
+      auto& msg = p.messages[i];
+      if (!p.phone_number_ids[i].empty() && opts.phone_number_id.empty()) {
+        std::lock_guard guard{phone_mtx};
+        if (phone_of_chat.size() > 100000)
+          phone_of_chat.clear();
+        phone_of_chat[msg.chat] = p.phone_number_ids[i];
+      }
+      ++n_messages;
+      delivery_callbacks cb;
+      cb.accepted = [self, answer, id = msg.id](errc code) {
+        if (code == errc::none) {
+          ++self->n_accepted;
+        } else if (code == errc::stopped) {
+          self->forget(id);
+          answer->retry = true;
+        }
+        answer->one_done();
+      };
+      h->deliver(std::move(msg), std::move(cb));
+    }
+  }
+
+  std::string url_for(const outgoing_message& msg) {
+    auto base = opts.api_url;
+    while (!base.empty() && base.back() == '/')
+      base.pop_back();
+    if (opts.kind != platform::whatsapp)
+      return fmt::format("{}/{}/me/messages", base, opts.api_version);
+    auto phone = opts.phone_number_id;
+    if (phone.empty()) {
+      std::lock_guard guard{phone_mtx};
+      if (auto i = phone_of_chat.find(msg.chat); i != phone_of_chat.end())
+        phone = i->second;
+    }
+    if (phone.empty())
+      throw invalid_argument_error(
+        "phone_number_id",
+        fmt::format("whatsapp {}: no phone_number_id to send to {} from (set "
+                    "webhook_options.phone_number_id)",
+                    opts.id, msg.chat));
+    return fmt::format("{}/{}/{}/messages", base, opts.api_version, phone);
+  }
+};
+
+webhook_provider::webhook_provider(webhook_options opts) {
+  if (opts.access_token.empty())
+    throw invalid_argument_error("access_token",
+                                 "meta webhook: access_token is required");
+  if (opts.app_secret.empty() && !opts.allow_unauthenticated)
+    throw invalid_argument_error("app_secret",
+                                 "meta webhook: app_secret is required (or "
+                                 "set allow_unauthenticated)");
+  if (opts.verify_token.empty())
+    throw invalid_argument_error("verify_token",
+                                 "meta webhook: verify_token is required");
+  if (opts.path.empty() || opts.path.front() != '/')
+    throw invalid_argument_error("path", "meta webhook: path must start with '/'");
+  try {
+    http::parse_url(opts.api_url);
+  } catch (const invalid_argument_error& e) {
+    throw invalid_argument_error("api_url", e.what());
+  }
+  impl_ = std::make_shared<impl>(std::move(opts));
+  auto& i = *impl_;
+  if (i.opts.server) {
+    i.srv = i.opts.server;
+  } else {
+    i.srv = std::make_shared<http::server>(i.opts.listen);
+    i.own_server = true;
+  }
+  std::weak_ptr<impl> weak = impl_;
+  i.srv->route("GET", i.opts.path, [weak](http::request& req, http::responder r) {
+    if (auto self = weak.lock())
+      self->on_verify(req, std::move(r));
+    else
+      r.respond(503);
+  });
+  i.srv->route("POST", i.opts.path, [weak](http::request& req, http::responder r) {
+    if (auto self = weak.lock())
+      self->on_post(req, std::move(r));
+    else
+      r.respond(503);
+  });
+}
+
+webhook_provider::~webhook_provider() {
+  stop();
+  impl_->srv->remove_route("GET", impl_->opts.path);
+  impl_->srv->remove_route("POST", impl_->opts.path);
+}
+
+std::string webhook_provider::id() const {
+  return impl_->opts.id;
+}
+
+provider_state webhook_provider::state() const {
+  return impl_->st.load();
+}
+
+void webhook_provider::start(provider_host& host) {
+  auto& i = *impl_;
+  {
+    std::lock_guard guard{i.host_mtx};
+    i.host = &host;
+  }
+  if (i.own_server)
+    i.srv->start();
+  i.st = provider_state::open;
+  host.state_changed(provider_state::open);
+}
+
+void webhook_provider::stop() {
+  auto& i = *impl_;
+  provider_host* h;
+  {
+    std::lock_guard guard{i.host_mtx};
+    h = i.host;
+    i.host = nullptr;
+  }
+  if (!h)
+    return;
+  i.st = provider_state::closed;
+  if (i.own_server)
+    i.srv->stop();
+  h->state_changed(provider_state::closed);
+}
+
+void webhook_provider::send(const outgoing_message& msg) {
+  auto& i = *impl_;
+  if (i.st.load() != provider_state::open)
+    throw error(errc::provider_error,
+                fmt::format("{}: send to {} while the transport is closed",
+                            i.opts.id, msg.chat));
+  http::client_request req;
+  req.url = i.url_for(msg);
+  req.body = internal::to_graph_body(msg, i.opts.kind);
+  req.headers.emplace_back("Authorization", i.auth);
+  http::send_with_retry(i.flood, msg.chat, false, [&] {
+    auto res = i.api.request(req);
+    try {
+      internal::check_graph_answer(res.status, res.body);
+    } catch (const platform_error& e) {
+      if (e.code() == errc::retry_after)
+        ++i.n_retried;
+      throw;
+    }
+  });
+  ++i.n_sent;
+}
+
+http::server& webhook_provider::server() noexcept {
+  return *impl_->srv;
+}
+
+webhook_stats webhook_provider::stats() const {
+  auto& i = *impl_;
+  return webhook_stats{i.n_payloads,     i.n_messages,  i.n_accepted,
+                       i.n_statuses,     i.n_unauthorized, i.n_malformed,
+                       i.n_unknown,      i.n_duplicates, i.n_verifications,
+                       i.n_sent,         i.n_retried};
+}
+
+} // namespace botmesh::meta

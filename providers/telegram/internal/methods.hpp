@@ -1,0 +1,32 @@
+#pragma once
+
+// Internal: outgoing messages as Bot API method calls, and Bot API error
+// answers as typed errors.
+
+#include <string>
+#include <string_view>
+
+#include <botmesh/runtime/core/message.hpp>
+
+namespace botmesh::telegram::internal {
+
+struct method_call {
+  std::string method{}; ///< "sendMessage", "sendPhoto"...
+  std::string body{};   ///< the JSON parameters
+};
+
+/// The method call that sends `msg` (validated first: throws
+/// `invalid_argument_error` naming the field, or "buttons" for callback
+/// data over Telegram's 64 bytes).
+method_call to_method_call(const outgoing_message& msg);
+
+/// The same call as a webhook answer: the parameters with a "method" field.
+std::string to_webhook_answer(const method_call& call);
+
+/// Throws the `platform_error` an answer with ok=false stands for (see
+/// bot_api.hpp); returns the raw JSON of `result` for ok=true. `status` is
+/// the HTTP status.
+std::string check_answer(std::string_view method, int status,
+                         std::string_view body);
+
+} // namespace botmesh::telegram::internal

@@ -1,0 +1,248 @@
+#include <botmesh/providers/telegram/internal/update_parser.hpp>
+
+#include <charconv>
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <botmesh/runtime/core/error.hpp>
+
+namespace botmesh::telegram::internal {
+
+namespace {
+
+using simdjson::dom::element;
+using simdjson::dom::object;
+
+std::string number_text(element e) {
+  std::int64_t i;
+  if (e.get(i) == simdjson::SUCCESS)
+    return std::to_string(i);
+  std::uint64_t u;
+  if (e.get(u) == simdjson::SUCCESS)
+    return std::to_string(u);
+  std::string_view s;
+  if (e.get(s) == simdjson::SUCCESS)
+    return std::string{s};
+  return {};
+}
+
+std::string_view str(object o, std::string_view key) {
+  std::string_view v;
+  if (o[key].get(v) != simdjson::SUCCESS)
+    return {};
+  return v;
+}
+
+bool has(object o, std::string_view key) {
+  element e;
+  return o.at_key(key).get(e) == simdjson::SUCCESS;
+}
+
+// "/start@my_bot payload" -> "start" when a bot_command entity starts at 0.
+std::string command_of(object msg, std::string_view text) {
+  simdjson::dom::array entities;
+  if (msg["entities"].get(entities) != simdjson::SUCCESS)
+    return {};
+  for (element ent : entities) {
+    object e;
+    if (ent.get(e) != simdjson::SUCCESS || str(e, "type") != "bot_command")
+      continue;
+    std::int64_t offset = -1, length = 0;
+    if (e["offset"].get(offset) != simdjson::SUCCESS || offset != 0
+        || e["length"].get(length) != simdjson::SUCCESS || length < 2
+        || static_cast<std::size_t>(length) > text.size())
+      continue;
+    auto cmd = text.substr(1, static_cast<std::size_t>(length) - 1);
+    cmd = cmd.substr(0, cmd.find('@'));
+    for (char c : cmd)
+      if (static_cast<unsigned char>(c) >= 0x80)
+        return {};
+    return std::string{cmd};
+  }
+  return {};
+}
+
+// Fills `m` from a Telegram Message object.
+void read_message(object msg, inbound_message& m) {
+  object chat;
+  if (msg["chat"].get(chat) != simdjson::SUCCESS)
+    throw invalid_argument_error("message.chat",
+                                 "telegram update: message has no chat");
+  element chat_id;
+  if (chat["id"].get(chat_id) != simdjson::SUCCESS
+      || (m.chat = number_text(chat_id)).empty())
+    throw invalid_argument_error("message.chat.id",
+                                 "telegram update: message chat has no id");
+  element id;
+  if (msg["message_id"].get(id) == simdjson::SUCCESS)
+    m.id = number_text(id);
+  object from;
+  if (msg["from"].get(from) == simdjson::SUCCESS) {
+    element fid;
+    if (from["id"].get(fid) == simdjson::SUCCESS)
+      m.sender = number_text(fid);
+  }
+  auto type = str(chat, "type");
+  if ((type == "group" || type == "supergroup") && !m.sender.empty())
+    m.participant = m.sender;
+  std::int64_t date = 0;
+  if (msg["date"].get(date) == simdjson::SUCCESS && date > 0)
+    m.timestamp = from_unix_ms(date * 1000);
+  m.type = message_type::text;
+  if (has(msg, "text")) {
+    m.text = std::string{str(msg, "text")};
+    m.command = command_of(msg, m.text);
+  } else {
+    m.text = std::string{str(msg, "caption")};
+  }
+  auto media = [&](std::string_view key, message_type t) -> bool {
+    object o;
+    if (msg[key].get(o) != simdjson::SUCCESS)
+      return false;
+    m.type = t;
+    m.media_id = std::string{str(o, "file_id")};
+    m.mime_type = std::string{str(o, "mime_type")};
+    return true;
+  };
+  simdjson::dom::array photos;
+  if (msg["photo"].get(photos) == simdjson::SUCCESS) {
+    m.type = message_type::image;
+    m.mime_type = "image/jpeg";
+    // The sizes come smallest first: keep the largest.
+    for (element p : photos) {
+      object o;
+      if (p.get(o) == simdjson::SUCCESS)
+        m.media_id = std::string{str(o, "file_id")};
+    }
+  } else if (media("voice", message_type::audio)
+             || media("audio", message_type::audio)
+             || media("video", message_type::video)
+             || media("video_note", message_type::video)
+             || media("animation", message_type::video)
+             || media("sticker", message_type::sticker)
+             || media("document", message_type::document)) {
+    // nop
+  } else if (object loc; msg["location"].get(loc) == simdjson::SUCCESS) {
+    m.type = message_type::location;
+    double lat = 0, lon = 0;
+    if (loc["latitude"].get(lat) == simdjson::SUCCESS)
+      m.latitude = lat;
+    if (loc["longitude"].get(lon) == simdjson::SUCCESS)
+      m.longitude = lon;
+  } else if (object contact; msg["contact"].get(contact) == simdjson::SUCCESS) {
+    m.type = message_type::contact;
+    m.text = std::string{str(contact, "phone_number")};
+  } else if (!has(msg, "text")) {
+    m.type = message_type::other;
+  }
+}
+
+parsed_update read_update(object u, std::string_view provider,
+                          std::string_view raw) {
+  parsed_update out;
+  if (u["update_id"].get(out.update_id) != simdjson::SUCCESS)
+    throw invalid_argument_error("update_id",
+                                 "telegram update has no integer update_id");
+  auto& m = out.message;
+  m.provider = std::string{provider};
+  object msg;
+  if (u["message"].get(msg) == simdjson::SUCCESS) {
+    out.kind = update_kind::message;
+    read_message(msg, m);
+  } else if (u["edited_message"].get(msg) == simdjson::SUCCESS) {
+    out.kind = update_kind::edited_message;
+    read_message(msg, m);
+    m.edited = true;
+  } else if (object cq; u["callback_query"].get(cq) == simdjson::SUCCESS) {
+    out.kind = update_kind::callback_query;
+    out.callback_query_id = std::string{str(cq, "id")};
+    if (out.callback_query_id.empty())
+      throw invalid_argument_error("callback_query.id",
+                                   "telegram callback_query has no id");
+    object from;
+    if (cq["from"].get(from) == simdjson::SUCCESS) {
+      element fid;
+      if (from["id"].get(fid) == simdjson::SUCCESS)
+        m.sender = number_text(fid);
+    }
+    if (cq["message"].get(msg) == simdjson::SUCCESS) {
+      read_message(msg, m);
+      m.sender.clear();
+      if (cq["from"].get(from) == simdjson::SUCCESS) {
+        element fid;
+        if (from["id"].get(fid) == simdjson::SUCCESS)
+          m.sender = number_text(fid);
+      }
+      if (!m.participant.empty())
+        m.participant = m.sender;
+    } else {
+      m.chat = m.sender; // a button under an inline-mode message
+    }
+    if (m.chat.empty())
+      throw invalid_argument_error("callback_query.from",
+                                   "telegram callback_query has no chat");
+    m.id = out.callback_query_id;
+    m.type = message_type::button;
+    m.data = std::string{str(cq, "data")};
+    m.text.clear();
+    m.command.clear();
+    m.media_id.clear();
+    m.mime_type.clear();
+  } else {
+    out.kind = update_kind::unknown;
+    for (auto field : u)
+      if (field.key != "update_id") {
+        out.unknown_kind = std::string{field.key};
+        break;
+      }
+  }
+  if (!raw.empty())
+    m.raw = std::string{raw};
+  return out;
+}
+
+simdjson::dom::parser& parser() {
+  thread_local simdjson::dom::parser p;
+  return p;
+}
+
+} // namespace
+
+parsed_update parse_update(std::string_view json, std::string_view provider,
+                           bool keep_raw) {
+  element doc;
+  if (auto err = parser().parse(json.data(), json.size(), true).get(doc))
+    throw invalid_argument_error(
+      "body", fmt::format("telegram update is not valid JSON: {}",
+                          simdjson::error_message(err)));
+  object u;
+  if (doc.get(u) != simdjson::SUCCESS)
+    throw invalid_argument_error("body",
+                                 "telegram update is not a JSON object");
+  return read_update(u, provider, keep_raw ? json : std::string_view{});
+}
+
+std::vector<parsed_update> parse_updates(std::string_view result_json,
+                                         std::string_view provider) {
+  element doc;
+  if (auto err = parser().parse(result_json.data(), result_json.size(), true)
+                   .get(doc))
+    throw invalid_argument_error(
+      "result", fmt::format("getUpdates result is not valid JSON: {}",
+                            simdjson::error_message(err)));
+  simdjson::dom::array arr;
+  if (doc.get(arr) != simdjson::SUCCESS)
+    throw invalid_argument_error("result", "getUpdates result is not an array");
+  std::vector<parsed_update> out;
+  for (element e : arr) {
+    object u;
+    if (e.get(u) != simdjson::SUCCESS)
+      throw invalid_argument_error("result",
+                                   "getUpdates result holds a non-object");
+    out.push_back(read_update(u, provider, simdjson::minify(e)));
+  }
+  return out;
+}
+
+} // namespace botmesh::telegram::internal

@@ -1,0 +1,48 @@
+#pragma once
+
+// Internal: Telegram Bot API updates -> inbound messages (simdjson stays in
+// the .cpp). Used by the webhook and the long-polling providers and fuzzed
+// by tests/fuzz/telegram_update_fuzz.cpp.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <botmesh/runtime/core/message.hpp>
+
+namespace botmesh::telegram::internal {
+
+enum class update_kind : std::uint8_t {
+  message,
+  edited_message,
+  callback_query,
+  /// Valid JSON with an update_id but a kind the bot does not handle
+  /// (channel posts, polls, inline queries...): answered 200, counted.
+  unknown,
+};
+
+struct parsed_update {
+  std::int64_t update_id = 0;
+  update_kind kind = update_kind::unknown;
+  /// For `unknown`: the update's field that names its kind ("poll"...).
+  std::string unknown_kind{};
+  inbound_message message{};
+  /// For `callback_query`: the id to answer with answerCallbackQuery.
+  std::string callback_query_id{};
+};
+
+/// Parses one update object. `provider` fills `message.provider`; the raw
+/// update goes to `message.raw` when `keep_raw`. Throws
+/// `invalid_argument_error` (field "body") for anything that is not a JSON
+/// object with an integer update_id, and (field named after the JSON path)
+/// for a known kind missing what it needs (a message without chat.id).
+parsed_update parse_update(std::string_view json, std::string_view provider,
+                           bool keep_raw = true);
+
+/// Parses a getUpdates answer's `result` array (the raw JSON of the array).
+/// Throws like `parse_update` (field "result").
+std::vector<parsed_update> parse_updates(std::string_view result_json,
+                                         std::string_view provider);
+
+} // namespace botmesh::telegram::internal

@@ -1,0 +1,249 @@
+#include <botmesh/providers/telegram/telegram_polling.hpp>
+
+#include <atomic>
+#include <charconv>
+#include <condition_variable>
+#include <mutex>
+#include <stop_token>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <botmesh/providers/telegram/bot_api.hpp>
+#include <botmesh/providers/telegram/internal/update_parser.hpp>
+#include <botmesh/runtime/core/error.hpp>
+
+namespace botmesh::telegram {
+
+struct polling_provider::impl {
+  polling_options opts;
+  std::unique_ptr<bot_api> api;
+  http::flood_control flood;
+  std::mutex mtx;
+  std::condition_variable cv;
+  provider_host* host = nullptr;
+  std::thread thread;
+  std::stop_source stop;
+  std::atomic<provider_state> st{provider_state::closed};
+  std::atomic<std::int64_t> offset{0};
+  std::atomic<std::uint64_t> n_polls{0}, n_updates{0}, n_unknown{0},
+    n_conflicts{0}, n_errors{0}, n_sent{0};
+
+  explicit impl(polling_options o) : opts(std::move(o)), flood(opts.flood) {
+    // nop
+  }
+
+  std::string offset_user() const {
+    return "provider:" + opts.id;
+  }
+
+  void load_offset() {
+    if (!opts.offset_store)
+      return;
+    try {
+      if (auto v = opts.offset_store->get_user_data(offset_user(), "botmesh",
+                                                    "telegram_offset")) {
+        std::int64_t n = 0;
+        std::from_chars(v->data(), v->data() + v->size(), n);
+        if (n > offset)
+          offset = n;
+      }
+    } catch (const std::exception&) {
+      // nop: start from Telegram's own confirmed offset
+    }
+  }
+
+  void save_offset(std::int64_t n) {
+    if (!opts.offset_store)
+      return;
+    try {
+      opts.offset_store->set_user_data(offset_user(), "botmesh",
+                                       "telegram_offset", std::to_string(n));
+    } catch (const std::exception&) {
+      // nop: retried with the next batch
+    }
+  }
+
+  void set_state(provider_host& h, provider_state s) {
+    if (st.exchange(s) != s)
+      h.state_changed(s);
+  }
+
+  // Sleeps `d` unless stopping; false when stopping.
+  bool pause(std::chrono::milliseconds d) {
+    std::unique_lock guard{mtx};
+    auto token = stop.get_token();
+    std::stop_callback wake{token, [this] { cv.notify_all(); }};
+    cv.wait_for(guard, d, [&] { return token.stop_requested(); });
+    return !token.stop_requested();
+  }
+
+  void loop(provider_host& h) {
+    load_offset();
+    auto token = stop.get_token();
+    auto backoff = opts.retry_backoff.ms();
+    while (!token.stop_requested()) {
+      std::string result;
+      try {
+        ++n_polls;
+        auto secs = std::max<std::int64_t>(0, opts.poll_timeout.ms().count() / 1000);
+        result = api->call(
+          "getUpdates",
+          fmt::format(R"({{"offset":{},"timeout":{},"allowed_updates":["message","edited_message","callback_query"]}})",
+                      offset.load(), secs),
+          opts.poll_timeout.ms() + std::chrono::seconds(10), token);
+      } catch (const platform_error& e) {
+        if (e.http_status() == 409) {
+          ++n_conflicts;
+          set_state(h, provider_state::closed);
+          if (h.yield_leadership("conflict"))
+            return; // the host stops us and starts us again later
+          if (!pause(backoff))
+            return;
+          continue;
+        }
+        ++n_errors;
+        set_state(h, provider_state::connecting);
+        if (!pause(backoff))
+          return;
+        backoff = std::min(backoff * 2, std::chrono::milliseconds{30000});
+        continue;
+      } catch (const error& e) {
+        if (e.code() == errc::stopped || token.stop_requested())
+          return;
+        ++n_errors;
+        set_state(h, provider_state::connecting);
+        if (!pause(backoff))
+          return;
+        backoff = std::min(backoff * 2, std::chrono::milliseconds{30000});
+        continue;
+      }
+      backoff = opts.retry_backoff.ms();
+      set_state(h, provider_state::open);
+      std::vector<internal::parsed_update> updates;
+      try {
+        updates = internal::parse_updates(result, opts.id);
+      } catch (const invalid_argument_error&) {
+        ++n_errors;
+        if (!pause(backoff))
+          return;
+        continue;
+      }
+      auto next = offset.load();
+      bool refused = false;
+      for (auto& u : updates) {
+        if (u.update_id < next)
+          continue; // already handled (a replay after a restart)
+        if (u.kind == internal::update_kind::unknown) {
+          ++n_unknown;
+          next = u.update_id + 1;
+          continue;
+        }
+        ++n_updates;
+        // The offset moves past an update only once the bot accepted it.
+        std::mutex m;
+        std::condition_variable done_cv;
+        bool done = false;
+        errc code = errc::none;
+        delivery_callbacks cb;
+        cb.accepted = [&](errc c) {
+          std::lock_guard guard{m};
+          code = c;
+          done = true;
+          done_cv.notify_all();
+        };
+        h.deliver(std::move(u.message), std::move(cb));
+        {
+          std::unique_lock guard{m};
+          done_cv.wait(guard, [&] { return done; });
+        }
+        if (code == errc::stopped) {
+          refused = true;
+          break;
+        }
+        next = u.update_id + 1;
+      }
+      if (next != offset.load()) {
+        offset = next;
+        save_offset(next);
+      }
+      if (refused)
+        return;
+    }
+  }
+};
+
+polling_provider::polling_provider(polling_options opts) {
+  if (opts.token.empty())
+    throw invalid_argument_error("token", "telegram polling: token is required");
+  try {
+    http::parse_url(opts.api_url);
+  } catch (const invalid_argument_error& e) {
+    throw invalid_argument_error("api_url", e.what());
+  }
+  impl_ = std::make_unique<impl>(std::move(opts));
+  impl_->api = std::make_unique<bot_api>(
+    bot_api_options{impl_->opts.token, impl_->opts.api_url, impl_->opts.http});
+}
+
+polling_provider::~polling_provider() {
+  stop();
+}
+
+std::string polling_provider::id() const {
+  return impl_->opts.id;
+}
+
+provider_capabilities polling_provider::capabilities() const {
+  return {.exclusive_session = true};
+}
+
+provider_state polling_provider::state() const {
+  return impl_->st.load();
+}
+
+void polling_provider::start(provider_host& host) {
+  auto& i = *impl_;
+  std::lock_guard guard{i.mtx};
+  if (i.host)
+    return;
+  i.host = &host;
+  i.stop = std::stop_source{};
+  i.st = provider_state::connecting;
+  i.thread = std::thread{[&i, &host] { i.loop(host); }};
+}
+
+void polling_provider::stop() {
+  auto& i = *impl_;
+  provider_host* h;
+  std::thread t;
+  {
+    std::lock_guard guard{i.mtx};
+    h = i.host;
+    i.host = nullptr;
+    t = std::move(i.thread);
+  }
+  if (!h)
+    return;
+  i.stop.request_stop();
+  i.cv.notify_all();
+  if (t.joinable())
+    t.join();
+  if (i.st.exchange(provider_state::closed) != provider_state::closed)
+    h->state_changed(provider_state::closed);
+}
+
+void polling_provider::send(const outgoing_message& msg) {
+  auto& i = *impl_;
+  bool group = !msg.chat.empty() && msg.chat.front() == '-';
+  http::send_with_retry(i.flood, msg.chat, group, [&] { i.api->send(msg); });
+  ++i.n_sent;
+}
+
+polling_stats polling_provider::stats() const {
+  auto& i = *impl_;
+  return polling_stats{i.n_polls,     i.n_updates, i.n_unknown, i.n_conflicts,
+                       i.n_errors,    i.n_sent,    i.offset.load()};
+}
+
+} // namespace botmesh::telegram

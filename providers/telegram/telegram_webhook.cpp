@@ -1,0 +1,406 @@
+#include <botmesh/providers/telegram/telegram_webhook.hpp>
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include <botmesh/providers/http/signature.hpp>
+#include <botmesh/providers/telegram/bot_api.hpp>
+#include <botmesh/providers/telegram/internal/methods.hpp>
+#include <botmesh/providers/telegram/internal/update_parser.hpp>
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/json.hpp>
+
+namespace botmesh::telegram {
+
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+// A webhook response held for the first reply of its update's turn.
+struct held_answer {
+  http::responder r;
+  std::string key; // chat '\n' message id
+  std::string callback_query_id;
+  steady::time_point deadline;
+};
+
+std::string held_key(std::string_view chat, std::string_view id) {
+  std::string k;
+  k.reserve(chat.size() + id.size() + 1);
+  k += chat;
+  k.push_back('\n');
+  k += id;
+  return k;
+}
+
+} // namespace
+
+struct webhook_provider::impl : std::enable_shared_from_this<impl> {
+  webhook_options opts;
+  std::shared_ptr<http::server> srv;
+  bool own_server = false;
+  std::unique_ptr<bot_api> api;
+  http::flood_control flood;
+
+  std::mutex host_mtx;
+  provider_host* host = nullptr; // under host_mtx
+  std::atomic<provider_state> st{provider_state::closed};
+
+  std::mutex dedup_mtx;
+  std::unordered_set<std::int64_t> seen;
+  std::deque<std::int64_t> seen_order;
+
+  std::mutex held_mtx;
+  std::unordered_map<std::string, std::shared_ptr<held_answer>> held;
+  std::deque<std::weak_ptr<held_answer>> held_order;
+  bool ticking = false; // under held_mtx
+
+  std::mutex cq_mtx;
+  std::unordered_set<std::string> open_callbacks;
+
+  std::atomic<std::uint64_t> n_updates{0}, n_accepted{0}, n_unauthorized{0},
+    n_malformed{0}, n_unknown{0}, n_duplicates{0}, n_refused{0},
+    n_in_webhook{0}, n_expired{0}, n_sent{0}, n_retried{0};
+
+  explicit impl(webhook_options o) : opts(std::move(o)), flood(opts.flood) {
+    // nop
+  }
+
+  provider_host* current_host() {
+    std::lock_guard guard{host_mtx};
+    return host;
+  }
+
+  // False when `id` was seen within the window.
+  bool remember(std::int64_t id) {
+    std::lock_guard guard{dedup_mtx};
+    if (!seen.insert(id).second)
+      return false;
+    seen_order.push_back(id);
+    while (seen_order.size() > std::max<std::size_t>(1, opts.dedup_window)) {
+      seen.erase(seen_order.front());
+      seen_order.pop_front();
+    }
+    return true;
+  }
+
+  void forget(std::int64_t id) {
+    std::lock_guard guard{dedup_mtx};
+    seen.erase(id);
+  }
+
+  void on_request(http::request& req, http::responder r) {
+    if (!opts.allow_unauthenticated) {
+      auto* secret = req.header("x-telegram-bot-api-secret-token");
+      if (!secret || !http::constant_time_equals(*secret, opts.secret_token)) {
+        ++n_unauthorized;
+        r.respond(401);
+        return;
+      }
+    }
+    auto* h = current_host();
+    if (!h) {
+      r.respond(503);
+      return;
+    }
+    internal::parsed_update u;
+    try {
+      u = internal::parse_update(req.body, opts.id);
+    } catch (const invalid_argument_error& e) {
+      ++n_malformed;
+      r.respond({.status = 400, .body = e.what()});
+      return;
+    }
+    ++n_updates;
+    if (u.kind == internal::update_kind::unknown) {
+      ++n_unknown;
+      r.respond(200);
+      return;
+    }
+    if (!remember(u.update_id)) {
+      ++n_duplicates;
+      r.respond(200);
+      return;
+    }
+    deliver(std::move(u), std::move(r), *h);
+  }
+
+  // Acceptance answered at once (no reply in the webhook).
+  void answer_acceptance(errc code, const http::responder& r,
+                         std::int64_t update_id) {
+    if (code == errc::none) {
+      ++n_accepted;
+      r.respond(200);
+    } else if (code == errc::stopped) {
+      ++n_refused;
+      forget(update_id); // so Telegram's retry is taken
+      r.respond(503);
+    } else {
+      ++n_refused;
+      r.respond(200); // over our limits: a retry would not help
+    }
+  }
+
+  void deliver(internal::parsed_update u, http::responder r, provider_host& h) {
+    auto self = shared_from_this();
+    auto uid = u.update_id;
+    delivery_callbacks cb;
+    if (!opts.reply_in_webhook) {
+      if (!u.callback_query_id.empty() && opts.answer_callback_queries) {
+        std::lock_guard guard{cq_mtx};
+        if (open_callbacks.size() < 100000)
+          open_callbacks.insert(u.callback_query_id);
+      }
+      cb.accepted = [self, r = std::move(r), uid](errc code) {
+        self->answer_acceptance(code, r, uid);
+      };
+    } else {
+      auto p = std::make_shared<held_answer>(held_answer{
+        std::move(r), held_key(u.message.chat, u.message.id),
+        u.callback_query_id, steady::now() + opts.reply_wait.ms()});
+      cb.accepted = [self, p, uid](errc code) {
+        if (code == errc::none) {
+          ++self->n_accepted;
+          self->hold(p);
+        } else {
+          self->answer_acceptance(code, p->r, uid);
+        }
+      };
+      cb.turn_ended = [self, p](turn_outcome) { self->release(p, false); };
+    }
+    h.deliver(std::move(u.message), std::move(cb));
+  }
+
+  void hold(const std::shared_ptr<held_answer>& p) {
+    bool start_tick = false;
+    {
+      std::lock_guard guard{held_mtx};
+      if (!held.emplace(p->key, p).second) {
+        // An edit of a message whose update is still held: answer it now;
+        // its replies go through the API.
+        p->r.respond(200);
+        return;
+      }
+      held_order.push_back(p);
+      if (!ticking) {
+        ticking = true;
+        start_tick = true;
+      }
+    }
+    if (start_tick)
+      schedule_tick();
+  }
+
+  // The held answer goes back empty (or answering the callback query).
+  void release(const std::shared_ptr<held_answer>& p, bool expired) {
+    {
+      std::lock_guard guard{held_mtx};
+      auto i = held.find(p->key);
+      if (i != held.end() && i->second == p)
+        held.erase(i);
+    }
+    if (p->r.answered())
+      return;
+    http::response res;
+    if (!p->callback_query_id.empty() && opts.answer_callback_queries) {
+      res.content_type = "application/json";
+      res.body = "{\"method\":\"answerCallbackQuery\",\"callback_query_id\":";
+      append_json_string(res.body, p->callback_query_id);
+      res.body.push_back('}');
+    }
+    if (p->r.respond(std::move(res)) && expired)
+      ++n_expired;
+  }
+
+  void schedule_tick() {
+    auto period = std::max(std::chrono::milliseconds{5}, opts.reply_wait.ms() / 4);
+    std::weak_ptr<impl> weak = shared_from_this();
+    srv->after(period, [weak] {
+      if (auto self = weak.lock())
+        self->tick();
+    });
+  }
+
+  void tick() {
+    std::vector<std::shared_ptr<held_answer>> expired;
+    bool again;
+    {
+      std::lock_guard guard{held_mtx};
+      auto now = steady::now();
+      while (!held_order.empty()) {
+        auto p = held_order.front().lock();
+        if (p && !p->r.answered() && p->deadline > now)
+          break;
+        held_order.pop_front();
+        if (p && !p->r.answered())
+          expired.push_back(std::move(p));
+      }
+      again = !held_order.empty();
+      ticking = again;
+    }
+    for (auto& p : expired)
+      release(p, true);
+    if (again)
+      schedule_tick();
+  }
+
+  // The held answer for (chat, inbound id), taken so no one else uses it.
+  std::shared_ptr<held_answer> take_held(const outgoing_message& msg) {
+    std::lock_guard guard{held_mtx};
+    auto i = held.find(held_key(msg.chat, msg.reply_to));
+    if (i == held.end())
+      return nullptr;
+    auto p = std::move(i->second);
+    held.erase(i);
+    return p;
+  }
+
+  void answer_callback(const std::string& id) {
+    {
+      std::lock_guard guard{cq_mtx};
+      if (open_callbacks.erase(id) == 0)
+        return;
+    }
+    try {
+      api->answer_callback_query(id);
+    } catch (const std::exception&) {
+      // nop: the button's spinner stops by itself
+    }
+  }
+};
+
+webhook_provider::webhook_provider(webhook_options opts) {
+  if (opts.token.empty())
+    throw invalid_argument_error("token", "telegram webhook: token is required");
+  if (opts.secret_token.empty() && !opts.allow_unauthenticated)
+    throw invalid_argument_error(
+      "secret_token", "telegram webhook: secret_token is required (or set "
+                      "allow_unauthenticated for a trusted network)");
+  if (opts.path.empty() || opts.path.front() != '/')
+    throw invalid_argument_error("path",
+                                 "telegram webhook: path must start with '/'");
+  try {
+    http::parse_url(opts.api_url);
+  } catch (const invalid_argument_error& e) {
+    throw invalid_argument_error("api_url", e.what());
+  }
+  impl_ = std::make_shared<impl>(std::move(opts));
+  auto& i = *impl_;
+  i.api = std::make_unique<bot_api>(
+    bot_api_options{i.opts.token, i.opts.api_url, i.opts.http});
+  if (i.opts.server) {
+    i.srv = i.opts.server;
+  } else {
+    i.srv = std::make_shared<http::server>(i.opts.listen);
+    i.own_server = true;
+  }
+  std::weak_ptr<impl> weak = impl_;
+  i.srv->route("POST", i.opts.path, [weak](http::request& req, http::responder r) {
+    if (auto self = weak.lock())
+      self->on_request(req, std::move(r));
+    else
+      r.respond(503);
+  });
+}
+
+webhook_provider::~webhook_provider() {
+  stop();
+  impl_->srv->remove_route("POST", impl_->opts.path);
+}
+
+std::string webhook_provider::id() const {
+  return impl_->opts.id;
+}
+
+provider_state webhook_provider::state() const {
+  return impl_->st.load();
+}
+
+void webhook_provider::start(provider_host& host) {
+  auto& i = *impl_;
+  {
+    std::lock_guard guard{i.host_mtx};
+    i.host = &host;
+  }
+  if (i.own_server)
+    i.srv->start();
+  i.st = provider_state::open;
+  host.state_changed(provider_state::open);
+}
+
+void webhook_provider::stop() {
+  auto& i = *impl_;
+  provider_host* h;
+  {
+    std::lock_guard guard{i.host_mtx};
+    h = i.host;
+    i.host = nullptr;
+  }
+  if (!h)
+    return;
+  i.st = provider_state::closed;
+  // Whatever is still held was accepted: answer it.
+  std::vector<std::shared_ptr<held_answer>> rest;
+  {
+    std::lock_guard guard{i.held_mtx};
+    for (auto& [k, p] : i.held)
+      rest.push_back(p);
+  }
+  for (auto& p : rest)
+    i.release(p, false);
+  if (i.own_server)
+    i.srv->stop();
+  h->state_changed(provider_state::closed);
+}
+
+void webhook_provider::send(const outgoing_message& msg) {
+  auto& i = *impl_;
+  if (i.st.load() != provider_state::open)
+    throw error(errc::provider_error,
+                fmt::format("telegram {}: send to {} while the transport is "
+                            "closed",
+                            i.opts.id, msg.chat));
+  if (i.opts.reply_in_webhook && !msg.reply_to.empty()) {
+    auto call = internal::to_method_call(msg); // validates first
+    if (auto p = i.take_held(msg)) {
+      if (p->r.respond({.status = 200,
+                        .body = internal::to_webhook_answer(call),
+                        .content_type = "application/json"})) {
+        ++i.n_in_webhook;
+        return;
+      }
+    }
+  }
+  bool group = !msg.chat.empty() && msg.chat.front() == '-';
+  http::send_with_retry(i.flood, msg.chat, group, [&] {
+    try {
+      i.api->send(msg);
+    } catch (const platform_error& e) {
+      if (e.code() == errc::retry_after)
+        ++i.n_retried;
+      throw;
+    }
+  });
+  ++i.n_sent;
+  if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
+    i.answer_callback(msg.reply_to);
+}
+
+http::server& webhook_provider::server() noexcept {
+  return *impl_->srv;
+}
+
+webhook_stats webhook_provider::stats() const {
+  auto& i = *impl_;
+  return webhook_stats{i.n_updates,  i.n_accepted,   i.n_unauthorized,
+                       i.n_malformed, i.n_unknown,   i.n_duplicates,
+                       i.n_refused,  i.n_in_webhook, i.n_expired,
+                       i.n_sent,     i.n_retried};
+}
+
+} // namespace botmesh::telegram

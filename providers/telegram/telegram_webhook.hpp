@@ -1,0 +1,100 @@
+#pragma once
+
+// The Telegram provider in webhook mode: Telegram POSTs updates to an HTTP
+// route; replies go out through the Bot API (or, optionally, in the
+// webhook's own response).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <botmesh/providers/http/flood_control.hpp>
+#include <botmesh/providers/http/http_client.hpp>
+#include <botmesh/providers/http/http_server.hpp>
+#include <botmesh/providers/provider.hpp>
+#include <botmesh/runtime/core/duration.hpp>
+
+namespace botmesh::telegram {
+
+struct webhook_options {
+  /// The provider id (chat keys "telegram:<chat>").
+  std::string id = "telegram";
+  /// The bot's token. Required.
+  std::string token{};
+  /// The Bot API's base URL (tests: a local fake over plain HTTP).
+  std::string api_url = "https://api.telegram.org";
+  /// Expected in X-Telegram-Bot-Api-Secret-Token (the `secret_token` given
+  /// to setWebhook); compared in constant time, wrong or missing -> 401.
+  /// Required unless `allow_unauthenticated`.
+  std::string secret_token{};
+  bool allow_unauthenticated = false;
+  /// The route's path.
+  std::string path = "/telegram";
+  /// A server shared with other providers; when null the provider runs its
+  /// own from `listen` (started and stopped with the provider).
+  std::shared_ptr<http::server> server{};
+  http::server_options listen{};
+  /// Telegram's "reply in webhook": the first reply of the update's turn
+  /// goes back as the webhook's response (one API round trip less). The
+  /// response is held until the turn ends, for at most `reply_wait`; past
+  /// it Telegram gets an empty 200 and the reply goes through the API.
+  bool reply_in_webhook = false;
+  duration reply_wait = "5s";
+  /// Update ids remembered to drop duplicates (Telegram resends an update
+  /// it got no 200 for). Per process.
+  std::size_t dedup_window = 4096;
+  /// Answer a pressed button's callback query (stops its spinner) when the
+  /// handler replies, or in the webhook response when it sends nothing.
+  bool answer_callback_queries = true;
+  http::flood_limits flood = http::flood_limits::telegram();
+  http::client_options http{};
+};
+
+/// Counters since construction.
+struct webhook_stats {
+  std::uint64_t updates = 0;       ///< authenticated POSTs with valid JSON
+  std::uint64_t accepted = 0;      ///< delivered and accepted by the bot
+  std::uint64_t unauthorized = 0;  ///< 401: secret wrong or missing
+  std::uint64_t malformed = 0;     ///< 400: not an update
+  std::uint64_t unknown = 0;       ///< 200, ignored: kinds the bot does not handle
+  std::uint64_t duplicates = 0;    ///< 200, ignored: an update id seen recently
+  std::uint64_t refused = 0;       ///< refused by the bot (503 when stopping)
+  std::uint64_t replies_in_webhook = 0;
+  std::uint64_t reply_wait_expired = 0; ///< held answers released by reply_wait
+  std::uint64_t sent = 0;          ///< API calls that sent a message
+  std::uint64_t retried = 0;       ///< 429s waited out
+};
+
+/// Shared session (every replica receives): a webhook is stateless.
+///
+/// Answers: 401 (secret), 400 (malformed JSON, no update_id), 200 for an
+/// accepted, duplicate, unknown-kind or over-the-limits update (the bot
+/// raises an error event for the latter: retrying would not help), 503
+/// while the bot is stopping (Telegram retries later, maybe elsewhere).
+/// `send` blocks: flood control, then the Bot API; a 429 is waited out and
+/// retried (the chat's order is kept); other failures throw `platform_error`.
+class webhook_provider final : public provider {
+ public:
+  /// Throws `invalid_argument_error` for an empty token ("token"), a bad
+  /// api_url ("api_url"), a missing secret ("secret_token") or a path not
+  /// starting with '/' ("path").
+  explicit webhook_provider(webhook_options opts);
+  ~webhook_provider() override;
+
+  std::string id() const override;
+  provider_state state() const override;
+  void start(provider_host& host) override;
+  void stop() override;
+  void send(const outgoing_message& msg) override;
+
+  /// The server the route lives on (valid after construction).
+  http::server& server() noexcept;
+
+  webhook_stats stats() const;
+
+ private:
+  struct impl;
+  std::shared_ptr<impl> impl_;
+};
+
+} // namespace botmesh::telegram

@@ -1,0 +1,268 @@
+// The Beast HTTP server and the pooled HTTP client, on loopback.
+
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <botmesh/providers/http/http_client.hpp>
+#include <botmesh/providers/http/http_server.hpp>
+#include <botmesh/runtime/core/error.hpp>
+
+#include "test_util.hpp"
+
+using namespace std::chrono_literals;
+namespace http = botmesh::http;
+
+namespace {
+
+/// A raw loopback socket, for what a well-behaved client would not do.
+class raw_socket {
+ public:
+  explicit raw_socket(std::uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    timeval tv{10, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  }
+
+  ~raw_socket() {
+    ::close(fd_);
+  }
+
+  void send(std::string_view s) {
+    REQUIRE(::send(fd_, s.data(), s.size(), MSG_NOSIGNAL)
+            == static_cast<ssize_t>(s.size()));
+  }
+
+  /// Everything until the peer closes (or 10 s pass).
+  std::string read_all() {
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      auto n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0)
+        break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+http::client_request get(const http::server& s, std::string path) {
+  return {.method = "GET", .url = s.url() + path};
+}
+
+} // namespace
+
+TEST_CASE("the HTTP server routes by method and exact path and answers "
+          "404 and 405 otherwise") {
+  http::server s;
+  s.route("POST", "/hook", [](http::request& req, http::responder r) {
+    r.respond({.status = 200, .body = "got " + req.body});
+  });
+  s.route("GET", "/q", [](http::request& req, http::responder r) {
+    r.respond({.body = req.query_param("hub.challenge").value_or("none") + "|"
+                       + req.query_param("missing").value_or("none")});
+  });
+  s.start();
+  http::client c;
+  auto ok = c.request({.url = s.url() + "/hook", .body = "hola"});
+  CHECK(ok.status == 200);
+  CHECK(ok.body == "got hola");
+  CHECK(c.request(get(s, "/hook")).status == 405);
+  CHECK(c.request(get(s, "/nowhere")).status == 404);
+  auto q = c.request(get(s, "/q?hub.mode=subscribe&hub.challenge=12%2034+5"));
+  CHECK(q.body == "12 34 5|none");
+  CHECK(s.stats().not_found == 2);
+}
+
+TEST_CASE("the HTTP client reuses one keep-alive connection for sequential "
+          "requests to a host") {
+  http::server s;
+  s.route("POST", "/m", [](http::request&, http::responder r) { r.respond(200); });
+  s.start();
+  http::client c;
+  for (int i = 0; i < 20; ++i)
+    REQUIRE(c.request({.url = s.url() + "/m", .body = "{}"}).status == 200);
+  CHECK(c.stats().connections_opened == 1);
+  CHECK(c.stats().reused == 19);
+  CHECK(s.stats().connections == 1);
+}
+
+TEST_CASE("a request body over the cap is answered 413 and never reaches "
+          "the handler") {
+  http::server s{{.max_body_bytes = 100}};
+  std::atomic<int> calls{0};
+  s.route("POST", "/hook", [&](http::request&, http::responder r) {
+    ++calls;
+    r.respond(200);
+  });
+  s.start();
+  http::client c;
+  auto r = c.request({.url = s.url() + "/hook", .body = std::string(101, 'x')});
+  CHECK(r.status == 413);
+  CHECK(calls.load() == 0);
+  CHECK(s.stats().too_large == 1);
+  CHECK(c.request({.url = s.url() + "/hook", .body = std::string(100, 'x')}).status
+        == 200);
+}
+
+TEST_CASE("a client that never finishes its request header is disconnected "
+          "after the header timeout") {
+  http::server s{{.header_timeout = "200ms"}};
+  s.route("POST", "/hook", [](http::request&, http::responder r) { r.respond(200); });
+  s.start();
+  raw_socket sock{s.port()};
+  sock.send("POST /hook HTTP/1.1\r\nHost: x\r\n");
+  CHECK(sock.read_all().empty()); // closed without an answer
+  CHECK(test::eventually([&] { return s.stats().timeouts == 1; }));
+}
+
+TEST_CASE("a client whose body stops arriving is disconnected after the "
+          "read timeout") {
+  http::server s{{.read_timeout = "200ms"}};
+  std::atomic<int> calls{0};
+  s.route("POST", "/hook", [&](http::request&, http::responder r) {
+    ++calls;
+    r.respond(200);
+  });
+  s.start();
+  raw_socket sock{s.port()};
+  sock.send("POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"a\":");
+  CHECK(sock.read_all().empty());
+  CHECK(calls.load() == 0);
+}
+
+TEST_CASE("an unparsable request is answered 400") {
+  http::server s;
+  s.start();
+  raw_socket sock{s.port()};
+  sock.send("NOT HTTP AT ALL\r\n\r\n");
+  CHECK(sock.read_all().starts_with("HTTP/1.1 400"));
+}
+
+TEST_CASE("the HTTP client times out on a platform that never answers") {
+  http::server s;
+  std::mutex mtx;
+  std::vector<http::responder> held;
+  s.route("POST", "/slow", [&](http::request&, http::responder r) {
+    std::lock_guard guard{mtx};
+    held.push_back(r);
+  });
+  s.start();
+  http::client c;
+  try {
+    c.request({.url = s.url() + "/slow", .body = "{}", .timeout = 300ms});
+    FAIL("expected a timeout");
+  } catch (const botmesh::error& e) {
+    CHECK(e.code() == botmesh::errc::timeout);
+    CHECK(std::string{e.what()}.find("127.0.0.1") != std::string::npos);
+  }
+  std::lock_guard guard{mtx};
+  for (auto& r : held)
+    r.respond(200);
+}
+
+TEST_CASE("the HTTP client reports a refused connection as a provider error "
+          "and a bad URL as an invalid argument") {
+  std::uint16_t port;
+  {
+    http::server s;
+    s.start();
+    port = s.port();
+  }
+  http::client c{{.connect_timeout = "2s"}};
+  try {
+    c.request({.url = "http://127.0.0.1:" + std::to_string(port) + "/x"});
+    FAIL("expected a provider error");
+  } catch (const botmesh::error& e) {
+    CHECK(e.code() == botmesh::errc::provider_error);
+  }
+  CHECK_THROWS_AS(c.request({.url = "ftp://127.0.0.1/x"}),
+                  botmesh::invalid_argument_error);
+  CHECK_THROWS_AS(http::parse_url("http://127.0.0.1:99999/"),
+                  botmesh::invalid_argument_error);
+  auto u = http::parse_url("https://api.telegram.org/bot1:a/getMe?x=1");
+  CHECK(u.tls);
+  CHECK(u.port == 443);
+  CHECK(u.host == "api.telegram.org");
+  CHECK(u.target == "/bot1:a/getMe?x=1");
+}
+
+TEST_CASE("the HTTP client resends once on a new connection when the server "
+          "closed the pooled one while it was idle") {
+  http::server s{{.idle_timeout = "100ms"}};
+  std::atomic<int> calls{0};
+  s.route("POST", "/m", [&](http::request&, http::responder r) {
+    ++calls;
+    r.respond(200);
+  });
+  s.start();
+  http::client c;
+  REQUIRE(c.request({.url = s.url() + "/m"}).status == 200);
+  REQUIRE(test::eventually([&] { return s.stats().timeouts == 1; }));
+  CHECK(c.request({.url = s.url() + "/m"}).status == 200);
+  CHECK(calls.load() == 2);
+  CHECK(c.stats().connections_opened == 2);
+  CHECK(c.stats().retried == 1);
+}
+
+TEST_CASE("a request whose handler drops its responder unanswered gets 500") {
+  http::server s;
+  s.route("POST", "/drop", [](http::request&, http::responder) {});
+  s.route("POST", "/throw", [](http::request&, http::responder) -> void {
+    throw std::runtime_error{"boom"};
+  });
+  s.start();
+  http::client c;
+  CHECK(c.request({.url = s.url() + "/drop"}).status == 500);
+  CHECK(c.request({.url = s.url() + "/throw"}).status == 500);
+}
+
+TEST_CASE("a stopping HTTP server answers the request in flight, closes idle "
+          "connections and accepts no more") {
+  http::server s;
+  std::promise<http::responder> arrived;
+  s.route("POST", "/hold", [&](http::request&, http::responder r) {
+    arrived.set_value(r);
+  });
+  s.route("POST", "/quick", [](http::request&, http::responder r) { r.respond(200); });
+  s.start();
+  auto url = s.url();
+  http::client idle_client;
+  REQUIRE(idle_client.request({.url = url + "/quick"}).status == 200);
+  http::client c;
+  auto in_flight = std::async(std::launch::async, [&] {
+    return c.request({.url = url + "/hold", .body = "x"});
+  });
+  auto r = arrived.get_future().get();
+  auto stopping = std::async(std::launch::async, [&] { s.stop(); });
+  // stop() waits for the answer in flight.
+  CHECK(stopping.wait_for(100ms) == std::future_status::timeout);
+  r.respond({.status = 200, .body = "late but answered"});
+  auto res = in_flight.get();
+  CHECK(res.status == 200);
+  CHECK(res.body == "late but answered");
+  REQUIRE(res.header("connection"));
+  CHECK(*res.header("connection") == "close");
+  stopping.get();
+  http::client fresh{{.connect_timeout = "1s"}};
+  CHECK_THROWS_AS(fresh.request({.url = url + "/quick"}), botmesh::error);
+}

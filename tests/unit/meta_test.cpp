@@ -1,0 +1,254 @@
+// WhatsApp Cloud / Messenger / Instagram webhooks against a fake Graph API.
+
+#include <doctest/doctest.h>
+
+#include <mutex>
+
+#include <botmesh/providers/http/signature.hpp>
+#include <botmesh/providers/meta/internal/payload.hpp>
+#include <botmesh/providers/meta/meta_webhook.hpp>
+#include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/runtime/core/json.hpp>
+
+#include "fake_platform.hpp"
+#include "test_util.hpp"
+
+using namespace std::chrono_literals;
+namespace http = botmesh::http;
+namespace meta = botmesh::meta;
+
+namespace {
+
+constexpr const char* app_secret = "app-secret";
+
+std::string wa_payload(const std::string& messages, const std::string& statuses = "[]") {
+  return R"({"object":"whatsapp_business_account","entry":[{"id":"1","changes":[{"field":"messages","value":{"messaging_product":"whatsapp","metadata":{"display_phone_number":"34600","phone_number_id":"PHONE1"},"messages":)"
+         + messages + R"(,"statuses":)" + statuses + "}}]}]}";
+}
+
+std::string wa_text(const std::string& id, const std::string& from,
+                    const std::string& text) {
+  return R"({"from":")" + from + R"(","id":")" + id
+         + R"(","timestamp":"1700000000","type":"text","text":{"body":")" + text
+         + R"("}})";
+}
+
+struct signed_poster {
+  std::string url;
+  std::unique_ptr<http::client> client = std::make_unique<http::client>();
+
+  http::client_response post(const std::string& body, std::string signature = {}) {
+    if (signature.empty())
+      signature = "sha256=" + http::hmac_sha256_hex(app_secret, body);
+    http::client_request req{.url = url, .body = body};
+    if (signature != "none")
+      req.headers.emplace_back("X-Hub-Signature-256", signature);
+    return client->request(req);
+  }
+};
+
+std::unique_ptr<test::fake_api> fake_graph() {
+  return std::make_unique<test::fake_api>(
+    "/v21.0/", std::vector<std::string>{"PHONE1/messages", "me/messages"},
+    R"({"messaging_product":"whatsapp","messages":[{"id":"wamid.out"}]})");
+}
+
+meta::webhook_options wa_options(const test::fake_api& api) {
+  meta::webhook_options o;
+  o.access_token = "token";
+  o.app_secret = app_secret;
+  o.verify_token = "verify-me";
+  o.api_url = api.url();
+  o.flood = http::flood_limits::none();
+  return o;
+}
+
+} // namespace
+
+TEST_CASE("the X-Hub-Signature-256 check accepts only the HMAC of the raw "
+          "body with the app secret") {
+  std::string body = R"({"entry":[]})";
+  auto good = "sha256=" + http::hmac_sha256_hex(app_secret, body);
+  CHECK(http::verify_hub_signature(good, app_secret, body));
+  auto upper = good;
+  for (auto& c : upper)
+    if (c >= 'a' && c <= 'f')
+      c = static_cast<char>(c - 'a' + 'A');
+  upper.replace(0, 7, "sha256=");
+  CHECK(http::verify_hub_signature(upper, app_secret, body));
+  CHECK_FALSE(http::verify_hub_signature(good, "other", body));
+  CHECK_FALSE(http::verify_hub_signature(good, app_secret, body + " "));
+  CHECK_FALSE(http::verify_hub_signature(good.substr(7), app_secret, body));
+  CHECK_FALSE(http::verify_hub_signature("sha256=zz", app_secret, body));
+  CHECK_FALSE(http::verify_hub_signature("", app_secret, body));
+  // RFC 4231 test case 2.
+  CHECK(http::hmac_sha256_hex("Jefe", "what do ya want for nothing?")
+        == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
+TEST_CASE("WhatsApp payloads yield text, button and list replies, media and "
+          "locations as messages and statuses as events") {
+  auto p = meta::internal::parse_payload(
+    wa_payload(
+      "[" + wa_text("w1", "346", "hola")
+        + R"(,{"from":"346","id":"w2","timestamp":"1","type":"interactive","interactive":{"type":"button_reply","button_reply":{"id":"yes","title":"Sí"}}})"
+        + R"(,{"from":"346","id":"w3","timestamp":"1","type":"interactive","interactive":{"type":"list_reply","list_reply":{"id":"row2","title":"Dos"}}})"
+        + R"(,{"from":"346","id":"w4","timestamp":"1","type":"image","image":{"id":"MEDIA1","mime_type":"image/jpeg","caption":"foto"}})"
+        + R"(,{"from":"346","id":"w5","timestamp":"1","type":"location","location":{"latitude":40.4,"longitude":-3.7}})"
+        + R"(,{"from":"346","id":"w6","timestamp":"1","type":"unsupported"}])",
+      R"([{"id":"wamid.out","status":"read","timestamp":"1700000001","recipient_id":"346"}])"),
+    meta::platform::whatsapp, "whatsapp");
+  REQUIRE(p.messages.size() == 5);
+  CHECK(p.messages[0].text == "hola");
+  CHECK(p.messages[0].chat == "346");
+  CHECK(p.messages[0].provider == "whatsapp");
+  CHECK(p.messages[1].type == botmesh::message_type::button);
+  CHECK(p.messages[1].data == "yes");
+  CHECK(p.messages[1].text == "Sí");
+  CHECK(p.messages[2].data == "row2");
+  CHECK(p.messages[3].media_id == "MEDIA1");
+  CHECK(p.messages[3].text == "foto");
+  CHECK(p.messages[4].type == botmesh::message_type::location);
+  CHECK(p.messages[4].latitude == 40.4);
+  CHECK(p.unknown == 1);
+  REQUIRE(p.statuses.size() == 1);
+  CHECK(p.statuses[0].status == "read");
+  CHECK(p.statuses[0].message_id == "wamid.out");
+  CHECK(p.phone_number_ids[0] == "PHONE1");
+}
+
+TEST_CASE("Messenger and Instagram payloads share entry[].messaging[]: text, "
+          "quick replies, postbacks; echoes and reads are not messages") {
+  auto p = meta::internal::parse_payload(
+    R"({"object":"page","entry":[{"id":"PAGE","time":1,"messaging":[
+      {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1700000000000,"message":{"mid":"m1","text":"hola"}},
+      {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1,"message":{"mid":"m2","text":"Sí","quick_reply":{"payload":"YES"}}},
+      {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1,"postback":{"mid":"m3","title":"Empezar","payload":"START"}},
+      {"sender":{"id":"PAGE"},"recipient":{"id":"PSID1"},"timestamp":1,"message":{"mid":"m4","text":"eco","is_echo":true}},
+      {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1,"read":{"watermark":1}}]}]})",
+    meta::platform::messenger, "messenger");
+  REQUIRE(p.messages.size() == 3);
+  CHECK(p.messages[0].chat == "PSID1");
+  CHECK(p.messages[0].text == "hola");
+  CHECK(p.messages[1].data == "YES");
+  CHECK(p.messages[2].type == botmesh::message_type::button);
+  CHECK(p.messages[2].data == "START");
+  CHECK(p.unknown == 1);
+  CHECK(p.statuses.size() == 1);
+  CHECK_THROWS_AS(meta::internal::parse_payload("{\"entry\":", meta::platform::instagram, "ig"),
+                  botmesh::invalid_argument_error);
+  CHECK_THROWS_AS(meta::internal::parse_payload("{}", meta::platform::instagram, "ig"),
+                  botmesh::invalid_argument_error);
+}
+
+TEST_CASE("WhatsApp replies with up to three buttons become reply buttons "
+          "and more become a list; media go by link or id") {
+  botmesh::outgoing_message m;
+  m.chat = "346";
+  m.text = "¿Seguro?";
+  m.buttons = {{{.text = "Sí", .data = "yes"}, {.text = "No", .data = "no"}}};
+  auto b = meta::internal::to_graph_body(m, meta::platform::whatsapp);
+  CHECK(botmesh::is_valid_json(b));
+  CHECK(b.find(R"("interactive":{"type":"button")") != std::string::npos);
+  CHECK(b.find(R"({"type":"reply","reply":{"id":"yes","title":"Sí"}})") != std::string::npos);
+  m.buttons = {{{.text = "1", .data = "a"}, {.text = "2", .data = "b"}},
+               {{.text = "3", .data = "c"}, {.text = "4", .data = "d"}}};
+  m.menu_label = "Ver";
+  auto l = meta::internal::to_graph_body(m, meta::platform::whatsapp);
+  CHECK(botmesh::is_valid_json(l));
+  CHECK(l.find(R"("type":"list")") != std::string::npos);
+  CHECK(l.find(R"("button":"Ver")") != std::string::npos);
+  CHECK(l.find(R"({"id":"d","title":"4"})") != std::string::npos);
+  botmesh::outgoing_message img;
+  img.chat = "346";
+  img.media = botmesh::message_type::image;
+  img.media_url = "https://example.org/a.png";
+  img.text = "pie";
+  CHECK(meta::internal::to_graph_body(img, meta::platform::whatsapp)
+        == R"({"messaging_product":"whatsapp","recipient_type":"individual","to":"346","type":"image","image":{"link":"https://example.org/a.png","caption":"pie"}})");
+  m.buttons = {{{.text = "un título demasiado largo", .data = "x"}}};
+  CHECK_THROWS_AS(meta::internal::to_graph_body(m, meta::platform::whatsapp),
+                  botmesh::invalid_argument_error);
+}
+
+TEST_CASE("the WhatsApp GET verification echoes the challenge only for the "
+          "right verify token") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  botmesh::bot bot{{.provider = p}};
+  bot.start();
+  http::client c;
+  auto base = p->server().url() + "/whatsapp";
+  auto ok = c.request({.method = "GET",
+                       .url = base + "?hub.mode=subscribe&hub.verify_token=verify-me&hub.challenge=1158201444"});
+  CHECK(ok.status == 200);
+  CHECK(ok.body == "1158201444");
+  CHECK(c.request({.method = "GET",
+                   .url = base + "?hub.mode=subscribe&hub.verify_token=nope&hub.challenge=1"})
+          .status
+        == 403);
+  CHECK(p->stats().verifications == 1);
+}
+
+TEST_CASE("a signed WhatsApp message is answered 200 and the reply reaches "
+          "the Graph API; bad signatures get 401 and enqueue nothing") {
+  auto api = fake_graph();
+  std::mutex mtx;
+  std::vector<std::string> statuses;
+  auto o = wa_options(*api);
+  o.on_status = [&](const meta::status_event& s) {
+    std::lock_guard guard{mtx};
+    statuses.push_back(s.status);
+  };
+  auto p = std::make_shared<meta::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  bot.on_message([](botmesh::context& c) { c.reply("eco: " + c.text()); });
+  bot.start();
+  signed_poster post{p->server().url() + "/whatsapp"};
+  auto body = wa_payload("[" + wa_text("w1", "346", "hola") + "]");
+  CHECK(post.post(body, "sha256=" + std::string(64, '0')).status == 401);
+  CHECK(post.post(body, "none").status == 401);
+  CHECK(bot.stats().received == 0);
+  CHECK(post.post(body).status == 200);
+  CHECK(post.post(body).status == 200); // a duplicate
+  REQUIRE(api->wait_for_calls("PHONE1/messages", 1));
+  auto sent = api->calls("PHONE1/messages")[0].body;
+  CHECK(sent.find(R"("to":"346")") != std::string::npos);
+  CHECK(sent.find(R"("body":"eco: hola")") != std::string::npos);
+  CHECK(post.post("{not json").status == 400);
+  CHECK(post.post(wa_payload("[]", R"([{"id":"x","status":"delivered","timestamp":"1","recipient_id":"346"}])"))
+          .status
+        == 200);
+  CHECK(p->stats().unauthorized == 2);
+  CHECK(p->stats().duplicates == 1);
+  CHECK(p->stats().malformed == 1);
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
+  std::lock_guard guard{mtx};
+  CHECK(statuses == std::vector<std::string>{"delivered"});
+}
+
+TEST_CASE("a Graph API rate limit is waited out and retried in order; a "
+          "permission error becomes forbidden") {
+  auto api = fake_graph();
+  api->script("PHONE1/messages", 400,
+              R"({"error":{"message":"(#131056) Pair rate limit hit","type":"OAuthException","code":131056}})");
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  botmesh::bot bot{{.provider = p}};
+  bot.on_message([](botmesh::context& c) { c.reply(c.text()); });
+  bot.start();
+  signed_poster post{p->server().url() + "/whatsapp"};
+  REQUIRE(post.post(wa_payload("[" + wa_text("w1", "346", "1") + "," + wa_text("w2", "346", "2") + "]"))
+            .status
+          == 200);
+  REQUIRE(api->wait_for_calls("PHONE1/messages", 3));
+  auto calls = api->calls("PHONE1/messages");
+  CHECK(calls[1].body.find(R"("body":"1")") != std::string::npos);
+  CHECK(calls[2].body.find(R"("body":"2")") != std::string::npos);
+  CHECK(p->stats().retried == 1);
+  try {
+    meta::internal::check_graph_answer(403, R"({"error":{"message":"no permission","code":10}})");
+    FAIL("expected forbidden");
+  } catch (const botmesh::platform_error& e) {
+    CHECK(e.code() == botmesh::errc::forbidden);
+  }
+}

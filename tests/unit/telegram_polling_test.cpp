@@ -1,0 +1,164 @@
+// Telegram long polling against a fake Bot API: offsets, resume, 409.
+
+#include <doctest/doctest.h>
+
+#include <mutex>
+
+#include <botmesh/providers/telegram/telegram_polling.hpp>
+#include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/stores/memory_coordinator.hpp>
+
+#include "fake_platform.hpp"
+#include "test_util.hpp"
+
+using namespace std::chrono_literals;
+namespace http = botmesh::http;
+namespace tg = botmesh::telegram;
+
+namespace {
+
+/// getUpdates answers the queued updates from the asked offset on, or an
+/// empty result after a short while (a long poll in small).
+struct update_feed {
+  std::mutex mtx;
+  std::vector<std::pair<std::int64_t, std::string>> updates;
+  std::vector<std::int64_t> offsets_asked;
+
+  void attach(test::fake_api& api) {
+    auto* srv = &api.server();
+    api.on("getUpdates", [this, srv](const std::string& body, http::responder r) {
+      std::int64_t offset = 0;
+      if (auto p = body.find("\"offset\":"); p != std::string::npos)
+        offset = std::stoll(body.substr(p + 9));
+      std::string result = "[";
+      {
+        std::lock_guard guard{mtx};
+        offsets_asked.push_back(offset);
+        for (auto& [id, json] : updates)
+          if (id >= offset) {
+            if (result.size() > 1)
+              result += ",";
+            result += json;
+          }
+      }
+      result += "]";
+      auto answer = http::response{.body = R"({"ok":true,"result":)" + result + "}",
+                                   .content_type = "application/json"};
+      if (result.size() > 2)
+        r.respond(std::move(answer));
+      else
+        srv->after(50ms, [r, answer] { r.respond(answer); });
+    });
+  }
+
+  void push(std::int64_t id, std::int64_t chat, const std::string& text) {
+    std::lock_guard guard{mtx};
+    updates.emplace_back(id, test::tg_text_update(id, chat, text));
+  }
+
+  std::vector<std::int64_t> asked() {
+    std::lock_guard guard{mtx};
+    return offsets_asked;
+  }
+};
+
+tg::polling_options options(const test::fake_api& api,
+                            std::shared_ptr<botmesh::store> store) {
+  tg::polling_options o;
+  o.token = test::telegram_token;
+  o.api_url = api.url();
+  o.poll_timeout = "1s";
+  o.retry_backoff = "50ms";
+  o.offset_store = std::move(store);
+  o.flood = http::flood_limits::none();
+  return o;
+}
+
+} // namespace
+
+TEST_CASE("long polling delivers updates, keeps the next offset in the store "
+          "and a new poller resumes from it without replaying") {
+  auto api = test::fake_telegram();
+  update_feed feed;
+  feed.attach(*api);
+  auto store = std::make_shared<botmesh::memory_store>();
+  for (int i = 1; i <= 3; ++i)
+    feed.push(i, 42, std::to_string(i));
+  std::atomic<int> handled{0};
+  {
+    auto p = std::make_shared<tg::polling_provider>(options(*api, store));
+    botmesh::bot bot{{.provider = p, .store = store}};
+    bot.on_message([&](botmesh::context& c) {
+      ++handled;
+      c.reply("eco " + c.text());
+    });
+    bot.start();
+    REQUIRE(api->wait_for_calls("sendMessage", 3));
+    REQUIRE(test::eventually([&] { return p->stats().offset == 4; }));
+  }
+  CHECK(store->get_user_data("provider:telegram", "botmesh", "telegram_offset")
+        == std::optional<std::string>{"4"});
+  feed.push(4, 42, "4");
+  auto p2 = std::make_shared<tg::polling_provider>(options(*api, store));
+  botmesh::bot bot2{{.provider = p2, .store = store}};
+  bot2.on_message([&](botmesh::context& c) {
+    ++handled;
+    c.reply("eco " + c.text());
+  });
+  bot2.start();
+  REQUIRE(api->wait_for_calls("sendMessage", 4));
+  REQUIRE(test::eventually([&] { return p2->stats().offset == 5; }));
+  CHECK(handled.load() == 4);
+  auto asked = feed.asked();
+  // The second poller's first request already asked from 4.
+  CHECK(std::count(asked.begin(), asked.end(), 1) == 0);
+  CHECK(std::find(asked.begin(), asked.end(), 4) != asked.end());
+}
+
+TEST_CASE("a 409 Conflict on getUpdates yields the leadership instead of "
+          "fighting the other poller") {
+  auto api = test::fake_telegram();
+  api->script("getUpdates", 409,
+              R"({"ok":false,"error_code":409,"description":"Conflict: terminated by other getUpdates request; make sure that only one bot instance is running"})");
+  update_feed feed;
+  feed.attach(*api);
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  auto p = std::make_shared<tg::polling_provider>(options(*api, store));
+  botmesh::coordination_options co;
+  co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "a", .lease = "1s"});
+  botmesh::bot bot{{.provider = p, .store = store, .coordination = co}};
+  std::mutex mtx;
+  std::vector<std::string> reasons;
+  bot.on<botmesh::events::follower>([&](const botmesh::events::follower& f) {
+    std::lock_guard guard{mtx};
+    reasons.push_back(f.reason);
+  });
+  bot.start();
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{mtx};
+    return !reasons.empty() && reasons.back() == "conflict";
+  }));
+  CHECK(p->stats().conflicts == 1);
+  auto polls_at_yield = api->calls("getUpdates").size();
+  CHECK(polls_at_yield == 1);
+  // It presents itself again later and polls normally.
+  feed.push(1, 7, "hola");
+  REQUIRE(test::eventually([&] { return p->stats().updates == 1; }, 15s));
+  CHECK(bot.ready(5s));
+}
+
+TEST_CASE("without coordination a 409 makes the poller back off and retry") {
+  auto api = test::fake_telegram();
+  api->script("getUpdates", 409, R"({"ok":false,"error_code":409,"description":"Conflict"})");
+  update_feed feed;
+  feed.attach(*api);
+  feed.push(1, 7, "hola");
+  auto p = std::make_shared<tg::polling_provider>(options(*api, nullptr));
+  botmesh::bot bot{{.provider = p}};
+  bot.on_message([](botmesh::context&) {});
+  bot.start();
+  REQUIRE(test::eventually([&] { return p->stats().updates == 1; }));
+  CHECK(p->stats().conflicts == 1);
+}

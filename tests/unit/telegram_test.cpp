@@ -1,0 +1,457 @@
+// The Telegram webhook provider against a fake Bot API on loopback.
+
+#include <doctest/doctest.h>
+
+#include <future>
+#include <latch>
+
+#include <botmesh/providers/telegram/internal/methods.hpp>
+#include <botmesh/providers/telegram/internal/update_parser.hpp>
+#include <botmesh/providers/telegram/telegram_webhook.hpp>
+#include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/stores/memory_coordinator.hpp>
+
+#include <botmesh/runtime/core/json.hpp>
+
+#include "fake_platform.hpp"
+#include "test_util.hpp"
+
+using namespace std::chrono_literals;
+namespace http = botmesh::http;
+namespace tg = botmesh::telegram;
+
+namespace {
+
+constexpr const char* secret = "s3cret";
+
+tg::webhook_options options(const test::fake_api& api) {
+  tg::webhook_options o;
+  o.token = test::telegram_token;
+  o.api_url = api.url();
+  o.secret_token = secret;
+  o.flood = http::flood_limits::none();
+  return o;
+}
+
+/// Posts updates to a bot's webhook like Telegram does.
+struct poster {
+  explicit poster(std::string u) : url(std::move(u)), client(std::make_unique<http::client>()) {}
+  std::string url;
+  std::unique_ptr<http::client> client;
+
+  http::client_response post(const std::string& body,
+                             const char* token = secret) {
+    http::client_request req{.url = url, .body = body};
+    if (token)
+      req.headers.emplace_back("X-Telegram-Bot-Api-Secret-Token", token);
+    return client->request(req);
+  }
+};
+
+poster poster_for(tg::webhook_provider& p) {
+  return poster{p.server().url() + "/telegram"};
+}
+
+} // namespace
+
+TEST_CASE("a Telegram update is parsed into a message with its command, "
+          "sender and group participant") {
+  auto u = tg::internal::parse_update(
+    R"({"update_id":7,"message":{"message_id":3,"from":{"id":42},"chat":{"id":-100123,"type":"supergroup"},"date":1700000000,"text":"/start@my_bot ref","entities":[{"type":"bot_command","offset":0,"length":13}]}})",
+    "telegram");
+  CHECK(u.update_id == 7);
+  CHECK(u.kind == tg::internal::update_kind::message);
+  CHECK(u.message.chat == "-100123");
+  CHECK(u.message.participant == "42");
+  CHECK(u.message.sender == "42");
+  CHECK(u.message.id == "3");
+  CHECK(u.message.command == "start");
+  CHECK(u.message.text == "/start@my_bot ref");
+  CHECK(botmesh::to_unix_ms(u.message.timestamp) == 1700000000000);
+}
+
+TEST_CASE("Telegram media, location, edits and button presses are parsed; "
+          "other kinds are reported unknown") {
+  auto photo = tg::internal::parse_update(
+    R"({"update_id":1,"message":{"message_id":1,"chat":{"id":5,"type":"private"},"caption":"mira","photo":[{"file_id":"small"},{"file_id":"big"}]}})",
+    "telegram");
+  CHECK(photo.message.type == botmesh::message_type::image);
+  CHECK(photo.message.media_id == "big");
+  CHECK(photo.message.text == "mira");
+  auto loc = tg::internal::parse_update(
+    R"({"update_id":2,"edited_message":{"message_id":9,"chat":{"id":5,"type":"private"},"location":{"latitude":40.5,"longitude":-3.25}}})",
+    "telegram");
+  CHECK(loc.kind == tg::internal::update_kind::edited_message);
+  CHECK(loc.message.edited);
+  CHECK(loc.message.type == botmesh::message_type::location);
+  CHECK(loc.message.latitude == 40.5);
+  CHECK(loc.message.longitude == -3.25);
+  auto cq = tg::internal::parse_update(
+    R"({"update_id":3,"callback_query":{"id":"cq1","from":{"id":5},"message":{"message_id":9,"chat":{"id":5,"type":"private"}},"data":"yes"}})",
+    "telegram");
+  CHECK(cq.kind == tg::internal::update_kind::callback_query);
+  CHECK(cq.callback_query_id == "cq1");
+  CHECK(cq.message.type == botmesh::message_type::button);
+  CHECK(cq.message.data == "yes");
+  CHECK(cq.message.chat == "5");
+  auto poll = tg::internal::parse_update(R"({"update_id":4,"poll":{"id":"p"}})",
+                                         "telegram");
+  CHECK(poll.kind == tg::internal::update_kind::unknown);
+  CHECK(poll.unknown_kind == "poll");
+  CHECK_THROWS_AS(tg::internal::parse_update("{\"update_id\":", "telegram"),
+                  botmesh::invalid_argument_error);
+  CHECK_THROWS_AS(tg::internal::parse_update(R"({"message":{}})", "telegram"),
+                  botmesh::invalid_argument_error);
+  CHECK_THROWS_AS(
+    tg::internal::parse_update(R"({"update_id":5,"message":{"text":"x"}})", "telegram"),
+    botmesh::invalid_argument_error);
+}
+
+TEST_CASE("an outgoing message with buttons, media and formatting becomes "
+          "the matching Bot API call") {
+  botmesh::outgoing_message m;
+  m.chat = "42";
+  m.text = "<b>¿Seguro?</b>";
+  m.format = botmesh::text_format::html;
+  m.buttons = {{{.text = "Sí", .data = "yes"}, {.text = "No", .data = "no"}},
+               {{.text = "Web", .url = "https://example.org"}}};
+  auto c = tg::internal::to_method_call(m);
+  CHECK(c.method == "sendMessage");
+  CHECK(c.body.find(R"("chat_id":42)") != std::string::npos);
+  CHECK(c.body.find(R"("parse_mode":"HTML")") != std::string::npos);
+  CHECK(c.body.find(
+          R"("reply_markup":{"inline_keyboard":[[{"text":"Sí","callback_data":"yes"},{"text":"No","callback_data":"no"}],[{"text":"Web","url":"https://example.org"}]]})")
+        != std::string::npos);
+  CHECK(botmesh::is_valid_json(c.body));
+  auto answer = tg::internal::to_webhook_answer(c);
+  CHECK(answer.starts_with(R"({"method":"sendMessage","chat_id":42)"));
+  CHECK(botmesh::is_valid_json(answer));
+  botmesh::outgoing_message photo;
+  photo.chat = "@channel";
+  photo.media = botmesh::message_type::image;
+  photo.media_url = "https://example.org/a.png";
+  photo.text = "pie";
+  auto p = tg::internal::to_method_call(photo);
+  CHECK(p.method == "sendPhoto");
+  CHECK(p.body == R"({"chat_id":"@channel","photo":"https://example.org/a.png","caption":"pie"})");
+  m.buttons = {{{.text = "x", .data = std::string(65, 'd')}}};
+  CHECK_THROWS_AS(tg::internal::to_method_call(m), botmesh::invalid_argument_error);
+}
+
+TEST_CASE("Bot API errors become typed errors: retry_after, forbidden, "
+          "bad_request") {
+  auto code_of = [](int status, const std::string& body) {
+    try {
+      tg::internal::check_answer("sendMessage", status, body);
+    } catch (const botmesh::platform_error& e) {
+      return std::make_pair(e.code(), e.retry_after());
+    }
+    return std::make_pair(botmesh::errc::none, 0ms);
+  };
+  CHECK(code_of(429, R"({"ok":false,"error_code":429,"description":"Too Many Requests: retry after 7","parameters":{"retry_after":7}})")
+        == std::make_pair(botmesh::errc::retry_after, std::chrono::milliseconds{7000}));
+  CHECK(code_of(403, R"({"ok":false,"error_code":403,"description":"Forbidden: bot was blocked by the user"})").first
+        == botmesh::errc::forbidden);
+  CHECK(code_of(400, R"({"ok":false,"error_code":400,"description":"Bad Request: chat not found"})").first
+        == botmesh::errc::bad_request);
+  CHECK(code_of(502, "<html>bad gateway</html>").first == botmesh::errc::provider_error);
+  CHECK(tg::internal::check_answer("getMe", 200, R"({"ok":true,"result":{"id":1}})")
+        == R"({"id":1})");
+}
+
+TEST_CASE("a Telegram update with the right secret is answered 200 and the "
+          "handler's reply reaches the Bot API") {
+  auto api = test::fake_telegram();
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  botmesh::bot bot{{.provider = p}};
+  bot.on_message([](botmesh::context& c) { c.reply("eco: " + c.text()); });
+  bot.start();
+  auto post = poster_for(*p);
+  CHECK(post.post(test::tg_text_update(1, 42, "hola")).status == 200);
+  REQUIRE(api->wait_for_calls("sendMessage", 1));
+  auto body = api->calls("sendMessage")[0].body;
+  CHECK(body.find(R"("chat_id":42)") != std::string::npos);
+  CHECK(body.find(R"("text":"eco: hola")") != std::string::npos);
+  CHECK(p->stats().accepted == 1);
+}
+
+TEST_CASE("a Telegram webhook with a wrong or missing secret answers 401 and "
+          "enqueues nothing") {
+  auto api = test::fake_telegram();
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  botmesh::bot bot{{.provider = p}};
+  bot.on_message([](botmesh::context& c) { c.reply("x"); });
+  bot.start();
+  auto post = poster_for(*p);
+  CHECK(post.post(test::tg_text_update(1, 42, "hola"), "wrong").status == 401);
+  CHECK(post.post(test::tg_text_update(2, 42, "hola"), "s3cre").status == 401);
+  CHECK(post.post(test::tg_text_update(3, 42, "hola"), nullptr).status == 401);
+  CHECK(p->stats().unauthorized == 3);
+  CHECK(bot.stats().received == 0);
+  CHECK_THROWS_AS(tg::webhook_provider(tg::webhook_options{.token = "t"}),
+                  botmesh::invalid_argument_error);
+}
+
+TEST_CASE("malformed JSON is answered 400 and an unknown update kind 200, "
+          "neither enqueued") {
+  auto api = test::fake_telegram();
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  botmesh::bot bot{{.provider = p}};
+  bot.on_message([](botmesh::context&) {});
+  bot.start();
+  auto post = poster_for(*p);
+  CHECK(post.post("{\"update_id\": 1, \"message\":").status == 400);
+  CHECK(post.post("[1,2]").status == 400);
+  CHECK(post.post(R"({"update_id":9,"poll":{"id":"1"}})").status == 200);
+  CHECK(p->stats().malformed == 2);
+  CHECK(p->stats().unknown == 1);
+  CHECK(bot.stats().received == 0);
+}
+
+TEST_CASE("a duplicate Telegram update is answered 200 and handled once") {
+  auto api = test::fake_telegram();
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  botmesh::bot bot{{.provider = p}};
+  std::atomic<int> handled{0};
+  bot.on_message([&](botmesh::context&) { ++handled; });
+  bot.start();
+  auto post = poster_for(*p);
+  auto u = test::tg_text_update(5, 42, "hola");
+  CHECK(post.post(u).status == 200);
+  CHECK(post.post(u).status == 200);
+  CHECK(post.post(test::tg_text_update(6, 42, "otra")).status == 200);
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
+  CHECK(handled.load() == 2);
+  CHECK(p->stats().duplicates == 1);
+}
+
+TEST_CASE("with reply in webhook the first reply goes back in the webhook "
+          "response and later ones through the Bot API") {
+  auto api = test::fake_telegram();
+  auto o = options(*api);
+  o.reply_in_webhook = true;
+  auto p = std::make_shared<tg::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  bot.hears("dos", [](botmesh::context& c) {
+    c.reply("primera");
+    c.reply("segunda");
+  });
+  bot.hears("nada", [](botmesh::context&) {});
+  bot.start();
+  auto post = poster_for(*p);
+  auto res = post.post(test::tg_text_update(1, 42, "dos"));
+  CHECK(res.status == 200);
+  CHECK(res.body.starts_with(R"({"method":"sendMessage","chat_id":42)"));
+  CHECK(res.body.find("primera") != std::string::npos);
+  REQUIRE(api->wait_for_calls("sendMessage", 1));
+  CHECK(api->calls("sendMessage")[0].body.find("segunda") != std::string::npos);
+  // A handler that sends nothing: an empty 200 once its turn ended.
+  auto empty = post.post(test::tg_text_update(2, 42, "nada"));
+  CHECK(empty.status == 200);
+  CHECK(empty.body.empty());
+  CHECK(p->stats().replies_in_webhook == 1);
+  CHECK(api->calls("sendMessage").size() == 1);
+}
+
+TEST_CASE("with reply in webhook a slow handler's held answer is released "
+          "after reply_wait and its reply goes through the Bot API") {
+  auto api = test::fake_telegram();
+  auto o = options(*api);
+  o.reply_in_webhook = true;
+  o.reply_wait = "100ms";
+  auto p = std::make_shared<tg::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  std::latch answered{1};
+  bot.on_message([&](botmesh::context& c) {
+    answered.wait(); // until Telegram got its answer
+    c.reply("tarde");
+  });
+  bot.start();
+  auto post = poster_for(*p);
+  auto res = post.post(test::tg_text_update(1, 42, "hola"));
+  CHECK(res.status == 200);
+  CHECK(res.body.empty());
+  answered.count_down();
+  REQUIRE(api->wait_for_calls("sendMessage", 1));
+  CHECK(api->calls("sendMessage")[0].body.find("tarde") != std::string::npos);
+  CHECK(p->stats().reply_wait_expired == 1);
+}
+
+TEST_CASE("a 429 with retry_after is waited out and retried, keeping the "
+          "chat's order") {
+  auto api = test::fake_telegram();
+  api->script("sendMessage", 429,
+              R"({"ok":false,"error_code":429,"description":"Too Many Requests: retry after 1","parameters":{"retry_after":1}})");
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  botmesh::bot bot{{.provider = p}};
+  test::error_log errors;
+  errors.attach(bot);
+  bot.on_message([](botmesh::context& c) { c.reply(c.text()); });
+  bot.start();
+  auto post = poster_for(*p);
+  for (int i = 1; i <= 3; ++i)
+    REQUIRE(post.post(test::tg_text_update(i, 42, std::to_string(i))).status == 200);
+  REQUIRE(api->wait_for_calls("sendMessage", 4));
+  auto calls = api->calls("sendMessage");
+  REQUIRE(calls.size() == 4);
+  // The refused first send, then 1, 2, 3 in order.
+  CHECK(calls[0].body.find(R"("text":"1")") != std::string::npos);
+  CHECK(calls[1].body.find(R"("text":"1")") != std::string::npos);
+  CHECK(calls[2].body.find(R"("text":"2")") != std::string::npos);
+  CHECK(calls[3].body.find(R"("text":"3")") != std::string::npos);
+  CHECK(p->stats().retried == 1);
+  CHECK(errors.all().empty());
+}
+
+TEST_CASE("a blocked user's 403 reaches the handler as a forbidden "
+          "platform error, and a Bot API that never answers as a timeout") {
+  auto api = test::fake_telegram();
+  api->script("sendMessage", 403,
+              R"({"ok":false,"error_code":403,"description":"Forbidden: bot was blocked by the user"})");
+  auto o = options(*api);
+  o.http.request_timeout = "300ms";
+  auto p = std::make_shared<tg::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  std::mutex mtx;
+  std::vector<botmesh::errc> codes;
+  bot.on_message([&](botmesh::context& c) {
+    try {
+      c.reply("x");
+      std::lock_guard guard{mtx};
+      codes.push_back(botmesh::errc::none);
+    } catch (const botmesh::error& e) {
+      std::lock_guard guard{mtx};
+      codes.push_back(e.code());
+    }
+  });
+  bot.start();
+  auto post = poster_for(*p);
+  REQUIRE(post.post(test::tg_text_update(1, 42, "a")).status == 200);
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{mtx};
+    return codes.size() == 1;
+  }));
+  api->silence("sendMessage");
+  REQUIRE(post.post(test::tg_text_update(2, 42, "b")).status == 200);
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{mtx};
+    return codes.size() == 2;
+  }));
+  std::lock_guard guard{mtx};
+  CHECK(codes[0] == botmesh::errc::forbidden);
+  CHECK(codes[1] == botmesh::errc::timeout);
+  bot.stop();
+  api->release_held();
+}
+
+TEST_CASE("a pressed button arrives with its data and the reply answers "
+          "its callback query") {
+  auto api = test::fake_telegram();
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  botmesh::bot bot{{.provider = p}};
+  std::mutex mtx;
+  std::string seen;
+  bot.on_message([&](botmesh::context& c) {
+    {
+      std::lock_guard guard{mtx};
+      seen = std::string{to_string(c.message().type)} + ":" + c.message().data;
+    }
+    c.reply("ok");
+  });
+  bot.start();
+  auto post = poster_for(*p);
+  REQUIRE(post.post(R"({"update_id":1,"callback_query":{"id":"cq9","from":{"id":42},"message":{"message_id":5,"chat":{"id":42,"type":"private"}},"data":"yes"}})")
+            .status
+          == 200);
+  REQUIRE(api->wait_for_calls("answerCallbackQuery", 1));
+  CHECK(api->calls("answerCallbackQuery")[0].body == R"({"callback_query_id":"cq9"})");
+  std::lock_guard guard{mtx};
+  CHECK(seen == "button:yes");
+}
+
+TEST_CASE("a stopping bot answers Telegram 503 for new updates and its held "
+          "answers are given before the server closes") {
+  auto api = test::fake_telegram();
+  auto o = options(*api);
+  o.reply_in_webhook = true;
+  auto p = std::make_shared<tg::webhook_provider>(o);
+  auto bot = std::make_unique<botmesh::bot>(botmesh::bot_options{.provider = p});
+  std::latch entered{1};
+  std::latch release{1};
+  bot->on_message([&](botmesh::context& c) {
+    entered.count_down();
+    release.wait();
+    c.reply("hecho");
+  });
+  bot->start();
+  auto url = p->server().url() + "/telegram";
+  auto in_flight = std::async(std::launch::async, [&] {
+    poster post{url};
+    return post.post(test::tg_text_update(1, 42, "hola"));
+  });
+  entered.wait();
+  auto stopping = std::async(std::launch::async, [&] { bot->stop(); });
+  poster late{url};
+  REQUIRE(test::eventually([&] {
+    return late.post(test::tg_text_update(2, 43, "tarde")).status == 503;
+  }));
+  release.count_down();
+  auto res = in_flight.get();
+  CHECK(res.status == 200);
+  CHECK(res.body.find("hecho") != std::string::npos);
+  stopping.get();
+}
+
+TEST_CASE("two replicas behind the same Telegram webhook with coordination "
+          "answer one chat's updates in order") {
+  auto api = test::fake_telegram();
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  struct replica {
+    std::shared_ptr<tg::webhook_provider> provider;
+    std::unique_ptr<botmesh::bot> bot;
+  };
+  std::vector<replica> replicas;
+  for (auto id : {"a", "b"}) {
+    auto o = options(*api);
+    o.reply_in_webhook = true;
+    replica r;
+    r.provider = std::make_shared<tg::webhook_provider>(o);
+    botmesh::coordination_options co;
+    co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = id});
+    r.bot = std::make_unique<botmesh::bot>(botmesh::bot_options{
+      .provider = r.provider, .store = store, .coordination = co});
+    r.bot->on_message([](botmesh::context& c) {
+      c.reply("in-webhook " + c.text());
+      c.reply("api " + c.text());
+    });
+    r.bot->start();
+    replicas.push_back(std::move(r));
+  }
+  std::vector<poster> posters;
+  for (auto& r : replicas)
+    posters.push_back(poster_for(*r.provider));
+  // Like Telegram: one update at a time, spread over both replicas.
+  std::vector<std::string> answers;
+  for (int i = 1; i <= 20; ++i) {
+    auto res = posters[static_cast<size_t>(i) % 2].post(
+      test::tg_text_update(i, 42, std::to_string(i)));
+    REQUIRE(res.status == 200);
+    answers.push_back(res.body);
+  }
+  REQUIRE(api->wait_for_calls("sendMessage", 20));
+  auto calls = api->calls("sendMessage");
+  for (int i = 1; i <= 20; ++i) {
+    CAPTURE(i);
+    CHECK(answers[static_cast<size_t>(i - 1)].find("\"in-webhook " + std::to_string(i) + "\"")
+          != std::string::npos);
+    CHECK(calls[static_cast<size_t>(i - 1)].body.find("\"api " + std::to_string(i) + "\"")
+          != std::string::npos);
+  }
+  // A turn counts as handled after its reply went back: wait for the count.
+  CHECK(test::eventually([&] {
+    return replicas[0].bot->stats().handled == 10
+           && replicas[1].bot->stats().handled == 10;
+  }));
+}
