@@ -79,11 +79,131 @@ class event_queue {
   std::size_t head_ = 0;
 };
 
+// Without coordination a chat's events run on a handler thread that goes on
+// with the chat's next events while there are any, instead of one hand-off
+// and one reply per event. The chat actor pushes (one producer), a drain
+// job on the handler pool pops (one consumer at a time: `scheduled_` lets
+// only one job drain). A lock-free queue (D. Vyukov's intrusive MPSC).
+class runner {
+ public:
+  struct link {
+    std::atomic<link*> next{nullptr};
+  };
+  // The stub is a bare link: an idle runner costs a few words, not an event.
+  struct node : link {
+    node(chat_event e, bool f) : ev(std::move(e)), first(f) {
+      // nop
+    }
+    chat_event ev;
+    bool first = false;
+  };
+
+  runner() : head_(&stub_), tail_(&stub_) {
+    // nop
+  }
+
+  ~runner() {
+    while (auto* n = pop())
+      delete static_cast<node*>(n);
+  }
+
+  /// Chat actor: queues an event; true when a drain job must be posted.
+  bool push(chat_event ev, bool first) {
+    auto* n = new node{std::move(ev), first};
+    enqueue(n);
+    ++pushed_;
+    return !scheduled_.exchange(true);
+  }
+
+  /// Chat actor: events pushed and not finished yet.
+  std::uint64_t pending() const {
+    return pushed_ - done_.load(std::memory_order_acquire);
+  }
+
+  /// Chat actor: events waiting behind the one that runs (the bound of
+  /// max_pending_per_chat counts these, as the queue of a busy chat).
+  std::uint64_t waiting() const {
+    auto p = pending();
+    return p > 0 ? p - 1 : 0;
+  }
+
+  bool idle() const {
+    return pending() == 0 && !scheduled_.load();
+  }
+
+  /// Set by the chat actor when it waits for the runner to go idle (a
+  /// drain): the job then reports it with one message.
+  std::atomic<bool> notify{false};
+
+  /// A handler thread: runs events until none is left.
+  template <class Run>
+  void drain(Run&& run) {
+    for (;;) {
+      while (auto* l = pop()) {
+        auto* n = static_cast<node*>(l);
+        run(n->ev, n->first);
+        delete n;
+        done_.fetch_add(1, std::memory_order_release);
+      }
+      scheduled_.store(false);
+      // A push between the last pop and the store saw `scheduled_` set and
+      // posted nothing: take it (unless a new job already did).
+      if (!maybe_nonempty() || scheduled_.exchange(true))
+        return;
+    }
+  }
+
+ private:
+  void enqueue(link* n) {
+    n->next.store(nullptr, std::memory_order_relaxed);
+    auto* prev = tail_.exchange(n);
+    prev->next.store(n, std::memory_order_release);
+  }
+
+  link* pop() {
+    auto* head = head_;
+    auto* next = head->next.load(std::memory_order_acquire);
+    if (head == &stub_) {
+      if (!next)
+        return nullptr;
+      head_ = next;
+      head = next;
+      next = next->next.load(std::memory_order_acquire);
+    }
+    if (next) {
+      head_ = next;
+      return head;
+    }
+    if (tail_.load() != head)
+      return nullptr; // a push is half done: drain() comes back for it
+    enqueue(&stub_);
+    next = head->next.load(std::memory_order_acquire);
+    if (next) {
+      head_ = next;
+      return head;
+    }
+    return nullptr;
+  }
+
+  bool maybe_nonempty() const {
+    return !(head_ == &stub_ && tail_.load() == &stub_);
+  }
+
+  link stub_;
+  link* head_;                 // the consumer's
+  std::atomic<link*> tail_;    // the producers'
+  std::atomic<bool> scheduled_{false};
+  std::uint64_t pushed_ = 0;   // the chat actor's
+  std::atomic<std::uint64_t> done_{0};
+};
+
 struct chat_state {
   std::string key;
   std::shared_ptr<const router_config> config; // shared with the router
   caf::actor router;
   event_queue queue; // released when idle: an idle chat holds no queue memory
+  // Without coordination: where events go (allocated on first use).
+  std::shared_ptr<runner> run;
   bool busy = false;
   bool first = true;   // the next turn is the first of this activation
   bool asking = false; // an idle request to the router is in flight
@@ -98,6 +218,11 @@ struct chat_state {
 
   bool empty() const {
     return queue.empty();
+  }
+
+  // Nothing queued, nothing running.
+  bool idle() const {
+    return !busy && queue.empty() && (!run || run->idle());
   }
 
   const router_config& cfg() const {
@@ -152,25 +277,6 @@ void next_turn(chat_actor_t* self) {
   }
   auto& q = st.q();
   auto first = st.first;
-  if (!st.coordinated()) {
-    // Hand over a batch: one hand-off to a handler thread for several
-    // queued messages.
-    st.busy = true;
-    auto n = std::min(q.size(), std::max<std::size_t>(1, st.cfg().max_batch));
-    std::vector<chat_event> batch;
-    batch.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      batch.push_back(std::move(q.front().ev));
-      q.pop_front();
-    }
-    st.first = false;
-    auto handle = caf::actor_cast<caf::actor>(self);
-    st.cfg().services->run_turns(st.key, std::move(batch), first, nullptr,
-                               [handle] {
-                                 caf::anon_send(handle, turn_done_atom::value);
-                               });
-    return;
-  }
   auto& head = q.front();
   if (!head.token) {
     // Waiting for the head's turn: bounded by turn_wait from now.
@@ -190,10 +296,37 @@ void next_turn(chat_actor_t* self) {
   });
 }
 
+// Answers drain waiters once nothing is queued or running.
+void check_idle(chat_actor_t* self) {
+  auto& st = self->state;
+  if (!st.idle())
+    return;
+  for (auto& rp : st.drain_waiters)
+    rp.deliver(true);
+  st.drain_waiters.clear();
+}
+
 // Queues an event; with coordination it takes its ticket right away, so
 // the chat's order across replicas is the order events arrived.
 void push(chat_actor_t* self, chat_event ev) {
   auto& st = self->state;
+  if (!st.coordinated()) {
+    if (!st.run)
+      st.run = std::make_shared<runner>();
+    auto first = st.first;
+    st.first = false;
+    if (st.run->push(std::move(ev), first)) {
+      auto* services = st.cfg().services;
+      auto key = st.key;
+      auto chat = caf::actor_cast<caf::actor>(self);
+      services->post([run = st.run, services, key, chat] {
+        run->drain([&](chat_event& e, bool f) { services->run_event(key, e, f); });
+        if (run->notify.exchange(false))
+          caf::anon_send(chat, turn_done_atom::value);
+      });
+    }
+    return;
+  }
   auto& q = st.q();
   q.push_back(entry{std::move(ev), 0, nullptr, false});
   if (st.coordinated())
@@ -226,7 +359,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
     [=](chat_event& ev) {
       auto& st = self->state;
       ++st.received;
-      auto pending = st.empty() ? 0 : st.queue.size();
+      auto pending = st.run ? st.run->waiting() : st.queue.size();
       if (pending >= st.cfg().max_pending_per_chat) {
         st.cfg().services->refused(
           st.key, std::move(ev), errc::overloaded,
@@ -282,6 +415,10 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
     },
     [=](turn_done_atom) {
       auto& st = self->state;
+      if (!st.coordinated()) {
+        check_idle(self); // the runner went idle while a drain waited
+        return;
+      }
       st.busy = false;
       if (st.coordinated() && !st.empty()) {
         auto& head = st.queue.front();
@@ -294,10 +431,14 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
     },
     [=](drain_atom) -> caf::result<bool> {
       auto& st = self->state;
-      if (!st.busy && st.empty())
+      if (st.idle())
         return true;
       auto rp = self->make_response_promise<bool>();
       st.drain_waiters.push_back(rp);
+      if (st.run) {
+        st.run->notify.store(true);
+        check_idle(self); // it may have gone idle before seeing the flag
+      }
       return rp;
     },
     [=](abandon_atom) {
@@ -324,7 +465,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
     // nothing was forwarded meanwhile).
     [=](idle_atom) {
       auto& st = self->state;
-      if (st.busy || !st.empty() || st.asking)
+      if (!st.idle() || st.asking)
         return;
       st.asking = true;
       self->request(st.router, caf::infinite, idle_atom::value, st.key,

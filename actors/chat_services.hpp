@@ -69,6 +69,15 @@ class chat_services {
                          std::function<void()> done)
     = 0;
 
+  /// Without coordination: runs one event to its end on the calling thread
+  /// (a handler thread; it may block), refusing it when the bot stops.
+  virtual void run_event(const std::string& key, chat_event& ev,
+                         bool first_of_activation)
+    = 0;
+
+  /// Runs `job` on a handler thread and returns at once.
+  virtual void post(std::function<void()> job) = 0;
+
   /// An event got no turn (`turn_wait` passed): it is dropped after an
   /// `errc::coordination_unavailable` error event.
   virtual void turn_failed(const std::string& key, chat_event ev,

@@ -261,6 +261,29 @@ struct bot::impl final : chat_services,
     });
   }
 
+  void run_event(const std::string& key, chat_event& ev, bool first) override {
+    // Past the stop bound, what is left is refused like the messages still
+    // queued in the chat actor.
+    if (ev.is_timer()) {
+      if (!stop_source.stop_requested())
+        timer_turn(key, ev.timer);
+      return;
+    }
+    if (stop_source.stop_requested()) {
+      refused(key, std::move(ev), errc::stopped,
+              fmt::format("chat {}: the bot stopped before this message's "
+                          "turn",
+                          key));
+      return;
+    }
+    record(key, ev.message, first);
+    ev.end(run_handlers(key, ev.message, first, nullptr));
+  }
+
+  void post(std::function<void()> job) override {
+    pool->post(std::move(job));
+  }
+
   void turn_failed(const std::string& key, chat_event ev,
                    std::string why) override {
     ++turn_failures;

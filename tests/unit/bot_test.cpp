@@ -93,6 +93,16 @@ TEST_CASE("a chat over its pending bound refuses with an overloaded error and a 
     c.reply(c.text());
   });
   b.start();
+  // The blocked handler is let go whatever happens below (a failed check
+  // must not leave the bot's stop waiting for it).
+  struct let_go {
+    std::latch& l;
+    bool done = false;
+    ~let_go() {
+      if (!done)
+        l.count_down();
+    }
+  } guard{release};
   for (int i = 1; i <= 6; ++i)
     p->inject("busy", std::to_string(i));
   // 1 runs (blocked), 2..4 wait, 5 and 6 exceed the bound.
@@ -101,6 +111,7 @@ TEST_CASE("a chat over its pending bound refuses with an overloaded error and a 
   p->inject("libre", "x");
   REQUIRE(p->wait_for_sent(1, 5s));
   CHECK(p->sent().at(0).chat == "libre");
+  guard.done = true;
   release.count_down();
   REQUIRE(p->wait_for_sent(5, 5s));
   CHECK(texts(p->sent_to("busy")) == std::vector<std::string>{"1", "2", "3", "4"});
