@@ -594,9 +594,14 @@ void wake(lease_actor_t* self) {
   for (auto& [key, why] : lapsed)
     lose(self, key, why);
   for (auto& [name, l] : st.leads) {
-    if (l.fence && l.valid_until <= t) {
+    if (!l.fence)
+      continue;
+    if (l.valid_until <= t) {
       l.fence.reset();
       self->send(l.session, follower_atom::value, name, std::string{"lost"});
+    } else {
+      // Renewals may fail from now on: nothing else would wake us then.
+      arm(self, l.valid_until);
     }
   }
   auto repairs = std::move(st.repairs);
