@@ -529,9 +529,14 @@ void on_renewed(lease_actor_t* self, renew_done& d) {
   for (std::size_t i = 0; i < d.asked.leads.size() && i < d.res.leads.size();
        ++i) {
     auto l = st.leads.find(d.asked.leads[i]);
-    if (l == st.leads.end())
-      continue;
     auto& got = d.res.leads[i];
+    if (l == st.leads.end()) {
+      // Given up (unlead, shutdown) while this renewal was on its way: a
+      // win is nobody's now; give it back instead of holding it a lease.
+      if (got)
+        send_unlead(self, d.asked.leads[i], got->fence);
+      continue;
+    }
     auto& lead = l->second;
     if (got) {
       lead.valid_until = valid_from_reply(self, d.sent, got->deadline_ms,
