@@ -484,6 +484,26 @@ TEST_CASE("a failed leave is repeated until the backend answers it") {
   CHECK(f.coord->count(op::poll) == 0);
 }
 
+TEST_CASE("a failed unlead is repeated until the backend answers it") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  f.tell(session, botmesh::lead_atom::value, lead_name);
+  REQUIRE(session_log->leaders.size() == 1);
+  int failures = 2;
+  f.coord->set_policy(op::unlead, [&](call& c) {
+    if (failures-- > 0)
+      sc::fail(c);
+    else
+      sc::answer(c, true);
+  });
+  f.tell(session, botmesh::unlead_atom::value, lead_name);
+  f.vs.advance(2000ms);
+  CHECK(f.coord->count(op::unlead, lead_name, 1) == 3);
+  f.vs.advance(5000ms);
+  CHECK(f.coord->count(op::unlead, lead_name, 1) == 3);
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("shutdown releases held turns, leaves waiting requests, gives up "
           "leaderships, and replies once the backend answered") {
   lease_fixture f;
