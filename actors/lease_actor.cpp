@@ -55,7 +55,6 @@ struct leave_done {
 };
 
 struct renew_done {
-  bool periodic = false;
   clk::time_point sent{};
   renewal asked{};
   renewal_result res{};
@@ -186,7 +185,6 @@ struct lease_state {
   std::optional<std::int64_t> base_cur;
   std::optional<std::int64_t> base_prev;
   clk::time_point base_since{};
-  bool renewing = false;
   clk::time_point armed{clk::time_point::max()};
   std::size_t in_flight = 0; // backend calls not answered yet
   bool shutting_down = false;
@@ -328,16 +326,16 @@ void send_unlead(lease_actor_t* self, const std::string& name,
   });
 }
 
-void send_renew(lease_actor_t* self, renewal r, bool periodic) {
+void send_renew(lease_actor_t* self, renewal r) {
   auto& st = self->state;
   auto sent = now(self);
   ++st.in_flight;
   auto asked = r;
-  st.cfg.coordinator->renew(std::move(r), [g = st.g, periodic, sent,
+  st.cfg.coordinator->renew(std::move(r), [g = st.g, sent,
                                            asked = std::move(asked)](
                                             renewal_result res,
                                             std::exception_ptr e) {
-    g->send(renew_done{periodic, sent, asked, std::move(res),
+    g->send(renew_done{sent, asked, std::move(res),
                        e ? what_of(e) : std::string{}});
   });
 }
@@ -490,23 +488,24 @@ void leave_request(lease_actor_t* self, const std::string& key,
   send_leave(self, key, req);
 }
 
+// One batch every lease/3, also while earlier ones are unanswered: a
+// renewal whose reply is slow must not hold back the next one, or turns the
+// backend keeps would lapse here (each reply only extends what its own send
+// time allows; a reply for a released or replaced turn is ignored).
 void renew_now(lease_actor_t* self) {
   auto& st = self->state;
-  if (st.renewing || st.shutting_down)
+  if (st.shutting_down)
     return;
   renewal r;
   for (auto& [key, h] : st.holds)
     r.turns.push_back(turn_ref{key, h.token->fence()});
   for (auto& [name, l] : st.leads)
     r.leads.push_back(name);
-  st.renewing = true;
-  send_renew(self, std::move(r), true);
+  send_renew(self, std::move(r));
 }
 
 void on_renewed(lease_actor_t* self, renew_done& d) {
   auto& st = self->state;
-  if (d.periodic)
-    st.renewing = false;
   if (!d.error.empty())
     return; // leases lapse on their own: each turn's validity runs out
   observe(self, d.sent, d.res.now_ms);
@@ -529,13 +528,20 @@ void on_renewed(lease_actor_t* self, renew_done& d) {
   for (std::size_t i = 0; i < d.asked.leads.size() && i < d.res.leads.size();
        ++i) {
     auto l = st.leads.find(d.asked.leads[i]);
-    if (l == st.leads.end())
-      continue;
     auto& got = d.res.leads[i];
+    if (l == st.leads.end()) {
+      // Given up (unlead, shutdown) while this renewal was on its way: a
+      // win is nobody's now; give it back instead of holding it a lease.
+      if (got)
+        send_unlead(self, d.asked.leads[i], got->fence);
+      continue;
+    }
     auto& lead = l->second;
     if (got) {
-      lead.valid_until = valid_from_reply(self, d.sent, got->deadline_ms,
-                                          got->now_ms);
+      lead.valid_until = std::max(lead.valid_until,
+                                  valid_from_reply(self, d.sent,
+                                                   got->deadline_ms,
+                                                   got->now_ms));
       arm(self, lead.valid_until);
       if (lead.fence != got->fence) {
         lead.fence = got->fence;
@@ -594,9 +600,14 @@ void wake(lease_actor_t* self) {
   for (auto& [key, why] : lapsed)
     lose(self, key, why);
   for (auto& [name, l] : st.leads) {
-    if (l.fence && l.valid_until <= t) {
+    if (!l.fence)
+      continue;
+    if (l.valid_until <= t) {
       l.fence.reset();
       self->send(l.session, follower_atom::value, name, std::string{"lost"});
+    } else {
+      // Renewals may fail from now on: nothing else would wake us then.
+      arm(self, l.valid_until);
     }
   }
   auto repairs = std::move(st.repairs);
@@ -814,7 +825,7 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       l.told = false;
       renewal r;
       r.leads.push_back(name);
-      send_renew(self, std::move(r), false); // elect now, not at the next tick
+      send_renew(self, std::move(r)); // elect now, not at the next tick
     },
     [=](unlead_atom, const std::string& name) {
       auto& st = self->state;

@@ -1,0 +1,921 @@
+// The lease actor under faults, on virtual time: replies delayed, lost or
+// never sent, processes frozen, late results about earlier turns. Every
+// test drives CAF's test coordinator by hand (see lease_test_kit.hpp); no
+// test sleeps or measures real time.
+//
+// The fixture's lease is 3000 ms: renewals go out at 0, 1000, 2000...
+// (lease/3) and a lease the replica may assume ends lease/10 = 300 ms
+// before the backend's.
+
+#include <doctest/doctest.h>
+
+#include <botmesh/actors/chat_services.hpp>
+#include <botmesh/actors/router.hpp>
+#include <botmesh/runtime/core/message.hpp>
+#include <botmesh/stores/memory_coordinator.hpp>
+
+#include "lease_test_kit.hpp"
+
+using namespace std::chrono_literals;
+using namespace lease_kit;
+using botmesh::turn_end;
+using sc = scripted_coordinator;
+
+namespace {
+
+const std::string key_a = "test:a";
+const std::string key_b = "test:b";
+const std::string lead_name = "provider:wa";
+
+bool has_loss(const probe_log& log, std::uint64_t req, std::uint64_t fence,
+              const std::string& why) {
+  for (auto& l : log.losses)
+    if (l.req == req && l.fence == fence && l.why == why)
+      return true;
+  return false;
+}
+
+bool listener_saw(const listener_log& l, const std::string& key,
+                  std::uint64_t fence, turn_end why) {
+  for (auto& e : l.lost)
+    if (e.key == key && e.fence == fence && e.why == why)
+      return true;
+  return false;
+}
+
+// Asks the lease actor to shut down; the reply lands in `replies`.
+void request_shutdown(caf::actor_system& sys, const caf::actor& lease,
+                      std::shared_ptr<std::vector<bool>> replies) {
+  sys.spawn([lease, replies](caf::event_based_actor* self) {
+    self->request(lease, caf::infinite, botmesh::shutdown_atom::value)
+      .then([replies](bool ok) { replies->push_back(ok); });
+  });
+}
+
+} // namespace
+
+// -- 1. a lease counts from when its request left ---------------------------
+
+TEST_CASE("a grant whose reply comes late is valid from when the enter left, "
+          "minus lease/10") {
+  lease_fixture f;
+  f.coord->fail_renewals(); // nothing extends it
+  f.vs.advance_to(100);
+  f.acquire(key_a, 1); // the enter leaves at 100
+  auto& enter = f.coord->last(op::enter);
+  auto ran_at = enter.sent_ms; // the backend granted at once...
+  f.vs.advance_to(1100);       // ...and the reply travelled for a second
+  sc::answer(enter, f.coord->granted(key_a, 1, 7, ran_at));
+  f.vs.run();
+  auto token = f.chat_log->token_of(1);
+  REQUIRE(token);
+  CHECK(token->valid());
+  f.vs.advance_to(100 + 2700 - 1);
+  CHECK(token->valid());
+  CHECK(f.chat_log->losses.empty());
+  f.vs.advance_to(100 + 2700); // not 1100 + 2700
+  CHECK_FALSE(token->valid());
+  CHECK(token->ended() == turn_end::frozen);
+  CHECK_THROWS_AS(token->check(), botmesh::lease_lost_error);
+  CHECK(has_loss(*f.chat_log, 1, 7, "frozen"));
+  CHECK(listener_saw(f.listener, key_a, 7, turn_end::frozen));
+  CHECK(f.releases(key_a, 7) == 1);
+}
+
+TEST_CASE("a renewal whose reply comes late extends the lease from when the "
+          "renewal left, not from when its reply came") {
+  lease_fixture f;
+  auto token = f.hold(key_a, 1, 7); // at 0: valid until 2700
+  f.coord->hold_renewals();
+  f.vs.advance_to(1000); // the renewal with the turn leaves
+  auto& renewal = f.coord->next(op::renew);
+  REQUIRE(renewal.renewal.turns.size() == 1);
+  f.coord->fail_renewals(); // every later one fails
+  f.vs.advance_to(2500);
+  // The backend ran it only now: its deadline is 2500 + lease, but the
+  // replica may count only from when the renewal left.
+  sc::answer(renewal, f.coord->renewed(renewal, f.coord->backend_ms()));
+  f.vs.run();
+  f.vs.advance_to(2700); // the grant's own bound is passed
+  CHECK(token->valid());
+  f.vs.advance_to(1000 + 2700 - 1);
+  CHECK(token->valid());
+  f.vs.advance_to(1000 + 2700);
+  CHECK_FALSE(token->valid());
+  CHECK(has_loss(*f.chat_log, 1, 7, "frozen"));
+}
+
+TEST_CASE("a pushed grant that arrives after its lease ran out is not used: "
+          "the chat is told frozen and the turn is released") {
+  lease_fixture f;
+  f.coord->set_policy(op::poll, [&](call& c) {
+    sc::answer(c, f.coord->waiting(c.key, c.req));
+  });
+  f.acquire(key_a, 1);
+  sc::answer(f.coord->last(op::enter), f.coord->waiting(key_a, 1));
+  f.vs.advance_to(1000);
+  // Granted by another replica's release at 1500, while this process stood
+  // still from 1000 to 6000; the push is read when it resumes.
+  f.vs.freeze(5000ms);
+  f.coord->push(f.coord->granted(key_a, 1, 9, virtual_system::backend_at(1500)));
+  f.vs.run();
+  CHECK(f.chat_log->grants.empty());
+  CHECK(has_loss(*f.chat_log, 1, 0, "frozen"));
+  CHECK(f.releases(key_a, 9) == 1);
+}
+
+TEST_CASE("an enter whose grant is answered after its lease ran out is not "
+          "used: the chat is told frozen and the turn is released") {
+  lease_fixture f;
+  f.acquire(key_a, 1);
+  auto& enter = f.coord->last(op::enter);
+  auto ran_at = enter.sent_ms;
+  f.vs.freeze(3500ms);
+  sc::answer(enter, f.coord->granted(key_a, 1, 7, ran_at));
+  f.vs.run();
+  CHECK(f.chat_log->grants.empty());
+  CHECK(has_loss(*f.chat_log, 1, 0, "frozen"));
+  CHECK(f.releases(key_a, 7) == 1);
+}
+
+TEST_CASE("a pushed grant in time is valid until its backend deadline as "
+          "seen through earlier replies, minus lease/10") {
+  lease_fixture f;
+  f.coord->fail_renewals();
+  f.coord->set_policy(op::poll, [&](call& c) {
+    sc::answer(c, f.coord->waiting(c.key, c.req));
+  });
+  f.vs.advance_to(100);
+  f.acquire(key_a, 1);
+  sc::answer(f.coord->last(op::enter), f.coord->waiting(key_a, 1));
+  f.vs.advance_to(1500);
+  // Granted at backend time 1200 (deadline 4200), read at 1500.
+  f.coord->push(f.coord->granted(key_a, 1, 9, virtual_system::backend_at(1200)));
+  f.vs.run();
+  auto token = f.chat_log->token_of(1);
+  REQUIRE(token);
+  f.vs.advance_to(4200 - 300 - 1);
+  CHECK(token->valid());
+  f.vs.advance_to(4200 - 300);
+  CHECK_FALSE(token->valid());
+  CHECK(has_loss(*f.chat_log, 1, 9, "frozen"));
+}
+
+TEST_CASE("a grant carried by a late release reply is valid from when the "
+          "release left") {
+  lease_fixture f;
+  f.coord->fail_renewals();
+  f.hold(key_a, 1, 7);
+  f.acquire(key_a, 2);
+  sc::answer(f.coord->last(op::enter), f.coord->waiting(key_a, 2));
+  f.coord->set_policy(op::release, nullptr);
+  f.vs.advance_to(200);
+  f.release(key_a, 7); // leaves at 200, granting the next ticket at once
+  auto& rel = f.coord->last(op::release);
+  auto ran_at = rel.sent_ms;
+  f.vs.advance_to(1200);
+  auto res = f.coord->released(rel);
+  res.now_ms = ran_at;
+  res.next = f.coord->granted(key_a, 2, 8, ran_at);
+  sc::answer(rel, res);
+  f.vs.run();
+  auto token = f.chat_log->token_of(2);
+  REQUIRE(token);
+  f.vs.advance_to(200 + 2700 - 1);
+  CHECK(token->valid());
+  f.vs.advance_to(200 + 2700);
+  CHECK_FALSE(token->valid());
+  CHECK(has_loss(*f.chat_log, 2, 8, "frozen"));
+}
+
+// -- 2. renewals ----------------------------------------------------------------
+
+TEST_CASE("every lease/3 one batch renews every held turn and every "
+          "leadership") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  f.hold(key_a, 1, 7);
+  f.hold(key_b, 2, 8);
+  f.tell(session, botmesh::lead_atom::value, lead_name);
+  REQUIRE(session_log->leaders.size() == 1);
+  auto before = f.coord->count(op::renew);
+  f.vs.advance_to(1000);
+  REQUIRE(f.coord->count(op::renew) == before + 1);
+  auto& batch = f.coord->last(op::renew);
+  CHECK(batch.renewal.turns.size() == 2);
+  CHECK(batch.renewal.leads == std::vector<std::string>{lead_name});
+  f.vs.advance_to(3000);
+  CHECK(f.coord->count(op::renew) == before + 3);
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a renewal that says a turn is lost ends it as expired and tells "
+          "the chat with its fence") {
+  lease_fixture f;
+  auto token = f.hold(key_a, 1, 7);
+  f.coord->set_policy(op::renew, [&](call& c) {
+    auto r = f.coord->renewed(c);
+    for (auto& t : r.turns)
+      t = 0;
+    sc::answer(c, r);
+  });
+  f.vs.advance_to(1000);
+  CHECK(token->ended() == turn_end::expired);
+  CHECK(token->stop_token().stop_requested());
+  CHECK(has_loss(*f.chat_log, 1, 7, "expired"));
+  CHECK(listener_saw(f.listener, key_a, 7, turn_end::expired));
+  CHECK(f.releases(key_a, 7) == 1);
+}
+
+TEST_CASE("renewals that fail for the whole lease end the turn as frozen "
+          "before the backend would expire it") {
+  lease_fixture f;
+  auto token = f.hold(key_a, 1, 7); // the backend holds it until 3000
+  f.coord->fail_renewals();
+  f.vs.advance_to(2699);
+  CHECK(token->valid());
+  CHECK(f.chat_log->losses.empty());
+  f.vs.advance_to(2700);
+  CHECK(token->ended() == turn_end::frozen);
+  CHECK(token->stop_token().stop_requested());
+  CHECK(has_loss(*f.chat_log, 1, 7, "frozen"));
+  CHECK(listener_saw(f.listener, key_a, 7, turn_end::frozen));
+  CHECK(f.releases(key_a, 7) == 1);
+}
+
+TEST_CASE("a slow renewal does not hold back the next batch: one leaves "
+          "every lease/3 and the turn stays valid") {
+  lease_fixture f;
+  auto token = f.hold(key_a, 1, 7);
+  f.coord->hold_renewals();
+  // Every reply takes half a lease (the backend ran the renewal when it
+  // left): slow, but every renewal succeeds.
+  for (int t = 1; t <= 9000; ++t) {
+    f.vs.advance(1ms);
+    for (auto* c : f.coord->pending(op::renew))
+      if (c->sent_ms + 1500 <= f.coord->backend_ms())
+        sc::answer(*c, f.coord->renewed(*c));
+    f.vs.run();
+    if (!token->valid())
+      break;
+  }
+  CHECK(token->valid());
+  CHECK(f.chat_log->losses.empty());
+  CHECK(f.coord->count(op::renew) >= 9);
+}
+
+// -- 3. turns are (chat, fence) ---------------------------------------------------
+
+TEST_CASE("a late renewal saying a chat's previous turn is lost does not end "
+          "its next turn") {
+  lease_fixture f;
+  f.hold(key_a, 1, 7);
+  f.acquire(key_a, 2);
+  sc::answer(f.coord->last(op::enter), f.coord->waiting(key_a, 2));
+  f.coord->hold_renewals();
+  f.vs.advance_to(1000);
+  auto& late = f.coord->next(op::renew); // about (a, 7)
+  f.coord->keep_renewing();
+  f.coord->set_policy(op::release, nullptr);
+  f.release(key_a, 7);
+  auto& rel = f.coord->last(op::release);
+  REQUIRE(rel.fence == 7);
+  auto res = f.coord->released(rel);
+  res.next = f.coord->granted(key_a, 2, 8);
+  sc::answer(rel, res);
+  f.vs.run();
+  auto next = f.chat_log->token_of(2);
+  REQUIRE(next);
+  auto r = f.coord->renewed(late);
+  r.turns.assign(r.turns.size(), 0); // "(a, 7) is lost"
+  sc::answer(late, r);
+  f.vs.run();
+  CHECK(next->valid());
+  CHECK(next->ended() == turn_end::holding);
+  CHECK(f.chat_log->losses_of(2) == 0);
+  CHECK(f.releases(key_a, 8) == 0);
+  CHECK(f.listener.lost.empty());
+}
+
+TEST_CASE("a late failed release of a chat's previous turn is repeated for "
+          "that turn only and does not end its next turn") {
+  lease_fixture f;
+  f.hold(key_a, 1, 7);
+  f.acquire(key_a, 2);
+  sc::answer(f.coord->last(op::enter), f.coord->waiting(key_a, 2));
+  f.coord->set_policy(op::release, nullptr);
+  f.release(key_a, 7);
+  auto& rel = f.coord->last(op::release);
+  f.coord->push(f.coord->granted(key_a, 2, 8));
+  f.vs.run();
+  auto next = f.chat_log->token_of(2);
+  REQUIRE(next);
+  f.coord->answer_cleanups();
+  sc::fail(rel);
+  f.vs.advance_to(500); // the watchdog repeats it
+  CHECK(f.releases(key_a, 7) == 2);
+  CHECK(f.releases(key_a, 8) == 0);
+  CHECK(next->valid());
+  CHECK(f.chat_log->losses_of(2) == 0);
+}
+
+TEST_CASE("a stale grant of a chat's previous turn is released by its fence "
+          "and leaves the current turn alone") {
+  lease_fixture f;
+  f.hold(key_a, 1, 7);
+  f.release(key_a, 7);
+  auto current = f.hold(key_a, 2, 8);
+  auto before = f.releases(key_a, 7);
+  f.coord->push(f.coord->granted(key_a, 1, 7)); // heard late
+  f.vs.run();
+  CHECK(f.releases(key_a, 7) == before + 1);
+  CHECK(f.releases(key_a, 8) == 0);
+  CHECK(current->valid());
+  CHECK(f.chat_log->losses.empty());
+}
+
+TEST_CASE("a release or start naming another fence of the chat leaves its "
+          "current turn alone") {
+  lease_fixture f{1500ms};
+  auto token = f.hold(key_a, 1, 7);
+  f.release(key_a, 6);
+  f.start(key_a, 6);
+  CHECK(f.coord->count(op::release) == 0);
+  f.vs.advance_to(5000); // no settle bound started, renewals keep it
+  CHECK(token->valid());
+  CHECK(f.chat_log->losses.empty());
+}
+
+// -- 4. settle ----------------------------------------------------------------------
+
+TEST_CASE("settle ends a started step on time: the token ends, its stop "
+          "token fires, the chat and the listener are told and the turn is "
+          "released") {
+  lease_fixture f{1500ms};
+  auto token = f.hold(key_a, 1, 7);
+  f.vs.advance_to(100);
+  f.start(key_a, 7); // settle at 1600, between two renewals
+  f.vs.advance_to(1599);
+  CHECK(token->valid());
+  CHECK_FALSE(token->stop_token().stop_requested());
+  CHECK(f.releases(key_a, 7) == 0);
+  f.vs.advance_to(1600);
+  CHECK_FALSE(token->valid());
+  CHECK(token->ended() == turn_end::settle);
+  CHECK(token->stop_token().stop_requested());
+  CHECK(has_loss(*f.chat_log, 1, 7, "settle"));
+  CHECK(listener_saw(f.listener, key_a, 7, turn_end::settle));
+  CHECK(f.releases(key_a, 7) == 1);
+}
+
+TEST_CASE("settle counts from the step's start, not from the grant") {
+  lease_fixture f{1500ms};
+  auto token = f.hold(key_a, 1, 7);
+  f.vs.advance_to(2000);
+  CHECK(token->valid()); // granted 2 s ago, not started
+  f.start(key_a, 7);
+  f.vs.advance_to(3499);
+  CHECK(token->valid());
+  f.vs.advance_to(3500);
+  CHECK(token->ended() == turn_end::settle);
+}
+
+// -- 5. nothing is left behind --------------------------------------------------------
+
+TEST_CASE("an enter whose reply is lost is retried as a retry, never as a "
+          "second ticket") {
+  lease_fixture f;
+  f.acquire(key_a, 1);
+  sc::fail(f.coord->last(op::enter));
+  f.vs.advance(50ms);
+  REQUIRE(f.coord->count(op::enter) == 2);
+  CHECK(f.coord->last(op::enter).req == 1);
+  CHECK(f.coord->last(op::enter).retry);
+  sc::fail(f.coord->last(op::enter));
+  f.vs.advance(50ms);
+  REQUIRE(f.coord->count(op::enter) == 3);
+  CHECK(f.coord->last(op::enter).retry);
+  // The ticket existed all along: now it is found.
+  sc::answer(f.coord->last(op::enter), f.coord->waiting(key_a, 1));
+  f.vs.advance(1500ms);
+  CHECK(f.coord->count(op::enter) == 3); // from now on it is polled
+  REQUIRE(f.coord->count(op::poll) >= 1);
+  std::size_t first_takes = 0;
+  for (auto* c : f.coord->all(op::enter))
+    first_takes += c->retry ? 0 : 1;
+  CHECK(first_takes == 1);
+  sc::answer(f.coord->next(op::poll), f.coord->granted(key_a, 1, 7));
+  f.vs.run();
+  CHECK(f.chat_log->token_of(1));
+}
+
+TEST_CASE("a request given up while its enter is in flight is released, or "
+          "left, once the enter answers") {
+  lease_fixture f;
+  SUBCASE("granted") {
+    f.acquire(key_a, 1);
+    f.leave(key_a, 1);
+    sc::answer(f.coord->last(op::enter), f.coord->granted(key_a, 1, 7));
+    f.vs.run();
+    CHECK(f.releases(key_a, 7) == 1);
+  }
+  SUBCASE("waiting") {
+    f.acquire(key_a, 1);
+    f.leave(key_a, 1);
+    CHECK(f.coord->count(op::leave) == 0);
+    sc::answer(f.coord->last(op::enter), f.coord->waiting(key_a, 1));
+    f.vs.run();
+    CHECK(f.coord->count(op::leave, key_a, 1) == 1);
+  }
+  SUBCASE("reply lost: it may have run") {
+    f.acquire(key_a, 1);
+    f.leave(key_a, 1);
+    sc::fail(f.coord->last(op::enter));
+    f.vs.run();
+    CHECK(f.coord->count(op::leave, key_a, 1) == 1);
+  }
+  f.vs.advance(2000ms);
+  CHECK(f.chat_log->grants.empty());
+  CHECK(f.coord->count(op::enter) == 1);
+  CHECK(f.coord->count(op::poll) == 0);
+}
+
+TEST_CASE("a grant for a request nobody waits for is released at once") {
+  lease_fixture f;
+  f.coord->push(f.coord->granted(key_a, 99, 5));
+  f.vs.run();
+  CHECK(f.releases(key_a, 5) == 1);
+  CHECK(f.chat_log->grants.empty());
+}
+
+TEST_CASE("a failed release is repeated until the backend answers it") {
+  lease_fixture f;
+  f.hold(key_a, 1, 7);
+  int failures = 3;
+  f.coord->set_policy(op::release, [&](call& c) {
+    if (failures-- > 0)
+      sc::fail(c);
+    else
+      sc::answer(c, f.coord->released(c));
+  });
+  f.release(key_a, 7);
+  f.vs.advance(2000ms);
+  CHECK(f.releases(key_a, 7) == 4);
+  f.vs.advance(5000ms);
+  CHECK(f.releases(key_a, 7) == 4);
+}
+
+TEST_CASE("a failed leave is repeated until the backend answers it") {
+  lease_fixture f;
+  f.acquire(key_a, 1);
+  sc::answer(f.coord->last(op::enter), f.coord->waiting(key_a, 1));
+  int failures = 2;
+  f.coord->set_policy(op::leave, [&](call& c) {
+    if (failures-- > 0)
+      sc::fail(c);
+    else
+      sc::answer(c, true);
+  });
+  f.leave(key_a, 1);
+  f.vs.advance(2000ms);
+  CHECK(f.coord->count(op::leave, key_a, 1) == 3);
+  f.vs.advance(5000ms);
+  CHECK(f.coord->count(op::leave, key_a, 1) == 3);
+  CHECK(f.coord->count(op::poll) == 0);
+}
+
+TEST_CASE("a failed unlead is repeated until the backend answers it") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  f.tell(session, botmesh::lead_atom::value, lead_name);
+  REQUIRE(session_log->leaders.size() == 1);
+  int failures = 2;
+  f.coord->set_policy(op::unlead, [&](call& c) {
+    if (failures-- > 0)
+      sc::fail(c);
+    else
+      sc::answer(c, true);
+  });
+  f.tell(session, botmesh::unlead_atom::value, lead_name);
+  f.vs.advance(2000ms);
+  CHECK(f.coord->count(op::unlead, lead_name, 1) == 3);
+  f.vs.advance(5000ms);
+  CHECK(f.coord->count(op::unlead, lead_name, 1) == 3);
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("shutdown releases held turns, leaves waiting requests, gives up "
+          "leaderships, and replies once the backend answered") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  auto token = f.hold(key_a, 1, 7);
+  f.acquire(key_b, 2);
+  sc::answer(f.coord->last(op::enter), f.coord->waiting(key_b, 2));
+  f.tell(session, botmesh::lead_atom::value, lead_name);
+  REQUIRE(session_log->leaders.size() == 1);
+  f.coord->set_policy(op::release, nullptr);
+  f.coord->set_policy(op::leave, nullptr);
+  f.coord->set_policy(op::unlead, nullptr);
+  auto replies = std::make_shared<std::vector<bool>>();
+  request_shutdown(f.vs.sys(), f.lease_actor, replies);
+  f.vs.run();
+  CHECK(token->ended() == turn_end::stopped);
+  REQUIRE(f.releases(key_a, 7) == 1);
+  REQUIRE(f.coord->count(op::leave, key_b, 2) == 1);
+  REQUIRE(f.coord->count(op::unlead, lead_name, 1) == 1);
+  CHECK(replies->empty()); // not before the backend answered
+  sc::answer(f.coord->next(op::release), f.coord->released(f.coord->next(op::release)));
+  sc::answer(f.coord->next(op::leave), true);
+  f.vs.run();
+  CHECK(replies->empty());
+  sc::answer(f.coord->next(op::unlead), true);
+  f.vs.run();
+  CHECK(*replies == std::vector<bool>{true});
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("shutdown replies after a lease when the backend never answers") {
+  lease_fixture f;
+  f.hold(key_a, 1, 7);
+  f.coord->set_policy(op::release, nullptr);
+  auto replies = std::make_shared<std::vector<bool>>();
+  request_shutdown(f.vs.sys(), f.lease_actor, replies);
+  f.vs.advance(2999ms);
+  CHECK(replies->empty());
+  f.vs.advance(1ms);
+  CHECK(*replies == std::vector<bool>{true});
+}
+
+TEST_CASE("a leadership won by a renewal answered after it was given up is "
+          "given back") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  f.coord->hold_renewals();
+  f.tell(session, botmesh::lead_atom::value, lead_name);
+  auto& election = f.coord->last(op::renew);
+  REQUIRE(election.renewal.leads == std::vector<std::string>{lead_name});
+  f.tell(session, botmesh::unlead_atom::value, lead_name);
+  sc::answer(election, f.coord->renewed(election, {}, 4)); // won at fence 4
+  f.vs.run();
+  CHECK(f.coord->count(op::unlead, lead_name, 4) == 1);
+  CHECK(session_log->leaders.empty());
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a leadership won by a renewal answered during shutdown is given "
+          "back before the reply") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  f.coord->hold_renewals();
+  f.tell(session, botmesh::lead_atom::value, lead_name);
+  auto& election = f.coord->last(op::renew);
+  auto replies = std::make_shared<std::vector<bool>>();
+  request_shutdown(f.vs.sys(), f.lease_actor, replies);
+  f.vs.run();
+  sc::answer(election, f.coord->renewed(election, {}, 4));
+  f.vs.run();
+  CHECK(f.coord->count(op::unlead, lead_name, 4) == 1);
+  CHECK(*replies == std::vector<bool>{true});
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
+// -- 7. a vanished ticket -------------------------------------------------------------
+
+TEST_CASE("a waiting request whose ticket vanished is reported gone") {
+  lease_fixture f;
+  f.acquire(key_a, 1);
+  sc::answer(f.coord->last(op::enter), f.coord->waiting(key_a, 1));
+  f.vs.advance_to(1100);
+  sc::answer(f.coord->next(op::poll), f.coord->gone(key_a, 1));
+  f.vs.run();
+  CHECK(has_loss(*f.chat_log, 1, 0, "gone"));
+  auto polls = f.coord->count(op::poll);
+  f.vs.advance(5000ms);
+  CHECK(f.coord->count(op::poll) == polls); // forgotten
+}
+
+TEST_CASE("a request blocked by the same holder for half a lease asks to "
+          "skip that holder if it is dead") {
+  lease_fixture f;
+  f.coord->set_policy(op::poll, [&](call& c) {
+    sc::answer(c, f.coord->waiting(c.key, c.req, "dead-incarnation"));
+  });
+  f.coord->set_policy(op::skip, [](call& c) { sc::answer(c, true); });
+  f.acquire(key_a, 1);
+  sc::answer(f.coord->last(op::enter),
+             f.coord->waiting(key_a, 1, "dead-incarnation"));
+  f.vs.advance_to(1000);
+  CHECK(f.coord->count(op::skip) == 0); // a third of a lease: not yet
+  f.vs.advance_to(2000);
+  REQUIRE(f.coord->count(op::skip) == 1);
+  CHECK(f.coord->last(op::skip).key == key_a);
+  CHECK(f.coord->last(op::skip).incarnation == "dead-incarnation");
+}
+
+// -- 8. leaderships -----------------------------------------------------------------
+
+TEST_CASE("lead elects at once, not at the next renewal") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  f.vs.advance_to(100);
+  f.tell(session, botmesh::lead_atom::value, lead_name);
+  CHECK(f.vs.elapsed_ms() == 100);
+  REQUIRE(session_log->leaders.size() == 1);
+  CHECK(session_log->leaders[0] == std::pair<std::string, std::uint64_t>{lead_name, 1});
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a leadership a renewal says is lost tells the session") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  f.tell(session, botmesh::lead_atom::value, lead_name);
+  REQUIRE(session_log->leaders.size() == 1);
+  f.coord->set_policy(op::renew, [&](call& c) {
+    auto r = f.coord->renewed(c);
+    for (auto& l : r.leads)
+      l.reset();
+    sc::answer(c, r);
+  });
+  f.vs.advance_to(1000);
+  REQUIRE(session_log->followers.size() == 1);
+  CHECK(session_log->followers[0].second == "lost");
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a leadership whose renewals fail tells the session it is lost "
+          "before the backend expires it") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  f.tell(session, botmesh::lead_atom::value, lead_name); // until 2700
+  REQUIRE(session_log->leaders.size() == 1);
+  // Renewals at 1000 and 2000 succeed (until 4700 locally, 5000 in the
+  // backend); every later one fails.
+  f.vs.advance_to(2900);
+  CHECK(session_log->followers.empty());
+  f.coord->fail_renewals();
+  f.vs.advance_to(4699);
+  CHECK(session_log->followers.empty());
+  f.vs.advance_to(4700);
+  REQUIRE(session_log->followers.size() == 1);
+  CHECK(session_log->followers[0]
+        == std::pair<std::string, std::string>{lead_name, "lost"});
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
+// -- 6. chat actor and lease actor together -------------------------------------------
+
+namespace {
+
+// Runs nothing: records what the chat actor hands over.
+struct recording_services final : botmesh::chat_services {
+  struct run {
+    std::string key;
+    std::shared_ptr<botmesh::turn_token> turn;
+    std::function<void()> done;
+  };
+  std::vector<run> runs;
+  std::vector<std::string> failed;
+  std::vector<std::string> refused_keys;
+
+  void run_turns(const std::string& key, std::vector<botmesh::chat_event>,
+                 bool, std::shared_ptr<botmesh::turn_token> turn,
+                 std::function<void()> done) override {
+    runs.push_back({key, std::move(turn), std::move(done)});
+  }
+
+  void turn_failed(const std::string& key, botmesh::chat_event,
+                   std::string) override {
+    failed.push_back(key);
+  }
+
+  void refused(const std::string& key, botmesh::chat_event, botmesh::errc,
+               std::string) override {
+    refused_keys.push_back(key);
+  }
+};
+
+// A router with one chat on the fixture's lease actor.
+struct chat_fixture : lease_fixture {
+  recording_services services;
+  caf::actor router;
+  std::string key = botmesh::chat_key("test", "x");
+
+  explicit chat_fixture(ms turn_wait = 2000ms) {
+    router = botmesh::spawn_router(
+      vs.sys(), botmesh::router_config{.services = &services,
+                                       .lease = lease_actor,
+                                       .turn_wait = turn_wait});
+  }
+
+  ~chat_fixture() {
+    caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+    vs.run();
+  }
+
+  void inject(const std::string& text) {
+    botmesh::inbound_message m;
+    m.provider = "test";
+    m.chat = "x";
+    m.sender = "x";
+    m.text = text;
+    caf::anon_send(router, std::move(m));
+    vs.run();
+  }
+};
+
+} // namespace
+
+TEST_CASE("a grant that arrives after the chat's turn_wait gave up is "
+          "released and its message never runs") {
+  chat_fixture f;
+  f.inject("uno");
+  auto& enter = f.coord->last(op::enter);
+  REQUIRE(enter.key == f.key);
+  f.vs.advance(2000ms); // turn_wait passes while the enter is in flight
+  CHECK(f.services.failed.size() == 1);
+  sc::answer(enter, f.coord->granted(f.key, enter.req, 7));
+  f.vs.run();
+  CHECK(f.releases(f.key, 7) == 1);
+  f.vs.advance(3000ms);
+  CHECK(f.services.runs.empty());
+  CHECK(f.releases(f.key, 7) == 1);
+}
+
+TEST_CASE("a grant that crosses the chat's turn_wait on the way is released "
+          "once and its message never runs") {
+  chat_fixture f;
+  f.inject("uno");
+  auto& enter = f.coord->last(op::enter);
+  // turn_wait falls due in the chat's mailbox; the grant is answered and
+  // sent to the chat before the lease actor hears the chat gave up.
+  f.vs.freeze(2000ms);
+  sc::answer(enter, f.coord->granted(f.key, enter.req, 7));
+  auto& sched = f.vs.sched();
+  REQUIRE(sched.prioritize(f.lease_actor));
+  sched.run_once();
+  f.vs.run();
+  CHECK(f.services.failed.size() == 1);
+  CHECK(f.releases(f.key, 7) == 1);
+  f.vs.advance(3000ms);
+  CHECK(f.services.runs.empty());
+  CHECK(f.releases(f.key, 7) == 1);
+}
+
+TEST_CASE("a chat's turn lost before its step ran is asked for again, in "
+          "order with the chat's later messages") {
+  chat_fixture f{10'000ms};
+  f.coord->set_policy(op::poll, [&](call& c) {
+    sc::answer(c, f.coord->waiting(c.key, c.req));
+  });
+  f.inject("uno");
+  f.inject("dos");
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 2);
+  auto first = enters[0]->req;
+  auto second = enters[1]->req;
+  sc::answer(*enters[1], f.coord->waiting(f.key, second));
+  // The first grant comes too late to be used.
+  f.vs.freeze(3500ms);
+  sc::answer(*enters[0], f.coord->granted(f.key, first, 7,
+                                          virtual_system::backend_at(0)));
+  f.vs.run();
+  CHECK(f.services.runs.empty());
+  CHECK(f.releases(f.key, 7) == 1);
+  // Both are entered again, first before second, and the second's old
+  // ticket is given up.
+  auto again = f.coord->all(op::enter);
+  REQUIRE(again.size() == 4);
+  CHECK(again[2]->req != first);
+  CHECK(again[3]->req != second);
+  CHECK(again[2]->req < again[3]->req);
+  CHECK(f.coord->count(op::leave, f.key, second) == 1);
+}
+
+// -- on the memory hub ------------------------------------------------------------------
+
+namespace {
+
+// One replica: a memory coordinator on the shared hub, its lease actor and a
+// chat probe.
+struct hub_replica {
+  virtual_system& vs;
+  std::shared_ptr<botmesh::memory_coordinator> coord;
+  listener_log listener;
+  caf::actor lease;
+  std::shared_ptr<probe_log> log = std::make_shared<probe_log>();
+  caf::actor chat;
+
+  hub_replica(virtual_system& sys, botmesh::memory_coordination_hub& hub,
+              std::string id, ms settle = 60'000ms)
+    : vs(sys) {
+    coord = std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = std::move(id),
+                                               .lease = "3s"});
+    lease = botmesh::spawn_lease_actor(
+      vs.sys(), botmesh::lease_config{.coordinator = coord,
+                                      .settle = settle,
+                                      .listener = &listener});
+    chat = vs.sys().spawn(chat_probe, log);
+    vs.run();
+  }
+
+  hub_replica(const hub_replica&) = delete;
+  hub_replica& operator=(const hub_replica&) = delete;
+
+  ~hub_replica() {
+    caf::anon_send_exit(lease, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(chat, caf::exit_reason::user_shutdown);
+    vs.run();
+  }
+};
+
+struct hub_fixture {
+  botmesh::manual_clock clock;
+  botmesh::memory_coordination_hub hub{{.clock = &clock}};
+  virtual_system vs;
+
+  hub_fixture() {
+    vs.attach(clock);
+  }
+
+  template <class... Ts>
+  void tell(hub_replica& r, Ts&&... xs) {
+    caf::send_as(r.chat, r.lease, std::forward<Ts>(xs)...);
+    vs.run();
+  }
+};
+
+} // namespace
+
+TEST_CASE("on a memory hub, a frozen holder has fenced itself before the "
+          "next replica is granted the chat") {
+  hub_fixture f;
+  hub_replica a{f.vs, f.hub, "a"};
+  hub_replica b{f.vs, f.hub, "b"};
+  f.tell(a, botmesh::acquire_atom::value, key_a, std::uint64_t{1});
+  auto held = a.log->token_of(1);
+  REQUIRE(held);
+  f.vs.advance_to(500);
+  f.tell(b, botmesh::acquire_atom::value, key_a, std::uint64_t{2});
+  REQUIRE(b.log->grants.empty());
+  f.vs.advance_to(1500);
+  a.coord->crash(); // a stops reaching the backend: renewals fail
+  bool a_fenced_first = true;
+  for (int t = 0; t < 6000 && b.log->grants.empty(); ++t) {
+    f.vs.advance(1ms);
+    if (!b.log->grants.empty() && held->valid())
+      a_fenced_first = false;
+  }
+  REQUIRE(b.log->grants.size() == 1);
+  CHECK(a_fenced_first);
+  CHECK(held->ended() == turn_end::frozen);
+  CHECK(has_loss(*a.log, 1, held->fence(), "frozen"));
+  CHECK(b.log->grants[0].token->valid());
+}
+
+TEST_CASE("on a memory hub, settle releases the turn in the backend so the "
+          "next replica is granted the chat at once") {
+  hub_fixture f;
+  hub_replica a{f.vs, f.hub, "a", 1500ms};
+  hub_replica b{f.vs, f.hub, "b"};
+  f.tell(a, botmesh::acquire_atom::value, key_a, std::uint64_t{1});
+  auto held = a.log->token_of(1);
+  REQUIRE(held);
+  f.tell(b, botmesh::acquire_atom::value, key_a, std::uint64_t{2});
+  f.vs.advance_to(100);
+  f.tell(a, botmesh::start_atom::value, key_a, held->fence());
+  f.vs.advance_to(1599);
+  CHECK(b.log->grants.empty());
+  f.vs.advance_to(1600);
+  CHECK(held->ended() == turn_end::settle);
+  CHECK(listener_saw(a.listener, key_a, held->fence(), turn_end::settle));
+  REQUIRE(b.log->grants.size() == 1); // pushed by a's release, not polled
+  CHECK(b.log->grants[0].token->valid());
+}
+
+TEST_CASE("on a memory hub, a shut down replica leaves no turn, ticket or "
+          "leadership behind") {
+  hub_fixture f;
+  hub_replica a{f.vs, f.hub, "a"};
+  hub_replica b{f.vs, f.hub, "b"};
+  f.tell(b, botmesh::acquire_atom::value, key_b, std::uint64_t{10});
+  auto b_turn = b.log->token_of(10);
+  REQUIRE(b_turn);
+  f.tell(a, botmesh::acquire_atom::value, key_a, std::uint64_t{1});
+  REQUIRE(a.log->token_of(1));
+  f.tell(a, botmesh::acquire_atom::value, key_b, std::uint64_t{2}); // waits
+  f.tell(a, botmesh::lead_atom::value, lead_name);
+  REQUIRE(a.log->leaders.size() == 1);
+  auto replies = std::make_shared<std::vector<bool>>();
+  request_shutdown(f.vs.sys(), a.lease, replies);
+  f.vs.run();
+  CHECK(*replies == std::vector<bool>{true});
+  // b gets everything at once, without waiting out a's lease.
+  f.tell(b, botmesh::acquire_atom::value, key_a, std::uint64_t{11});
+  CHECK(b.log->token_of(11));
+  f.tell(b, botmesh::release_atom::value, key_b, b_turn->fence());
+  f.tell(b, botmesh::acquire_atom::value, key_b, std::uint64_t{12});
+  CHECK(b.log->token_of(12));
+  f.tell(b, botmesh::lead_atom::value, lead_name);
+  CHECK(b.log->leaders.size() == 1);
+}
