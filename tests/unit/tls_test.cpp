@@ -286,7 +286,7 @@ TEST_CASE("the HTTPS client trusts a private CA given in ca_file, and only "
 }
 
 TEST_CASE("a self-signed server certificate is pinned by giving it as "
-          "ca_file; verify_tls off accepts anything (tests only)") {
+          "ca_file, and verify_tls off accepts anything (tests only)") {
   cert self_signed{"127.0.0.1", "IP:127.0.0.1", false, nullptr};
   pem_file pinned{self_signed.cert_pem()};
   tls_server server{self_signed};
