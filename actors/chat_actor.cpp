@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <deque>
 #include <memory>
 #include <vector>
 
@@ -29,51 +28,94 @@ struct entry {
   bool wait_armed = false;           // its turn_wait bound is counting
 };
 
+// A chat's FIFO: a vector and a head index (one allocation for a burst,
+// none while idle: `release` gives the memory back).
+class event_queue {
+ public:
+  bool empty() const noexcept {
+    return head_ == items_.size();
+  }
+  std::size_t size() const noexcept {
+    return items_.size() - head_;
+  }
+  entry& front() {
+    return items_[head_];
+  }
+  entry& back() {
+    return items_.back();
+  }
+  entry& operator[](std::size_t i) {
+    return items_[head_ + i];
+  }
+  void push_back(entry e) {
+    items_.push_back(std::move(e));
+  }
+  void pop_front() {
+    items_[head_] = entry{};
+    if (++head_ == items_.size()) {
+      items_.clear();
+      head_ = 0;
+    } else if (head_ >= 32 && head_ * 2 >= items_.size()) {
+      items_.erase(items_.begin(), items_.begin()
+                                     + static_cast<std::ptrdiff_t>(head_));
+      head_ = 0;
+    }
+  }
+  /// Drops the entries from position `from` on.
+  void truncate(std::size_t from) {
+    items_.resize(head_ + from);
+    if (empty()) {
+      items_.clear();
+      head_ = 0;
+    }
+  }
+  void release() {
+    std::vector<entry>{}.swap(items_);
+    head_ = 0;
+  }
+
+ private:
+  std::vector<entry> items_;
+  std::size_t head_ = 0;
+};
+
 struct chat_state {
   std::string key;
-  router_config cfg;
+  std::shared_ptr<const router_config> config; // shared with the router
   caf::actor router;
-  // Allocated on the first event: an idle chat holds no queue memory.
-  std::unique_ptr<std::deque<entry>> queue;
+  event_queue queue; // released when idle: an idle chat holds no queue memory
   bool busy = false;
-  bool first = true;        // the next turn is the first of this activation
-  bool asking = false;      // an idle request to the router is in flight
-  bool check_armed = false; // an idle check is scheduled
-  std::chrono::steady_clock::time_point last_activity{};
+  bool first = true;   // the next turn is the first of this activation
+  bool asking = false; // an idle request to the router is in flight
   std::uint64_t received = 0;
   std::vector<caf::typed_response_promise<bool>> drain_waiters;
 
   static inline const char* name = "botmesh.chat";
 
-  std::deque<entry>& q() {
-    if (!queue)
-      queue = std::make_unique<std::deque<entry>>();
-    return *queue;
+  event_queue& q() {
+    return queue;
   }
 
   bool empty() const {
-    return !queue || queue->empty();
+    return queue.empty();
+  }
+
+  const router_config& cfg() const {
+    return *config;
   }
 
   bool coordinated() const {
-    return static_cast<bool>(cfg.lease);
+    return static_cast<bool>(config->lease);
   }
 };
 
 using chat_actor_t = caf::stateful_actor<chat_state>;
 
-// One timer per idle period, not one per message: re-arming a CAF timeout
-// on every message costs a clock-thread wake-up each time.
-void arm_idle_check(chat_actor_t* self, std::chrono::nanoseconds in) {
-  self->state.check_armed = true;
-  self->delayed_send(self, in, idle_atom::value);
-}
-
 void enter(chat_actor_t* self, entry& e) {
   e.req = next_request.fetch_add(1, std::memory_order_relaxed);
   e.token.reset();
   e.wait_armed = false;
-  self->send(self->state.cfg.lease, acquire_atom::value, self->state.key,
+  self->send(self->state.cfg().lease, acquire_atom::value, self->state.key,
              e.req);
 }
 
@@ -86,7 +128,7 @@ void enter_again(chat_actor_t* self, std::size_t from) {
     if (st.busy && i == 0)
       continue; // running: its turn ends with its step
     if (q[i].req != 0)
-      self->send(st.cfg.lease, leave_atom::value, st.key, q[i].req);
+      self->send(st.cfg().lease, leave_atom::value, st.key, q[i].req);
     enter(self, q[i]);
   }
 }
@@ -96,10 +138,7 @@ void went_idle(chat_actor_t* self) {
   for (auto& rp : st.drain_waiters)
     rp.deliver(true);
   st.drain_waiters.clear();
-  st.last_activity = std::chrono::steady_clock::now();
-  st.queue.reset();
-  if (!st.check_armed)
-    arm_idle_check(self, st.cfg.passivate_after);
+  st.queue.release();
 }
 
 // Starts the next turn, or answers drain waiters when nothing is left.
@@ -117,7 +156,7 @@ void next_turn(chat_actor_t* self) {
     // Hand over a batch: one hand-off to a handler thread for several
     // queued messages.
     st.busy = true;
-    auto n = std::min(q.size(), std::max<std::size_t>(1, st.cfg.max_batch));
+    auto n = std::min(q.size(), std::max<std::size_t>(1, st.cfg().max_batch));
     std::vector<chat_event> batch;
     batch.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
@@ -126,7 +165,7 @@ void next_turn(chat_actor_t* self) {
     }
     st.first = false;
     auto handle = caf::actor_cast<caf::actor>(self);
-    st.cfg.services->run_turns(st.key, std::move(batch), first, nullptr,
+    st.cfg().services->run_turns(st.key, std::move(batch), first, nullptr,
                                [handle] {
                                  caf::anon_send(handle, turn_done_atom::value);
                                });
@@ -137,16 +176,16 @@ void next_turn(chat_actor_t* self) {
     // Waiting for the head's turn: bounded by turn_wait from now.
     if (!head.wait_armed) {
       head.wait_armed = true;
-      self->delayed_send(self, st.cfg.turn_wait, turn_wait_atom::value,
+      self->delayed_send(self, st.cfg().turn_wait, turn_wait_atom::value,
                          head.req);
     }
     return;
   }
   st.busy = true;
   st.first = false;
-  self->send(st.cfg.lease, start_atom::value, st.key, head.token->fence());
+  self->send(st.cfg().lease, start_atom::value, st.key, head.token->fence());
   auto handle = caf::actor_cast<caf::actor>(self);
-  st.cfg.services->run_turns(st.key, {head.ev}, first, head.token, [handle] {
+  st.cfg().services->run_turns(st.key, {head.ev}, first, head.token, [handle] {
     caf::anon_send(handle, turn_done_atom::value);
   });
 }
@@ -166,7 +205,7 @@ entry* find(chat_actor_t* self, std::uint64_t req, std::size_t* index = nullptr)
   auto& st = self->state;
   if (st.empty())
     return nullptr;
-  auto& q = *st.queue;
+  auto& q = st.queue;
   for (std::size_t i = 0; i < q.size(); ++i) {
     if (q[i].req == req) {
       if (index)
@@ -178,18 +217,18 @@ entry* find(chat_actor_t* self, std::uint64_t req, std::size_t* index = nullptr)
 }
 
 caf::behavior chat_actor(chat_actor_t* self, std::string key,
-                         router_config cfg, caf::actor router) {
+                         std::shared_ptr<const router_config> cfg,
+                         caf::actor router) {
   self->state.key = std::move(key);
-  self->state.cfg = cfg;
+  self->state.config = std::move(cfg);
   self->state.router = std::move(router);
-  self->state.last_activity = std::chrono::steady_clock::now();
   return {
     [=](chat_event& ev) {
       auto& st = self->state;
       ++st.received;
-      auto pending = st.empty() ? 0 : st.queue->size();
-      if (pending >= st.cfg.max_pending_per_chat) {
-        st.cfg.services->refused(
+      auto pending = st.empty() ? 0 : st.queue.size();
+      if (pending >= st.cfg().max_pending_per_chat) {
+        st.cfg().services->refused(
           st.key, std::move(ev), errc::overloaded,
           fmt::format("chat {} has {} messages waiting (max_pending_per_chat)",
                       st.key, pending));
@@ -207,7 +246,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       auto e = find(self, req);
       if (!e) {
         // Given up meanwhile (turn_wait, stop): pass the turn on.
-        self->send(self->state.cfg.lease, release_atom::value, token->key(),
+        self->send(self->state.cfg().lease, release_atom::value, token->key(),
                    token->fence());
         return;
       }
@@ -229,27 +268,27 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       auto& st = self->state;
       if (st.empty() || st.busy)
         return;
-      auto& q = *st.queue;
+      auto& q = st.queue;
       auto& head = q.front();
       if (head.req != req || head.token)
         return; // stale: granted, or entered again
-      self->send(st.cfg.lease, leave_atom::value, st.key, req);
+      self->send(st.cfg().lease, leave_atom::value, st.key, req);
       auto ev = std::move(head.ev);
       q.pop_front();
-      st.cfg.services->turn_failed(
+      st.cfg().services->turn_failed(
         st.key, std::move(ev),
-        fmt::format("within turn_wait ({} ms)", st.cfg.turn_wait.count()));
+        fmt::format("within turn_wait ({} ms)", st.cfg().turn_wait.count()));
       next_turn(self);
     },
     [=](turn_done_atom) {
       auto& st = self->state;
       st.busy = false;
       if (st.coordinated() && !st.empty()) {
-        auto& head = st.queue->front();
+        auto& head = st.queue.front();
         if (head.token)
-          self->send(st.cfg.lease, release_atom::value, st.key,
+          self->send(st.cfg().lease, release_atom::value, st.key,
                      head.token->fence());
-        st.queue->pop_front();
+        st.queue.pop_front();
       }
       next_turn(self);
     },
@@ -265,32 +304,28 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       auto& st = self->state;
       if (st.empty())
         return;
-      auto& q = *st.queue;
+      auto& q = st.queue;
       // The running head (if any) finishes; everything else is refused.
       std::size_t from = st.busy ? 1 : 0;
       for (auto i = from; i < q.size(); ++i) {
         if (q[i].req != 0)
-          self->send(st.cfg.lease, leave_atom::value, st.key, q[i].req);
+          self->send(st.cfg().lease, leave_atom::value, st.key, q[i].req);
         if (!q[i].ev.is_timer())
-          st.cfg.services->refused(st.key, std::move(q[i].ev), errc::stopped,
+          st.cfg().services->refused(st.key, std::move(q[i].ev), errc::stopped,
                                    fmt::format("chat {}: the bot stopped before "
                                                "this message's turn",
                                                st.key));
       }
-      q.erase(q.begin() + static_cast<std::ptrdiff_t>(from), q.end());
+      q.truncate(from);
       if (!st.busy)
         went_idle(self);
     },
+    // The router's sweep asks: exit if idle (the router allows it only when
+    // nothing was forwarded meanwhile).
     [=](idle_atom) {
       auto& st = self->state;
-      st.check_armed = false;
       if (st.busy || !st.empty() || st.asking)
-        return; // next_turn re-arms once the chat is idle again
-      auto idle_for = std::chrono::steady_clock::now() - st.last_activity;
-      if (idle_for < st.cfg.passivate_after) {
-        arm_idle_check(self, st.cfg.passivate_after - idle_for);
         return;
-      }
       st.asking = true;
       self->request(st.router, caf::infinite, idle_atom::value, st.key,
                     st.received)
@@ -298,8 +333,6 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
           self->state.asking = false;
           if (allowed)
             self->quit();
-          else if (!self->state.check_armed)
-            arm_idle_check(self, self->state.cfg.passivate_after);
         });
     },
   };
@@ -308,8 +341,8 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
 } // namespace
 
 caf::actor spawn_chat(caf::event_based_actor* parent, std::string key,
-                      const router_config& cfg) {
-  return parent->spawn(chat_actor, std::move(key), cfg,
+                      std::shared_ptr<const router_config> cfg) {
+  return parent->spawn(chat_actor, std::move(key), std::move(cfg),
                        caf::actor_cast<caf::actor>(parent));
 }
 

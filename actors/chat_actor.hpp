@@ -1,5 +1,6 @@
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <caf/fwd.hpp>
@@ -15,12 +16,13 @@ namespace botmesh {
 /// `max_batch`) to `chat_services::run_turns`, which runs them one after the
 /// other, and hands over more only when that batch reported done, so a chat's handlers never overlap and keep arrival order.
 /// It never blocks a CAF worker. Messages beyond `max_pending_per_chat` are
-/// refused with `errc::overloaded`. After `passivate_after` without messages
-/// it asks the router `(idle_atom, key, received)` and exits when allowed.
+/// refused with `errc::overloaded`. When the router's sweep finds it got
+/// nothing for `passivate_after` it sends `(idle_atom)`; an idle chat then
+/// asks the router `(idle_atom, key, received)` and exits when allowed.
 ///
 /// Protocol: `inbound_message`; `turn_done_atom`; `drain_atom` -> `bool`
 /// (replied once the queue is empty and no turn runs); `abandon_atom`.
 caf::actor spawn_chat(caf::event_based_actor* parent, std::string key,
-                      const router_config& cfg);
+                      std::shared_ptr<const router_config> cfg);
 
 } // namespace botmesh

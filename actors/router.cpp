@@ -18,13 +18,18 @@ namespace botmesh {
 
 namespace {
 
+using sweep_atom = caf::atom_constant<caf::atom("bm_sweep")>;
+using clk = std::chrono::steady_clock;
+
 struct chat_entry {
   caf::actor handle;
   std::uint64_t forwarded = 0; // messages sent to this activation
+  clk::time_point last{};      // when the last one was sent
 };
 
 struct router_state {
-  router_config cfg;
+  // Shared with every chat actor (one copy, not one per chat).
+  std::shared_ptr<const router_config> cfg;
   std::unordered_map<std::string, chat_entry> chats;
   bool draining = false;
 
@@ -34,7 +39,7 @@ struct router_state {
 using router_actor_t = caf::stateful_actor<router_state>;
 
 caf::behavior router(router_actor_t* self, router_config cfg) {
-  self->state.cfg = cfg;
+  self->state.cfg = std::make_shared<const router_config>(std::move(cfg));
   // Chat actors are not linked (unlinking costs O(links) per passivation):
   // the router forwards its own exit to every live chat instead.
   self->set_exit_handler([=](caf::exit_msg& msg) {
@@ -49,7 +54,7 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     auto& st = self->state;
     auto key = chat_key(ev.message);
     if (st.draining) {
-      st.cfg.services->refused(key, std::move(ev), errc::stopped,
+      st.cfg->services->refused(key, std::move(ev), errc::stopped,
                                fmt::format("chat {}: the bot is stopping",
                                            key));
       return;
@@ -57,11 +62,18 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     auto& entry = st.chats[key];
     if (!entry.handle) {
       entry.handle = spawn_chat(self, key, st.cfg);
-      st.cfg.services->chat_activated(key);
+      st.cfg->services->chat_activated(key);
     }
     ++entry.forwarded;
+    entry.last = clk::now();
     self->send(entry.handle, std::move(ev));
   };
+  // One sweep for all chats instead of a timer per chat: a chat that got
+  // nothing for passivate_after is asked whether it is idle; if it is, it
+  // asks to exit (the received == forwarded handshake below).
+  auto sweep_every = std::max(std::chrono::milliseconds{10},
+                              self->state.cfg->passivate_after / 4);
+  self->delayed_send(self, sweep_every, sweep_atom::value);
   return {
     [=](inbound_message& msg) { forward(chat_event{std::move(msg), 0, {}}); },
     [=](chat_event& ev) { forward(std::move(ev)); },
@@ -72,10 +84,21 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       auto& entry = st.chats[key];
       if (!entry.handle) {
         entry.handle = spawn_chat(self, key, st.cfg);
-        st.cfg.services->chat_activated(key);
+        st.cfg->services->chat_activated(key);
       }
       ++entry.forwarded;
+      entry.last = clk::now();
       self->send(entry.handle, timer_atom::value, id);
+    },
+    [=](sweep_atom) {
+      auto& st = self->state;
+      if (st.draining)
+        return;
+      auto now = clk::now();
+      for (auto& [key, entry] : st.chats)
+        if (now - entry.last >= st.cfg->passivate_after)
+          self->send(entry.handle, idle_atom::value);
+      self->delayed_send(self, sweep_every, sweep_atom::value);
     },
     // A chat may exit only if it has seen everything forwarded to it;
     // otherwise a message is on its way and the chat stays.
@@ -86,7 +109,7 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
           || i->second.handle != self->current_sender())
         return false;
       st.chats.erase(i);
-      st.cfg.services->chat_passivated(key);
+      st.cfg->services->chat_passivated(key);
       return true;
     },
     [=](drain_atom, std::chrono::milliseconds bound) -> caf::result<bool> {

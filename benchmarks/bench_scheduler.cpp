@@ -84,7 +84,7 @@ void timers() {
   fired = 0;
   auto t1 = clk::now();
   for (int i = 0; i < n; ++i)
-    s.delay(1 + i % 100, [&] { fired.fetch_add(1); });
+    s.delay(std::chrono::milliseconds{1 + i % 100}, [&] { fired.fetch_add(1); });
   double arm = seconds_since(t1);
   auto t2 = clk::now();
   mc.advance(100ms);

@@ -294,6 +294,10 @@ int main(int argc, char** argv) {
   caf::actor_system_config cfg;
   cfg.set("scheduler.max-threads", 2);
   cfg.set("scheduler.max-throughput", 32);
+  if (auto v = std::getenv("BM_MODERATE"))
+    cfg.set("work-stealing.moderate-poll-attempts", std::size_t(std::atoi(v)));
+  if (auto v = std::getenv("BM_AGGR"))
+    cfg.set("work-stealing.aggressive-poll-attempts", std::size_t(std::atoi(v)));
   caf::actor_system sys{cfg};
   std::printf("bench_turn_latency: %d rounds\n", rounds);
   {

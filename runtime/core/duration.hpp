@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace botmesh {
 
@@ -26,10 +27,12 @@ std::chrono::milliseconds parse_duration(std::string_view text);
 /// Formats milliseconds the shortest exact way: "250ms", "30s", "5m", "2h", "1d".
 std::string format_duration(std::chrono::milliseconds ms);
 
-/// A duration option value: built from a `std::chrono` duration, a number of
-/// milliseconds, or text that `parse_duration` accepts. Lets options structs
-/// take `.lease = "15s"` or `.lease = 15s` alike. Construction from text throws
-/// exactly what `parse_duration` throws; negative chrono values are rejected.
+/// A duration option value: built from a `std::chrono` duration or text that
+/// `parse_duration` accepts. Lets options structs take `.lease = "15s"` or
+/// `.lease = 15s` alike. A bare integer does not compile: `.lease = 15`
+/// would have meant 15 ms where 15 s was meant (write `15s`, `15000ms` or
+/// "15s"). Construction from text throws exactly what `parse_duration`
+/// throws; negative chrono values are rejected.
 class duration {
  public:
   constexpr duration() noexcept = default;
@@ -41,13 +44,11 @@ class duration {
     // nop
   }
 
-  duration(std::int64_t ms) : duration(ms, 0) {
-    // nop
-  }
-
-  duration(int ms) : duration(static_cast<std::int64_t>(ms), 0) {
-    // nop
-  }
+  /// Unit-less numbers are refused at compile time (see above).
+  template <class Int,
+            class = std::enable_if_t<std::is_integral_v<Int>
+                                     || std::is_floating_point_v<Int>>>
+  duration(Int) = delete;
 
   duration(std::string_view text) : ms_(parse_duration(text)) {
     // nop

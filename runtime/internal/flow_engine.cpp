@@ -297,6 +297,8 @@ void flow_engine::erase(const std::string& key) {
 }
 
 void flow_engine::drop(const std::string& key) {
+  if (flows_.empty())
+    return;
   erase(key);
   if (any_persistent_) {
     std::lock_guard guard{mtx_};
@@ -542,6 +544,8 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
 bool flow_engine::on_message(const std::string& key,
                              const inbound_message& msg, bool first,
                              const turn_token* turn) {
+  if (flows_.empty())
+    return false; // a bot without flows pays nothing per message
   auto c = find(key);
   if (!c && any_persistent_) {
     bool look = first;

@@ -323,7 +323,7 @@ TEST_CASE("a bot's scheduled tasks run while it runs and pause when it stops") {
   auto store = std::make_shared<botmesh::memory_schedule_store>();
   std::atomic<int> beats{0};
   botmesh::bot b{{.provider = p, .scheduler = {.store = store, .tick = "20ms"}}};
-  b.every(10, [&] { ++beats; });
+  b.every(10ms, [&] { ++beats; });
   auto durable = b.every("1h", {.id = "informe"},
                          [](const botmesh::scheduled_run&) {});
   // Durable ids get the bot's namespace (the provider id by default).

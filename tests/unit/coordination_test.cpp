@@ -336,7 +336,7 @@ TEST_CASE("with coordination the scheduler's leadership uses the coordinator") {
   std::atomic<int> ticks{0};
   replica a{hub, store, "a"};
   a.bot->every("1h", {.id = "report"}, [](const botmesh::scheduled_run&) {});
-  a.bot->every(10, [&] { ++ticks; }); // proves the scheduler has ticked
+  a.bot->every(10ms, [&] { ++ticks; }); // proves the scheduler has ticked
   a.bot->start();
   REQUIRE(test::eventually([&] { return ticks.load() > 0; }));
   botmesh::memory_coordinator other{hub, {.replica_id = "z"}};

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <type_traits>
+
 #include <botmesh/runtime/core/duration.hpp>
 #include <botmesh/runtime/core/error.hpp>
 
@@ -45,10 +47,19 @@ TEST_CASE("an invalid duration is rejected with a message that quotes it") {
   }
 }
 
-TEST_CASE("a duration option converts from chrono, numbers and text") {
+// `.lease = 15` meant 15 ms where 15 s was meant: numbers without a unit
+// are a compile error.
+static_assert(!std::is_convertible_v<int, botmesh::duration>);
+static_assert(!std::is_convertible_v<long, botmesh::duration>);
+static_assert(!std::is_convertible_v<double, botmesh::duration>);
+static_assert(std::is_convertible_v<std::chrono::seconds, botmesh::duration>);
+static_assert(std::is_convertible_v<const char*, botmesh::duration>);
+
+TEST_CASE("a duration option converts from chrono and text, never a bare "
+          "number") {
   botmesh::duration a = "15s";
   botmesh::duration b = 15s;
-  botmesh::duration c = 15000;
+  botmesh::duration c = "15000"; // text: a bare number is milliseconds
   CHECK(a == b);
   CHECK(b == c);
   CHECK(a.ms() == 15'000ms);

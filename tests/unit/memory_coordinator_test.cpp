@@ -70,6 +70,6 @@ TEST_CASE("a crashed coordinator refuses calls and replica ids default to "
   a.crash();
   CHECK_THROWS_AS(botmesh::blocking_coordinator{a}.enter("x", 1),
                   botmesh::coordination_unavailable_error);
-  CHECK_THROWS_AS((botmesh::memory_coordinator{hub, {.lease = 0}}),
+  CHECK_THROWS_AS((botmesh::memory_coordinator{hub, {.lease = 0ms}}),
                   botmesh::invalid_argument_error);
 }

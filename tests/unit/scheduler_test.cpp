@@ -133,7 +133,7 @@ TEST_CASE("invalid tasks are rejected naming the field") {
   botmesh::manual_clock clk{t0()};
   botmesh::scheduler s{{.clock = &clk}};
   auto nop = [](const scheduled_run&) {};
-  CHECK(field_of([&] { s.every(0, [] {}); }) == "interval");
+  CHECK(field_of([&] { s.every(0ms, [] {}); }) == "interval");
   CHECK(field_of([&] { s.every("soon", [] {}); }) == "duration");
   CHECK(field_of([&] { s.every("1m", {.time_zone = "UTC"}, nop); })
         == "time_zone");
@@ -469,8 +469,8 @@ TEST_CASE("stop fires the stop token of a running handler and waits for it") {
 TEST_CASE("a started scheduler runs tasks on the system clock") {
   botmesh::scheduler s{{.tick = "50ms"}};
   std::atomic<int> runs{0};
-  s.every(20, [&] { ++runs; });
-  s.delay(10, [&] { ++runs; });
+  s.every(20ms, [&] { ++runs; });
+  s.delay(10ms, [&] { ++runs; });
   s.start();
   auto deadline = std::chrono::steady_clock::now() + 10s;
   while (runs < 4 && std::chrono::steady_clock::now() < deadline)
