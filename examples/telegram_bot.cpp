@@ -5,7 +5,8 @@
 //   TELEGRAM_MODE      webhook (default) | polling
 //   WEBHOOK_SECRET     the secret_token given to setWebhook (webhook mode; required)
 //   TELEGRAM_API_URL   Bot API base URL (default https://api.telegram.org)
-//   PORT               where POST /telegram listens (default 8080)
+//   PORT               where POST /telegram listens (default 8080; 0: any
+//                      free port, printed in the "ready" line)
 //   LISTEN_ADDRESS     default 0.0.0.0
 //
 // SIGTERM or SIGINT: stops taking updates, drains what is queued, exits 0.
@@ -45,6 +46,7 @@ int main() {
   auto mode = env("TELEGRAM_MODE", "webhook");
   auto api_url = env("TELEGRAM_API_URL", "https://api.telegram.org");
   std::shared_ptr<botmesh::provider> provider;
+  std::shared_ptr<botmesh::telegram::webhook_provider> webhook;
   try {
     if (mode == "polling") {
       botmesh::telegram::polling_options o;
@@ -58,7 +60,7 @@ int main() {
       o.secret_token = env("WEBHOOK_SECRET");
       o.listen.address = env("LISTEN_ADDRESS", "0.0.0.0");
       o.listen.port = static_cast<std::uint16_t>(std::atoi(env("PORT", "8080").c_str()));
-      provider = std::make_shared<botmesh::telegram::webhook_provider>(o);
+      provider = webhook = std::make_shared<botmesh::telegram::webhook_provider>(o);
     } else {
       std::fprintf(stderr, "telegram_bot: TELEGRAM_MODE must be webhook or polling\n");
       return 2;
@@ -88,7 +90,11 @@ int main() {
     std::fprintf(stderr, "telegram_bot: %s\n", e.what());
     std::_Exit(1);
   }
-  std::fprintf(stderr, "telegram_bot: %s mode, ready\n", mode.c_str());
+  if (webhook)
+    std::fprintf(stderr, "telegram_bot: webhook mode on port %u, ready\n",
+                 static_cast<unsigned>(webhook->server().port()));
+  else
+    std::fprintf(stderr, "telegram_bot: polling mode, ready\n");
   auto rc = bot.run(); // until stop()
   waiter.join();
   return rc;

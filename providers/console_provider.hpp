@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -15,6 +16,14 @@ namespace botmesh {
 /// When the input ends (EOF), it reports `input_closed()`, so `bot::run()`
 /// finishes what is in flight and returns: `printf 'hola\n' | demo` works.
 /// Blank lines are ignored; a trailing '\r' is stripped.
+///
+/// Backpressure: at most `max_in_flight` lines are delivered whose turns have
+/// not ended yet; the reader thread waits for turn-end notices (see
+/// `delivery_callbacks`) before reading more, so a pipe of any length is
+/// answered line by line instead of overflowing the chat's queue
+/// (`errc::overloaded`). Once the bot refuses a line because it is stopping
+/// (`errc::stopped`), the reader reads nothing more. `stop()` interrupts the
+/// reader at once, whether it waits for input or for turns to end.
 class console_provider final : public provider {
  public:
   struct options {
@@ -24,9 +33,15 @@ class console_provider final : public provider {
     std::ostream* out = nullptr;
     std::string chat = "console";
     std::string sender = "user";
+    /// Most lines delivered and not yet finished (their turn handled, failed
+    /// or refused). Keep it below the bot's `max_pending_per_chat` (1000 by
+    /// default), or a fast pipe can still fill the chat's queue.
+    std::size_t max_in_flight = 256;
   };
 
   console_provider();
+  /// Throws `invalid_argument_error` ("max_in_flight") when it is 0 and
+  /// ("input_fd") when it is negative.
   explicit console_provider(options opts);
   ~console_provider() override;
 

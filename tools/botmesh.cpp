@@ -1,10 +1,14 @@
 // botmesh: the command-line tool.
 //
 //   botmesh cron next '<expr>' [--tz ZONE] [--from ISO-8601] [--count N]
+//   botmesh telegram set-webhook --url URL [--secret S] [...]
+//   botmesh telegram delete-webhook [--drop-pending-updates]
+//   botmesh telegram webhook-info
+//   botmesh [COMMAND] --help
 //
-// Prints the next N run instants of a cron expression as ISO-8601 with the
-// zone's offset, one per line. On a bad expression, zone or argument it
-// prints the validation message to stderr and exits 1 (2 for bad usage).
+// Exit codes: 0 done; 1 the work failed (a cron expression, zone or instant
+// the library rejects, with its validation message; a Bot API request that
+// was refused or could not be sent); 2 bad usage (printed with the usage).
 
 #include <cstdio>
 #include <cstdlib>
@@ -15,84 +19,131 @@
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/scheduler/cron.hpp>
 
-namespace {
+#include "command.hpp"
 
-constexpr const char* usage =
+namespace botmesh::tool {
+
+const char* const cron_usage =
   "usage: botmesh cron next '<expr>' [--tz ZONE] [--from ISO-8601] [--count "
   "N]\n"
   "  --tz     IANA zone the fields are read in (default: local)\n"
   "  --from   start instant, exclusive (default: now)\n"
   "  --count  how many run instants to print (default: 5, at most 10000)\n";
 
-int fail_usage(const std::string& why) {
-  std::fprintf(stderr, "botmesh: %s\n%s", why.c_str(), usage);
-  return 2;
+bool is_help(std::string_view a) {
+  return a == "-h" || a == "--help" || a == "help";
 }
 
-int cron_next(const std::vector<std::string_view>& args) {
-  if (args.empty())
-    return fail_usage("missing cron expression");
+int cron(const args& all) {
+  if (all.empty() || all[0] != "next")
+    throw usage_error(all.empty() ? "missing cron command" : "unknown command");
+  args a{all.begin() + 1, all.end()};
+  if (a.empty())
+    throw usage_error("missing cron expression");
   std::string_view expr;
   std::string zone = "local";
   std::string from_text;
   long count = 5;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto a = args[i];
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto arg = a[i];
     auto value = [&](std::string_view flag) -> std::string {
-      if (i + 1 >= args.size())
-        throw std::runtime_error(std::string{flag} + " needs a value");
-      return std::string{args[++i]};
+      if (i + 1 >= a.size())
+        throw usage_error(std::string{flag} + " needs a value");
+      return std::string{a[++i]};
     };
-    if (a == "--tz") {
-      zone = value(a);
-    } else if (a == "--from") {
-      from_text = value(a);
-    } else if (a == "--count") {
-      auto v = value(a);
+    if (arg == "--tz") {
+      zone = value(arg);
+    } else if (arg == "--from") {
+      from_text = value(arg);
+    } else if (arg == "--count") {
+      auto v = value(arg);
       char* end = nullptr;
       count = std::strtol(v.c_str(), &end, 10);
       if (v.empty() || *end != '\0' || count < 1 || count > 10000)
-        throw std::runtime_error("--count must be a number from 1 to 10000, "
-                                 "got \""
-                                 + v + "\"");
-    } else if (a.starts_with("--")) {
-      throw std::runtime_error("unknown option " + std::string{a});
+        throw usage_error("--count must be a number from 1 to 10000, got \""
+                          + v + "\"");
+    } else if (arg.starts_with("--")) {
+      throw usage_error("unknown option " + std::string{arg});
     } else if (expr.empty()) {
-      expr = a;
+      expr = arg;
     } else {
-      throw std::runtime_error("unexpected argument \"" + std::string{a}
-                               + "\" (quote the expression)");
+      throw usage_error("unexpected argument \"" + std::string{arg}
+                        + "\" (quote the expression)");
     }
   }
   if (expr.empty())
-    throw std::runtime_error("missing cron expression");
-  botmesh::validate_time_zone(zone);
-  auto from = from_text.empty() ? botmesh::clock::system().now()
-                                : botmesh::parse_iso8601(from_text, zone);
-  botmesh::cron_schedule sched{expr, zone, from};
+    throw usage_error("missing cron expression");
+  validate_time_zone(zone);
+  auto from = from_text.empty() ? clock::system().now()
+                                : parse_iso8601(from_text, zone);
+  cron_schedule sched{expr, zone, from};
   auto t = from;
   for (long n = 0; n < count; ++n) {
     auto next = sched.next_after(t);
     if (!next)
       break;
-    std::printf("%s\n", botmesh::format_iso8601(*next, zone).c_str());
+    std::printf("%s\n", format_iso8601(*next, zone).c_str());
     t = *next;
   }
-  return 0;
+  return exit_ok;
+}
+
+} // namespace botmesh::tool
+
+namespace {
+
+constexpr const char* general_usage =
+  "usage: botmesh COMMAND ...\n"
+  "  cron next '<expr>' ...        the next run instants of a cron expression\n"
+  "  telegram set-webhook ...      register the bot's webhook with Telegram\n"
+  "  telegram delete-webhook ...   remove it\n"
+  "  telegram webhook-info         what Telegram knows about it\n"
+  "botmesh COMMAND --help shows a command's options.\n";
+
+int fail_usage(const std::string& why, const char* usage) {
+  std::fprintf(stderr, "botmesh: %s\n%s", why.c_str(), usage);
+  return botmesh::tool::exit_usage;
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string_view> args(argv + 1, argv + argc);
-  if (args.size() < 2 || args[0] != "cron" || args[1] != "next")
-    return fail_usage(args.empty() ? "missing command" : "unknown command");
+  using namespace botmesh::tool;
+  args a(argv + 1, argv + argc);
+  if (a.empty())
+    return fail_usage("missing command", general_usage);
+  if (is_help(a[0])) {
+    std::fputs(general_usage, stdout);
+    return exit_ok;
+  }
+  const char* usage = general_usage;
+  // What follows the error of a bad command line: the usage, or for a long
+  // one where to find it.
+  const char* hint = general_usage;
+  int (*command)(const args&) = nullptr;
+  if (a[0] == "cron") {
+    usage = hint = cron_usage;
+    command = cron;
+  } else if (a[0] == "telegram") {
+    usage = telegram_usage;
+    hint = "run 'botmesh telegram --help' for its options\n";
+    command = telegram;
+  } else {
+    return fail_usage("unknown command \"" + std::string{a[0]} + "\"", usage);
+  }
+  args rest{a.begin() + 1, a.end()};
+  for (auto arg : rest) {
+    if (arg == "-h" || arg == "--help") {
+      std::fputs(usage, stdout);
+      return exit_ok;
+    }
+  }
   try {
-    return cron_next({args.begin() + 2, args.end()});
-  } catch (const botmesh::invalid_argument_error& e) {
-    std::fprintf(stderr, "botmesh: %s\n", e.what());
-    return 1;
+    return command(rest);
+  } catch (const usage_error& e) {
+    return fail_usage(e.what(), hint);
   } catch (const std::exception& e) {
-    return fail_usage(e.what());
+    std::fprintf(stderr, "botmesh: %s\n", e.what());
+    return exit_failed;
   }
 }

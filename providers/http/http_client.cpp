@@ -11,11 +11,14 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ip/address.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <fmt/format.h>
+#include <openssl/ssl.h>
+#include <openssl/x509_vfy.h>
 
 #include <botmesh/runtime/core/error.hpp>
 
@@ -27,6 +30,12 @@ namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = net::ip::tcp;
 using steady = std::chrono::steady_clock;
+
+tls_verification_error::tls_verification_error(std::string reason,
+                                               const std::string& what)
+  : error(errc::provider_error, what), reason_(std::move(reason)) {
+  // nop
+}
 
 const std::string* client_response::header(std::string_view lower_name) const
   noexcept {
@@ -126,6 +135,10 @@ struct client::impl {
   std::atomic<std::uint64_t> n_requests{0}, n_opened{0}, n_reused{0},
     n_retried{0};
 
+  static beast::error_code ssl_error() {
+    return {static_cast<int>(::ERR_get_error()), net::error::get_ssl_category()};
+  }
+
   [[noreturn]] void fail(const url_parts& u, std::string_view step,
                          beast::error_code ec) {
     auto what = fmt::format("http {}://{}:{}: {} failed: {}",
@@ -157,21 +170,47 @@ struct client::impl {
     beast::error_code ignored;
     c->lowest().socket().set_option(tcp::no_delay{true}, ignored);
     if (u.tls) {
+      auto* native = c->secure->native_handle();
+      // An IP literal is checked against the certificate's IP addresses and
+      // sent without SNI (RFC 6066 allows host names only).
+      beast::error_code not_ip;
+      net::ip::make_address(u.host, not_ip);
       if (opts.verify_tls) {
         c->secure->set_verify_mode(ssl::verify_peer);
-        c->secure->set_verify_callback(ssl::host_name_verification(u.host));
+        // OpenSSL's own host check, so a mismatch has its own verify result.
+        int set = not_ip ? SSL_set1_host(native, u.host.c_str())
+                         : X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(native),
+                                                          u.host.c_str());
+        if (set != 1)
+          fail(u, "TLS host check set-up", ssl_error());
       } else {
         c->secure->set_verify_mode(ssl::verify_none);
       }
-      if (!SSL_set_tlsext_host_name(c->secure->native_handle(), u.host.c_str()))
-        fail(u, "TLS server name", beast::error_code{static_cast<int>(::ERR_get_error()),
-                                                      net::error::get_ssl_category()});
+      if (not_ip && !SSL_set_tlsext_host_name(native, u.host.c_str()))
+        fail(u, "TLS server name", ssl_error());
       c->lowest().expires_at(connect_by);
       ec = run(*c, [&](auto h) {
         c->secure->async_handshake(ssl::stream_base::client, h);
       });
-      if (ec)
+      if (ec) {
+        auto verify = SSL_get_verify_result(native);
+        if (opts.verify_tls && verify != X509_V_OK) {
+          std::string reason = X509_verify_cert_error_string(verify);
+          bool issuer = verify == X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT
+                        || verify == X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN
+                        || verify == X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT
+                        || verify == X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY
+                        || verify == X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE;
+          throw tls_verification_error(
+            reason, fmt::format("http https://{}:{}: the server's certificate "
+                                "was refused: {}{}",
+                                u.host, u.port, reason,
+                                issuer ? " (a private CA is trusted with "
+                                         "client_options.ca_file)"
+                                       : ""));
+        }
         fail(u, "TLS handshake", ec);
+      }
     }
     ++n_opened;
     return c;

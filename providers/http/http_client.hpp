@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <botmesh/runtime/core/duration.hpp>
+#include <botmesh/runtime/core/error.hpp>
 
 namespace botmesh::http {
 
@@ -52,10 +53,13 @@ struct client_options {
   duration request_timeout = "30s";
   /// A pooled connection unused for this long is closed instead of reused.
   duration idle_timeout = "50s";
-  /// Verify the server's certificate chain and host name (HTTPS). Turning
-  /// it off is for tests only.
+  /// Verify the server's certificate chain and host name (HTTPS): a refused
+  /// certificate throws `tls_verification_error`. Turning it off is for
+  /// tests only.
   bool verify_tls = true;
-  /// PEM file of trusted CAs; empty: the system's default paths.
+  /// PEM file of the CAs to trust instead of the system's (a private CA, or
+  /// a self-signed server certificate to pin); empty: the system's default
+  /// paths (/etc/ssl/certs).
   std::string ca_file{};
   /// Largest accepted response body.
   std::size_t max_response_bytes = 64 * 1024 * 1024;
@@ -67,6 +71,25 @@ struct client_stats {
   std::uint64_t connections_opened = 0;
   std::uint64_t reused = 0;  ///< requests sent on a pooled connection
   std::uint64_t retried = 0; ///< resent once after a pooled connection was found closed
+};
+
+/// The server's certificate was refused during the TLS handshake (HTTPS with
+/// `verify_tls`): an issuer not among the trusted CAs, a self-signed
+/// certificate, one expired, or one issued for another host. `code()` is
+/// `errc::provider_error`; `reason()` is OpenSSL's words for what failed
+/// ("self-signed certificate", "unable to get local issuer certificate",
+/// "hostname mismatch", "IP address mismatch"...). Trust a private CA with
+/// `client_options::ca_file`.
+class tls_verification_error : public error {
+ public:
+  tls_verification_error(std::string reason, const std::string& what);
+
+  const std::string& reason() const noexcept {
+    return reason_;
+  }
+
+ private:
+  std::string reason_;
 };
 
 /// A blocking HTTP client, safe to share between threads. `request` runs
@@ -91,9 +114,10 @@ class client {
   /// Sends `req` and returns the answer, whatever its status. Throws
   /// `invalid_argument_error` ("url") for a URL that is not http(s)://host...,
   /// `botmesh::error` with `errc::timeout` past the timeout and
-  /// `errc::provider_error` for any other failure (resolve, connect, TLS
-  /// verification, a broken answer), naming the host; `errc::stopped` when
-  /// `req.stop` fired.
+  /// `errc::provider_error` for any other failure (resolve, connect, TLS, a
+  /// broken answer), naming the host — `tls_verification_error` when the
+  /// server's certificate was refused; `errc::stopped` when `req.stop`
+  /// fired.
   client_response request(const client_request& req);
 
   client_stats stats() const;

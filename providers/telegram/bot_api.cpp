@@ -1,5 +1,7 @@
 #include <botmesh/providers/telegram/bot_api.hpp>
 
+#include <cctype>
+
 #include <fmt/format.h>
 
 #include <botmesh/providers/telegram/internal/methods.hpp>
@@ -65,9 +67,30 @@ void bot_api::answer_callback_query(std::string_view id) {
   call("answerCallbackQuery", body);
 }
 
-void bot_api::set_webhook(const webhook_settings& s) {
+void validate(const webhook_settings& s) {
   if (s.url.empty())
     throw invalid_argument_error("url", "telegram set_webhook: url is required");
+  http::parse_url(s.url); // throws invalid_argument_error("url")
+  if (s.secret_token.size() > 256)
+    throw invalid_argument_error(
+      "secret_token",
+      fmt::format("telegram set_webhook: secret_token has {} characters, at "
+                  "most 256 are allowed",
+                  s.secret_token.size()));
+  for (unsigned char c : s.secret_token)
+    if (!std::isalnum(c) && c != '_' && c != '-')
+      throw invalid_argument_error(
+        "secret_token", "telegram set_webhook: secret_token may only contain "
+                        "A-Z, a-z, 0-9, _ and -");
+  if (s.max_connections < 1 || s.max_connections > 100)
+    throw invalid_argument_error(
+      "max_connections",
+      fmt::format("telegram set_webhook: max_connections must be 1-100, got {}",
+                  s.max_connections));
+}
+
+void bot_api::set_webhook(const webhook_settings& s) {
+  validate(s);
   std::string body = "{\"url\":";
   append_json_string(body, s.url);
   if (!s.secret_token.empty()) {

@@ -36,6 +36,12 @@ struct webhook_settings {
   bool drop_pending_updates = false;
 };
 
+/// Throws `invalid_argument_error` naming the field: "url" (empty or not
+/// http(s)://host...), "secret_token" (over 256 characters, or one outside
+/// A-Z a-z 0-9 _ -), "max_connections" (outside 1-100). `set_webhook` calls
+/// it first, so nothing is sent for settings Telegram would refuse.
+void validate(const webhook_settings& s);
+
 /// Thread-safe. Every call blocks on the network (bounded by the client's
 /// timeouts) and throws `platform_error` for an answer with ok=false:
 /// `errc::retry_after` (429, with retry_after), `errc::forbidden` (403),

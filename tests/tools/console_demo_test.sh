@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The example console bot as a user runs it: piped stdin, exit 0 at EOF, and
-# an order that resumes after a restart with the SQLite store.
+# The example console bot as a user runs it: piped stdin, exit 0 at EOF, an
+# order that resumes after a restart with the SQLite store, and a large pipe
+# answered in full.
 set -uo pipefail
 bot="$1"
 tmp="$(mktemp -d)"
@@ -58,4 +59,12 @@ out=$(printf '%s + 1\nhola\n' "$digits" | "$bot" 2>&1); rc=$?
 check "a 30,000-digit sum exits 0" 0 "$rc"
 check "and both lines are answered" \
   "$(printf "Ese número es demasiado grande: sé sumar enteros de hasta 19 cifras.\n¡Hola! Soy un bot de botmesh. Escribe 'pedido' para pedir o 'ayuda' para ver qué más sé hacer.")" "$out"
+# A large pipe is answered line by line (backpressure), none refused as
+# overloaded.
+yes '1 + 1' | head -n 20000 > "$tmp/sums.txt"
+cat "$tmp/sums.txt" | "$bot" > "$tmp/sums.out" 2> "$tmp/sums.err"; rc=$?
+check "20,000 piped sums exit 0" 0 "$rc"
+check "every one of them is answered" 20000 "$(grep -cx '1 + 1 = 2' "$tmp/sums.out")"
+check "and nothing else is printed" 20000 "$(wc -l < "$tmp/sums.out")"
+check "no error is reported" "" "$(cat "$tmp/sums.err")"
 exit $fail
