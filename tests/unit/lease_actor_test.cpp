@@ -683,6 +683,16 @@ struct recording_services final : botmesh::chat_services {
     runs.push_back({key, std::move(turn), std::move(done)});
   }
 
+  // Only used without coordination; these tests always coordinate.
+  void run_event(const std::string& key, botmesh::chat_event&,
+                 bool) override {
+    runs.push_back({key, nullptr, nullptr});
+  }
+
+  void post(std::function<void()> job) override {
+    job();
+  }
+
   void turn_failed(const std::string& key, botmesh::chat_event,
                    std::string) override {
     failed.push_back(key);
