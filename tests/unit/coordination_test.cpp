@@ -116,6 +116,48 @@ TEST_CASE("three replicas on one hub never run a chat's handlers at once and "
     CHECK(r->errors.all().empty());
 }
 
+TEST_CASE("a handler sees its turn's fence, growing with every turn of the "
+          "chat across replicas; 0 without coordination") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  replica a{hub, store, "a"};
+  replica b{hub, store, "b"};
+  std::mutex mtx;
+  std::vector<std::uint64_t> fences;
+  auto record = [&](botmesh::context& c) {
+    std::lock_guard guard{mtx};
+    fences.push_back(c.fence());
+    c.reply("ok");
+  };
+  a.bot->on_message(record);
+  b.bot->on_message(record);
+  a.bot->start();
+  b.bot->start();
+  a.provider->inject("ana", "1");
+  REQUIRE(a.provider->wait_for_sent(1, 5s));
+  b.provider->inject("ana", "2");
+  REQUIRE(b.provider->wait_for_sent(1, 5s));
+  a.provider->inject("ana", "3");
+  REQUIRE(a.provider->wait_for_sent(2, 5s));
+  std::lock_guard guard{mtx};
+  REQUIRE(fences.size() == 3);
+  CHECK(fences[0] > 0);
+  CHECK(fences[0] < fences[1]);
+  CHECK(fences[1] < fences[2]);
+
+  auto solo = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot plain{{.provider = solo}};
+  std::atomic<std::uint64_t> seen{1};
+  plain.on_message([&](botmesh::context& c) {
+    seen = c.fence();
+    c.reply("ok");
+  });
+  plain.start();
+  solo->inject("ana", "1");
+  REQUIRE(solo->wait_for_sent(1, 5s));
+  CHECK(seen.load() == 0);
+}
+
 TEST_CASE("a persistent conversation moves between replicas through the "
           "store, each dropping its stale copy") {
   botmesh::memory_coordination_hub hub;
