@@ -98,6 +98,7 @@ struct proc {
   bool shutting_down = false; // stdin closed by the test
   std::int64_t eof_at = 0;
   std::vector<freeze> freezes;
+  std::FILE* out_copy = nullptr; // what it wrote, with the driver's instants
 };
 
 void set_nonblocking(int fd) {
@@ -222,11 +223,26 @@ struct driver {
       for (auto fd : {p.in, p.out})
         if (fd >= 0)
           ::close(fd);
+      if (p.out_copy)
+        std::fclose(p.out_copy);
     }
+    if (timeline)
+      std::fclose(timeline);
   }
 
   driver(const driver&) = delete;
   driver& operator=(const driver&) = delete;
+
+  // The fault timeline, in faults.log (driver's monotonic ms).
+  std::FILE* timeline = std::fopen((dir / "faults.log").c_str(), "w");
+
+  void note(const std::string& what) {
+    if (timeline) {
+      std::fprintf(timeline, "%lld %s\n", static_cast<long long>(mono() / ms),
+                   what.c_str());
+      std::fflush(timeline);
+    }
+  }
 
   std::int64_t uniform(std::int64_t lo, std::int64_t hi) {
     return std::uniform_int_distribution<std::int64_t>{lo, hi}(rng);
@@ -241,6 +257,11 @@ struct driver {
     p.slot = std::string(1, static_cast<char>('a' + slot));
     p.gen = gen;
     spawn(p, redis.url(), prefix, dir);
+    p.out_copy = std::fopen((dir / (p.slot + "." + std::to_string(gen) + ".out"))
+                              .c_str(),
+                            "w");
+    note("start " + p.slot + "." + std::to_string(gen) + " pid "
+         + std::to_string(p.pid));
     procs.push_back(std::move(p));
     return static_cast<int>(procs.size()) - 1;
   }
@@ -284,6 +305,9 @@ struct driver {
 
   void on_line(int i, const std::string& line) {
     auto t = mono();
+    if (procs[i].out_copy)
+      std::fprintf(procs[i].out_copy, "%lld %s\n",
+                   static_cast<long long>(t / ms), line.c_str());
     std::istringstream in{line};
     std::string kind, a, b, c;
     in >> kind;
@@ -509,6 +533,7 @@ struct driver {
         f.fr.a_real = real();
         f.until = f.fr.a_mono + uniform(3000, 4000) * ms;
         ++n_freezes;
+        note("SIGSTOP " + p.slot + "." + std::to_string(p.gen));
         break;
       }
       case fault::kill: {
@@ -522,6 +547,7 @@ struct driver {
         ::kill(p.pid, SIGKILL);
         f.until = t + uniform(200, 800) * ms;
         ++n_kills;
+        note("SIGKILL " + p.slot + "." + std::to_string(p.gen));
         break;
       }
       case fault::redis:
@@ -529,6 +555,7 @@ struct driver {
         redis_outages.push_back({mono(), 0});
         f.until = t + uniform(100, 1000) * ms;
         ++n_redis_restarts;
+        note("redis killed");
         break;
     }
     active = f;
@@ -543,6 +570,7 @@ struct driver {
         f.fr.b_real = real();
         p.freezes.push_back(f.fr);
         ::kill(p.pid, SIGCONT);
+        note("SIGCONT " + p.slot + "." + std::to_string(p.gen));
         break;
       }
       case fault::kill:
@@ -553,6 +581,7 @@ struct driver {
         // ends in faults().
         redis.start();
         f.loading = true;
+        note("redis started");
         return;
     }
     active.reset();
@@ -562,6 +591,7 @@ struct driver {
     if (active && active->loading) {
       if (redis.ping()) {
         redis_outages.back().to = mono();
+        note("redis answers");
         active.reset();
         next_fault = t + uniform(1500, 2500) * ms;
       } else if (t - active->until > 30'000 * ms) {
