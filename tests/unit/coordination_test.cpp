@@ -250,6 +250,96 @@ TEST_CASE("a message that cannot get its turn within turn_wait gets "
   REQUIRE(b.provider->wait_for_sent(1, 5s));
 }
 
+namespace {
+
+// A memory coordinator whose first enter is lost before it ran (as a
+// command failed with its connection): the lease actor retries it, after
+// the chat's next request took its ticket.
+class first_enter_lost final : public botmesh::coordinator {
+ public:
+  explicit first_enter_lost(std::shared_ptr<botmesh::coordinator> c)
+    : c_(std::move(c)) {
+    // nop
+  }
+
+  const std::string& replica_id() const noexcept override {
+    return c_->replica_id();
+  }
+  const std::string& incarnation() const noexcept override {
+    return c_->incarnation();
+  }
+  std::chrono::milliseconds lease() const noexcept override {
+    return c_->lease();
+  }
+  void enter(std::string_view key, std::uint64_t req, bool retry,
+             completion<botmesh::turn_state> done) override {
+    if (!lost_.exchange(true))
+      return done({}, std::make_exception_ptr(
+                        botmesh::coordination_unavailable_error("lost")));
+    c_->enter(key, req, retry, std::move(done));
+  }
+  void poll(std::string_view key, std::uint64_t req,
+            completion<botmesh::turn_state> done) override {
+    c_->poll(key, req, std::move(done));
+  }
+  void release(botmesh::turn_ref t,
+               completion<botmesh::release_result> done) override {
+    c_->release(std::move(t), std::move(done));
+  }
+  void leave(std::string_view key, std::uint64_t req,
+             completion<bool> done) override {
+    c_->leave(key, req, std::move(done));
+  }
+  void skip_if_dead(std::string_view key, std::string_view inc,
+                    completion<bool> done) override {
+    c_->skip_if_dead(key, inc, std::move(done));
+  }
+  void renew(botmesh::renewal r,
+             completion<botmesh::renewal_result> done) override {
+    c_->renew(std::move(r), std::move(done));
+  }
+  void unlead(std::string_view name, std::uint64_t fence,
+              completion<bool> done) override {
+    c_->unlead(name, fence, std::move(done));
+  }
+  void on_grant(grant_listener fn) override {
+    c_->on_grant(std::move(fn));
+  }
+  std::uint64_t push_epoch() const noexcept override {
+    return c_->push_epoch();
+  }
+
+ private:
+  std::shared_ptr<botmesh::coordinator> c_;
+  std::atomic<bool> lost_{false};
+};
+
+} // namespace
+
+TEST_CASE("a message whose ticket request was lost and retried after the "
+          "chat's next message took its ticket still runs first, without "
+          "waiting for turn_wait") {
+  botmesh::memory_coordination_hub hub;
+  auto coord = std::make_shared<first_enter_lost>(
+    std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = "a"}));
+  auto provider = std::make_shared<botmesh::testing_provider>();
+  botmesh::coordination_options co;
+  co.coordinator = coord;
+  co.turn_wait = "5s";
+  test::error_log errors; // outlives the bot, whose threads report into it
+  botmesh::bot bot{{.provider = provider, .coordination = co}};
+  errors.attach(bot);
+  bot.on_message([](botmesh::context& c) { c.reply(c.text()); });
+  bot.start();
+  provider->inject("x", "1");
+  provider->inject("x", "2");
+  provider->inject("x", "3");
+  REQUIRE(provider->wait_for_sent(3, 2s));
+  CHECK(texts(*provider) == std::vector<std::string>{"1", "2", "3"});
+  CHECK(errors.all().empty());
+}
+
 TEST_CASE("settle stops a step that holds the turn too long and lets the "
           "chat go on") {
   botmesh::memory_coordination_hub hub;
