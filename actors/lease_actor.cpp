@@ -447,8 +447,9 @@ void answer_waiting(lease_actor_t* self, std::uint64_t req, waiting& w,
       } else if (!w.skipping && !s.blocker.empty()
                  && s.blocker != st.cfg.coordinator->incarnation()
                  && t - w.blocked_since >= st.lease / 2) {
-        // The same holder for half a lease: if its heartbeat is gone it is
-        // dead, and skipping it saves waiting out its turn.
+        // The same blocker for half a lease: if its heartbeat is gone it is
+        // dead, and skipping it drops its queued tickets (a turn it holds
+        // still runs out its lease: it may be frozen, not dead).
         w.skipping = true;
         ++st.in_flight;
         st.cfg.coordinator->skip_if_dead(
