@@ -25,6 +25,7 @@
 //   "lost <key> <reason>"           events::lease_lost
 // Ends cleanly (exit 0) when stdin closes.
 
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -122,6 +123,95 @@ class chaos_provider final : public botmesh::provider {
   botmesh::provider_host* host_ = nullptr;
 };
 
+// The replica's coordinator, watched: a renewal that fails or takes longer
+// than a third of the lease is reported as "diag renew <ms> <error>" (the
+// runtime retries it silently; the driver keeps the line in <replica>.out).
+class watched_coordinator final : public botmesh::coordinator {
+ public:
+  explicit watched_coordinator(std::shared_ptr<botmesh::coordinator> c)
+    : c_(std::move(c)) {
+    // nop
+  }
+
+  const std::string& replica_id() const noexcept override {
+    return c_->replica_id();
+  }
+  const std::string& incarnation() const noexcept override {
+    return c_->incarnation();
+  }
+  std::chrono::milliseconds lease() const noexcept override {
+    return c_->lease();
+  }
+  void enter(std::string_view key, std::uint64_t req, bool retry,
+             completion<botmesh::turn_state> done) override {
+    c_->enter(key, req, retry, std::move(done));
+  }
+  void poll(std::string_view key, std::uint64_t req,
+            completion<botmesh::turn_state> done) override {
+    c_->poll(key, req, std::move(done));
+  }
+  void release(botmesh::turn_ref t,
+               completion<botmesh::release_result> done) override {
+    c_->release(std::move(t), std::move(done));
+  }
+  void leave(std::string_view key, std::uint64_t req,
+             completion<bool> done) override {
+    c_->leave(key, req, std::move(done));
+  }
+  void skip_if_dead(std::string_view key, std::string_view incarnation,
+                    completion<bool> done) override {
+    c_->skip_if_dead(key, incarnation, std::move(done));
+  }
+  // The lease actor's own renewals (no leaderships in this bot: the
+  // scheduler's leader lease renews one name, with no turns).
+  std::atomic<std::uint64_t> started{0}, finished{0};
+
+  void renew(botmesh::renewal r,
+             completion<botmesh::renewal_result> done) override {
+    auto t0 = std::chrono::steady_clock::now();
+    bool mine = r.leads.empty();
+    if (mine)
+      ++started;
+    auto slow = lease() / 3;
+    auto n = r.turns.size();
+    c_->renew(std::move(r), [this, mine, t0, slow, n, done = std::move(done)](
+                              botmesh::renewal_result res, std::exception_ptr e) {
+      if (mine)
+        ++finished;
+      auto took = std::chrono::steady_clock::now() - t0;
+      if (e || took > slow) {
+        std::string what = "ok";
+        if (e) {
+          try {
+            std::rethrow_exception(e);
+          } catch (const std::exception& x) {
+            what = x.what();
+          }
+        }
+        say("diag renew "
+            + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                               took)
+                               .count())
+            + " ms " + std::to_string(n) + " turns: " + what);
+      }
+      done(std::move(res), e);
+    });
+  }
+  void unlead(std::string_view name, std::uint64_t fence,
+              completion<bool> done) override {
+    c_->unlead(name, fence, std::move(done));
+  }
+  void on_grant(grant_listener fn) override {
+    c_->on_grant(std::move(fn));
+  }
+  std::uint64_t push_epoch() const noexcept override {
+    return c_->push_epoch();
+  }
+
+ private:
+  std::shared_ptr<botmesh::coordinator> c_;
+};
+
 std::string one_line(std::string s) {
   for (auto& ch : s)
     if (ch == '\n')
@@ -154,7 +244,8 @@ int main(int argc, char** argv) {
     try {
       store = std::make_shared<botmesh::redis_store>(
         botmesh::redis_store_options{.url = argv[1], .prefix = argv[2]});
-      co.coordinator = store->coordinator(id, lease);
+      co.coordinator =
+        std::make_shared<watched_coordinator>(store->coordinator(id, lease));
       break;
     } catch (const botmesh::error& e) {
       if (attempt == 300)
@@ -195,6 +286,18 @@ int main(int argc, char** argv) {
   });
   bot.start();
   say("ready");
+  std::atomic<bool> done_watching{false};
+  std::thread watcher{[&] {
+    auto& w = static_cast<watched_coordinator&>(*co.coordinator);
+    std::uint64_t last = 0;
+    while (!done_watching) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      auto n = w.started.load();
+      say("diag lease-renewals " + std::to_string(n - last) + " in 2 s, "
+          + std::to_string(n - w.finished.load()) + " unanswered");
+      last = n;
+    }
+  }};
   std::string line;
   while (std::getline(std::cin, line)) {
     // "m <chat> <seq> <sleep-ms>"
@@ -209,6 +312,8 @@ int main(int argc, char** argv) {
     provider->inject(chat, seq, seq + " " + line.substr(b + 1));
   }
   bot.stop();
+  done_watching = true;
+  watcher.join();
   ::close(log_fd);
   return 0;
 }
