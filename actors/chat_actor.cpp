@@ -376,12 +376,29 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       push(self, chat_event{{}, id, {}});
     },
     [=](granted_atom, std::uint64_t req, std::shared_ptr<turn_token>& token) {
-      auto e = find(self, req);
+      std::size_t i = 0;
+      auto e = find(self, req, &i);
       if (!e) {
         // Given up meanwhile (turn_wait, stop): pass the turn on.
         self->send(self->state.cfg().lease, release_atom::value, token->key(),
                    token->fence());
         return;
+      }
+      // A turn granted to a later event while an earlier one still waits:
+      // the earlier request's ticket came after it (its enter was lost on
+      // the way and retried once the later one had entered). Only the
+      // earliest event may run, and its ticket waits behind this very turn:
+      // the chat would be blocked until turn_wait. The turn is the chat's,
+      // whichever of its requests took it, so the earliest waiting event
+      // runs in it and the later one waits with the earlier request.
+      auto& q = *self->state.queue;
+      for (std::size_t j = 0; j < i; ++j) {
+        if (!q[j].token) {
+          std::swap(q[j].req, q[i].req);
+          std::swap(q[j].wait_armed, q[i].wait_armed);
+          e = &q[j];
+          break;
+        }
       }
       e->token = std::move(token);
       next_turn(self);

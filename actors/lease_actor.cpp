@@ -237,6 +237,12 @@ std::optional<clk::time_point> valid_from_push(lease_actor_t* self,
   return std::min(mapped, now(self) + st.lease) - st.margin;
 }
 
+// One wake-up is armed at a time: the earliest instant anything is due. A
+// wake-up armed earlier than the pending one supersedes it; the superseded
+// one still arrives and is ignored (it carries the instant it was armed
+// for), since the wake-up that ran meanwhile armed again for everything
+// left. Handling it too would arm one more wake-up each time, and those
+// would pile up for good.
 void arm(lease_actor_t* self, clk::time_point at) {
   auto& st = self->state;
   if (at >= st.armed)
@@ -244,7 +250,7 @@ void arm(lease_actor_t* self, clk::time_point at) {
   st.armed = at;
   auto t = now(self);
   auto in = at > t ? at - t : clk::duration::zero();
-  self->delayed_send(self, in, wake_atom::value);
+  self->delayed_send(self, in, wake_atom::value, ticks(at));
 }
 
 void schedule(lease_actor_t* self, std::uint64_t req, waiting& w,
@@ -445,8 +451,9 @@ void answer_waiting(lease_actor_t* self, std::uint64_t req, waiting& w,
       } else if (!w.skipping && !s.blocker.empty()
                  && s.blocker != st.cfg.coordinator->incarnation()
                  && t - w.blocked_since >= st.lease / 2) {
-        // The same holder for half a lease: if its heartbeat is gone it is
-        // dead, and skipping it saves waiting out its turn.
+        // The same blocker for half a lease: if its heartbeat is gone it is
+        // dead, and skipping it drops its queued tickets (a turn it holds
+        // still runs out its lease: it may be frozen, not dead).
         w.skipping = true;
         ++st.in_flight;
         st.cfg.coordinator->skip_if_dead(
@@ -817,7 +824,10 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       renew_now(self);
       self->delayed_send(self, st.lease / 3, tick_atom::value);
     },
-    [=](wake_atom) { wake(self); },
+    [=](wake_atom, std::int64_t at) {
+      if (at == ticks(self->state.armed))
+        wake(self);
+    },
     [=](lead_atom, const std::string& name) {
       auto& st = self->state;
       auto& l = st.leads[name];

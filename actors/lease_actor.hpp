@@ -65,7 +65,8 @@ struct lease_config {
 ///   repeated until the backend answered them.
 /// - A request whose ticket vanished (skipped as dead, or its holder
 ///   expired) is reported as `(lost_atom, req, 0, "gone")`; a holder whose
-///   heartbeat is gone is skipped with `skip_if_dead`.
+///   heartbeat is gone is skipped with `skip_if_dead` (its queued tickets;
+///   its turn only once that turn's lease ran out).
 ///
 /// Protocol: see the diagram in messages.hpp. `(shutdown_atom)` releases
 /// what it holds, gives up what it waits for and its leaderships, replies

@@ -639,6 +639,10 @@ std::stop_token context::stop_token() const noexcept {
   return bot_.impl_->flow_stop_token(turn_);
 }
 
+std::uint64_t context::fence() const noexcept {
+  return turn_ ? turn_->fence() : 0;
+}
+
 // -- bot ----------------------------------------------------------------------
 
 bot::bot(bot_options opts) : impl_(std::make_unique<impl>(*this, std::move(opts))) {

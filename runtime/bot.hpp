@@ -67,6 +67,12 @@ class context {
   /// a long handler should give up then.
   std::stop_token stop_token() const noexcept;
 
+  /// With coordination, the fence of this message's turn: it grows with
+  /// every grant of the chat, whichever replica gets it, so a system outside
+  /// the bot can refuse a write from a stale holder by remembering the
+  /// highest fence it saw. 0 without coordination.
+  std::uint64_t fence() const noexcept;
+
  private:
   friend class bot;
 

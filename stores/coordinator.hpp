@@ -166,7 +166,10 @@ class coordinator {
     = 0;
 
   /// When `incarnation`'s heartbeat is gone, skips it in chat `key`: its
-  /// turn and its queued tickets; true when something was skipped.
+  /// queued tickets, and its turn once the turn's deadline passed (a frozen
+  /// replica may be granted a turn after its heartbeat ran out and use it
+  /// when it resumes, within that turn's lease); true when something was
+  /// skipped.
   virtual void skip_if_dead(std::string_view key, std::string_view incarnation,
                             completion<bool> done)
     = 0;

@@ -422,7 +422,10 @@ void memory_coordinator::skip_if_dead(std::string_view key,
     auto i = h.chats.find(k);
     if (i != h.chats.end() && !h.alive(dead, now)) {
       auto& c = i->second;
-      if (c.owner && c.owner->incarnation == dead) {
+      // Its turn keeps its lease: a frozen (not dead) replica may use a turn
+      // granted while it was frozen until that turn's deadline.
+      if (c.owner && c.owner->incarnation == dead
+          && c.owner->deadline <= now) {
         c.last = h.replica_of(dead);
         c.owner.reset();
         skipped = true;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <charconv>
 #include <mutex>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -148,6 +149,95 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
       return std::make_exception_ptr(coordination_unavailable_error(
         fmt::format("coordinator {}: {}: {}", replica, what, x.what())));
     }
+  }
+
+  // One batch: TIME, the heartbeat, every held turn and every leadership,
+  // pipelined on one connection. EVALSHA: the client loads the scripts on
+  // every connection it opens. A server may still lack them (the client
+  // reconnected while a restarted server was LOADING its data and refused
+  // SCRIPT LOAD, or SCRIPT FLUSH): then the batch runs once more with EVAL,
+  // which caches them again. Running it twice is harmless: each renewal
+  // and leadership script only extends what this incarnation holds or
+  // takes what is free, and a NOSCRIPT reply ran nothing.
+  void renew_batch(renewal r, bool eval,
+                   coordinator::completion<renewal_result> done) {
+    auto& s = internal::lua();
+    // The verb and what follows it: the body (EVAL) or its SHA (EVALSHA).
+    auto script = [eval](const redis_script& x) {
+      return eval ? std::pair{std::string{"EVAL"}, x.body()}
+                  : std::pair{std::string{"EVALSHA"}, x.sha()};
+    };
+    std::vector<redis_client::command> cmds;
+    cmds.push_back({"TIME"});
+    cmds.push_back({"SET", layout->heartbeat(incarnation), replica, "PX",
+                    lease_arg});
+    auto [renew_verb, renew_code] = script(s.co_renew);
+    for (auto& t : r.turns)
+      cmds.push_back({renew_verb, renew_code, "2", layout->turn(t.key, "h"),
+                      layout->turn(t.key, "q"), incarnation,
+                      std::to_string(t.fence), lease_arg, ttl_arg});
+    auto [lead_verb, lead_code] = script(s.co_lead);
+    for (auto& name : r.leads)
+      cmds.push_back({lead_verb, lead_code, "2", layout->lead(name),
+                      layout->lead_term(name), incarnation, lease_arg});
+    auto self = shared_from_this();
+    client->async_batch(
+      std::move(cmds),
+      [self, eval, r = std::move(r), done = std::move(done)](
+        std::vector<redis_reply> replies, std::exception_ptr e) mutable {
+        if (e)
+          return done({}, self->wrap(e, "renewal"));
+        if (!eval)
+          for (auto& reply : replies)
+            if (reply.type == kind::error && reply.str.starts_with("NOSCRIPT"))
+              return self->renew_batch(std::move(r), true, std::move(done));
+        renewal_result out;
+        try {
+          out = self->parse_renewal(r, replies);
+        } catch (...) {
+          return done({}, std::current_exception());
+        }
+        done(std::move(out), nullptr);
+      });
+  }
+
+  renewal_result parse_renewal(const renewal& r,
+                               const std::vector<redis_reply>& replies) const {
+    renewal_result out;
+    auto& time = replies.at(0);
+    if (time.type != kind::array || time.elements.size() != 2)
+      throw coordination_unavailable_error("renewal: malformed TIME reply");
+    out.now_ms = std::stoll(time.elements[0].str) * 1000
+                 + std::stoll(time.elements[1].str) / 1000;
+    if (replies.at(1).type == kind::error)
+      throw coordination_unavailable_error(fmt::format(
+        "coordinator {}: heartbeat failed: {}", replica, replies[1].str));
+    std::size_t at = 2;
+    for (std::size_t n = 0; n < r.turns.size(); ++n, ++at) {
+      auto& reply = replies.at(at);
+      if (reply.type == kind::error)
+        throw coordination_unavailable_error(
+          fmt::format("coordinator {}: renewing {}: {}", replica,
+                      r.turns[n].key, reply.str));
+      out.turns.push_back(int_at(reply, 0, "co_renew"));
+    }
+    for (std::size_t n = 0; n < r.leads.size(); ++n, ++at) {
+      auto& reply = replies.at(at);
+      if (reply.type == kind::error)
+        throw coordination_unavailable_error(
+          fmt::format("coordinator {}: leading {}: {}", replica, r.leads[n],
+                      reply.str));
+      auto term = int_at(reply, 0, "co_lead");
+      if (term == 0) {
+        out.leads.emplace_back();
+        continue;
+      }
+      out.leads.push_back(leadership{r.leads[n],
+                                     static_cast<std::uint64_t>(term),
+                                     int_at(reply, 1, "co_lead"),
+                                     int_at(reply, 2, "co_lead")});
+    }
+    return out;
   }
 
   // Runs a turn script of chat `key` and parses its reply with `parse`
@@ -371,69 +461,7 @@ void redis_coordinator::renew(renewal r, completion<renewal_result> done) {
   std::exception_ptr e;
   if (impl_->failed_crashed(e))
     return done({}, e);
-  auto& i = *impl_;
-  auto& s = internal::lua();
-  // One batch: TIME, the heartbeat, every held turn and every leadership,
-  // pipelined on one connection (EVALSHA: the scripts were loaded on it).
-  std::vector<redis_client::command> cmds;
-  cmds.push_back({"TIME"});
-  cmds.push_back({"SET", i.layout->heartbeat(i.incarnation), i.replica, "PX",
-                  i.lease_arg});
-  for (auto& t : r.turns)
-    cmds.push_back({"EVALSHA", s.co_renew.sha(), "2", i.layout->turn(t.key, "h"),
-                    i.layout->turn(t.key, "q"), i.incarnation,
-                    std::to_string(t.fence), i.lease_arg, i.ttl_arg});
-  for (auto& name : r.leads)
-    cmds.push_back({"EVALSHA", s.co_lead.sha(), "2", i.layout->lead(name),
-                    i.layout->lead_term(name), i.incarnation, i.lease_arg});
-  auto self = impl_;
-  i.client->async_batch(
-    std::move(cmds),
-    [self, r = std::move(r), done = std::move(done)](
-      std::vector<redis_reply> replies, std::exception_ptr e) {
-      if (e)
-        return done({}, self->wrap(e, "renewal"));
-      renewal_result out;
-      try {
-        auto& time = replies.at(0);
-        if (time.type != kind::array || time.elements.size() != 2)
-          throw coordination_unavailable_error("renewal: malformed TIME reply");
-        out.now_ms = std::stoll(time.elements[0].str) * 1000
-                     + std::stoll(time.elements[1].str) / 1000;
-        if (replies.at(1).type == kind::error)
-          throw coordination_unavailable_error(
-            fmt::format("coordinator {}: heartbeat failed: {}", self->replica,
-                        replies[1].str));
-        std::size_t at = 2;
-        for (std::size_t n = 0; n < r.turns.size(); ++n, ++at) {
-          auto& reply = replies.at(at);
-          if (reply.type == kind::error)
-            throw coordination_unavailable_error(
-              fmt::format("coordinator {}: renewing {}: {}", self->replica,
-                          r.turns[n].key, reply.str));
-          out.turns.push_back(int_at(reply, 0, "co_renew"));
-        }
-        for (std::size_t n = 0; n < r.leads.size(); ++n, ++at) {
-          auto& reply = replies.at(at);
-          if (reply.type == kind::error)
-            throw coordination_unavailable_error(
-              fmt::format("coordinator {}: leading {}: {}", self->replica,
-                          r.leads[n], reply.str));
-          auto term = int_at(reply, 0, "co_lead");
-          if (term == 0) {
-            out.leads.emplace_back();
-            continue;
-          }
-          out.leads.push_back(leadership{r.leads[n],
-                                         static_cast<std::uint64_t>(term),
-                                         int_at(reply, 1, "co_lead"),
-                                         int_at(reply, 2, "co_lead")});
-        }
-      } catch (...) {
-        return done({}, std::current_exception());
-      }
-      done(std::move(out), nullptr);
-    });
+  impl_->renew_batch(std::move(r), false, std::move(done));
 }
 
 void redis_coordinator::unlead(std::string_view name, std::uint64_t fence,

@@ -285,6 +285,40 @@ TEST_CASE_TEMPLATE_DEFINE("a dead replica's queued ticket is skipped once its "
   CHECK(gc.granted());
 }
 
+TEST_CASE_TEMPLATE_DEFINE("a turn granted to a replica whose heartbeat is "
+                          "gone holds until its deadline; skipping the "
+                          "replica does not take it",
+                          F, cc_dead_holder) {
+  // A frozen replica (not dead) may be granted a turn while frozen and use
+  // it when it resumes, within the lease counted from that grant: nobody
+  // else may hold the chat before that lease ran out.
+  F f;
+  auto a = cc::make(f, "a");
+  auto b = cc::make(f, "b");
+  auto c = cc::make(f, "c");
+  cc::await_push_channel(*a);
+  auto gb = b->sync().enter("chat", 1);
+  REQUIRE(gb.granted());
+  REQUIRE(a->sync().enter("chat", 2).state == cc::status::waiting);
+  REQUIRE(c->sync().enter("chat", 3).state == cc::status::waiting);
+  for (int i = 0; i < 4; ++i) { // a renews nothing: its heartbeat goes
+    f.advance(F::lease / 3);
+    botmesh::renewal r;
+    r.turns.push_back({"chat", gb.fence});
+    REQUIRE(b->sync().renew(r).turns.at(0) > 0);
+    (void) c->sync().renew({});
+  }
+  REQUIRE(b->sync().release({"chat", gb.fence}).released);
+  auto ga = a->push();
+  REQUIRE(ga);
+  CHECK(ga->req == 2);
+  CHECK_FALSE(c->sync().skip_if_dead("chat", a->inc()));
+  CHECK(c->sync().poll("chat", 3).state == cc::status::waiting);
+  // Past a's lease the turn expires and goes on.
+  f.advance(F::lease + F::lease / 4);
+  CHECK(c->sync().poll("chat", 3).granted());
+}
+
 TEST_CASE_TEMPLATE_DEFINE("a restarted replica with the same id never "
                           "inherits the dead process's turn",
                           F, cc_incarnation) {
@@ -380,6 +414,7 @@ TEST_CASE_TEMPLATE_DEFINE("racing replicas serve one chat in ticket order, "
   TEST_CASE_TEMPLATE_INVOKE(cc_expire, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(cc_fence, F);                                      \
   TEST_CASE_TEMPLATE_INVOKE(cc_dead, F);                                       \
+  TEST_CASE_TEMPLATE_INVOKE(cc_dead_holder, F);                                \
   TEST_CASE_TEMPLATE_INVOKE(cc_incarnation, F);                                \
   TEST_CASE_TEMPLATE_INVOKE(cc_lead, F);                                       \
   TEST_CASE_TEMPLATE_INVOKE(cc_race, F)

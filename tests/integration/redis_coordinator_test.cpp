@@ -104,6 +104,34 @@ TEST_CASE("a grant is published only on the channel of the replica that "
   CHECK(seen[0].ends_with("chat"));
 }
 
+TEST_CASE("renewals go on after the server lost its scripts (a restart "
+          "that was still loading its data when the client reconnected)") {
+  // A client that reconnects while the server is LOADING cannot preload
+  // its scripts; SCRIPT FLUSH leaves the server in the same state, on a
+  // server of the test's own.
+  test::redis_process server;
+  botmesh::redis_coordinator c{{.url = server.url(),
+                                .prefix = "bmco",
+                                .replica_id = "a",
+                                .lease = std::chrono::milliseconds{5000}}};
+  botmesh::blocking_coordinator b{c};
+  auto held = b.enter("chat", 1);
+  REQUIRE(held.granted());
+  auto lead = b.lead("scheduler");
+  REQUIRE(lead);
+  botmesh::redis_client admin{{.url = server.url()}};
+  admin.call({"SCRIPT", "FLUSH"});
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    auto r = b.renew({.turns = {{"chat", held.fence}}, .leads = {"scheduler"}});
+    REQUIRE(r.turns.size() == 1);
+    CHECK(r.turns[0] > r.now_ms);
+    REQUIRE(r.leads.size() == 1);
+    REQUIRE(r.leads[0]);
+    CHECK(r.leads[0]->fence == lead->fence);
+  }
+}
+
 #include <botmesh/stores/redis/redis_store.hpp>
 
 TEST_CASE("store.coordinator() shares the store's client and prefix") {

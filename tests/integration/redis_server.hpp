@@ -8,6 +8,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <arpa/inet.h>
@@ -70,15 +71,30 @@ class redis_process {
     start();
   }
 
+  /// A server that keeps its data across `kill()` + `start()`: an
+  /// append-only file in `dir`, written before each reply is sent
+  /// (`appendfsync always`), so a restart loses no acknowledged write.
+  static redis_process persistent(std::string dir) {
+    return redis_process{std::move(dir), 0};
+  }
+
   ~redis_process() {
     kill();
   }
 
   void start() {
+    auto log = aof_dir_ + "/redis.log";
     pid_ = ::fork();
     if (pid_ == 0) {
       auto port = std::to_string(port_);
-      if (password_.empty())
+      if (!aof_dir_.empty())
+        ::execlp("redis-server", "redis-server", "--port", port.c_str(),
+                 "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+                 "--appendfsync", "always", "--dir", aof_dir_.c_str(),
+                 "--auto-aof-rewrite-min-size", "1mb",
+                 "--logfile", log.c_str(), "--loglevel", "notice",
+                 static_cast<char*>(nullptr));
+      else if (password_.empty())
         ::execlp("redis-server", "redis-server", "--port", port.c_str(),
                  "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                  "--enable-debug-command", "yes", "--loglevel", "warning",
@@ -97,6 +113,26 @@ class redis_process {
                                  "scripts/setup-deps installs it)");
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+  }
+
+  /// True when the server answers PING with PONG now (not LOADING while it
+  /// reads its append-only file, not refused while it is down).
+  bool ping() const {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    timeval tv{0, 200'000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    char buf[64] = {};
+    bool pong = false;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0
+        && ::write(fd, "PING\r\n", 6) == 6
+        && ::read(fd, buf, sizeof buf - 1) > 0)
+      pong = std::string_view{buf}.rfind("+PONG", 0) == 0;
+    ::close(fd);
+    return pong;
   }
 
   /// SIGKILL, as a crash.
@@ -123,8 +159,14 @@ class redis_process {
   }
 
  private:
+  redis_process(std::string aof_dir, int)
+    : port_(free_port()), aof_dir_(std::move(aof_dir)) {
+    start();
+  }
+
   int port_;
   std::string password_;
+  std::string aof_dir_;
   pid_t pid_ = -1;
 };
 

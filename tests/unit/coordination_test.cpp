@@ -116,6 +116,48 @@ TEST_CASE("three replicas on one hub never run a chat's handlers at once and "
     CHECK(r->errors.all().empty());
 }
 
+TEST_CASE("a handler sees its turn's fence, growing with every turn of the "
+          "chat across replicas; 0 without coordination") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  replica a{hub, store, "a"};
+  replica b{hub, store, "b"};
+  std::mutex mtx;
+  std::vector<std::uint64_t> fences;
+  auto record = [&](botmesh::context& c) {
+    std::lock_guard guard{mtx};
+    fences.push_back(c.fence());
+    c.reply("ok");
+  };
+  a.bot->on_message(record);
+  b.bot->on_message(record);
+  a.bot->start();
+  b.bot->start();
+  a.provider->inject("ana", "1");
+  REQUIRE(a.provider->wait_for_sent(1, 5s));
+  b.provider->inject("ana", "2");
+  REQUIRE(b.provider->wait_for_sent(1, 5s));
+  a.provider->inject("ana", "3");
+  REQUIRE(a.provider->wait_for_sent(2, 5s));
+  std::lock_guard guard{mtx};
+  REQUIRE(fences.size() == 3);
+  CHECK(fences[0] > 0);
+  CHECK(fences[0] < fences[1]);
+  CHECK(fences[1] < fences[2]);
+
+  auto solo = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot plain{{.provider = solo}};
+  std::atomic<std::uint64_t> seen{1};
+  plain.on_message([&](botmesh::context& c) {
+    seen = c.fence();
+    c.reply("ok");
+  });
+  plain.start();
+  solo->inject("ana", "1");
+  REQUIRE(solo->wait_for_sent(1, 5s));
+  CHECK(seen.load() == 0);
+}
+
 TEST_CASE("a persistent conversation moves between replicas through the "
           "store, each dropping its stale copy") {
   botmesh::memory_coordination_hub hub;
@@ -206,6 +248,96 @@ TEST_CASE("a message that cannot get its turn within turn_wait gets "
   // The given-up ticket does not block the chat afterwards.
   b.provider->inject("x", "tres");
   REQUIRE(b.provider->wait_for_sent(1, 5s));
+}
+
+namespace {
+
+// A memory coordinator whose first enter is lost before it ran (as a
+// command failed with its connection): the lease actor retries it, after
+// the chat's next request took its ticket.
+class first_enter_lost final : public botmesh::coordinator {
+ public:
+  explicit first_enter_lost(std::shared_ptr<botmesh::coordinator> c)
+    : c_(std::move(c)) {
+    // nop
+  }
+
+  const std::string& replica_id() const noexcept override {
+    return c_->replica_id();
+  }
+  const std::string& incarnation() const noexcept override {
+    return c_->incarnation();
+  }
+  std::chrono::milliseconds lease() const noexcept override {
+    return c_->lease();
+  }
+  void enter(std::string_view key, std::uint64_t req, bool retry,
+             completion<botmesh::turn_state> done) override {
+    if (!lost_.exchange(true))
+      return done({}, std::make_exception_ptr(
+                        botmesh::coordination_unavailable_error("lost")));
+    c_->enter(key, req, retry, std::move(done));
+  }
+  void poll(std::string_view key, std::uint64_t req,
+            completion<botmesh::turn_state> done) override {
+    c_->poll(key, req, std::move(done));
+  }
+  void release(botmesh::turn_ref t,
+               completion<botmesh::release_result> done) override {
+    c_->release(std::move(t), std::move(done));
+  }
+  void leave(std::string_view key, std::uint64_t req,
+             completion<bool> done) override {
+    c_->leave(key, req, std::move(done));
+  }
+  void skip_if_dead(std::string_view key, std::string_view inc,
+                    completion<bool> done) override {
+    c_->skip_if_dead(key, inc, std::move(done));
+  }
+  void renew(botmesh::renewal r,
+             completion<botmesh::renewal_result> done) override {
+    c_->renew(std::move(r), std::move(done));
+  }
+  void unlead(std::string_view name, std::uint64_t fence,
+              completion<bool> done) override {
+    c_->unlead(name, fence, std::move(done));
+  }
+  void on_grant(grant_listener fn) override {
+    c_->on_grant(std::move(fn));
+  }
+  std::uint64_t push_epoch() const noexcept override {
+    return c_->push_epoch();
+  }
+
+ private:
+  std::shared_ptr<botmesh::coordinator> c_;
+  std::atomic<bool> lost_{false};
+};
+
+} // namespace
+
+TEST_CASE("a message whose ticket request was lost and retried after the "
+          "chat's next message took its ticket still runs first, without "
+          "waiting for turn_wait") {
+  botmesh::memory_coordination_hub hub;
+  auto coord = std::make_shared<first_enter_lost>(
+    std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = "a"}));
+  auto provider = std::make_shared<botmesh::testing_provider>();
+  botmesh::coordination_options co;
+  co.coordinator = coord;
+  co.turn_wait = "5s";
+  test::error_log errors; // outlives the bot, whose threads report into it
+  botmesh::bot bot{{.provider = provider, .coordination = co}};
+  errors.attach(bot);
+  bot.on_message([](botmesh::context& c) { c.reply(c.text()); });
+  bot.start();
+  provider->inject("x", "1");
+  provider->inject("x", "2");
+  provider->inject("x", "3");
+  REQUIRE(provider->wait_for_sent(3, 2s));
+  CHECK(texts(*provider) == std::vector<std::string>{"1", "2", "3"});
+  CHECK(errors.all().empty());
 }
 
 TEST_CASE("settle stops a step that holds the turn too long and lets the "

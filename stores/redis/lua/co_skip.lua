@@ -1,8 +1,11 @@
 #!lua
 --@include co_common
--- Skips a dead incarnation in a chat: its turn and its queued tickets. The
--- caller saw its heartbeat gone (a heartbeat lives in another slot, so the
--- script cannot look itself).
+-- Skips a dead incarnation in a chat: its queued tickets, and its turn once
+-- that turn's deadline passed. The caller saw its heartbeat gone (a
+-- heartbeat lives in another slot, so the script cannot look itself). A
+-- turn keeps its whole lease even so: the incarnation may be frozen, not
+-- dead, holding a turn granted while it was frozen (its heartbeat ran out
+-- first), and it may use that turn when it resumes, until its deadline.
 --
 -- KEYS[1] H  KEYS[2] Q
 -- ARGV[1] the dead incarnation  ARGV[2] ttl ms
@@ -10,8 +13,8 @@
 -- Returns 1 when something was skipped, else 0. Cost: O(queue length).
 local now = co_now()
 local skipped = 0
-local o = redis.call('HMGET', KEYS[1], 'o_inc', 'o_rep')
-if o[1] == ARGV[1] then
+local o = redis.call('HMGET', KEYS[1], 'o_inc', 'o_rep', 'o_dl')
+if o[1] == ARGV[1] and tonumber(o[3]) <= now then
   co_clear(o[2])
   skipped = 1
 end
