@@ -14,6 +14,8 @@
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/redis/internal/protocol.hpp>
@@ -269,6 +271,9 @@ class connection {
       opts_(opts),
       endpoint_(std::move(endpoint)),
       scripts_(std::move(scripts)) {
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0)
+      throw error(errc::store_error, "redis client: eventfd failed");
     thread_ = std::thread{[this] { loop(); }};
   }
 
@@ -278,9 +283,11 @@ class connection {
       closing_ = true;
     }
     cv_.notify_all();
+    kick();
     thread_.join();
     if (ctx_)
       redisFree(ctx_);
+    ::close(wake_fd_);
   }
 
   // Queues several requests back to back (they go out in one write), or
@@ -303,6 +310,7 @@ class connection {
         queue_.push_back(std::move(r));
     }
     cv_.notify_one();
+    kick();
   }
 
   void enqueue(request r) {
@@ -324,35 +332,76 @@ class connection {
       queue_.push_back(std::move(r));
     }
     cv_.notify_one();
+    kick();
   }
 
  private:
-  void loop() {
-    current_client = owner_;
-    std::vector<request> batch;
-    for (;;) {
-      {
-        std::unique_lock guard{mtx_};
-        cv_.wait(guard, [this] { return closing_ || !queue_.empty(); });
-        if (closing_ && queue_.empty())
-          return;
-        batch.assign(std::make_move_iterator(queue_.begin()),
-                     std::make_move_iterator(queue_.end()));
-        queue_.clear();
-      }
-      run(batch);
-      batch.clear();
+  // Wakes the loop out of poll(), called after queueing (outside mtx_).
+  // Only while it polls: otherwise the condition variable wakes it, or it
+  // is running and looks at the queue before it polls again. The loop sets
+  // polling_ under mtx_ after finding the queue empty, so a request queued
+  // after that sees it set.
+  void kick() {
+    if (polling_.load() && !kicked_.exchange(true)) {
+      std::uint64_t one = 1;
+      (void) !::write(wake_fd_, &one, sizeof one);
     }
   }
 
-  void fail_all(std::vector<request>& batch, size_t from, errc code,
-                const std::string& why) {
-    for (size_t i = from; i < batch.size(); ++i) {
-      auto name = batch[i].cmd.empty() ? std::string{} : batch[i].cmd[0];
-      batch[i].done({}, std::make_exception_ptr(error(
-                          code, fmt::format("redis {} {}: {}", endpoint_, name,
-                                            why))));
+  // The connection is pipelined across batches: requests queued while
+  // earlier ones wait for their replies are written at once instead of
+  // after those replies (a turn's enter must not wait a round trip behind
+  // the release of the turn before). Replies come back in order, so the
+  // in-flight requests are a FIFO.
+  void loop() {
+    current_client = owner_;
+    std::vector<request> fresh;
+    for (;;) {
+      {
+        std::unique_lock guard{mtx_};
+        if (inflight_.empty()) {
+          cv_.wait(guard, [this] { return closing_ || !queue_.empty(); });
+          if (closing_ && queue_.empty())
+            return;
+        }
+        fresh.assign(std::make_move_iterator(queue_.begin()),
+                     std::make_move_iterator(queue_.end()));
+        queue_.clear();
+        polling_.store(fresh.empty());
+      }
+      if (!fresh.empty()) {
+        send(fresh);
+        fresh.clear();
+        continue; // more may have been queued meanwhile
+      }
+      receive();
+      polling_.store(false);
+      if (kicked_.exchange(false)) {
+        std::uint64_t n;
+        (void) !::read(wake_fd_, &n, sizeof n);
+      }
     }
+  }
+
+  template <class Requests>
+  void fail_all(Requests& batch, errc code, const std::string& why) {
+    for (auto& r : batch) {
+      auto name = r.cmd.empty() ? std::string{} : r.cmd[0];
+      r.done({}, std::make_exception_ptr(error(
+                   code, fmt::format("redis {} {}: {}", endpoint_, name, why))));
+    }
+    batch.clear();
+  }
+
+  // The connection failed: every request written on it fails (whether the
+  // server ran it is unknown, so none is resent), then `fresh`.
+  void fail_connection(std::vector<request>& fresh, errc code,
+                       const std::string& why) {
+    reset(why);
+    std::deque<request> lost;
+    lost.swap(inflight_);
+    fail_all(lost, code, why);
+    fail_all(fresh, code, why);
   }
 
   // `attempt_took`: how long the failed connection attempt waited. Only
@@ -427,8 +476,9 @@ class connection {
     return ::poll(&pfd, 1, 0) > 0;
   }
 
-  void run(std::vector<request>& batch) {
-    if (ctx_ && closed_by_peer()) {
+  // Writes `batch` behind whatever is in flight.
+  void send(std::vector<request>& batch) {
+    if (inflight_.empty() && ctx_ && closed_by_peer()) {
       redisFree(ctx_);
       ctx_ = nullptr;
     }
@@ -438,14 +488,14 @@ class connection {
         std::lock_guard guard{mtx_};
         why = last_error_;
       }
-      fail_all(batch, 0, errc::store_error, "unavailable: " + why);
+      fail_all(batch, errc::store_error, "unavailable: " + why);
       return;
     }
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
     for (auto& r : batch) {
-      std::vector<const char*> argv;
-      std::vector<size_t> lens;
-      argv.reserve(r.cmd.size());
-      lens.reserve(r.cmd.size());
+      argv.clear();
+      lens.clear();
       for (auto& a : r.cmd) {
         argv.push_back(a.data());
         lens.push_back(a.size());
@@ -453,36 +503,85 @@ class connection {
       if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()),
                                  argv.data(), lens.data())
           != REDIS_OK) {
-        auto why = std::string{ctx_->errstr};
-        reset(why);
-        fail_all(batch, 0, errc::store_error, why);
+        fail_connection(batch, errc::store_error, ctx_->errstr);
         return;
       }
     }
-    for (size_t i = 0; i < batch.size(); ++i) {
-      void* raw = nullptr;
-      guard_.refused = -1;
-      if (redisGetReply(ctx_, &raw) != REDIS_OK || !raw) {
-        bool timed_out = ctx_->err == REDIS_ERR_IO
-                         && (errno == EAGAIN || errno == EWOULDBLOCK);
-        auto why = timed_out ? fmt::format("no reply within {}",
-                                           format_duration(
-                                             opts_.command_timeout.ms()))
-                             : std::string{ctx_->errstr};
-        if (guard_.refused != -1)
-          why = fmt::format("the server announced an array of {} elements "
-                            "(the bound is {}): protocol error",
-                            guard_.refused, guard_.max_elements);
-        // The stream's state is unknown now: start over on a new connection.
-        reset(why);
-        fail_all(batch, i, timed_out ? errc::timeout : errc::store_error, why);
+    int done = 0;
+    while (!done) {
+      if (redisBufferWrite(ctx_, &done) != REDIS_OK) {
+        fail_connection(batch, write_timed_out() ? errc::timeout
+                                                 : errc::store_error,
+                        write_timed_out() ? no_reply() : ctx_->errstr);
         return;
       }
+    }
+    if (inflight_.empty())
+      progress_ = steady::now();
+    for (auto& r : batch)
+      inflight_.push_back(std::move(r));
+    batch.clear();
+  }
+
+  bool write_timed_out() const {
+    return ctx_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+
+  std::string no_reply() const {
+    return fmt::format("no reply within {}",
+                       format_duration(opts_.command_timeout.ms()));
+  }
+
+  // Waits for replies (or for new requests to write) and hands out every
+  // complete reply. No reply for `command_timeout` since the last one (or
+  // since the oldest request was written) fails what is in flight.
+  void receive() {
+    auto deadline = progress_ + opts_.command_timeout.ms();
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - steady::now());
+    std::vector<request> none;
+    if (left.count() <= 0) {
+      fail_connection(none, errc::timeout, no_reply());
+      return;
+    }
+    pollfd fds[2] = {{ctx_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    int rc = ::poll(fds, 2, static_cast<int>(left.count()) + 1);
+    if (rc < 0 || (fds[0].revents == 0))
+      return; // woken for new requests, a signal, or loop again to time out
+    guard_.refused = -1;
+    if (redisBufferRead(ctx_) != REDIS_OK) {
+      fail_connection(none, errc::store_error, ctx_->errstr);
+      return;
+    }
+    for (;;) {
+      void* raw = nullptr;
+      if (redisGetReplyFromReader(ctx_, &raw) != REDIS_OK) {
+        // The stream's state is unknown now: start over on a new connection.
+        auto why = guard_.refused != -1
+                     ? fmt::format("the server announced an array of {} "
+                                   "elements (the bound is {}): protocol error",
+                                   guard_.refused, guard_.max_elements)
+                     : std::string{ctx_->errstr};
+        fail_connection(none, errc::store_error, why);
+        return;
+      }
+      if (!raw)
+        break;
       auto reply = convert(static_cast<redisReply*>(raw));
       freeReplyObject(raw);
-      batch[i].done(std::move(reply), nullptr);
+      if (inflight_.empty()) {
+        fail_connection(none, errc::store_error,
+                        "a reply nobody asked for: protocol error");
+        return;
+      }
+      auto r = std::move(inflight_.front());
+      inflight_.pop_front();
+      progress_ = steady::now();
+      last_used_ = progress_;
+      r.done(std::move(reply), nullptr);
+      if (!ctx_)
+        return;
     }
-    last_used_ = steady::now();
   }
 
   const void* owner_;
@@ -500,6 +599,11 @@ class connection {
   std::chrono::milliseconds backoff_{0};
   steady::time_point next_attempt_{};
   steady::time_point last_used_{}; // owned by the connection's thread
+  std::deque<request> inflight_;    // written, reply pending (same thread)
+  steady::time_point progress_{};   // last reply, or first write since idle
+  int wake_fd_ = -1;
+  std::atomic<bool> polling_{false}; // the loop is (about to be) in poll()
+  std::atomic<bool> kicked_{false};  // wake_fd_ was written
   internal::reader_guard guard_{opts_.max_reply_elements};
   std::thread thread_;
 };

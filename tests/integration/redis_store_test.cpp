@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <set>
+#include <future>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -257,6 +258,69 @@ TEST_CASE("a reply announcing a huge array fails the command instead of "
     CHECK(what.find("1000000041 elements") != std::string::npos);
     // The connection was dropped, not reused in an unknown state.
     CHECK(code_of([&] { c.call({"PING"}); }) != botmesh::errc::none);
+  }
+  ::shutdown(lfd, SHUT_RDWR);
+  ::close(lfd);
+  fake.join();
+}
+
+TEST_CASE("a command queued while another waits for its reply is written "
+          "at once (pipelined, not behind that reply)") {
+  // A fake server that answers only once it has read two commands: a client
+  // that writes the second after the first's reply never gets either.
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(lfd, 4) == 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
+  auto port = ntohs(addr.sin_port);
+  std::thread fake{[lfd] {
+    int fd = ::accept(lfd, nullptr, nullptr);
+    if (fd < 0)
+      return;
+    std::string got;
+    char buf[512];
+    auto commands = [&] {
+      std::size_t n = 0;
+      for (auto p = got.find("PING"); p != std::string::npos;
+           p = got.find("PING", p + 1))
+        ++n;
+      return n;
+    };
+    while (commands() < 2) {
+      auto n = ::read(fd, buf, sizeof(buf));
+      if (n <= 0)
+        break;
+      got.append(buf, static_cast<std::size_t>(n));
+    }
+    const char reply[] = "+ONE\r\n+TWO\r\n";
+    (void) !::write(fd, reply, sizeof(reply) - 1);
+    while (::read(fd, buf, sizeof(buf)) > 0) {
+    }
+    ::close(fd);
+  }};
+  {
+    botmesh::redis_client c{{.url = "redis://127.0.0.1:" + std::to_string(port),
+                             .command_timeout = "3s",
+                             .connections = 1}};
+    std::promise<std::string> first;
+    std::promise<std::string> second;
+    auto f1 = first.get_future();
+    auto f2 = second.get_future();
+    auto put = [](std::promise<std::string>& p) {
+      return [&p](botmesh::redis_reply r, std::exception_ptr e) {
+        p.set_value(e ? std::string{"error"} : r.str);
+      };
+    };
+    c.async({"PING"}, put(first));
+    // Let the first go out alone before the second is queued.
+    std::this_thread::sleep_for(50ms);
+    c.async({"PING"}, put(second));
+    CHECK(f1.get() == "ONE");
+    CHECK(f2.get() == "TWO");
   }
   ::shutdown(lfd, SHUT_RDWR);
   ::close(lfd);
