@@ -1,6 +1,8 @@
 #include <botmesh/actors/router.hpp>
 
+#include <algorithm>
 #include <memory>
+#include <thread>
 #include <unordered_map>
 
 #include <caf/all.hpp>
@@ -147,6 +149,15 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
 
 caf::actor spawn_router(caf::actor_system& sys, router_config cfg) {
   return sys.spawn(router, cfg);
+}
+
+void configure_scheduler(caf::actor_system_config& cfg, std::size_t threads,
+                         std::size_t max_throughput) {
+  if (threads == 0)
+    threads = std::max(2u, std::thread::hardware_concurrency());
+  cfg.set("scheduler.max-threads", threads);
+  cfg.set("scheduler.max-throughput", std::max<std::size_t>(1, max_throughput));
+  cfg.set("work-stealing.moderate-poll-attempts", std::size_t{0});
 }
 
 void configure_actor_system(caf::actor_system_config& cfg) {

@@ -58,15 +58,8 @@ std::vector<std::string> chat_ids(int chats) {
 }
 
 void configure(caf::actor_system_config& cfg) {
-  // What a bot sets for its own system: one worker per core, finite
-  // throughput so one busy chat cannot starve the others.
-  cfg.set("scheduler.max-threads",
-          std::max<std::size_t>(2, std::thread::hardware_concurrency()));
-  cfg.set("scheduler.max-throughput", std::size_t{32});
-  if (auto v = std::getenv("BM_MODERATE"))
-    cfg.set("work-stealing.moderate-poll-attempts", std::size_t(std::atoi(v)));
-  if (auto v = std::getenv("BM_WORKERS"))
-    cfg.set("scheduler.max-threads", std::size_t(std::atoi(v)));
+  // What a bot sets for its own system.
+  botmesh::configure_scheduler(cfg);
   botmesh::configure_actor_system(cfg);
 }
 

@@ -31,6 +31,7 @@
 
 #include <botmesh/actors/lease_actor.hpp>
 #include <botmesh/actors/messages.hpp>
+#include <botmesh/actors/router.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
 #include <botmesh/stores/redis/redis_coordinator.hpp>
 
@@ -292,12 +293,8 @@ int main(int argc, char** argv) {
     if (std::string{argv[i]} == "--rounds")
       rounds = std::max(1, std::atoi(argv[i + 1]));
   caf::actor_system_config cfg;
-  cfg.set("scheduler.max-threads", 2);
-  cfg.set("scheduler.max-throughput", 32);
-  if (auto v = std::getenv("BM_MODERATE"))
-    cfg.set("work-stealing.moderate-poll-attempts", std::size_t(std::atoi(v)));
-  if (auto v = std::getenv("BM_AGGR"))
-    cfg.set("work-stealing.aggressive-poll-attempts", std::size_t(std::atoi(v)));
+  // What a bot sets for its own system.
+  botmesh::configure_scheduler(cfg);
   caf::actor_system sys{cfg};
   std::printf("bench_turn_latency: %d rounds\n", rounds);
   {

@@ -305,26 +305,9 @@ int main(int argc, char** argv) {
   o.listen.io_threads = threads;
   o.flood = botmesh::http::flood_limits::none();
   auto provider = std::make_shared<botmesh::telegram::webhook_provider>(o);
-  // BENCH_CAF_TUNED=1: the bot in an application's actor system whose
-  // workers poll for work longer before sleeping (for comparison).
-  std::unique_ptr<caf::actor_system_config> cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  std::unique_ptr<botmesh::bot> bot_ptr;
-  if (std::getenv("BENCH_CAF_TUNED")) {
-    cfg = std::make_unique<caf::actor_system_config>();
-    cfg->set("scheduler.max-threads", 2);
-    cfg->set("scheduler.max-throughput", 32);
-    cfg->set("work-stealing.aggressive-poll-attempts", 1000);
-    cfg->set("work-stealing.moderate-sleep-duration", caf::timespan{std::chrono::microseconds{20}});
-    cfg->set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::microseconds{200}});
-    botmesh::configure_actor_system(*cfg);
-    sys = std::make_unique<caf::actor_system>(*cfg);
-    bot_ptr = std::make_unique<botmesh::bot>(
-      *sys, botmesh::bot_options{.provider = provider, .log_messages = false});
-  } else {
-    bot_ptr = std::make_unique<botmesh::bot>(
-      botmesh::bot_options{.provider = provider, .log_messages = false});
-  }
+  // The bot owns its actor system, set up as configure_scheduler says.
+  auto bot_ptr = std::make_unique<botmesh::bot>(
+    botmesh::bot_options{.provider = provider, .log_messages = false});
   auto& bot = *bot_ptr;
   bot.on_message([](botmesh::context& c) { c.reply("ok"); });
   bot.start();

@@ -217,11 +217,7 @@ struct bot::impl final : chat_services,
 
   void own_system() {
     cfg = std::make_unique<caf::actor_system_config>();
-    auto threads = opts.scheduler_threads != 0
-                     ? opts.scheduler_threads
-                     : std::max(2u, std::thread::hardware_concurrency());
-    cfg->set("scheduler.max-threads", threads);
-    cfg->set("scheduler.max-throughput", std::max<size_t>(1, opts.max_throughput));
+    configure_scheduler(*cfg, opts.scheduler_threads, opts.max_throughput);
     configure_actor_system(*cfg);
     owned_sys = std::make_unique<caf::actor_system>(*cfg);
     sys = owned_sys.get();
