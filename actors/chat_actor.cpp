@@ -289,7 +289,6 @@ void next_turn(chat_actor_t* self) {
   }
   st.busy = true;
   st.first = false;
-  self->send(st.cfg().lease, start_atom::value, st.key, head.token->fence());
   auto handle = caf::actor_cast<caf::actor>(self);
   st.cfg().services->run_turns(st.key, {head.ev}, first, head.token, [handle] {
     caf::anon_send(handle, turn_done_atom::value);

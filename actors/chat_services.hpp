@@ -61,7 +61,9 @@ class chat_services {
   /// is true when the batch starts the chat actor's (re)spawned life.
   ///
   /// With coordination the batch is one event and `turn` its granted turn:
-  /// every visible effect of its handler checks it first (see turn_token).
+  /// every visible effect of its handler checks it first (see turn_token),
+  /// and `turn->step_started()` is called on the thread that runs it when
+  /// it begins (settle counts from then).
   /// Without coordination `turn` is null.
   virtual void run_turns(const std::string& key, std::vector<chat_event> batch,
                          bool first_of_activation,

@@ -428,6 +428,11 @@ void grant(lease_actor_t* self, const turn_state& s,
   auto token = std::make_shared<turn_token>(
     s.key, s.fence, s.req, s.previous_holder, *valid_until,
     [&c = self->clock()] { return c.now(); });
+  // A weak handle: the token may outlive this actor.
+  token->on_step_start([addr = self->address(), key = s.key, fence = s.fence] {
+    if (auto me = caf::actor_cast<caf::actor>(addr))
+      caf::anon_send(me, start_atom::value, key, fence);
+  });
   st.holds[s.key] = held{s.req, chat, token, *valid_until,
                          clk::time_point::max()};
   arm(self, *valid_until);

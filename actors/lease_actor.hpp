@@ -54,9 +54,10 @@ struct lease_config {
 /// - Every lease/3: one batch renews the heartbeat, every held turn and
 ///   every leadership. A turn whose lease runs out before a renewal came
 ///   back ends as `frozen`; one the backend says is gone, as `expired`; a
-///   step past `settle` (counted from `start_atom`), as `settle`. Each ends
-///   its token (so the step's writes are refused and its stop token
-///   fires), tells the chat `(lost_atom, req, fence, reason)`, tells the
+///   step past `settle` (counted from `start_atom`, which the token's
+///   `step_started()` sends when a thread begins the step), as `settle`.
+///   Each ends its token (so the step's writes are refused and its stop
+///   token fires), tells the chat `(lost_atom, req, fence, reason)`, tells the
 ///   listener, and is released so the chat moves on.
 /// - Nothing is left behind on a lost reply: an enter is retried (as a
 ///   retry, so it never takes a second ticket) until it is answered, then

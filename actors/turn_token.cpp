@@ -45,6 +45,11 @@ turn_token::turn_token(std::string key, std::uint64_t fence, std::uint64_t req,
   // nop
 }
 
+void turn_token::step_started() const {
+  if (on_step_start_)
+    on_step_start_();
+}
+
 bool turn_token::valid() const noexcept {
   if (end_.load(std::memory_order_acquire) != 0)
     return false;

@@ -91,6 +91,12 @@ class turn_token {
     return stop_.get_token();
   }
 
+  /// Called by whoever runs the step, on its thread, when the step begins
+  /// running (not when it is queued for a thread): `settle` counts from
+  /// here, so a step that waited for a free handler thread is not cut
+  /// before it ran. Call it once per turn.
+  void step_started() const;
+
   // -- the lease actor's side ------------------------------------------------
 
   /// A renewal extended the lease.
@@ -98,6 +104,12 @@ class turn_token {
 
   /// The step started: it must be over by `settle_at`.
   void start(clock::time_point settle_at) noexcept;
+
+  /// What `step_started` does (tells the lease actor); set before the token
+  /// is handed out.
+  void on_step_start(std::function<void()> fn) {
+    on_step_start_ = std::move(fn);
+  }
 
   /// Ends the turn once (later calls do nothing) and fires the stop token.
   /// Returns false when it had ended already.
@@ -119,6 +131,7 @@ class turn_token {
   std::uint64_t req_;
   std::optional<std::string> previous_;
   time_source now_;
+  std::function<void()> on_step_start_;
   std::atomic<std::int64_t> valid_until_;
   std::atomic<std::int64_t> settle_at_;
   std::atomic<std::uint8_t> end_{0};

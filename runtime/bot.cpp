@@ -230,6 +230,8 @@ struct bot::impl final : chat_services,
                  std::function<void()> done) override {
     pool->post([this, key, batch = std::move(batch), first,
                 turn = std::move(turn), done = std::move(done)]() mutable {
+      if (turn)
+        turn->step_started(); // settle counts from here, not from the queue
       for (std::size_t i = 0; i < batch.size(); ++i) {
         if (turn) {
           coordinated_turn(key, batch[i], first && i == 0, turn);

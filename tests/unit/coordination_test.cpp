@@ -367,6 +367,62 @@ TEST_CASE("settle stops a step that holds the turn too long and lets the "
   CHECK(texts(*a.provider) == std::vector<std::string>{"ok rápido"});
 }
 
+TEST_CASE("stress: steps cut by settle while they send: none of their sends "
+          "lands after the cut, and each cut conversation is dropped") {
+  // Many conversations cut at once while their steps keep sending: the cut
+  // (the lease actor) and the sends (handler threads) race on the turn's
+  // state. A send that landed after the cut would show up after the chat's
+  // next answer; a conversation kept after a cut would take "hola" as its
+  // answer. Also a target for scripts/sanitize (ThreadSanitizer).
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  replica a{hub, store, "a", {.settle = "60ms"}, "600ms"};
+  botmesh::flow f{"pedido"};
+  f.hears({"pedido"}).ask("producto", "¿Producto?",
+                          [](botmesh::flow_context& c, const botmesh::answer&) {
+                            for (;;) { // until the cut makes send throw
+                              c.send("tick");
+                              std::this_thread::sleep_for(200us);
+                            }
+                          });
+  a.bot->add_flow(f);
+  a.bot->on_message([](botmesh::context& c) { c.reply("eco " + c.text()); });
+  a.bot->start();
+  constexpr int chats = 40;
+  for (int i = 0; i < chats; ++i) {
+    auto chat = "s" + std::to_string(i);
+    a.provider->inject(chat, "pedido");
+    a.provider->inject(chat, "lento");
+    a.provider->inject(chat, "hola");
+  }
+  REQUIRE(test::eventually(
+    [&] {
+      for (int i = 0; i < chats; ++i) {
+        auto m = a.provider->sent_to("s" + std::to_string(i));
+        if (m.empty() || m.back().text != "eco hola")
+          return false;
+      }
+      return true;
+    },
+    60s));
+  for (int i = 0; i < chats; ++i) {
+    auto m = a.provider->sent_to("s" + std::to_string(i));
+    REQUIRE(m.size() >= 3);
+    CHECK(m.front().text == "¿Producto?");
+    CHECK(m[1].text == "tick");
+    // Everything between the question and the answer to "hola" is a tick;
+    // nothing after it.
+    for (std::size_t k = 1; k + 1 < m.size(); ++k)
+      CHECK(m[k].text == "tick");
+    CHECK(m.back().text == "eco hola");
+  }
+  CHECK(a.errors.count(botmesh::errc::lease_lost) == chats);
+  std::this_thread::sleep_for(100ms); // a late send would land now
+  for (int i = 0; i < chats; ++i)
+    CHECK(a.provider->sent_to("s" + std::to_string(i)).back().text
+          == "eco hola");
+}
+
 namespace {
 
 struct exclusive_replica {
