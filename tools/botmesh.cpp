@@ -5,6 +5,9 @@
 //   botmesh telegram delete-webhook [--drop-pending-updates]
 //   botmesh telegram webhook-info
 //   botmesh [COMMAND] --help
+//   botmesh [COMMAND] --version
+//
+// Options take their value as `--opt value` or `--opt=value`.
 //
 // Exit codes: 0 done; 1 the work failed (a cron expression, zone or instant
 // the library rejects, with its validation message; a Bot API request that
@@ -98,7 +101,36 @@ constexpr const char* general_usage =
   "  telegram set-webhook ...      register the bot's webhook with Telegram\n"
   "  telegram delete-webhook ...   remove it\n"
   "  telegram webhook-info         what Telegram knows about it\n"
-  "botmesh COMMAND --help shows a command's options.\n";
+  "botmesh COMMAND --help shows a command's options; --version the version.\n"
+  "Options take a value as --opt value or --opt=value.\n"
+  "Exit codes: 0 done, 1 the work failed, 2 bad usage.\n";
+
+bool is_version(std::string_view a) {
+  return a == "-V" || a == "--version";
+}
+
+int print_version() {
+  std::printf("botmesh %s\n", BOTMESH_VERSION);
+  return botmesh::tool::exit_ok;
+}
+
+// Splits every `--opt=value` into `--opt` `value`; the strings live in
+// `store` (reserved up front, so the views stay valid).
+botmesh::tool::args split_equals(const botmesh::tool::args& in,
+                                 std::vector<std::string>& store) {
+  store.reserve(in.size() * 2);
+  botmesh::tool::args out;
+  for (auto a : in) {
+    auto eq = a.find('=');
+    if (a.starts_with("--") && eq != std::string_view::npos && eq > 2) {
+      out.push_back(store.emplace_back(a.substr(0, eq)));
+      out.push_back(store.emplace_back(a.substr(eq + 1)));
+    } else {
+      out.push_back(a);
+    }
+  }
+  return out;
+}
 
 int fail_usage(const std::string& why, const char* usage) {
   std::fprintf(stderr, "botmesh: %s\n%s", why.c_str(), usage);
@@ -109,13 +141,16 @@ int fail_usage(const std::string& why, const char* usage) {
 
 int main(int argc, char** argv) {
   using namespace botmesh::tool;
-  args a(argv + 1, argv + argc);
+  std::vector<std::string> store;
+  args a = split_equals(args(argv + 1, argv + argc), store);
   if (a.empty())
     return fail_usage("missing command", general_usage);
   if (is_help(a[0])) {
     std::fputs(general_usage, stdout);
     return exit_ok;
   }
+  if (is_version(a[0]))
+    return print_version();
   const char* usage = general_usage;
   // What follows the error of a bad command line: the usage, or for a long
   // one where to find it.
@@ -137,6 +172,8 @@ int main(int argc, char** argv) {
       std::fputs(usage, stdout);
       return exit_ok;
     }
+    if (is_version(arg))
+      return print_version();
   }
   try {
     return command(rest);
