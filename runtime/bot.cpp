@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <deque>
 #include <mutex>
@@ -606,6 +607,7 @@ struct bot::impl final : chat_services,
   std::mutex lifecycle_mtx;
   bool started = false;
   bool stopped = false;
+  bool ran = false; // run() was called (it runs once)
   std::atomic<bool> accepting{false};
 
   std::mutex run_mtx;
@@ -876,13 +878,86 @@ void bot::stop() {
   caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
 }
 
+namespace {
+
+// SIGTERM / SIGINT while some bot is in run(): the handler only stores the
+// signal (all it may do); run() looks at it every 50 ms.
+std::atomic<int> stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) {
+  stop_signal.store(sig);
+}
+
+// Installs the handler for the first run() and restores the previous
+// handlers when the last run() returns.
+class signal_scope {
+ public:
+  signal_scope() {
+    std::lock_guard guard{mtx()};
+    if (users()++ != 0)
+      return;
+    stop_signal.store(0);
+    struct sigaction sa{};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_term());
+    sigaction(SIGINT, &sa, &old_int());
+  }
+
+  ~signal_scope() {
+    std::lock_guard guard{mtx()};
+    if (--users() != 0)
+      return;
+    sigaction(SIGTERM, &old_term(), nullptr);
+    sigaction(SIGINT, &old_int(), nullptr);
+  }
+
+  signal_scope(const signal_scope&) = delete;
+  signal_scope& operator=(const signal_scope&) = delete;
+
+ private:
+  static std::mutex& mtx() {
+    static std::mutex m;
+    return m;
+  }
+  static int& users() {
+    static int n = 0;
+    return n;
+  }
+  static struct sigaction& old_term() {
+    static struct sigaction a{};
+    return a;
+  }
+  static struct sigaction& old_int() {
+    static struct sigaction a{};
+    return a;
+  }
+};
+
+} // namespace
+
 int bot::run() {
+  {
+    std::lock_guard guard{impl_->lifecycle_mtx};
+    if (impl_->ran || impl_->stopped)
+      throw error(errc::stopped, impl_->ran
+                                   ? "run() was called before: a bot runs once"
+                                   : "run() after stop(): a bot runs once");
+    impl_->ran = true;
+  }
   start();
   {
+    signal_scope signals;
     std::unique_lock guard{impl_->run_mtx};
-    impl_->run_cv.wait(guard, [this] {
-      return impl_->input_done || impl_->stop_requested;
-    });
+    while (!impl_->input_done && !impl_->stop_requested) {
+      if (auto sig = stop_signal.load()) {
+        std::fprintf(stderr, "botmesh: %s: stopping (up to stop_timeout for "
+                             "the turns in progress)\n",
+                     sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        break;
+      }
+      impl_->run_cv.wait_for(guard, std::chrono::milliseconds{50});
+    }
   }
   stop();
   return 0;

@@ -267,8 +267,15 @@ class bot {
   /// handlers to return and stops the provider. Idempotent.
   void stop();
 
-  /// `start()`, then waits until the provider's input ends or `stop()` is
-  /// called from elsewhere, then `stop()`. Returns 0.
+  /// `start()`, then waits until the provider's input ends, `stop()` is
+  /// called from elsewhere, or the process gets SIGTERM or SIGINT, then
+  /// `stop()` (which drains within `stop_timeout`). Returns 0.
+  ///
+  /// While it waits, run() handles SIGTERM and SIGINT itself (the previous
+  /// handlers are restored when it returns); an application that handles
+  /// signals its own way blocks them, or calls start()/stop() instead.
+  /// A bot runs once: a second run(), or run() after stop(), throws
+  /// `botmesh::error` (`errc::stopped`).
   int run();
 
   /// Waits until the provider's transport is open; false on timeout. On a

@@ -67,4 +67,25 @@ check "20,000 piped sums exit 0" 0 "$rc"
 check "every one of them is answered" 20000 "$(grep -cx '1 + 1 = 2' "$tmp/sums.out")"
 check "and nothing else is printed" 20000 "$(wc -l < "$tmp/sums.out")"
 check "no error is reported" "" "$(cat "$tmp/sums.err")"
+
+# SIGTERM while stdin is still open: the bot answers what it got, drains
+# and exits 0.
+mkfifo "$tmp/in"
+"$bot" < "$tmp/in" > "$tmp/term.out" 2> "$tmp/term.err" &
+pid=$!
+exec 3> "$tmp/in"
+echo '2 + 2' >&3
+for _ in $(seq 1 500); do
+  grep -q '2 + 2 = 4' "$tmp/term.out" && break
+  sleep 0.02
+done
+kill -TERM "$pid"
+wait "$pid"; rc=$?
+exec 3>&-
+check "SIGTERM with stdin open exits 0" 0 "$rc"
+check "after answering" "2 + 2 = 4" "$(cat "$tmp/term.out")"
+case "$(cat "$tmp/term.err")" in
+  *"SIGTERM: stopping"*) echo "ok: says it is stopping" ;;
+  *) echo "FAIL: SIGTERM message: $(cat "$tmp/term.err")"; fail=1 ;;
+esac
 exit $fail

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <latch>
 
 #include <caf/all.hpp>
@@ -348,4 +349,34 @@ TEST_CASE("a bot's scheduled tasks run while it runs and pause when it stops") {
   CHECK(beats.load() == after_stop);
   CHECK(b.forget_task("informe"));
   CHECK(store->get("test:informe")->deleted);
+}
+
+TEST_CASE("run() drains and returns 0 on SIGTERM, and a bot runs only once") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p}};
+  std::atomic<bool> in_handler{false};
+  std::atomic<bool> finished{false};
+  b.on_message([&](botmesh::context& c) {
+    in_handler = true;
+    std::this_thread::sleep_for(300ms); // still running when SIGTERM comes
+    c.reply("done " + c.text());
+    finished = true;
+  });
+  std::atomic<int> rc{-1};
+  std::thread runner{[&] { rc = b.run(); }};
+  REQUIRE(b.ready(5s));
+  p->inject("x", "slow");
+  REQUIRE(test::eventually([&] { return in_handler.load(); }));
+  std::raise(SIGTERM); // the handler run() installed takes it
+  runner.join();
+  CHECK(rc == 0);
+  // The turn in progress was drained, not cut.
+  CHECK(finished);
+  REQUIRE(p->sent().size() == 1);
+  CHECK(p->sent()[0].text == "done slow");
+  CHECK_THROWS_AS(b.run(), botmesh::error);
+  botmesh::bot other{{.provider = std::make_shared<botmesh::testing_provider>()}};
+  other.start();
+  other.stop();
+  CHECK_THROWS_AS(other.run(), botmesh::error);
 }
