@@ -48,7 +48,6 @@ struct console_provider::impl {
   std::shared_ptr<flight> current;
   int wake[2] = {-1, -1}; // stop() writes to wake[1] to end the reader's poll
   std::mutex out_mtx;
-  std::uint64_t next_id = 1;
 
   std::ostream& out() {
     return opts.out ? *opts.out : std::cout;
@@ -73,7 +72,7 @@ struct console_provider::impl {
       ++f->in_flight;
     }
     inbound_message msg;
-    msg.id = fmt::format("console-{}", next_id++);
+    // No id: the bot stamps one unique across processes and restarts.
     msg.provider = "console";
     msg.chat = opts.chat;
     msg.sender = opts.sender;

@@ -341,7 +341,7 @@ struct bot::impl final : chat_services,
     if (msg.provider.empty())
       msg.provider = provider_id;
     if (msg.id.empty())
-      msg.id = fmt::format("{}-{}", provider_id, ++next_id);
+      msg.id = fmt::format("{}-{}-{}", provider_id, id_prefix, ++next_id);
     if (msg.timestamp == time_point{})
       msg.timestamp = clock::system().now();
     try {
@@ -616,6 +616,10 @@ struct bot::impl final : chat_services,
   bool stop_requested = false;
 
   std::atomic<std::uint64_t> next_id{0};
+  // Ids this bot stamps on messages that came without one: a random prefix
+  // per bot instance (from the kernel) and a counter, so ids of other
+  // processes and of this one after a restart never repeat.
+  std::string id_prefix = detail::random_token().substr(0, 16);
   std::atomic<std::uint64_t> received{0}, handled{0}, refused_invalid{0},
     refused_overload{0}, refused_stopped{0}, handler_errors{0}, sent{0},
     send_errors{0}, activations{0}, passivations{0}, turn_failures{0};

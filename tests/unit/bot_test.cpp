@@ -48,7 +48,20 @@ TEST_CASE("keyword, pattern and catch-all handlers route in registration order")
   CHECK(texts(p->sent_to("ana"))
         == std::vector<std::string>{"¡Hola!", "pedido 42", "¡Hola!",
                                     "eco: hola que tal"});
-  CHECK(p->sent().at(0).reply_to == "test-1");
+  // Stamped ids: provider, a random prefix of this bot instance, a counter.
+  auto first = p->sent().at(0).reply_to;
+  CHECK(first.starts_with("test-"));
+  CHECK(first.ends_with("-1"));
+  CHECK(first.size() == std::string{"test-"}.size() + 16 + 2);
+  // Another bot (another process, or this one restarted) stamps other ids.
+  auto p2 = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b2{{.provider = p2}};
+  b2.on_message([](botmesh::context& c) { c.reply("x"); });
+  b2.start();
+  p2->inject("ana", "hola");
+  REQUIRE(p2->wait_for_sent(1, 5s));
+  CHECK(p2->sent().at(0).reply_to.ends_with("-1"));
+  CHECK(p2->sent().at(0).reply_to != first);
 }
 
 TEST_CASE("invalid inbound messages are refused naming the field and nothing "
