@@ -115,19 +115,32 @@ void memory_durable_backend::record(journal_record rec, std::string_view holder,
   done(out, nullptr);
 }
 
+namespace {
+
+// Moves record `id` held by `holder` to `to` (done: a tombstone, or free);
+// true when it did. Called under the backend's mutex.
+bool settle(std::unordered_map<std::string, row>& rows, std::string_view id,
+            std::string_view holder, rstate to) {
+  auto i = rows.find(std::string{id});
+  if (i == rows.end() || i->second.state != rstate::held
+      || i->second.holder != holder)
+    return false;
+  i->second.state = to;
+  i->second.holder.clear();
+  if (to == rstate::done)
+    i->second.rec.message.clear();
+  return true;
+}
+
+} // namespace
+
 void memory_durable_backend::confirm(std::string_view id,
                                      std::string_view holder,
                                      completion<bool> done) {
-  bool ok = false;
+  bool ok;
   {
     std::lock_guard guard{impl_->mtx};
-    auto i = impl_->rows.find(std::string{id});
-    if (i != impl_->rows.end() && i->second.state == rstate::held
-        && i->second.holder == holder) {
-      i->second.state = rstate::done;
-      i->second.rec.message.clear(); // a tombstone
-      ok = true;
-    }
+    ok = settle(impl_->rows, id, holder, rstate::done);
   }
   done(ok, nullptr);
 }
@@ -135,16 +148,10 @@ void memory_durable_backend::confirm(std::string_view id,
 void memory_durable_backend::release(std::string_view id,
                                      std::string_view holder,
                                      completion<bool> done) {
-  bool ok = false;
+  bool ok;
   {
     std::lock_guard guard{impl_->mtx};
-    auto i = impl_->rows.find(std::string{id});
-    if (i != impl_->rows.end() && i->second.state == rstate::held
-        && i->second.holder == holder) {
-      i->second.state = rstate::free;
-      i->second.holder.clear();
-      ok = true;
-    }
+    ok = settle(impl_->rows, id, holder, rstate::free);
   }
   done(ok, nullptr);
 }

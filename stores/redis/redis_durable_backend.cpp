@@ -109,7 +109,7 @@ void redis_durable_backend::start() {
 void redis_durable_backend::record(journal_record rec, std::string_view holder,
                                    std::chrono::milliseconds ttl,
                                    completion<journal_put> done) {
-  auto aff = std::string{affinity_of(rec.id)};
+  auto aff = rec.key; // one chat's records are written in order
   impl_->client->eval_async(
     aff, internal::lua().durable_record,
     impl_->in_keys({"rec", "open", "exp", "seq"}),
