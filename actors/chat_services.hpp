@@ -28,6 +28,9 @@ struct chat_event {
   /// travels with the event so whoever ends it (the turn, a refusal, a
   /// turn that never came) tells the provider, once.
   std::function<void(turn_outcome)> on_end{};
+  /// With durability: the id of the message's inbound journal record,
+  /// which the end of its turn confirms or releases; empty otherwise.
+  std::string journal{};
 
   bool is_timer() const noexcept {
     return timer != 0;

@@ -28,6 +28,8 @@ std::string_view to_string(turn_outcome o) noexcept {
       return "refused";
     case turn_outcome::untracked:
       return "untracked";
+    case turn_outcome::duplicate:
+      return "duplicate";
   }
   return "untracked";
 }

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -12,6 +13,7 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include <botmesh/actors/journal_actor.hpp>
 #include <botmesh/actors/lease_actor.hpp>
 #include <botmesh/actors/messages.hpp>
 #include <botmesh/actors/router.hpp>
@@ -20,6 +22,7 @@
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
+#include <botmesh/runtime/internal/dedupe_set.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
 #include <botmesh/stores/memory_store.hpp>
 
@@ -55,6 +58,35 @@ void emit(const listeners<Event>& ls, const Event& ev) {
   }
 }
 
+// The journaled turn running on this handler thread, if any: its sends
+// take outbox ids from it, and an error it raises that loses its effect
+// (a lost lease, a store failure) makes its record be released.
+struct durable_turn {
+  const std::string* record = nullptr; // journal id
+  const std::string* key = nullptr;
+  std::uint64_t fence = 0;
+  std::uint32_t sends = 0;
+  bool lost = false;
+};
+
+thread_local durable_turn* current_turn = nullptr;
+
+// Sets `current_turn` for a scope.
+class turn_scope {
+ public:
+  explicit turn_scope(durable_turn* t) : prev_(current_turn) {
+    current_turn = t;
+  }
+  ~turn_scope() {
+    current_turn = prev_;
+  }
+  turn_scope(const turn_scope&) = delete;
+  turn_scope& operator=(const turn_scope&) = delete;
+
+ private:
+  durable_turn* prev_;
+};
+
 } // namespace
 
 struct bot::impl final : chat_services,
@@ -75,6 +107,39 @@ struct bot::impl final : chat_services,
       throw invalid_argument_error("passivate_after",
                                    "bot_options.passivate_after must be > 0");
     provider_id = opts.provider->id();
+    retry_window = opts.retry_window ? opts.retry_window->ms()
+                                     : opts.provider->capabilities().retry_window;
+    if (retry_window.count() <= 0)
+      throw invalid_argument_error("retry_window",
+                                   "bot_options.retry_window must be > 0");
+    if (opts.durability) {
+      auto& d = *opts.durability;
+      if (!d.backend)
+        throw invalid_argument_error("durability.backend",
+                                     "durability needs a backend");
+      if (d.max_attempts == 0)
+        throw invalid_argument_error("durability.max_attempts",
+                                     "durability.max_attempts must be > 0");
+      if (d.claim_batch == 0)
+        throw invalid_argument_error("durability.claim_batch",
+                                     "durability.claim_batch must be > 0");
+      journal_lease = d.lease ? d.lease->ms()
+                      : opts.coordination && opts.coordination->coordinator
+                        ? opts.coordination->coordinator->lease()
+                        : std::chrono::milliseconds{15'000};
+      if (journal_lease.count() < 3)
+        throw invalid_argument_error("durability.lease",
+                                     "durability.lease must be >= 3ms");
+      holder = fmt::format("{}/{}",
+                           d.instance_id.empty() ? detail::random_uuid() : d.instance_id,
+                           detail::random_token());
+    } else {
+      if (opts.max_remembered_ids == 0)
+        throw invalid_argument_error("max_remembered_ids",
+                                     "bot_options.max_remembered_ids must be > 0");
+      dedupe = std::make_unique<internal::dedupe_set>(
+        opts.max_remembered_ids, retry_window, clock::system());
+    }
     auto sched_opts = opts.scheduler;
     if (sched_opts.ns.empty())
       sched_opts.ns = provider_id;
@@ -200,7 +265,14 @@ struct bot::impl final : chat_services,
       }
     } else {
       record(key, ev.message, first);
-      ev.end(run_handlers(key, ev.message, first, token.get()));
+      durable_turn dt{&ev.journal, &key, token->fence()};
+      turn_outcome outcome;
+      {
+        turn_scope scope{ev.journal.empty() ? nullptr : &dt};
+        outcome = run_handlers(key, ev.message, first, token.get());
+      }
+      settle_record(key, ev, !dt.lost && token->valid());
+      ev.end(outcome);
     }
     if (!token->valid())
       flows.drop(key);
@@ -253,9 +325,7 @@ struct bot::impl final : chat_services,
                               key));
           continue;
         }
-        record(key, batch[i].message, first && i == 0);
-        batch[i].end(
-          run_handlers(key, batch[i].message, first && i == 0, nullptr));
+        run_uncoordinated(key, batch[i], first && i == 0);
       }
       done();
     });
@@ -276,8 +346,172 @@ struct bot::impl final : chat_services,
                           key));
       return;
     }
+    run_uncoordinated(key, ev, first);
+  }
+
+  void run_uncoordinated(const std::string& key, chat_event& ev, bool first) {
     record(key, ev.message, first);
-    ev.end(run_handlers(key, ev.message, first, nullptr));
+    durable_turn dt{&ev.journal, &key, 0};
+    turn_outcome outcome;
+    {
+      turn_scope scope{ev.journal.empty() ? nullptr : &dt};
+      outcome = run_handlers(key, ev.message, first, nullptr);
+    }
+    settle_record(key, ev, !dt.lost);
+    ev.end(outcome);
+  }
+
+  // -- durable processing ----------------------------------------------------
+
+  // Issues a journal operation: `run` gets a completion to hand the backend;
+  // stop() waits for every issued operation to complete.
+  void journal_op(std::function<void(std::function<void()>)> run) {
+    {
+      std::lock_guard guard{journal_mtx};
+      ++journal_inflight;
+    }
+    run([this] {
+      std::lock_guard guard{journal_mtx};
+      if (--journal_inflight == 0)
+        journal_cv.notify_all();
+    });
+  }
+
+  // The end of a journaled event: confirmed when its effect was kept,
+  // released (to be handled again) otherwise.
+  void settle_record(const std::string& key, const chat_event& ev, bool keep) {
+    if (ev.journal.empty() || !opts.durability)
+      return;
+    auto& b = *opts.durability->backend;
+    journal_op([&, key, id = ev.journal](std::function<void()> finished) {
+      auto done = [this, key, id, keep, finished](bool, std::exception_ptr e) {
+        if (e)
+          journal_failed(key, fmt::format("{} of journal record {}",
+                                          keep ? "confirming" : "releasing",
+                                          id),
+                         e);
+        finished();
+      };
+      if (keep)
+        b.confirm(id, holder, std::move(done));
+      else
+        b.release(id, holder, std::move(done));
+    });
+  }
+
+  // A journal operation failed (on a backend thread): an error event.
+  void journal_failed(const std::string& key, std::string what,
+                      std::exception_ptr e) {
+    ++journal_errors;
+    auto code = errc::store_error;
+    try {
+      std::rethrow_exception(e);
+    } catch (const error& x) {
+      code = x.code();
+      what += ": " + std::string{x.what()};
+    } catch (const std::exception& x) {
+      what += ": " + std::string{x.what()};
+    }
+    post_event([this, code, what = std::move(what), key] {
+      raise(code, what, key, std::nullopt);
+    });
+  }
+
+  // One beat of the journal actor: renew this replica's heartbeat and take
+  // over what is free or held by dead replicas, re-injected in arrival
+  // order (one thread, so the router sees that order).
+  void journal_beat(std::function<void()> done) {
+    auto& d = *opts.durability;
+    journal_op([&, done = std::move(done)](std::function<void()> finished) {
+      d.backend->beat_and_claim(
+        holder, journal_lease, d.claim_batch, d.max_attempts,
+        [this, done, finished](durable_backend::claim_result r,
+                               std::exception_ptr e) {
+          if (e)
+            journal_failed({}, "the journal beat (heartbeat and claim)", e);
+          else
+            reinject(std::move(r));
+          done();
+          finished();
+        });
+    });
+  }
+
+  void reinject(durable_backend::claim_result r) {
+    for (auto& id : r.corrupted)
+      post_event([this, id] {
+        raise(errc::corrupted_record,
+              fmt::format("journal record {} cannot be decoded: set aside", id),
+              {}, std::nullopt);
+      });
+    for (auto& rec : r.dropped)
+      post_event([this, rec] {
+        raise(errc::handler_failed,
+              fmt::format("chat {}: journal record {} was given up after {} "
+                          "attempts (durability.max_attempts)",
+                          rec.key, rec.id, rec.attempts),
+              rec.key, std::nullopt);
+      });
+    for (auto& rec : r.records) {
+      inbound_message msg;
+      try {
+        msg = inbound_message_from_json(rec.message);
+      } catch (const std::exception& e) {
+        // Unusable: say so, and confirm it so it is not claimed forever.
+        auto what = fmt::format("chat {}: journal record {} cannot be "
+                                "decoded and is dropped: {}",
+                                rec.key, rec.id, e.what());
+        post_event([this, what, key = rec.key] {
+          raise(errc::corrupted_record, what, key, std::nullopt);
+        });
+        chat_event ev;
+        ev.journal = rec.id;
+        settle_record(rec.key, ev, true);
+        continue;
+      }
+      ++reprocessed;
+      chat_event ev{std::move(msg), 0, {}};
+      ev.journal = std::move(rec.id);
+      caf::anon_send(router_handle, std::move(ev));
+    }
+  }
+
+  // The outbox's word on a send of the journaled turn running on this
+  // thread: false to skip it (sent before); throws lease_lost_error when
+  // a later holder of the chat sent already.
+  bool outbox_allows(const std::string& chat_key) {
+    auto* t = current_turn;
+    if (!t || !opts.durability)
+      return true;
+    auto send_id = fmt::format("{}/{}", *t->record, t->sends++);
+    std::promise<outbox_verdict> p;
+    auto f = p.get_future();
+    opts.durability->backend->outbox_claim(
+      send_id, chat_key, t->fence, retry_window,
+      [&p](outbox_verdict v, std::exception_ptr e) {
+        if (e)
+          p.set_exception(e);
+        else
+          p.set_value(v);
+      });
+    outbox_verdict v;
+    try {
+      v = f.get();
+    } catch (...) {
+      t->lost = true;
+      throw;
+    }
+    switch (v) {
+      case outbox_verdict::send:
+        return true;
+      case outbox_verdict::duplicate:
+        ++outbox_skipped;
+        return false;
+      case outbox_verdict::fenced:
+        break;
+    }
+    t->lost = true;
+    throw lease_lost_error(chat_key, "superseded");
   }
 
   void post(std::function<void()> job) override {
@@ -293,6 +527,7 @@ struct bot::impl final : chat_services,
             std::nullopt);
       return;
     }
+    settle_record(key, ev, false);
     ev.end(turn_outcome::failed);
     auto id = ev.message.id;
     raise(errc::coordination_unavailable,
@@ -316,6 +551,9 @@ struct bot::impl final : chat_services,
       ++refused_overload;
     else
       ++refused_stopped;
+    // Journaled: released, so another replica (or this one, restarted)
+    // handles it.
+    settle_record(key, ev, false);
     ev.end(turn_outcome::refused);
     raise(code, std::move(why), key, std::move(ev.message));
   }
@@ -341,8 +579,13 @@ struct bot::impl final : chat_services,
     };
     if (msg.provider.empty())
       msg.provider = provider_id;
+    // Only a platform's own ids identify redeliveries; ours are unique per
+    // process (per holder with durability, so replicas never collide).
+    bool platform_id = !msg.id.empty();
     if (msg.id.empty())
-      msg.id = fmt::format("{}-{}", provider_id, ++next_id);
+      msg.id = opts.durability
+                 ? fmt::format("{}-{}-{}", provider_id, holder, ++next_id)
+                 : fmt::format("{}-{}", provider_id, ++next_id);
     if (msg.timestamp == time_point{})
       msg.timestamp = clock::system().now();
     try {
@@ -364,16 +607,79 @@ struct bot::impl final : chat_services,
       refuse(errc::stopped);
       return;
     }
+    auto key = chat_key(msg);
+    if (opts.durability) {
+      journal(std::move(key), std::move(msg), std::move(cb));
+      return;
+    }
+    if (platform_id && !dedupe->insert(journal_id(key, msg.id))) {
+      duplicate(std::move(cb));
+      return;
+    }
+    accept(chat_event{std::move(msg), 0, {}}, std::move(cb));
+  }
+
+  // Counts an accepted event and hands it to the router. The turn-end
+  // notice travels with it, through the chat actor to the end of its turn.
+  void accept(chat_event ev, delivery_callbacks cb) {
     ++received;
     if (cb.accepted)
       cb.accepted(errc::none);
-    // The turn-end notice travels with the message, through the router and
-    // the chat actor to the end of its turn.
-    if (cb.turn_ended)
-      caf::anon_send(router_handle,
-                     chat_event{std::move(msg), 0, std::move(cb.turn_ended)});
+    ev.on_end = std::move(cb.turn_ended);
+    if (ev.on_end || !ev.journal.empty())
+      caf::anon_send(router_handle, std::move(ev));
     else
-      caf::anon_send(router_handle, std::move(msg));
+      caf::anon_send(router_handle, std::move(ev.message));
+  }
+
+  void duplicate(delivery_callbacks cb) {
+    ++duplicates;
+    if (cb.accepted)
+      cb.accepted(errc::none);
+    if (cb.turn_ended)
+      cb.turn_ended(turn_outcome::duplicate);
+  }
+
+  // Records the message in the inbound journal; it takes its turn (and the
+  // provider hears it was accepted) only once the record landed. The
+  // completions of one chat come in order (see durable_backend), so the
+  // chat's order is kept.
+  void journal(std::string key, inbound_message msg, delivery_callbacks cb) {
+    journal_record rec;
+    rec.id = journal_id(key, msg.id);
+    rec.key = key;
+    rec.message = to_json(msg);
+    auto& b = *opts.durability->backend;
+    journal_op([&](std::function<void()> finished) {
+      b.record(
+        std::move(rec), holder, retry_window,
+        [this, key, msg = std::move(msg), cb = std::move(cb),
+         finished](journal_put put, std::exception_ptr e) mutable {
+          if (e) {
+            journal_failed(key, fmt::format("recording message {} in the "
+                                            "inbound journal",
+                                            msg.id),
+                           e);
+            errc code = errc::store_error;
+            try {
+              std::rethrow_exception(e);
+            } catch (const error& x) {
+              code = x.code();
+            } catch (...) {
+              // store_error
+            }
+            if (cb.accepted)
+              cb.accepted(code);
+          } else if (put == journal_put::duplicate) {
+            duplicate(std::move(cb));
+          } else {
+            chat_event ev{std::move(msg), 0, {}};
+            ev.journal = journal_id(key, ev.message.id);
+            accept(std::move(ev), std::move(cb));
+          }
+          finished();
+        });
+    });
   }
 
   // Another connection is live (Telegram's 409): the session actor steps
@@ -470,6 +776,17 @@ struct bot::impl final : chat_services,
       raise(errc::lease_lost,
             fmt::format("chat {}: message {}: {}", key, msg.id, e.what()), key,
             msg);
+    } catch (const error& e) {
+      // A store that failed under the handler keeps its code: with
+      // durability the message is then handled again.
+      auto code = e.code() == errc::store_error || e.code() == errc::timeout
+                    ? e.code()
+                    : errc::handler_failed;
+      ++handler_errors;
+      raise(code,
+            fmt::format("chat {}: handler failed on message {}: {}", key,
+                        msg.id, e.what()),
+            key, msg);
     } catch (const std::exception& e) {
       ++handler_errors;
       raise(errc::handler_failed,
@@ -538,6 +855,8 @@ struct bot::impl final : chat_services,
     // answer out of order.
     if (turn)
       turn->check();
+    if (key && !outbox_allows(*key))
+      return; // a replayed step's send, made before
     try {
       opts.provider->send(msg);
     } catch (const botmesh::error&) {
@@ -568,6 +887,12 @@ struct bot::impl final : chat_services,
 
   void raise(errc code, std::string what, std::string key,
              std::optional<inbound_message> msg) {
+    // An effect of the journaled turn on this thread was not kept: its
+    // record is released and handled again.
+    if (current_turn
+        && (code == errc::lease_lost || code == errc::store_error
+            || code == errc::timeout))
+      current_turn->lost = true;
     emit(on_error, events::error{code, std::move(what), std::move(key),
                                  std::move(msg)});
   }
@@ -616,6 +941,18 @@ struct bot::impl final : chat_services,
   bool stop_requested = false;
 
   std::atomic<std::uint64_t> next_id{0};
+
+  // Durable processing.
+  std::chrono::milliseconds retry_window{};
+  std::chrono::milliseconds journal_lease{};
+  std::string holder;                          // instance id + nonce
+  std::unique_ptr<internal::dedupe_set> dedupe; // without durability
+  caf::actor journal_handle;
+  std::mutex journal_mtx; // guards journal_inflight only
+  std::condition_variable journal_cv;
+  std::size_t journal_inflight = 0;
+  std::atomic<std::uint64_t> duplicates{0}, reprocessed{0}, outbox_skipped{0},
+    journal_errors{0};
   std::atomic<std::uint64_t> received{0}, handled{0}, refused_invalid{0},
     refused_overload{0}, refused_stopped{0}, handler_errors{0}, sent{0},
     send_errors{0}, activations{0}, passivations{0}, turn_failures{0};
@@ -822,6 +1159,23 @@ void bot::start() {
     rc.turn_wait = co.turn_wait.ms();
   }
   impl_->router_handle = spawn_router(*impl_->sys, rc);
+  if (impl_->opts.durability) {
+    auto* i = impl_.get();
+    i->opts.durability->backend->start();
+    journal_config jc;
+    jc.period = std::max(std::chrono::milliseconds{1}, i->journal_lease / 3);
+    jc.beat = [i](std::function<void()> done) { i->journal_beat(std::move(done)); };
+    jc.retire = [i](std::function<void()> done) {
+      i->journal_op([i, done](std::function<void()> finished) {
+        i->opts.durability->backend->retire(
+          i->holder, [done, finished](bool, std::exception_ptr) {
+            done();
+            finished();
+          });
+      });
+    };
+    i->journal_handle = spawn_journal_actor(*i->sys, std::move(jc));
+  }
   impl_->started = true;
   impl_->accepting = true;
   if (impl_->exclusive())
@@ -873,7 +1227,22 @@ void bot::stop() {
   // actor system waits for that thread when it is destroyed.
   impl_->session_handle = nullptr;
   impl_->lease_handle = nullptr;
+  // 5. Durable processing: the last beat ends, the heartbeat is retired
+  //    (what this replica still holds is claimable at once), and every
+  //    journal operation in flight completes before the bot can go away.
+  if (impl_->journal_handle) {
+    caf::scoped_actor self{*impl_->sys};
+    self->request(impl_->journal_handle, std::chrono::seconds(10),
+                  shutdown_atom::value)
+      .receive([](bool) {}, [](caf::error&) {});
+    impl_->journal_handle = nullptr;
+  }
   impl_->pool->shutdown();
+  {
+    std::unique_lock guard{impl_->journal_mtx};
+    impl_->journal_cv.wait_for(guard, std::chrono::seconds(10),
+                               [&] { return impl_->journal_inflight == 0; });
+  }
   impl_->opts.provider->stop();
   caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
 }
@@ -925,6 +1294,10 @@ bot_stats bot::stats() const {
   s.live_chats = s.activations - s.passivations;
   s.turn_failures = i.turn_failures;
   s.conversations = i.flows.active();
+  s.duplicates = i.duplicates;
+  s.reprocessed = i.reprocessed;
+  s.outbox_skipped = i.outbox_skipped;
+  s.journal_errors = i.journal_errors;
   return s;
 }
 
