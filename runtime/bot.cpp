@@ -670,6 +670,13 @@ struct bot::impl final : chat_services,
             }
             if (cb.accepted)
               cb.accepted(code);
+            // The write may have landed with its reply lost (a timeout, a
+            // dropped connection): free the record, so a beat hands it to
+            // a live replica instead of it staying held here, unhandled,
+            // while the platform's retry is dropped as a duplicate.
+            chat_event lost;
+            lost.journal = journal_id(key, msg.id);
+            settle_record(key, lost, false);
           } else if (put == journal_put::duplicate) {
             duplicate(std::move(cb));
           } else {

@@ -40,6 +40,7 @@ class gated_backend final : public botmesh::durable_backend {
   std::vector<std::function<void()>> held;
   bool gate_open = false;
   bool fail_records = false;
+  bool lose_record_replies = false; // the write lands, its reply is lost
 
   void open() {
     std::vector<std::function<void()>> run;
@@ -55,6 +56,13 @@ class gated_backend final : public botmesh::durable_backend {
   void record(botmesh::journal_record rec, std::string_view holder,
               std::chrono::milliseconds ttl,
               completion<botmesh::journal_put> done) override {
+    if (lose_record_replies) {
+      inner.record(std::move(rec), holder, ttl,
+                   [](botmesh::journal_put, std::exception_ptr) {});
+      return done(botmesh::journal_put::duplicate,
+                  std::make_exception_ptr(botmesh::error(
+                    errc::timeout, "simulated lost reply")));
+    }
     if (fail_records)
       return done(botmesh::journal_put::duplicate,
                   std::make_exception_ptr(botmesh::error(
@@ -422,4 +430,38 @@ TEST_CASE("durability options are checked when the bot is built") {
   d.lease = "1ms";
   CHECK(field(d) == "durability.lease");
   CHECK(field(ok).empty());
+}
+
+TEST_CASE("with durability a journal write whose reply was lost is handled "
+          "once: the record is freed and claimed, the platform's retry is a "
+          "duplicate") {
+  auto backend = std::make_shared<gated_backend>();
+  backend->open();
+  backend->lose_record_replies = true;
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  errors.attach(b);
+  std::atomic<int> handled{0};
+  b.on_message([&](botmesh::context& c) {
+    ++handled;
+    c.reply("ok " + c.text());
+  });
+  b.start();
+  std::atomic<int> code{-1};
+  p->inject(msg("ana", "m1", "hola"),
+            {.accepted = [&](errc e) { code = static_cast<int>(e); },
+             .turn_ended = {}});
+  REQUIRE(test::eventually([&] { return code != -1; }));
+  CHECK(code == static_cast<int>(errc::timeout));
+  backend->lose_record_replies = false;
+  // The platform retries: already journaled, so a duplicate...
+  p->inject(msg("ana", "m1", "hola"));
+  // ...and the freed record is handled by the next beat, once.
+  REQUIRE(p->wait_for_sent(1, 5s));
+  REQUIRE(test::eventually([&] { return b.stats().duplicates == 1; }));
+  b.stop();
+  CHECK(handled == 1);
+  CHECK(b.stats().reprocessed == 1);
+  CHECK(errors.count(errc::timeout) == 1);
 }
