@@ -465,3 +465,40 @@ TEST_CASE("with durability a journal write whose reply was lost is handled "
   CHECK(b.stats().reprocessed == 1);
   CHECK(errors.count(errc::timeout) == 1);
 }
+
+TEST_CASE("with durability a step cut by settle releases its record: it is "
+          "handled again, and what the cut step sent is not sent twice") {
+  botmesh::memory_coordination_hub hub;
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::coordination_options co;
+  co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "r",
+                                             .lease = "600ms"});
+  co.settle = "200ms";
+  botmesh::bot b{{.provider = p, .coordination = co,
+                  .durability = durable(backend)}};
+  errors.attach(b);
+  std::atomic<int> runs{0};
+  b.on_message([&](botmesh::context& c) {
+    c.reply("recibido");
+    if (++runs == 1) {
+      // The first run outlives settle: cut, and its last send is fenced.
+      while (!c.stop_token().stop_requested())
+        std::this_thread::sleep_for(1ms);
+      c.reply("tarde");
+      return;
+    }
+    c.reply("hecho");
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(p->wait_for_sent(2, 10s));
+  REQUIRE(test::eventually([&] { return runs == 2; }));
+  b.stop();
+  CHECK(texts(*p) == std::vector<std::string>{"recibido", "hecho"});
+  CHECK(b.stats().outbox_skipped == 1);
+  CHECK(b.stats().reprocessed == 1);
+  CHECK(errors.count(errc::lease_lost) >= 1);
+}
