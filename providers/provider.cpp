@@ -14,6 +14,11 @@ void provider_host::deliver(inbound_message msg, delivery_callbacks cb) {
     cb.turn_ended(turn_outcome::untracked);
 }
 
+bool retry_later(errc code) noexcept {
+  return code == errc::stopped || code == errc::store_error
+         || code == errc::timeout;
+}
+
 bool provider_host::yield_leadership(std::string_view) {
   return false;
 }

@@ -73,6 +73,13 @@ struct delivery_callbacks {
   std::function<void(turn_outcome)> turn_ended;
 };
 
+/// True when a refusal in `delivery_callbacks::accepted` means "deliver it
+/// again later" (answer the platform with a retryable status, keep a poll
+/// offset): `errc::stopped`, and with durability `errc::store_error` and
+/// `errc::timeout` (the journal write failed). Other refusals would fail
+/// again.
+bool retry_later(errc code) noexcept;
+
 /// The bot side of a provider: where a started provider delivers what it
 /// receives. Every method is thread-safe and returns quickly (it never waits
 /// for a handler), so a provider may call it from its own I/O threads.

@@ -14,6 +14,7 @@
 #include <botmesh/stores/memory_coordinator.hpp>
 #include <botmesh/stores/memory_durable_backend.hpp>
 
+#include "gated_backend.hpp"
 #include "test_util.hpp"
 
 using namespace std::chrono_literals;
@@ -30,78 +31,6 @@ botmesh::inbound_message msg(std::string chat, std::string id,
   m.text = std::move(text);
   return m;
 }
-
-// A backend whose journal writes wait until the test opens the gate, or
-// fail; everything else goes to a memory backend.
-class gated_backend final : public botmesh::durable_backend {
- public:
-  botmesh::memory_durable_backend inner;
-  std::mutex mtx;
-  std::vector<std::function<void()>> held;
-  bool gate_open = false;
-  bool fail_records = false;
-  bool lose_record_replies = false; // the write lands, its reply is lost
-
-  void open() {
-    std::vector<std::function<void()>> run;
-    {
-      std::lock_guard guard{mtx};
-      gate_open = true;
-      run.swap(held);
-    }
-    for (auto& f : run)
-      f();
-  }
-
-  void record(botmesh::journal_record rec, std::string_view holder,
-              std::chrono::milliseconds ttl,
-              completion<botmesh::journal_put> done) override {
-    if (lose_record_replies) {
-      inner.record(std::move(rec), holder, ttl,
-                   [](botmesh::journal_put, std::exception_ptr) {});
-      return done(botmesh::journal_put::duplicate,
-                  std::make_exception_ptr(botmesh::error(
-                    errc::timeout, "simulated lost reply")));
-    }
-    if (fail_records)
-      return done(botmesh::journal_put::duplicate,
-                  std::make_exception_ptr(botmesh::error(
-                    errc::store_error, "simulated journal failure")));
-    auto go = [this, rec = std::move(rec), h = std::string{holder}, ttl,
-               done = std::move(done)]() mutable {
-      inner.record(std::move(rec), h, ttl, std::move(done));
-    };
-    {
-      std::lock_guard guard{mtx};
-      if (!gate_open) {
-        held.push_back(std::move(go));
-        return;
-      }
-    }
-    go();
-  }
-  void confirm(std::string_view id, std::string_view holder,
-               completion<bool> done) override {
-    inner.confirm(id, holder, std::move(done));
-  }
-  void release(std::string_view id, std::string_view holder,
-               completion<bool> done) override {
-    inner.release(id, holder, std::move(done));
-  }
-  void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
-                      std::size_t limit, std::uint32_t max_attempts,
-                      completion<claim_result> done) override {
-    inner.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
-  }
-  void retire(std::string_view holder, completion<bool> done) override {
-    inner.retire(holder, std::move(done));
-  }
-  void outbox_claim(std::string_view send_id, std::string_view key,
-                    std::uint64_t fence, std::chrono::milliseconds ttl,
-                    completion<botmesh::outbox_verdict> done) override {
-    inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
-  }
-};
 
 botmesh::durability_options durable(std::shared_ptr<botmesh::durable_backend> b,
                                     std::string id = "r1") {
@@ -187,7 +116,7 @@ TEST_CASE("without durability the same id in two chats is not a duplicate, "
 
 TEST_CASE("with durability the provider hears a message was accepted only "
           "after its journal write landed") {
-  auto backend = std::make_shared<gated_backend>();
+  auto backend = std::make_shared<test::gated_backend>();
   auto p = std::make_shared<botmesh::testing_provider>();
   botmesh::bot b{{.provider = p, .durability = durable(backend)}};
   b.on_message([&](botmesh::context& c) { c.reply("ok"); });
@@ -211,7 +140,7 @@ TEST_CASE("with durability the provider hears a message was accepted only "
 
 TEST_CASE("with durability a failed journal write refuses the message with "
           "store_error so the platform retries") {
-  auto backend = std::make_shared<gated_backend>();
+  auto backend = std::make_shared<test::gated_backend>();
   backend->open();
   backend->fail_records = true;
   auto p = std::make_shared<botmesh::testing_provider>();
@@ -435,7 +364,7 @@ TEST_CASE("durability options are checked when the bot is built") {
 TEST_CASE("with durability a journal write whose reply was lost is handled "
           "once: the record is freed and claimed, the platform's retry is a "
           "duplicate") {
-  auto backend = std::make_shared<gated_backend>();
+  auto backend = std::make_shared<test::gated_backend>();
   backend->open();
   backend->lose_record_replies = true;
   auto p = std::make_shared<botmesh::testing_provider>();
