@@ -30,7 +30,7 @@ void retire(journal_actor_t* self) {
 
 caf::behavior journal_actor(journal_actor_t* self, journal_config cfg) {
   self->state.cfg = std::move(cfg);
-  self->send(self, tick_atom::value);
+  self->delayed_send(self, self->state.cfg.period, tick_atom::value);
   return {
     [=](tick_atom) {
       auto& st = self->state;

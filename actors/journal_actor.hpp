@@ -22,8 +22,11 @@ struct journal_config {
 };
 
 /// Spawns the journal actor of one replica: the single owner of the beat
-/// timer of durable processing. It beats at once, then every `period`. No
-/// backend call runs on its thread (the jobs only issue them).
+/// timer of durable processing. It beats every `period`, the first time
+/// one period after it was spawned (the bot makes the first beat itself,
+/// before it takes any message: a record must never exist before its
+/// holder's heartbeat, or another replica would take it for a dead one's).
+/// No backend call runs on its thread (the jobs only issue them).
 ///
 /// Protocol: `(shutdown_atom)` -> `true` once the running beat finished and
 /// `retire` completed; then it exits.

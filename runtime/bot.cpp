@@ -1181,6 +1181,12 @@ void bot::start() {
           });
       });
     };
+    // The first beat lands before anything is recorded under this holder:
+    // a record whose holder has no heartbeat yet would pass for a dead
+    // replica's. It also takes over what is free or orphaned right away.
+    std::promise<void> first;
+    i->journal_beat([&first] { first.set_value(); });
+    first.get_future().wait();
     i->journal_handle = spawn_journal_actor(*i->sys, std::move(jc));
   }
   impl_->started = true;

@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <future>
 #include <latch>
 #include <thread>
@@ -152,6 +153,11 @@ deliver_twice(const std::function<std::shared_ptr<botmesh::durable_backend>()>&
       ++r[i].handled;
       c.reply(c.text());
     });
+    r[i].b->on<botmesh::events::error>([](const botmesh::events::error& e) {
+      std::fprintf(stderr, "deliver_twice: error %s: %s\n",
+                   std::string{botmesh::to_string(e.code)}.c_str(),
+                   e.what.c_str());
+    });
     r[i].b->start();
   }
   std::latch go{2};
@@ -178,6 +184,10 @@ deliver_twice(const std::function<std::shared_ptr<botmesh::durable_backend>()>&
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   for (auto& x : r)
     x.b->stop();
+  for (auto& x : r)
+    if (auto st = x.b->stats(); st.reprocessed != 0)
+      std::fprintf(stderr, "deliver_twice: %llu reprocessed\n",
+                   static_cast<unsigned long long>(st.reprocessed));
   return {r[0].handled + r[1].handled,
           r[0].b->stats().duplicates + r[1].b->stats().duplicates};
 }

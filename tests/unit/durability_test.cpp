@@ -431,3 +431,30 @@ TEST_CASE("with durability a step cut by settle releases its record: it is "
   CHECK(b.stats().reprocessed == 1);
   CHECK(errors.count(errc::lease_lost) >= 1);
 }
+
+TEST_CASE("with durability a bot's heartbeat is in the backend before it "
+          "records anything: another replica never takes its fresh records "
+          "for a dead one's") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  auto d = durable(backend);
+  d.lease = "10s"; // no second beat during the test
+  botmesh::bot b{{.provider = p, .durability = d}};
+  std::latch entered{1}, go_on{1};
+  b.on_message([&](botmesh::context& c) {
+    entered.count_down();
+    go_on.wait();
+    c.reply("ok");
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  entered.wait();
+  std::promise<botmesh::durable_backend::claim_result> pr;
+  backend->beat_and_claim("other/1", 10s, 100, 5,
+                          [&](auto r, std::exception_ptr) { pr.set_value(r); });
+  CHECK(pr.get_future().get().records.empty());
+  go_on.count_down();
+  REQUIRE(p->wait_for_sent(1, 5s));
+  b.stop();
+  CHECK(b.stats().reprocessed == 0);
+}
