@@ -31,6 +31,9 @@ struct chat_event {
   /// With durability: the id of the message's inbound journal record,
   /// which the end of its turn confirms or releases; empty otherwise.
   std::string journal{};
+  /// With durability: how many holders took the record so far (1 for a
+  /// message that just arrived, more when it is handled again).
+  std::uint32_t attempt = 0;
 
   bool is_timer() const noexcept {
     return timer != 0;

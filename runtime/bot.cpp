@@ -65,6 +65,7 @@ struct durable_turn {
   const std::string* record = nullptr; // journal id
   const std::string* key = nullptr;
   std::uint64_t fence = 0;
+  std::uint32_t attempt = 0; // of the record (1: its first holder)
   std::uint32_t sends = 0;
   bool lost = false;
 };
@@ -265,7 +266,7 @@ struct bot::impl final : chat_services,
       }
     } else {
       record(key, ev.message, first);
-      durable_turn dt{&ev.journal, &key, token->fence()};
+      durable_turn dt{&ev.journal, &key, token->fence(), ev.attempt};
       turn_outcome outcome;
       {
         turn_scope scope{ev.journal.empty() ? nullptr : &dt};
@@ -351,7 +352,7 @@ struct bot::impl final : chat_services,
 
   void run_uncoordinated(const std::string& key, chat_event& ev, bool first) {
     record(key, ev.message, first);
-    durable_turn dt{&ev.journal, &key, 0};
+    durable_turn dt{&ev.journal, &key, 0, ev.attempt};
     turn_outcome outcome;
     {
       turn_scope scope{ev.journal.empty() ? nullptr : &dt};
@@ -472,6 +473,7 @@ struct bot::impl final : chat_services,
       ++reprocessed;
       chat_event ev{std::move(msg), 0, {}};
       ev.journal = std::move(rec.id);
+      ev.attempt = rec.attempts;
       caf::anon_send(router_handle, std::move(ev));
     }
   }
@@ -479,11 +481,41 @@ struct bot::impl final : chat_services,
   // The outbox's word on a send of the journaled turn running on this
   // thread: false to skip it (sent before); throws lease_lost_error when
   // a later holder of the chat sent already.
+  //
+  // On a record's first attempt no earlier send of it can exist: the entry
+  // is written ahead of the send (queued to the backend before the
+  // provider is called, on the connection that later carries the record's
+  // confirm or release) without waiting for the verdict; the turn's fence
+  // was checked locally just before, as for every send. From the second
+  // attempt on, the send waits for the verdict.
   bool outbox_allows(const std::string& chat_key) {
     auto* t = current_turn;
     if (!t || !opts.durability)
       return true;
     auto send_id = fmt::format("{}/{}", *t->record, t->sends++);
+    if (t->attempt == 1) {
+      journal_op([&](std::function<void()> finished) {
+        opts.durability->backend->outbox_claim(
+          send_id, chat_key, t->fence, retry_window,
+          [this, key = chat_key, send_id,
+           finished](outbox_verdict v, std::exception_ptr e) {
+            if (e)
+              journal_failed(key, fmt::format("writing outbox entry {}",
+                                              send_id),
+                             e);
+            else if (v == outbox_verdict::fenced)
+              post_event([this, key, send_id] {
+                raise(errc::lease_lost,
+                      fmt::format("chat {}: outbox entry {} was written "
+                                  "after a later holder of the chat sent",
+                                  key, send_id),
+                      key, std::nullopt);
+              });
+            finished();
+          });
+      });
+      return true;
+    }
     std::promise<outbox_verdict> p;
     auto f = p.get_future();
     opts.durability->backend->outbox_claim(
@@ -682,6 +714,7 @@ struct bot::impl final : chat_services,
           } else {
             chat_event ev{std::move(msg), 0, {}};
             ev.journal = journal_id(key, ev.message.id);
+            ev.attempt = 1;
             accept(std::move(ev), std::move(cb));
           }
           finished();

@@ -151,15 +151,23 @@ struct coordination_options {
 ///   replayed step skips the sends it made before (`bot_stats::
 ///   outbox_skipped`), and a send under a fence lower than one the chat
 ///   already sent with is refused with `lease_lost_error` ("superseded").
-///   A send is taken in the outbox before the provider is called: a crash
-///   between the two loses that send (at most once per id).
+///   The entry is written before the provider is called: a crash between
+///   the two loses that send (at most once per id). On a record's first
+///   attempt no earlier send of it can exist, so the entry is queued to
+///   the backend without waiting for its verdict (the fence is checked
+///   locally, as for every send, and a late `fenced` verdict is reported
+///   as an `errc::lease_lost` error event); from the second attempt on
+///   each send waits for the verdict. A crash in the microseconds between
+///   queuing that entry and the backend writing it can let a replay send
+///   again.
 ///
 /// A handler whose effects are not sends may run more than once for one
 /// message (after a crash): make them idempotent.
 ///
 /// Costs per message: one backend write on arrival (async), one at the end
-/// of the turn (async), one per send (the handler thread waits for it); a
-/// beat per `lease`/3 per replica.
+/// of the turn (async), one per send (async on the first attempt; the
+/// handler thread waits for it on a replay); a beat per `lease`/3 per
+/// replica, and one at `start()` (which waits for it).
 struct durability_options {
   /// Where the journal and the outbox live (memory, SQLite, Redis).
   /// Required.

@@ -305,8 +305,8 @@ TEST_CASE("with durability a message refused because the bot stops is "
   CHECK(seen == std::vector<std::string>{"second dos", "second tres"});
 }
 
-TEST_CASE("with durability a send under a fence lower than the chat's last "
-          "is refused as superseded and nothing is sent") {
+TEST_CASE("with durability a replayed send under a fence lower than the "
+          "chat's last is refused as superseded and nothing is sent") {
   botmesh::memory_coordination_hub hub;
   auto backend = std::make_shared<botmesh::memory_durable_backend>();
   // A later holder of the chat already sent under fence 1000.
@@ -314,18 +314,20 @@ TEST_CASE("with durability a send under a fence lower than the chat's last "
   backend->outbox_claim("other", "test:ana", 1000, 1h,
                         [&](auto v, std::exception_ptr) { pv.set_value(v); });
   REQUIRE(pv.get_future().get() == botmesh::outbox_verdict::send);
+  // The message was taken by a replica that died: here it is replayed
+  // (attempt 2), so each send waits for the outbox's verdict.
+  orphan(*backend, msg("ana", "m1", "hola"));
   auto p = std::make_shared<botmesh::testing_provider>();
   test::error_log errors;
   botmesh::coordination_options co;
   co.coordinator = std::make_shared<botmesh::memory_coordinator>(
     hub, botmesh::memory_coordinator_options{.replica_id = "r"});
   auto d = durable(backend);
-  d.max_attempts = 2;
+  d.max_attempts = 3;
   botmesh::bot b{{.provider = p, .coordination = co, .durability = d}};
   errors.attach(b);
   b.on_message([&](botmesh::context& c) { c.reply("tarde"); });
   b.start();
-  p->inject(msg("ana", "m1", "hola"));
   // Refused, released, tried again, refused, given up.
   REQUIRE(test::eventually([&] { return errors.count(errc::handler_failed) == 1; }));
   b.stop();
@@ -334,10 +336,27 @@ TEST_CASE("with durability a send under a fence lower than the chat's last "
   bool superseded = false, gave_up = false;
   for (auto& e : errors.all()) {
     superseded |= e.what.find("superseded") != std::string::npos;
-    gave_up |= e.what.find("given up after 2 attempts") != std::string::npos;
+    gave_up |= e.what.find("given up after 3 attempts") != std::string::npos;
   }
   CHECK(superseded);
   CHECK(gave_up);
+}
+
+TEST_CASE("with durability a first attempt writes its outbox entries ahead "
+          "of its sends: a replay skips them") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  b.on_message([&](botmesh::context& c) { c.reply("uno"); });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(p->wait_for_sent(1, 5s));
+  b.stop();
+  std::promise<botmesh::outbox_verdict> pv;
+  backend->outbox_claim(botmesh::journal_id("test:ana", "m1") + "/0",
+                        "test:ana", 0, 1h,
+                        [&](auto v, std::exception_ptr) { pv.set_value(v); });
+  CHECK(pv.get_future().get() == botmesh::outbox_verdict::duplicate);
 }
 
 TEST_CASE("durability options are checked when the bot is built") {
