@@ -145,7 +145,9 @@ struct coordination_options {
 /// - A replica that dies (or freezes past `lease`) leaves its records
 ///   held: another replica claims them after `lease` and re-injects them in
 ///   arrival order. The messages waiting for their turn on a dead replica
-///   are not lost.
+///   are not lost. A released or re-injected message takes a new ticket:
+///   messages of its chat that reached a live replica meanwhile may be
+///   handled before it.
 /// - Outbox: every send of a journaled turn has a deterministic id (the
 ///   record and the send's position in the turn) and the turn's fence; a
 ///   replayed step skips the sends it made before (`bot_stats::
