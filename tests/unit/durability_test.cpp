@@ -477,3 +477,34 @@ TEST_CASE("with durability a bot's heartbeat is in the backend before it "
   b.stop();
   CHECK(b.stats().reprocessed == 0);
 }
+
+TEST_CASE("with durability a journal record whose message cannot be decoded "
+          "is reported by id and dropped; the chat's other records go on") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  botmesh::journal_record bad;
+  bad.id = "test:ana#roto";
+  bad.key = "test:ana";
+  bad.message = "{\"id\": 7"; // truncated JSON
+  std::promise<botmesh::journal_put> p1;
+  backend->record(bad, "dead/0", 1h,
+                  [&](auto v, std::exception_ptr) { p1.set_value(v); });
+  REQUIRE(p1.get_future().get() == botmesh::journal_put::recorded);
+  orphan(*backend, msg("ana", "m2", "sigue"));
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  errors.attach(b);
+  b.on_message([&](botmesh::context& c) { c.reply(c.text()); });
+  b.start();
+  REQUIRE(p->wait_for_sent(1, 5s));
+  REQUIRE(test::eventually(
+    [&] { return errors.count(errc::corrupted_record) == 1; }));
+  b.stop();
+  CHECK(texts(*p) == std::vector<std::string>{"sigue"});
+  CHECK(errors.all()[0].what.find("test:ana#roto") != std::string::npos);
+  // Dropped for good: a redelivery of it is a duplicate, nobody claims it.
+  std::promise<botmesh::durable_backend::claim_result> pr;
+  backend->beat_and_claim("other/1", 1s, 100, 5,
+                          [&](auto r, std::exception_ptr) { pr.set_value(r); });
+  CHECK(pr.get_future().get().records.empty());
+}
