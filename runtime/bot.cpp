@@ -4,7 +4,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
-#include <future>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -23,6 +22,7 @@
 #include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/runtime/internal/dedupe_set.hpp>
+#include <botmesh/runtime/internal/durable_intake.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
 #include <botmesh/stores/memory_store.hpp>
 
@@ -58,43 +58,14 @@ void emit(const listeners<Event>& ls, const Event& ev) {
   }
 }
 
-// The journaled turn running on this handler thread, if any: its sends
-// take outbox ids from it, and an error it raises that loses its effect
-// (a lost lease, a store failure) makes its record be released.
-struct durable_turn {
-  const std::string* record = nullptr; // journal id
-  const std::string* key = nullptr;
-  std::uint64_t fence = 0;
-  std::uint32_t attempt = 0; // of the record (1: its first holder)
-  std::uint32_t sends = 0;
-  bool lost = false;
-};
-
-thread_local durable_turn* current_turn = nullptr;
-
-// Sets `current_turn` for a scope.
-class turn_scope {
- public:
-  explicit turn_scope(durable_turn* t) : prev_(current_turn) {
-    current_turn = t;
-  }
-  ~turn_scope() {
-    current_turn = prev_;
-  }
-  turn_scope(const turn_scope&) = delete;
-  turn_scope& operator=(const turn_scope&) = delete;
-
- private:
-  durable_turn* prev_;
-};
-
 } // namespace
 
 struct bot::impl final : chat_services,
                          provider_host,
                          internal::flow_host,
                          lease_listener,
-                         session_hooks {
+                         session_hooks,
+                         internal::durable_host {
   impl(bot& owner, bot_options o) : self(owner), opts(std::move(o)) {
     if (!opts.provider)
       throw invalid_argument_error("provider",
@@ -124,16 +95,20 @@ struct bot::impl final : chat_services,
       if (d.claim_batch == 0)
         throw invalid_argument_error("durability.claim_batch",
                                      "durability.claim_batch must be > 0");
-      journal_lease = d.lease ? d.lease->ms()
-                      : opts.coordination && opts.coordination->coordinator
-                        ? opts.coordination->coordinator->lease()
-                        : std::chrono::milliseconds{15'000};
-      if (journal_lease.count() < 3)
+      auto lease = d.lease ? d.lease->ms()
+                   : opts.coordination && opts.coordination->coordinator
+                     ? opts.coordination->coordinator->lease()
+                     : std::chrono::milliseconds{15'000};
+      if (lease.count() < 3)
         throw invalid_argument_error("durability.lease",
                                      "durability.lease must be >= 3ms");
-      holder = fmt::format("{}/{}",
-                           d.instance_id.empty() ? detail::random_uuid() : d.instance_id,
-                           detail::random_token());
+      durable = std::make_unique<internal::durable_intake>(
+        d,
+        fmt::format("{}/{}",
+                    d.instance_id.empty() ? detail::random_uuid()
+                                          : d.instance_id,
+                    detail::random_token()),
+        lease, retry_window, *this);
     } else {
       if (opts.max_remembered_ids == 0)
         throw invalid_argument_error("max_remembered_ids",
@@ -266,10 +241,10 @@ struct bot::impl final : chat_services,
       }
     } else {
       record(key, ev.message, first);
-      durable_turn dt{&ev.journal, &key, token->fence(), ev.attempt};
+      internal::durable_turn dt{&ev.journal, &key, token->fence(), ev.attempt};
       turn_outcome outcome;
       {
-        turn_scope scope{ev.journal.empty() ? nullptr : &dt};
+        internal::durable_turn_scope scope{ev.journal.empty() ? nullptr : &dt};
         outcome = run_handlers(key, ev.message, first, token.get());
       }
       settle_record(key, ev, !dt.lost && token->valid());
@@ -352,198 +327,33 @@ struct bot::impl final : chat_services,
 
   void run_uncoordinated(const std::string& key, chat_event& ev, bool first) {
     record(key, ev.message, first);
-    durable_turn dt{&ev.journal, &key, 0, ev.attempt};
+    internal::durable_turn dt{&ev.journal, &key, 0, ev.attempt};
     turn_outcome outcome;
     {
-      turn_scope scope{ev.journal.empty() ? nullptr : &dt};
+      internal::durable_turn_scope scope{ev.journal.empty() ? nullptr : &dt};
       outcome = run_handlers(key, ev.message, first, nullptr);
     }
     settle_record(key, ev, !dt.lost);
     ev.end(outcome);
   }
 
-  // -- durable processing ----------------------------------------------------
-
-  // Issues a journal operation: `run` gets a completion to hand the backend;
-  // stop() waits for every issued operation to complete.
-  void journal_op(std::function<void(std::function<void()>)> run) {
-    {
-      std::lock_guard guard{journal_mtx};
-      ++journal_inflight;
-    }
-    run([this] {
-      std::lock_guard guard{journal_mtx};
-      if (--journal_inflight == 0)
-        journal_cv.notify_all();
-    });
-  }
+  // -- durable processing (durable_host) -------------------------------------
 
   // The end of a journaled event: confirmed when its effect was kept,
   // released (to be handled again) otherwise.
   void settle_record(const std::string& key, const chat_event& ev, bool keep) {
-    if (ev.journal.empty() || !opts.durability)
-      return;
-    auto& b = *opts.durability->backend;
-    journal_op([&, key, id = ev.journal](std::function<void()> finished) {
-      auto done = [this, key, id, keep, finished](bool, std::exception_ptr e) {
-        if (e)
-          journal_failed(key, fmt::format("{} of journal record {}",
-                                          keep ? "confirming" : "releasing",
-                                          id),
-                         e);
-        finished();
-      };
-      if (keep)
-        b.confirm(id, holder, std::move(done));
-      else
-        b.release(id, holder, std::move(done));
-    });
+    if (durable && !ev.journal.empty())
+      durable->settle(key, ev.journal, keep);
   }
 
-  // A journal operation failed (on a backend thread): an error event.
-  void journal_failed(const std::string& key, std::string what,
-                      std::exception_ptr e) {
-    ++journal_errors;
-    auto code = errc::store_error;
-    try {
-      std::rethrow_exception(e);
-    } catch (const error& x) {
-      code = x.code();
-      what += ": " + std::string{x.what()};
-    } catch (const std::exception& x) {
-      what += ": " + std::string{x.what()};
-    }
-    post_event([this, code, what = std::move(what), key] {
+  void reinject(chat_event ev) override {
+    caf::anon_send(router_handle, std::move(ev));
+  }
+
+  void report(errc code, std::string what, std::string key) override {
+    post_event([this, code, what = std::move(what), key = std::move(key)] {
       raise(code, what, key, std::nullopt);
     });
-  }
-
-  // One beat of the journal actor: renew this replica's heartbeat and take
-  // over what is free or held by dead replicas, re-injected in arrival
-  // order (one thread, so the router sees that order).
-  void journal_beat(std::function<void()> done) {
-    auto& d = *opts.durability;
-    journal_op([&, done = std::move(done)](std::function<void()> finished) {
-      d.backend->beat_and_claim(
-        holder, journal_lease, d.claim_batch, d.max_attempts,
-        [this, done, finished](durable_backend::claim_result r,
-                               std::exception_ptr e) {
-          if (e)
-            journal_failed({}, "the journal beat (heartbeat and claim)", e);
-          else
-            reinject(std::move(r));
-          done();
-          finished();
-        });
-    });
-  }
-
-  void reinject(durable_backend::claim_result r) {
-    for (auto& id : r.corrupted)
-      post_event([this, id] {
-        raise(errc::corrupted_record,
-              fmt::format("journal record {} cannot be decoded: set aside", id),
-              {}, std::nullopt);
-      });
-    for (auto& rec : r.dropped)
-      post_event([this, rec] {
-        raise(errc::handler_failed,
-              fmt::format("chat {}: journal record {} was given up after {} "
-                          "attempts (durability.max_attempts)",
-                          rec.key, rec.id, rec.attempts),
-              rec.key, std::nullopt);
-      });
-    for (auto& rec : r.records) {
-      inbound_message msg;
-      try {
-        msg = inbound_message_from_json(rec.message);
-      } catch (const std::exception& e) {
-        // Unusable: say so, and confirm it so it is not claimed forever.
-        auto what = fmt::format("chat {}: journal record {} cannot be "
-                                "decoded and is dropped: {}",
-                                rec.key, rec.id, e.what());
-        post_event([this, what, key = rec.key] {
-          raise(errc::corrupted_record, what, key, std::nullopt);
-        });
-        chat_event ev;
-        ev.journal = rec.id;
-        settle_record(rec.key, ev, true);
-        continue;
-      }
-      ++reprocessed;
-      chat_event ev{std::move(msg), 0, {}};
-      ev.journal = std::move(rec.id);
-      ev.attempt = rec.attempts;
-      caf::anon_send(router_handle, std::move(ev));
-    }
-  }
-
-  // The outbox's word on a send of the journaled turn running on this
-  // thread: false to skip it (sent before); throws lease_lost_error when
-  // a later holder of the chat sent already.
-  //
-  // On a record's first attempt no earlier send of it can exist: the entry
-  // is written ahead of the send (queued to the backend before the
-  // provider is called, on the connection that later carries the record's
-  // confirm or release) without waiting for the verdict; the turn's fence
-  // was checked locally just before, as for every send. From the second
-  // attempt on, the send waits for the verdict.
-  bool outbox_allows(const std::string& chat_key) {
-    auto* t = current_turn;
-    if (!t || !opts.durability)
-      return true;
-    auto send_id = fmt::format("{}/{}", *t->record, t->sends++);
-    if (t->attempt == 1) {
-      journal_op([&](std::function<void()> finished) {
-        opts.durability->backend->outbox_claim(
-          send_id, chat_key, t->fence, retry_window,
-          [this, key = chat_key, send_id,
-           finished](outbox_verdict v, std::exception_ptr e) {
-            if (e)
-              journal_failed(key, fmt::format("writing outbox entry {}",
-                                              send_id),
-                             e);
-            else if (v == outbox_verdict::fenced)
-              post_event([this, key, send_id] {
-                raise(errc::lease_lost,
-                      fmt::format("chat {}: outbox entry {} was written "
-                                  "after a later holder of the chat sent",
-                                  key, send_id),
-                      key, std::nullopt);
-              });
-            finished();
-          });
-      });
-      return true;
-    }
-    std::promise<outbox_verdict> p;
-    auto f = p.get_future();
-    opts.durability->backend->outbox_claim(
-      send_id, chat_key, t->fence, retry_window,
-      [&p](outbox_verdict v, std::exception_ptr e) {
-        if (e)
-          p.set_exception(e);
-        else
-          p.set_value(v);
-      });
-    outbox_verdict v;
-    try {
-      v = f.get();
-    } catch (...) {
-      t->lost = true;
-      throw;
-    }
-    switch (v) {
-      case outbox_verdict::send:
-        return true;
-      case outbox_verdict::duplicate:
-        ++outbox_skipped;
-        return false;
-      case outbox_verdict::fenced:
-        break;
-    }
-    t->lost = true;
-    throw lease_lost_error(chat_key, "superseded");
   }
 
   void post(std::function<void()> job) override {
@@ -616,7 +426,8 @@ struct bot::impl final : chat_services,
     bool platform_id = !msg.id.empty();
     if (msg.id.empty())
       msg.id = opts.durability
-                 ? fmt::format("{}-{}-{}", provider_id, holder, ++next_id)
+                 ? fmt::format("{}-{}-{}", provider_id, durable->holder(),
+                               ++next_id)
                  : fmt::format("{}-{}", provider_id, ++next_id);
     if (msg.timestamp == time_point{})
       msg.timestamp = clock::system().now();
@@ -641,7 +452,7 @@ struct bot::impl final : chat_services,
     }
     auto key = chat_key(msg);
     if (opts.durability) {
-      journal(std::move(key), std::move(msg), std::move(cb));
+      durable->journal(std::move(key), std::move(msg), std::move(cb));
       return;
     }
     if (platform_id && !dedupe->insert(journal_id(key, msg.id))) {
@@ -653,7 +464,7 @@ struct bot::impl final : chat_services,
 
   // Counts an accepted event and hands it to the router. The turn-end
   // notice travels with it, through the chat actor to the end of its turn.
-  void accept(chat_event ev, delivery_callbacks cb) {
+  void accept(chat_event ev, delivery_callbacks cb) override {
     ++received;
     if (cb.accepted)
       cb.accepted(errc::none);
@@ -664,62 +475,12 @@ struct bot::impl final : chat_services,
       caf::anon_send(router_handle, std::move(ev.message));
   }
 
-  void duplicate(delivery_callbacks cb) {
+  void duplicate(delivery_callbacks cb) override {
     ++duplicates;
     if (cb.accepted)
       cb.accepted(errc::none);
     if (cb.turn_ended)
       cb.turn_ended(turn_outcome::duplicate);
-  }
-
-  // Records the message in the inbound journal; it takes its turn (and the
-  // provider hears it was accepted) only once the record landed. The
-  // completions of one chat come in order (see durable_backend), so the
-  // chat's order is kept.
-  void journal(std::string key, inbound_message msg, delivery_callbacks cb) {
-    journal_record rec;
-    rec.id = journal_id(key, msg.id);
-    rec.key = key;
-    rec.message = to_json(msg);
-    auto& b = *opts.durability->backend;
-    journal_op([&](std::function<void()> finished) {
-      b.record(
-        std::move(rec), holder, retry_window,
-        [this, key, msg = std::move(msg), cb = std::move(cb),
-         finished](journal_put put, std::exception_ptr e) mutable {
-          if (e) {
-            journal_failed(key, fmt::format("recording message {} in the "
-                                            "inbound journal",
-                                            msg.id),
-                           e);
-            errc code = errc::store_error;
-            try {
-              std::rethrow_exception(e);
-            } catch (const error& x) {
-              code = x.code();
-            } catch (...) {
-              // store_error
-            }
-            if (cb.accepted)
-              cb.accepted(code);
-            // The write may have landed with its reply lost (a timeout, a
-            // dropped connection): free the record, so a beat hands it to
-            // a live replica instead of it staying held here, unhandled,
-            // while the platform's retry is dropped as a duplicate.
-            chat_event lost;
-            lost.journal = journal_id(key, msg.id);
-            settle_record(key, lost, false);
-          } else if (put == journal_put::duplicate) {
-            duplicate(std::move(cb));
-          } else {
-            chat_event ev{std::move(msg), 0, {}};
-            ev.journal = journal_id(key, ev.message.id);
-            ev.attempt = 1;
-            accept(std::move(ev), std::move(cb));
-          }
-          finished();
-        });
-    });
   }
 
   // Another connection is live (Telegram's 409): the session actor steps
@@ -895,7 +656,7 @@ struct bot::impl final : chat_services,
     // answer out of order.
     if (turn)
       turn->check();
-    if (key && !outbox_allows(*key))
+    if (key && durable && !durable->outbox_allows(*key))
       return; // a replayed step's send, made before
     try {
       opts.provider->send(msg);
@@ -929,10 +690,11 @@ struct bot::impl final : chat_services,
              std::optional<inbound_message> msg) {
     // An effect of the journaled turn on this thread was not kept: its
     // record is released and handled again.
-    if (current_turn
+    if (auto* t = internal::current_durable_turn();
+        t
         && (code == errc::lease_lost || code == errc::store_error
             || code == errc::timeout))
-      current_turn->lost = true;
+      t->lost = true;
     emit(on_error, events::error{code, std::move(what), std::move(key),
                                  std::move(msg)});
   }
@@ -984,15 +746,10 @@ struct bot::impl final : chat_services,
 
   // Durable processing.
   std::chrono::milliseconds retry_window{};
-  std::chrono::milliseconds journal_lease{};
-  std::string holder;                          // instance id + nonce
-  std::unique_ptr<internal::dedupe_set> dedupe; // without durability
+  std::unique_ptr<internal::durable_intake> durable; // with durability
+  std::unique_ptr<internal::dedupe_set> dedupe;      // without durability
   caf::actor journal_handle;
-  std::mutex journal_mtx; // guards journal_inflight only
-  std::condition_variable journal_cv;
-  std::size_t journal_inflight = 0;
-  std::atomic<std::uint64_t> duplicates{0}, reprocessed{0}, outbox_skipped{0},
-    journal_errors{0};
+  std::atomic<std::uint64_t> duplicates{0};
   std::atomic<std::uint64_t> received{0}, handled{0}, refused_invalid{0},
     refused_overload{0}, refused_stopped{0}, handler_errors{0}, sent{0},
     send_errors{0}, activations{0}, passivations{0}, turn_failures{0};
@@ -1199,28 +956,13 @@ void bot::start() {
     rc.turn_wait = co.turn_wait.ms();
   }
   impl_->router_handle = spawn_router(*impl_->sys, rc);
-  if (impl_->opts.durability) {
-    auto* i = impl_.get();
-    i->opts.durability->backend->start();
+  if (auto* d = impl_->durable.get()) {
+    d->start(); // the backend, and a first beat before anything is recorded
     journal_config jc;
-    jc.period = std::max(std::chrono::milliseconds{1}, i->journal_lease / 3);
-    jc.beat = [i](std::function<void()> done) { i->journal_beat(std::move(done)); };
-    jc.retire = [i](std::function<void()> done) {
-      i->journal_op([i, done](std::function<void()> finished) {
-        i->opts.durability->backend->retire(
-          i->holder, [done, finished](bool, std::exception_ptr) {
-            done();
-            finished();
-          });
-      });
-    };
-    // The first beat lands before anything is recorded under this holder:
-    // a record whose holder has no heartbeat yet would pass for a dead
-    // replica's. It also takes over what is free or orphaned right away.
-    std::promise<void> first;
-    i->journal_beat([&first] { first.set_value(); });
-    first.get_future().wait();
-    i->journal_handle = spawn_journal_actor(*i->sys, std::move(jc));
+    jc.period = std::max(std::chrono::milliseconds{1}, d->lease() / 3);
+    jc.beat = [d](std::function<void()> done) { d->beat(std::move(done)); };
+    jc.retire = [d](std::function<void()> done) { d->retire(std::move(done)); };
+    impl_->journal_handle = spawn_journal_actor(*impl_->sys, std::move(jc));
   }
   impl_->started = true;
   impl_->accepting = true;
@@ -1284,11 +1026,8 @@ void bot::stop() {
     impl_->journal_handle = nullptr;
   }
   impl_->pool->shutdown();
-  {
-    std::unique_lock guard{impl_->journal_mtx};
-    impl_->journal_cv.wait_for(guard, std::chrono::seconds(10),
-                               [&] { return impl_->journal_inflight == 0; });
-  }
+  if (impl_->durable)
+    impl_->durable->wait_idle(std::chrono::seconds(10));
   impl_->opts.provider->stop();
   caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
 }
@@ -1341,9 +1080,12 @@ bot_stats bot::stats() const {
   s.turn_failures = i.turn_failures;
   s.conversations = i.flows.active();
   s.duplicates = i.duplicates;
-  s.reprocessed = i.reprocessed;
-  s.outbox_skipped = i.outbox_skipped;
-  s.journal_errors = i.journal_errors;
+  if (i.durable) {
+    auto d = i.durable->stats();
+    s.reprocessed = d.reprocessed;
+    s.outbox_skipped = d.outbox_skipped;
+    s.journal_errors = d.journal_errors;
+  }
   return s;
 }
 
