@@ -70,3 +70,27 @@ TEST_CASE("durable replicas: the same platform message delivered to two "
   CHECK(handled == n);
   CHECK(dups == n);
 }
+
+TEST_CASE("durable replicas: a replica frozen (SIGSTOP) past its lease while "
+          "running a step: another replica handles the message, and the "
+          "frozen one, resumed, neither answers nor has it handled again") {
+  auto prefix = test::unique_prefix("bmdurrep");
+  test::replica_process a{test::redis_url(), prefix, "a", 600, "durable"};
+  test::replica_process b{test::redis_url(), prefix, "b", 600, "durable"};
+  REQUIRE(!a.expect("ready").empty());
+  REQUIRE(!b.expect("ready").empty());
+  a.send("inject-id x id1 sleep:1000");
+  REQUIRE(a.expect("start x sleep:1000") == "start x sleep:1000");
+  a.signal(SIGSTOP);
+  // a's heartbeat and x's turn lapse: b takes the record and the turn.
+  REQUIRE(b.expect("sent x b sleep:1000", 20s) == "sent x b sleep:1000");
+  a.signal(SIGCONT);
+  // a's step wakes up and tries to answer: fenced by its lost turn.
+  CHECK_FALSE(a.expect("error lease_lost").empty());
+  // The chat goes on at b, in order, and nobody handles id1 a third time.
+  b.send("inject-id x id2 luego");
+  REQUIRE(b.expect("sent x b luego") == "sent x b luego");
+  CHECK(a.seen("sent x").empty());
+  CHECK(b.seen("start x") == std::vector<std::string>{"start x sleep:1000",
+                                                      "start x luego"});
+}
