@@ -28,6 +28,12 @@ struct chat_event {
   /// travels with the event so whoever ends it (the turn, a refusal, a
   /// turn that never came) tells the provider, once.
   std::function<void(turn_outcome)> on_end{};
+  /// With durability: the id of the message's inbound journal record,
+  /// which the end of its turn confirms or releases; empty otherwise.
+  std::string journal{};
+  /// With durability: how many holders took the record so far (1 for a
+  /// message that just arrived, more when it is handled again).
+  std::uint32_t attempt = 0;
 
   bool is_timer() const noexcept {
     return timer != 0;

@@ -14,6 +14,11 @@ void provider_host::deliver(inbound_message msg, delivery_callbacks cb) {
     cb.turn_ended(turn_outcome::untracked);
 }
 
+bool retry_later(errc code) noexcept {
+  return code == errc::stopped || code == errc::store_error
+         || code == errc::timeout;
+}
+
 bool provider_host::yield_leadership(std::string_view) {
   return false;
 }
@@ -28,6 +33,8 @@ std::string_view to_string(turn_outcome o) noexcept {
       return "refused";
     case turn_outcome::untracked:
       return "untracked";
+    case turn_outcome::duplicate:
+      return "duplicate";
   }
   return "untracked";
 }

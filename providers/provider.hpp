@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -15,6 +16,10 @@ struct provider_capabilities {
   /// Only one connection may exist at a time (a WhatsApp Web session, Telegram
   /// long polling): with several replicas only the elected one starts it.
   bool exclusive_session = false;
+  /// How long the platform may deliver a message again (a webhook retried
+  /// after a timeout or an error): the bot remembers inbound message ids
+  /// this long to drop redeliveries (`bot_options::retry_window` overrides).
+  std::chrono::milliseconds retry_window{std::chrono::hours(24)};
 };
 
 /// The state of a provider's transport.
@@ -35,6 +40,10 @@ enum class turn_outcome : std::uint8_t {
   /// The host does not follow turns (the default `provider_host`): the
   /// notice came right after acceptance and says nothing about the turn.
   untracked,
+  /// A redelivery of a platform message the bot already took (same
+  /// provider, chat and id within the retry window): dropped without a
+  /// turn. The platform should be told it was received.
+  duplicate,
 };
 
 std::string_view to_string(turn_outcome o) noexcept;
@@ -49,16 +58,27 @@ std::string_view to_string(turn_outcome o) noexcept;
 /// `turn_ended` only after `accepted(errc::none)`, never before it.
 struct delivery_callbacks {
   /// `errc::none` once the bot has accepted the message: validated and
-  /// counted now; with durability (a later feature) after the inbound
-  /// journal write, so this may come after `deliver` returned. Otherwise
-  /// why it was refused: `errc::invalid_argument` (a field over the limits;
-  /// an `events::error` names it) or `errc::stopped` (the bot is stopping:
-  /// the platform should retry later).
+  /// counted now; with durability only once the inbound journal write
+  /// landed, so this may come after `deliver` returned, from a store
+  /// thread — a webhook answers the platform then. A redelivery the bot
+  /// already took is accepted too (then `turn_ended(duplicate)`).
+  /// Otherwise why it was refused: `errc::invalid_argument` (a field over
+  /// the limits; an `events::error` names it), `errc::stopped` (the bot is
+  /// stopping: the platform should retry later) or, with durability,
+  /// `errc::store_error` / `errc::timeout` (the journal write failed: the
+  /// platform should retry later).
   std::function<void(errc)> accepted;
   /// The message's turn finished. A handler's sends of this turn all
   /// happened before this call.
   std::function<void(turn_outcome)> turn_ended;
 };
+
+/// True when a refusal in `delivery_callbacks::accepted` means "deliver it
+/// again later" (answer the platform with a retryable status, keep a poll
+/// offset): `errc::stopped`, and with durability `errc::store_error` and
+/// `errc::timeout` (the journal write failed). Other refusals would fail
+/// again.
+bool retry_later(errc code) noexcept;
 
 /// The bot side of a provider: where a started provider delivers what it
 /// receives. Every method is thread-safe and returns quickly (it never waits

@@ -13,6 +13,7 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include <botmesh/actors/journal_actor.hpp>
 #include <botmesh/actors/lease_actor.hpp>
 #include <botmesh/actors/messages.hpp>
 #include <botmesh/actors/router.hpp>
@@ -21,6 +22,8 @@
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
+#include <botmesh/runtime/internal/dedupe_set.hpp>
+#include <botmesh/runtime/internal/durable_intake.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
 #include <botmesh/stores/memory_store.hpp>
 
@@ -62,7 +65,8 @@ struct bot::impl final : chat_services,
                          provider_host,
                          internal::flow_host,
                          lease_listener,
-                         session_hooks {
+                         session_hooks,
+                         internal::durable_host {
   impl(bot& owner, bot_options o) : self(owner), opts(std::move(o)) {
     if (!opts.provider)
       throw invalid_argument_error("provider",
@@ -76,6 +80,43 @@ struct bot::impl final : chat_services,
       throw invalid_argument_error("passivate_after",
                                    "bot_options.passivate_after must be > 0");
     provider_id = opts.provider->id();
+    retry_window = opts.retry_window ? opts.retry_window->ms()
+                                     : opts.provider->capabilities().retry_window;
+    if (retry_window.count() <= 0)
+      throw invalid_argument_error("retry_window",
+                                   "bot_options.retry_window must be > 0");
+    if (opts.durability) {
+      auto& d = *opts.durability;
+      if (!d.backend)
+        throw invalid_argument_error("durability.backend",
+                                     "durability needs a backend");
+      if (d.max_attempts == 0)
+        throw invalid_argument_error("durability.max_attempts",
+                                     "durability.max_attempts must be > 0");
+      if (d.claim_batch == 0)
+        throw invalid_argument_error("durability.claim_batch",
+                                     "durability.claim_batch must be > 0");
+      auto lease = d.lease ? d.lease->ms()
+                   : opts.coordination && opts.coordination->coordinator
+                     ? opts.coordination->coordinator->lease()
+                     : std::chrono::milliseconds{15'000};
+      if (lease.count() < 3)
+        throw invalid_argument_error("durability.lease",
+                                     "durability.lease must be >= 3ms");
+      durable = std::make_unique<internal::durable_intake>(
+        d,
+        fmt::format("{}/{}",
+                    d.instance_id.empty() ? detail::random_uuid()
+                                          : d.instance_id,
+                    detail::random_token()),
+        lease, retry_window, *this);
+    } else {
+      if (opts.max_remembered_ids == 0)
+        throw invalid_argument_error("max_remembered_ids",
+                                     "bot_options.max_remembered_ids must be > 0");
+      dedupe = std::make_unique<internal::dedupe_set>(
+        opts.max_remembered_ids, retry_window, clock::system());
+    }
     auto sched_opts = opts.scheduler;
     if (sched_opts.ns.empty())
       sched_opts.ns = provider_id;
@@ -201,7 +242,14 @@ struct bot::impl final : chat_services,
       }
     } else {
       record(key, ev.message, first);
-      ev.end(run_handlers(key, ev.message, first, token.get()));
+      internal::durable_turn dt{&ev.journal, &key, token->fence(), ev.attempt};
+      turn_outcome outcome;
+      {
+        internal::durable_turn_scope scope{ev.journal.empty() ? nullptr : &dt};
+        outcome = run_handlers(key, ev.message, first, token.get());
+      }
+      settle_record(key, ev, !dt.lost && token->valid());
+      ev.end(outcome);
     }
     if (!token->valid())
       flows.drop(key);
@@ -252,9 +300,7 @@ struct bot::impl final : chat_services,
                               key));
           continue;
         }
-        record(key, batch[i].message, first && i == 0);
-        batch[i].end(
-          run_handlers(key, batch[i].message, first && i == 0, nullptr));
+        run_uncoordinated(key, batch[i], first && i == 0);
       }
       done();
     });
@@ -275,8 +321,38 @@ struct bot::impl final : chat_services,
                           key));
       return;
     }
+    run_uncoordinated(key, ev, first);
+  }
+
+  void run_uncoordinated(const std::string& key, chat_event& ev, bool first) {
     record(key, ev.message, first);
-    ev.end(run_handlers(key, ev.message, first, nullptr));
+    internal::durable_turn dt{&ev.journal, &key, 0, ev.attempt};
+    turn_outcome outcome;
+    {
+      internal::durable_turn_scope scope{ev.journal.empty() ? nullptr : &dt};
+      outcome = run_handlers(key, ev.message, first, nullptr);
+    }
+    settle_record(key, ev, !dt.lost);
+    ev.end(outcome);
+  }
+
+  // -- durable processing (durable_host) -------------------------------------
+
+  // The end of a journaled event: confirmed when its effect was kept,
+  // released (to be handled again) otherwise.
+  void settle_record(const std::string& key, const chat_event& ev, bool keep) {
+    if (durable && !ev.journal.empty())
+      durable->settle(key, ev.journal, keep);
+  }
+
+  void reinject(chat_event ev) override {
+    caf::anon_send(router_handle, std::move(ev));
+  }
+
+  void report(errc code, std::string what, std::string key) override {
+    post_event([this, code, what = std::move(what), key = std::move(key)] {
+      raise(code, what, key, std::nullopt);
+    });
   }
 
   void post(std::function<void()> job) override {
@@ -292,6 +368,7 @@ struct bot::impl final : chat_services,
             std::nullopt);
       return;
     }
+    settle_record(key, ev, false);
     ev.end(turn_outcome::failed);
     auto id = ev.message.id;
     raise(errc::coordination_unavailable,
@@ -315,6 +392,9 @@ struct bot::impl final : chat_services,
       ++refused_overload;
     else
       ++refused_stopped;
+    // Journaled: released, so another replica (or this one, restarted)
+    // handles it.
+    settle_record(key, ev, false);
     ev.end(turn_outcome::refused);
     raise(code, std::move(why), key, std::move(ev.message));
   }
@@ -340,6 +420,9 @@ struct bot::impl final : chat_services,
     };
     if (msg.provider.empty())
       msg.provider = provider_id;
+    // Only a platform's own ids identify redeliveries; ours are unique per
+    // bot instance (a random prefix), so replicas never collide.
+    bool platform_id = !msg.id.empty();
     if (msg.id.empty())
       msg.id = fmt::format("{}-{}-{}", provider_id, id_prefix, ++next_id);
     if (msg.timestamp == time_point{})
@@ -363,16 +446,37 @@ struct bot::impl final : chat_services,
       refuse(errc::stopped);
       return;
     }
+    auto key = chat_key(msg);
+    if (opts.durability) {
+      durable->journal(std::move(key), std::move(msg), std::move(cb));
+      return;
+    }
+    if (platform_id && !dedupe->insert(journal_id(key, msg.id))) {
+      duplicate(std::move(cb));
+      return;
+    }
+    accept(chat_event{std::move(msg), 0, {}}, std::move(cb));
+  }
+
+  // Counts an accepted event and hands it to the router. The turn-end
+  // notice travels with it, through the chat actor to the end of its turn.
+  void accept(chat_event ev, delivery_callbacks cb) override {
     ++received;
     if (cb.accepted)
       cb.accepted(errc::none);
-    // The turn-end notice travels with the message, through the router and
-    // the chat actor to the end of its turn.
-    if (cb.turn_ended)
-      caf::anon_send(router_handle,
-                     chat_event{std::move(msg), 0, std::move(cb.turn_ended)});
+    ev.on_end = std::move(cb.turn_ended);
+    if (ev.on_end || !ev.journal.empty())
+      caf::anon_send(router_handle, std::move(ev));
     else
-      caf::anon_send(router_handle, std::move(msg));
+      caf::anon_send(router_handle, std::move(ev.message));
+  }
+
+  void duplicate(delivery_callbacks cb) override {
+    ++duplicates;
+    if (cb.accepted)
+      cb.accepted(errc::none);
+    if (cb.turn_ended)
+      cb.turn_ended(turn_outcome::duplicate);
   }
 
   // Another connection is live (Telegram's 409): the session actor steps
@@ -469,6 +573,17 @@ struct bot::impl final : chat_services,
       raise(errc::lease_lost,
             fmt::format("chat {}: message {}: {}", key, msg.id, e.what()), key,
             msg);
+    } catch (const error& e) {
+      // A store that failed under the handler keeps its code: with
+      // durability the message is then handled again.
+      auto code = e.code() == errc::store_error || e.code() == errc::timeout
+                    ? e.code()
+                    : errc::handler_failed;
+      ++handler_errors;
+      raise(code,
+            fmt::format("chat {}: handler failed on message {}: {}", key,
+                        msg.id, e.what()),
+            key, msg);
     } catch (const std::exception& e) {
       ++handler_errors;
       raise(errc::handler_failed,
@@ -537,6 +652,8 @@ struct bot::impl final : chat_services,
     // answer out of order.
     if (turn)
       turn->check();
+    if (key && durable && !durable->outbox_allows(*key))
+      return; // a replayed step's send, made before
     try {
       opts.provider->send(msg);
     } catch (const botmesh::error&) {
@@ -567,6 +684,13 @@ struct bot::impl final : chat_services,
 
   void raise(errc code, std::string what, std::string key,
              std::optional<inbound_message> msg) {
+    // An effect of the journaled turn on this thread was not kept: its
+    // record is released and handled again.
+    if (auto* t = internal::current_durable_turn();
+        t
+        && (code == errc::lease_lost || code == errc::store_error
+            || code == errc::timeout))
+      t->lost = true;
     emit(on_error, events::error{code, std::move(what), std::move(key),
                                  std::move(msg)});
   }
@@ -620,6 +744,13 @@ struct bot::impl final : chat_services,
   // per bot instance (from the kernel) and a counter, so ids of other
   // processes and of this one after a restart never repeat.
   std::string id_prefix = detail::random_token().substr(0, 16);
+
+  // Durable processing.
+  std::chrono::milliseconds retry_window{};
+  std::unique_ptr<internal::durable_intake> durable; // with durability
+  std::unique_ptr<internal::dedupe_set> dedupe;      // without durability
+  caf::actor journal_handle;
+  std::atomic<std::uint64_t> duplicates{0};
   std::atomic<std::uint64_t> received{0}, handled{0}, refused_invalid{0},
     refused_overload{0}, refused_stopped{0}, handler_errors{0}, sent{0},
     send_errors{0}, activations{0}, passivations{0}, turn_failures{0};
@@ -826,6 +957,14 @@ void bot::start() {
     rc.turn_wait = co.turn_wait.ms();
   }
   impl_->router_handle = spawn_router(*impl_->sys, rc);
+  if (auto* d = impl_->durable.get()) {
+    d->start(); // the backend, and a first beat before anything is recorded
+    journal_config jc;
+    jc.period = std::max(std::chrono::milliseconds{1}, d->lease() / 3);
+    jc.beat = [d](std::function<void()> done) { d->beat(std::move(done)); };
+    jc.retire = [d](std::function<void()> done) { d->retire(std::move(done)); };
+    impl_->journal_handle = spawn_journal_actor(*impl_->sys, std::move(jc));
+  }
   impl_->started = true;
   impl_->accepting = true;
   if (impl_->exclusive())
@@ -877,7 +1016,19 @@ void bot::stop() {
   // actor system waits for that thread when it is destroyed.
   impl_->session_handle = nullptr;
   impl_->lease_handle = nullptr;
+  // 5. Durable processing: the last beat ends, the heartbeat is retired
+  //    (what this replica still holds is claimable at once), and every
+  //    journal operation in flight completes before the bot can go away.
+  if (impl_->journal_handle) {
+    caf::scoped_actor self{*impl_->sys};
+    self->request(impl_->journal_handle, std::chrono::seconds(10),
+                  shutdown_atom::value)
+      .receive([](bool) {}, [](caf::error&) {});
+    impl_->journal_handle = nullptr;
+  }
   impl_->pool->shutdown();
+  if (impl_->durable)
+    impl_->durable->wait_idle(std::chrono::seconds(10));
   impl_->opts.provider->stop();
   caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
 }
@@ -1002,6 +1153,13 @@ bot_stats bot::stats() const {
   s.live_chats = s.activations - s.passivations;
   s.turn_failures = i.turn_failures;
   s.conversations = i.flows.active();
+  s.duplicates = i.duplicates;
+  if (i.durable) {
+    auto d = i.durable->stats();
+    s.reprocessed = d.reprocessed;
+    s.outbox_skipped = d.outbox_skipped;
+    s.journal_errors = d.journal_errors;
+  }
   return s;
 }
 

@@ -22,6 +22,7 @@
 #include <botmesh/runtime/flow.hpp>
 #include <botmesh/scheduler/scheduler.hpp>
 #include <botmesh/stores/coordinator.hpp>
+#include <botmesh/stores/durable_backend.hpp>
 #include <botmesh/stores/store.hpp>
 
 namespace botmesh {
@@ -126,6 +127,69 @@ struct coordination_options {
   duration provider_down = "1m";
 };
 
+/// Durable processing: every inbound message is journaled on arrival and
+/// handled to completion at least once, across restarts and replicas.
+///
+/// Guarantees, with a backend shared by the replicas (Redis; a SQLite file
+/// shared by processes of one host):
+/// - A message is recorded before it takes its turn (and before the
+///   provider's `accepted` notice, so a webhook answers only then). A
+///   platform message already recorded within the retry window is a
+///   duplicate: dropped, counted in `bot_stats::duplicates`, whatever
+///   replica got it first.
+/// - Acks follow the checkpoint: a record is confirmed only once its
+///   handler finished while the turn still held (its sends and checkpoint
+///   writes landed). A turn lost or cut (settle, a lease lost, a refused
+///   checkpoint or send, a store failure, no turn within `turn_wait`, the
+///   bot stopping first) releases the record, which is handled again.
+/// - A replica that dies (or freezes past `lease`) leaves its records
+///   held: another replica claims them after `lease` and re-injects them in
+///   arrival order. The messages waiting for their turn on a dead replica
+///   are not lost. A released or re-injected message takes a new ticket:
+///   messages of its chat that reached a live replica meanwhile may be
+///   handled before it.
+/// - Outbox: every send of a journaled turn has a deterministic id (the
+///   record and the send's position in the turn) and the turn's fence; a
+///   replayed step skips the sends it made before (`bot_stats::
+///   outbox_skipped`), and a send under a fence lower than one the chat
+///   already sent with is refused with `lease_lost_error` ("superseded").
+///   The entry is written before the provider is called: a crash between
+///   the two loses that send (at most once per id). On a record's first
+///   attempt no earlier send of it can exist, so the entry is queued to
+///   the backend without waiting for its verdict (the fence is checked
+///   locally, as for every send, and a late `fenced` verdict is reported
+///   as an `errc::lease_lost` error event); from the second attempt on
+///   each send waits for the verdict. A crash in the microseconds between
+///   queuing that entry and the backend writing it can let a replay send
+///   again.
+///
+/// A handler whose effects are not sends may run more than once for one
+/// message (after a crash): make them idempotent.
+///
+/// Costs per message: one backend write on arrival (async), one at the end
+/// of the turn (async), one per send (async on the first attempt; the
+/// handler thread waits for it on a replay); a beat per `lease`/3 per
+/// replica, and one at `start()` (which waits for it).
+struct durability_options {
+  /// Where the journal and the outbox live (memory, SQLite, Redis).
+  /// Required.
+  std::shared_ptr<durable_backend> backend{};
+  /// Names this replica in the backend (a pod or host name); a random id
+  /// when empty. A nonce is added per process, so a restarted replica with
+  /// the same id never passes for the dead one.
+  std::string instance_id{};
+  /// A replica whose heartbeat is older than this is dead and its records
+  /// are claimed by others; it beats every lease/3. Defaults to the
+  /// coordinator's lease, else 15s.
+  std::optional<duration> lease{};
+  /// A record handled (and released) this many times is given up with an
+  /// `errc::handler_failed` error event, so a message that kills every
+  /// replica does not circulate forever.
+  std::uint32_t max_attempts = 5;
+  /// Most records claimed per beat.
+  std::size_t claim_batch = 256;
+};
+
 struct bot_options {
   /// The transport. Required.
   std::shared_ptr<botmesh::provider> provider{};
@@ -156,6 +220,17 @@ struct bot_options {
   std::size_t max_throughput = 32;
   /// Coordination with other replicas; without it nothing of it runs.
   std::optional<coordination_options> coordination{};
+  /// Durable processing (see `durability_options`). Without it, inbound
+  /// redeliveries are still dropped per process (`max_remembered_ids` ids
+  /// for `retry_window`), and a message is lost if the process dies before
+  /// its turn.
+  std::optional<durability_options> durability{};
+  /// How long an inbound message id is remembered to drop redeliveries:
+  /// the platform's retry window (`provider_capabilities::retry_window`
+  /// when unset). Only ids the provider gave are deduplicated.
+  std::optional<duration> retry_window{};
+  /// Without durability: most ids remembered in the process.
+  std::size_t max_remembered_ids = 100'000;
   /// Language of runtime texts ("es", "en"; see texts.hpp).
   std::string lang = "en";
   /// The task scheduler (`every`, `schedule`, `delay`): schedule store,
@@ -179,6 +254,10 @@ struct bot_stats {
   std::uint64_t live_chats = 0;   ///< activations - passivations
   std::uint64_t turn_failures = 0; ///< messages that got no turn
   std::uint64_t conversations = 0; ///< flows and conversations in memory now
+  std::uint64_t duplicates = 0;     ///< redeliveries dropped at intake
+  std::uint64_t reprocessed = 0;    ///< journal records claimed and run again
+  std::uint64_t outbox_skipped = 0; ///< sends a replayed step had made already
+  std::uint64_t journal_errors = 0; ///< failed journal writes
 };
 
 /// A chat bot: a provider, a store, handlers, and the actors that order

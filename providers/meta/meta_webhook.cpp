@@ -17,7 +17,8 @@ namespace botmesh::meta {
 namespace {
 
 // The answer to one POST: 200 once every message was accepted, 503 when
-// one was refused because the bot is stopping.
+// one was refused for a reason a retry may overcome (the bot is stopping,
+// the inbound journal failed).
 struct payload_answer {
   http::responder r;
   std::atomic<std::size_t> pending;
@@ -160,7 +161,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       cb.accepted = [self, answer, id = msg.id](errc code) {
         if (code == errc::none) {
           ++self->n_accepted;
-        } else if (code == errc::stopped) {
+        } else if (retry_later(code)) {
           self->forget(id);
           answer->retry = true;
         }

@@ -131,6 +131,7 @@ struct polling_provider::impl {
       }
       auto next = offset.load();
       bool refused = false;
+      errc refused_code = errc::none;
       for (auto& u : updates) {
         if (u.update_id < next)
           continue; // already handled (a replay after a restart)
@@ -157,8 +158,11 @@ struct polling_provider::impl {
           std::unique_lock guard{m};
           done_cv.wait(guard, [&] { return done; });
         }
-        if (code == errc::stopped) {
+        if (retry_later(code)) {
+          // Not taken (stopping, or the inbound journal failed): the
+          // offset stays, so the update comes again.
           refused = true;
+          refused_code = code;
           break;
         }
         next = u.update_id + 1;
@@ -167,8 +171,14 @@ struct polling_provider::impl {
         offset = next;
         save_offset(next);
       }
-      if (refused)
-        return;
+      if (refused) {
+        if (refused_code == errc::stopped)
+          return;
+        // The journal failed: poll the same updates again after a pause.
+        if (!pause(backoff))
+          return;
+        backoff = std::min(backoff * 2, std::chrono::milliseconds{30000});
+      }
     }
   }
 };

@@ -136,7 +136,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     if (code == errc::none) {
       ++n_accepted;
       r.respond(200);
-    } else if (code == errc::stopped) {
+    } else if (retry_later(code)) {
       ++n_refused;
       forget(update_id); // so Telegram's retry is taken
       r.respond(503);

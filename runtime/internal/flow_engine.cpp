@@ -407,7 +407,13 @@ void flow_engine::drive(conversation& c) {
       finish(c, false);
       return;
     } catch (const std::exception& e) {
-      host_.raise_error(errc::handler_failed,
+      // A store failure (a checkpoint write that did not land) keeps its
+      // code: with durability the message is then handled again.
+      auto code = errc::handler_failed;
+      if (auto* be = dynamic_cast<const error*>(&e);
+          be && (be->code() == errc::store_error || be->code() == errc::timeout))
+        code = be->code();
+      host_.raise_error(code,
                         fmt::format("chat {}: flow {} step {} failed: {}",
                                     c.key, c.def->name,
                                     c.def->steps[c.step].name, e.what()),

@@ -1,21 +1,29 @@
 // A bot replica for multi-process tests: a bot on a Redis store with its
 // Redis coordinator and a testing provider.
 //
-//   botmesh_test_replica <redis-url> <prefix> <replica-id> <lease-ms>
+//   botmesh_test_replica <redis-url> <prefix> <replica-id> <lease-ms> [durable]
 //
-// stdin:  "inject <chat> <text>" per line.
+// With "durable", durable processing on the same Redis (journal + outbox).
+//
+// stdin:  "inject <chat> <text>" or "inject-id <chat> <platform id> <text>"
+//         per line.
 // stdout: "ready", "start <chat> <text>" when a handler begins,
-//         "sent <chat> <text>", "error <code> <what>", "lost <key> <reason>".
+//         "sent <chat> <text>", "error <code> <what>", "lost <key> <reason>",
+//         and for inject-id "accepted <id>" (journaled, with durability)
+//         and "duplicate <id>".
 // A text "sleep:<ms>" makes the handler block that long (holding the turn)
-// before it answers.
+// before it answers; "sendsleep:<ms>" answers first, then blocks.
 
 #include <cstdio>
 #include <iostream>
 #include <mutex>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/stores/redis/redis_durable_backend.hpp>
 #include <botmesh/stores/redis/redis_store.hpp>
 
 namespace {
@@ -31,20 +39,35 @@ void say(const std::string& line) {
 } // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: botmesh_test_replica URL PREFIX ID LEASE_MS\n");
+  if (argc != 5 && !(argc == 6 && std::string{argv[5]} == "durable")) {
+    std::fprintf(stderr,
+                 "usage: botmesh_test_replica URL PREFIX ID LEASE_MS [durable]\n");
     return 2;
   }
   std::string id = argv[3];
+  auto client = std::make_shared<botmesh::redis_client>(
+    botmesh::redis_options{.url = argv[1]});
   auto store = std::make_shared<botmesh::redis_store>(
-    botmesh::redis_store_options{.url = argv[1], .prefix = argv[2]});
+    botmesh::redis_store_options{.client = client, .prefix = argv[2]});
   auto provider = std::make_shared<botmesh::testing_provider>();
   botmesh::coordination_options co;
   co.coordinator = store->coordinator(id, std::chrono::milliseconds(std::atoi(argv[4])));
   co.turn_wait = "20s";
-  botmesh::bot bot{{.provider = provider, .store = store, .coordination = co}};
+  std::optional<botmesh::durability_options> durability;
+  if (argc == 6)
+    durability = botmesh::durability_options{
+      .backend = std::make_shared<botmesh::redis_durable_backend>(
+        botmesh::redis_durable_options{.client = client, .prefix = argv[2]}),
+      .instance_id = id};
+  botmesh::bot bot{{.provider = provider, .store = store, .coordination = co,
+                    .durability = durability}};
   bot.on_message([&](botmesh::context& c) {
     say("start " + c.message().chat + " " + c.text());
+    if (c.text().rfind("sendsleep:", 0) == 0) {
+      c.reply(id + " " + c.text());
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(c.text().substr(10))));
+      return;
+    }
     if (c.text().rfind("sleep:", 0) == 0)
       std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(c.text().substr(6))));
     c.reply(id + " " + c.text());
@@ -62,6 +85,24 @@ int main(int argc, char** argv) {
   say("ready");
   std::string line;
   while (std::getline(std::cin, line)) {
+    if (line.rfind("inject-id ", 0) == 0) {
+      std::istringstream in{line.substr(10)};
+      botmesh::inbound_message m;
+      in >> m.chat >> m.id;
+      std::getline(in >> std::ws, m.text);
+      m.sender = m.chat;
+      auto mid = m.id;
+      provider->inject(std::move(m),
+                       {.accepted = [mid](botmesh::errc e) {
+                          if (e == botmesh::errc::none)
+                            say("accepted " + mid);
+                        },
+                        .turn_ended = [mid](botmesh::turn_outcome o) {
+                          if (o == botmesh::turn_outcome::duplicate)
+                            say("duplicate " + mid);
+                        }});
+      continue;
+    }
     if (line.rfind("inject ", 0) != 0)
       continue;
     auto rest = line.substr(7);

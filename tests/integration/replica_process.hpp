@@ -16,8 +16,10 @@ namespace test {
 
 class replica_process {
  public:
+  /// `mode` is passed as a fifth argument when not empty ("durable").
   replica_process(const std::string& url, const std::string& prefix,
-                  const std::string& id, int lease_ms) {
+                  const std::string& id, int lease_ms,
+                  const std::string& mode = {}) {
     int in[2], out[2];
     if (::pipe(in) != 0 || ::pipe(out) != 0)
       throw std::runtime_error("pipe failed");
@@ -28,9 +30,14 @@ class replica_process {
       ::close(in[1]);
       ::close(out[0]);
       auto lease = std::to_string(lease_ms);
-      ::execl(BOTMESH_TEST_REPLICA, BOTMESH_TEST_REPLICA, url.c_str(),
-              prefix.c_str(), id.c_str(), lease.c_str(),
-              static_cast<char*>(nullptr));
+      if (mode.empty())
+        ::execl(BOTMESH_TEST_REPLICA, BOTMESH_TEST_REPLICA, url.c_str(),
+                prefix.c_str(), id.c_str(), lease.c_str(),
+                static_cast<char*>(nullptr));
+      else
+        ::execl(BOTMESH_TEST_REPLICA, BOTMESH_TEST_REPLICA, url.c_str(),
+                prefix.c_str(), id.c_str(), lease.c_str(), mode.c_str(),
+                static_cast<char*>(nullptr));
       ::_exit(127);
     }
     ::close(in[0]);

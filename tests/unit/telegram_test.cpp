@@ -14,6 +14,7 @@
 #include <botmesh/runtime/core/json.hpp>
 
 #include "fake_platform.hpp"
+#include "gated_backend.hpp"
 #include "test_util.hpp"
 
 using namespace std::chrono_literals;
@@ -223,6 +224,33 @@ TEST_CASE("a duplicate Telegram update is answered 200 and handled once") {
   REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
   CHECK(handled.load() == 2);
   CHECK(p->stats().duplicates == 1);
+}
+
+TEST_CASE("with durability a Telegram update is answered 200 only once "
+          "journaled, 503 when the journal fails, and Telegram's retry is "
+          "handled once") {
+  auto api = test::fake_telegram();
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  backend->fail_records = true;
+  botmesh::bot bot{{.provider = p,
+                    .durability = botmesh::durability_options{
+                      .backend = backend, .lease = "300ms"}}};
+  std::atomic<int> handled{0};
+  bot.on_message([&](botmesh::context&) { ++handled; });
+  bot.start();
+  auto post = poster_for(*p);
+  auto u = test::tg_text_update(7, 42, "hola");
+  CHECK(post.post(u).status == 503);
+  CHECK(bot.stats().received == 0);
+  backend->fail_records = false;
+  CHECK(post.post(u).status == 200);
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
+  // A later redelivery is a duplicate.
+  CHECK(post.post(u).status == 200);
+  bot.stop();
+  CHECK(handled.load() == 1);
 }
 
 TEST_CASE("with reply in webhook the first reply goes back in the webhook "

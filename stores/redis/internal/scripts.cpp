@@ -35,6 +35,10 @@ const scripts& lua() {
     {"co_renew", lua_src::co_renew},
     {"co_lead", lua_src::co_lead},
     {"co_unlead", lua_src::co_unlead},
+    {"durable_record", lua_src::durable_record},
+    {"durable_settle", lua_src::durable_settle},
+    {"durable_claim", lua_src::durable_claim},
+    {"durable_outbox", lua_src::durable_outbox},
   };
   return all;
 }

@@ -33,6 +33,10 @@ struct scripts {
   redis_script co_renew;
   redis_script co_lead;
   redis_script co_unlead;
+  redis_script durable_record;
+  redis_script durable_settle;
+  redis_script durable_claim;
+  redis_script durable_outbox;
 };
 
 /// Built once; SHA-1s computed at first use.

@@ -1,0 +1,286 @@
+#include <botmesh/runtime/internal/durable_intake.hpp>
+
+#include <future>
+
+#include <fmt/format.h>
+
+#include <botmesh/runtime/bot.hpp>
+
+namespace botmesh::internal {
+
+namespace {
+
+thread_local durable_turn* current = nullptr;
+
+} // namespace
+
+durable_turn* current_durable_turn() noexcept {
+  return current;
+}
+
+durable_turn_scope::durable_turn_scope(durable_turn* t) noexcept
+  : prev_(current) {
+  current = t;
+}
+
+durable_turn_scope::~durable_turn_scope() {
+  current = prev_;
+}
+
+durable_host::~durable_host() {
+  // nop
+}
+
+durable_intake::durable_intake(const durability_options& opts,
+                               std::string holder,
+                               std::chrono::milliseconds lease,
+                               std::chrono::milliseconds retry_window,
+                               durable_host& host)
+  : backend_(opts.backend),
+    max_attempts_(opts.max_attempts),
+    claim_batch_(opts.claim_batch),
+    holder_(std::move(holder)),
+    lease_(lease),
+    retry_window_(retry_window),
+    host_(host) {
+  // nop
+}
+
+// Issues a backend operation: `run` gets a completion to hand the backend;
+// wait_idle() waits for every issued operation to complete.
+void durable_intake::op(std::function<void(std::function<void()>)> run) {
+  {
+    std::lock_guard guard{mtx_};
+    ++inflight_;
+  }
+  run([this] {
+    std::lock_guard guard{mtx_};
+    if (--inflight_ == 0)
+      cv_.notify_all();
+  });
+}
+
+void durable_intake::wait_idle(std::chrono::milliseconds bound) {
+  std::unique_lock guard{mtx_};
+  cv_.wait_for(guard, bound, [this] { return inflight_ == 0; });
+}
+
+durable_counters durable_intake::stats() const noexcept {
+  return {reprocessed_.load(), outbox_skipped_.load(), journal_errors_.load()};
+}
+
+// A backend operation failed (on a backend thread): an error event.
+void durable_intake::failed(const std::string& key, std::string what,
+                            std::exception_ptr e) {
+  ++journal_errors_;
+  auto code = errc::store_error;
+  try {
+    std::rethrow_exception(e);
+  } catch (const error& x) {
+    code = x.code();
+    what += ": " + std::string{x.what()};
+  } catch (const std::exception& x) {
+    what += ": " + std::string{x.what()};
+  }
+  host_.report(code, std::move(what), key);
+}
+
+void durable_intake::start() {
+  backend_->start();
+  // The first beat lands before anything is recorded under this holder:
+  // a record whose holder has no heartbeat yet would pass for a dead
+  // replica's. It also takes over what is free or orphaned right away.
+  std::promise<void> first;
+  beat([&first] { first.set_value(); });
+  first.get_future().wait();
+}
+
+// The message takes its turn (and the provider hears it was accepted) only
+// once the record landed. The completions of one chat come in order (see
+// durable_backend), so the chat's order is kept.
+void durable_intake::journal(std::string key, inbound_message msg,
+                             delivery_callbacks cb) {
+  journal_record rec;
+  rec.id = journal_id(key, msg.id);
+  rec.key = key;
+  rec.message = to_json(msg);
+  op([&](std::function<void()> finished) {
+    backend_->record(
+      std::move(rec), holder_, retry_window_,
+      [this, key, msg = std::move(msg), cb = std::move(cb),
+       finished](journal_put put, std::exception_ptr e) mutable {
+        auto id = journal_id(key, msg.id);
+        if (e) {
+          failed(key,
+                 fmt::format("recording message {} in the inbound journal",
+                             msg.id),
+                 e);
+          errc code = errc::store_error;
+          try {
+            std::rethrow_exception(e);
+          } catch (const error& x) {
+            code = x.code();
+          } catch (...) {
+            // store_error
+          }
+          if (cb.accepted)
+            cb.accepted(code);
+          // The write may have landed with its reply lost (a timeout, a
+          // dropped connection): free the record, so a beat hands it to a
+          // live replica instead of it staying held here, unhandled, while
+          // the platform's retry is dropped as a duplicate.
+          settle(key, id, false);
+        } else if (put == journal_put::duplicate) {
+          host_.duplicate(std::move(cb));
+        } else {
+          chat_event ev{std::move(msg), 0, {}};
+          ev.journal = std::move(id);
+          ev.attempt = 1;
+          host_.accept(std::move(ev), std::move(cb));
+        }
+        finished();
+      });
+  });
+}
+
+void durable_intake::settle(const std::string& key, const std::string& id,
+                            bool keep) {
+  op([&](std::function<void()> finished) {
+    auto done = [this, key, id, keep, finished](bool, std::exception_ptr e) {
+      if (e)
+        failed(key,
+               fmt::format("{} of journal record {}",
+                           keep ? "confirming" : "releasing", id),
+               e);
+      finished();
+    };
+    if (keep)
+      backend_->confirm(id, holder_, std::move(done));
+    else
+      backend_->release(id, holder_, std::move(done));
+  });
+}
+
+// Renews this replica's heartbeat and takes over what is free or held by
+// dead replicas, re-injected in arrival order (from one thread, so the
+// router sees that order).
+void durable_intake::beat(std::function<void()> done) {
+  op([&](std::function<void()> finished) {
+    backend_->beat_and_claim(
+      holder_, lease_, claim_batch_, max_attempts_,
+      [this, done = std::move(done), finished](durable_backend::claim_result r,
+                                               std::exception_ptr e) {
+        if (e)
+          failed({}, "the journal beat (heartbeat and claim)", e);
+        else
+          claimed(std::move(r));
+        done();
+        finished();
+      });
+  });
+}
+
+void durable_intake::retire(std::function<void()> done) {
+  op([&](std::function<void()> finished) {
+    backend_->retire(holder_, [done = std::move(done),
+                               finished](bool, std::exception_ptr) {
+      done();
+      finished();
+    });
+  });
+}
+
+void durable_intake::claimed(durable_backend::claim_result r) {
+  for (auto& id : r.corrupted)
+    host_.report(errc::corrupted_record,
+                 fmt::format("journal record {} cannot be decoded: set aside",
+                             id),
+                 {});
+  for (auto& rec : r.dropped)
+    host_.report(errc::handler_failed,
+                 fmt::format("chat {}: journal record {} was given up after {} "
+                             "attempts (durability.max_attempts)",
+                             rec.key, rec.id, rec.attempts),
+                 rec.key);
+  for (auto& rec : r.records) {
+    inbound_message msg;
+    try {
+      msg = inbound_message_from_json(rec.message);
+    } catch (const std::exception& e) {
+      // Unusable: say so, and confirm it so it is not claimed forever.
+      host_.report(errc::corrupted_record,
+                   fmt::format("chat {}: journal record {} cannot be decoded "
+                               "and is dropped: {}",
+                               rec.key, rec.id, e.what()),
+                   rec.key);
+      settle(rec.key, rec.id, true);
+      continue;
+    }
+    ++reprocessed_;
+    chat_event ev{std::move(msg), 0, {}};
+    ev.journal = std::move(rec.id);
+    ev.attempt = rec.attempts;
+    host_.reinject(std::move(ev));
+  }
+}
+
+// On a record's first attempt no earlier send of it can exist: the entry is
+// written ahead of the send (queued to the backend before the provider is
+// called, on the connection that later carries the record's confirm or
+// release) without waiting for the verdict; the turn's fence was checked
+// locally just before, as for every send. From the second attempt on, the
+// send waits for the verdict.
+bool durable_intake::outbox_allows(const std::string& chat_key) {
+  auto* t = current;
+  if (!t)
+    return true;
+  auto send_id = fmt::format("{}/{}", *t->record, t->sends++);
+  if (t->attempt == 1) {
+    op([&](std::function<void()> finished) {
+      backend_->outbox_claim(
+        send_id, chat_key, t->fence, retry_window_,
+        [this, key = chat_key, send_id,
+         finished](outbox_verdict v, std::exception_ptr e) {
+          if (e)
+            failed(key, fmt::format("writing outbox entry {}", send_id), e);
+          else if (v == outbox_verdict::fenced)
+            host_.report(errc::lease_lost,
+                         fmt::format("chat {}: outbox entry {} was written "
+                                     "after a later holder of the chat sent",
+                                     key, send_id),
+                         key);
+          finished();
+        });
+    });
+    return true;
+  }
+  std::promise<outbox_verdict> p;
+  auto f = p.get_future();
+  backend_->outbox_claim(send_id, chat_key, t->fence, retry_window_,
+                         [&p](outbox_verdict v, std::exception_ptr e) {
+                           if (e)
+                             p.set_exception(e);
+                           else
+                             p.set_value(v);
+                         });
+  outbox_verdict v;
+  try {
+    v = f.get();
+  } catch (...) {
+    t->lost = true;
+    throw;
+  }
+  switch (v) {
+    case outbox_verdict::send:
+      return true;
+    case outbox_verdict::duplicate:
+      ++outbox_skipped_;
+      return false;
+    case outbox_verdict::fenced:
+      break;
+  }
+  t->lost = true;
+  throw lease_lost_error(chat_key, "superseded");
+}
+
+} // namespace botmesh::internal

@@ -1,0 +1,140 @@
+#pragma once
+
+// Internal: the bot's side of durable processing (see
+// `durability_options` in bot.hpp): journaling on arrival, confirming or
+// releasing at the end of a turn, the beat that takes over free and
+// orphaned records, and the outbox check before each send.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <botmesh/actors/chat_services.hpp>
+#include <botmesh/providers/provider.hpp>
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/durable_backend.hpp>
+
+namespace botmesh {
+struct durability_options;
+}
+
+namespace botmesh::internal {
+
+/// The journaled turn running on a handler thread: its sends take outbox
+/// ids from it, and an error it raises that loses its effect (a lost
+/// lease, a store failure) marks it `lost`, so its record is released.
+struct durable_turn {
+  const std::string* record = nullptr; // journal id
+  const std::string* key = nullptr;
+  std::uint64_t fence = 0;
+  std::uint32_t attempt = 0; // of the record (1: its first holder)
+  std::uint32_t sends = 0;
+  bool lost = false;
+};
+
+/// The journaled turn on this thread, or null.
+durable_turn* current_durable_turn() noexcept;
+
+/// Makes `t` (may be null) this thread's journaled turn for a scope.
+class durable_turn_scope {
+ public:
+  explicit durable_turn_scope(durable_turn* t) noexcept;
+  ~durable_turn_scope();
+  durable_turn_scope(const durable_turn_scope&) = delete;
+  durable_turn_scope& operator=(const durable_turn_scope&) = delete;
+
+ private:
+  durable_turn* prev_;
+};
+
+/// What the intake needs from the bot. Called from any thread (backend
+/// completions included): each must return quickly without blocking.
+class durable_host {
+ public:
+  virtual ~durable_host();
+  /// A journaled message is accepted: count it, tell the provider, route it.
+  virtual void accept(chat_event ev, delivery_callbacks cb) = 0;
+  /// A redelivery of a journaled message: count it, tell the provider.
+  virtual void duplicate(delivery_callbacks cb) = 0;
+  /// A claimed record, to be routed like a new message.
+  virtual void reinject(chat_event ev) = 0;
+  /// An error event (posted to the handler pool).
+  virtual void report(errc code, std::string what, std::string key) = 0;
+};
+
+/// Counters of the intake (read with `stats`).
+struct durable_counters {
+  std::uint64_t reprocessed = 0;
+  std::uint64_t outbox_skipped = 0;
+  std::uint64_t journal_errors = 0;
+};
+
+class durable_intake {
+ public:
+  /// `holder` names this process in the backend; `lease` is its heartbeat
+  /// lease; `retry_window` the TTL of records and outbox entries.
+  durable_intake(const durability_options& opts, std::string holder,
+                 std::chrono::milliseconds lease,
+                 std::chrono::milliseconds retry_window, durable_host& host);
+
+  const std::string& holder() const noexcept {
+    return holder_;
+  }
+
+  /// Starts the backend and makes the first beat, waiting for both
+  /// (blocking: from `bot::start()` only). Records claimed then are
+  /// re-injected at once.
+  void start();
+
+  /// Records `msg` (of chat `key`); the host's `accept` or `duplicate` runs
+  /// once the record landed, or the provider hears the error.
+  void journal(std::string key, inbound_message msg, delivery_callbacks cb);
+
+  /// The end of a journaled event: confirmed when `keep`, else released.
+  void settle(const std::string& key, const std::string& id, bool keep);
+
+  /// One beat: heartbeat, then claimed records re-injected in order.
+  void beat(std::function<void()> done);
+
+  /// Ends the heartbeat (an orderly stop).
+  void retire(std::function<void()> done);
+
+  /// Before a send of the journaled turn on this thread (if any): false to
+  /// skip it (sent before); throws `lease_lost_error` ("superseded") when a
+  /// later holder of the chat sent, or the backend's error.
+  bool outbox_allows(const std::string& chat_key);
+
+  /// Waits up to `bound` until every backend operation issued completed.
+  void wait_idle(std::chrono::milliseconds bound);
+
+  std::chrono::milliseconds lease() const noexcept {
+    return lease_;
+  }
+
+  durable_counters stats() const noexcept;
+
+ private:
+  void op(std::function<void(std::function<void()>)> run);
+  void failed(const std::string& key, std::string what, std::exception_ptr e);
+  void claimed(durable_backend::claim_result r);
+
+  std::shared_ptr<durable_backend> backend_;
+  std::uint32_t max_attempts_;
+  std::size_t claim_batch_;
+  std::string holder_;
+  std::chrono::milliseconds lease_;
+  std::chrono::milliseconds retry_window_;
+  durable_host& host_;
+  std::mutex mtx_; // guards inflight_ only
+  std::condition_variable cv_;
+  std::size_t inflight_ = 0;
+  std::atomic<std::uint64_t> reprocessed_{0}, outbox_skipped_{0},
+    journal_errors_{0};
+};
+
+} // namespace botmesh::internal

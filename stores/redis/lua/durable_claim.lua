@@ -1,0 +1,63 @@
+#!lua
+-- Renews a holder's heartbeat, drops expired records, and claims records
+-- that are free or held by a holder whose heartbeat lapsed, in arrival
+-- order (keys: see durable_record.lua).
+--
+--   p:{durable:inbound}:hb    zset  holder -> heartbeat expiry (server ms)
+--
+-- KEYS[1] rec  KEYS[2] open  KEYS[3] exp  KEYS[4] hb
+-- ARGV[1] holder  ARGV[2] lease ms  ARGV[3] limit  ARGV[4] max attempts
+-- Returns { claimed, dropped, corrupted }: claimed and dropped are flat
+-- lists of id, key, message, seq, attempts; corrupted lists the ids of
+-- records that are not journal records (taken out of the open set).
+-- Cost: O(open records scanned, at most 1000) + O(expired, at most 1000).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local me = ARGV[1]
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), me)
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now,
+                               'LIMIT', 0, 1000)) do
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('ZREM', KEYS[3], id)
+end
+local limit = tonumber(ARGV[3])
+local max_attempts = tonumber(ARGV[4])
+local claimed, dropped, corrupted, n = {}, {}, {}, 0
+for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
+  if n >= limit then break end
+  local v = redis.call('HGET', KEYS[1], id)
+  if not v then
+    redis.call('ZREM', KEYS[2], id)
+  else
+    local ok, r = pcall(cjson.decode, v)
+    if not ok or type(r) ~= 'table' or type(r.st) ~= 'number'
+       or type(r.a) ~= 'number' or type(r.h) ~= 'string' then
+      redis.call('ZREM', KEYS[2], id)
+      corrupted[#corrupted + 1] = id
+    elseif r.st == 1 or (r.st == 0 and r.h ~= me
+                         and not redis.call('ZSCORE', KEYS[4], r.h)) then
+      local list = claimed
+      if r.a >= max_attempts then
+        list = dropped
+        r.st = 2
+        r.h = ''
+        redis.call('ZREM', KEYS[2], id)
+      else
+        r.a = r.a + 1
+        r.st = 0
+        r.h = me
+        n = n + 1
+      end
+      list[#list + 1] = id
+      list[#list + 1] = r.k
+      list[#list + 1] = r.m
+      list[#list + 1] = tostring(r.s)
+      list[#list + 1] = tostring(r.a)
+      if list == dropped then r.m = '' end
+      redis.call('HSET', KEYS[1], id, cjson.encode(r))
+    end
+  end
+end
+return { claimed, dropped, corrupted }

@@ -1,0 +1,315 @@
+#include <botmesh/stores/sqlite/sqlite_durable_backend.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/sqlite/internal/db.hpp>
+
+namespace botmesh {
+
+namespace {
+
+// Times are Unix milliseconds. state: 0 held, 1 free, 2 done.
+constexpr std::string_view schema = R"sql(
+CREATE TABLE IF NOT EXISTS durable_inbound (
+  id TEXT PRIMARY KEY, key TEXT NOT NULL, message TEXT NOT NULL,
+  seq INTEGER NOT NULL, holder TEXT NOT NULL, state INTEGER NOT NULL,
+  attempts INTEGER NOT NULL, expires_at INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS durable_inbound_open
+  ON durable_inbound (state, seq);
+CREATE TABLE IF NOT EXISTS durable_holders (
+  holder TEXT PRIMARY KEY, until INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS durable_outbox (
+  id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS durable_fences (
+  key TEXT PRIMARY KEY, fence INTEGER NOT NULL, expires_at INTEGER NOT NULL);
+)sql";
+
+constexpr std::int64_t held = 0, free_ = 1, done_ = 2;
+
+} // namespace
+
+struct sqlite_durable_backend::impl {
+  sqlite_durable_options opts;
+  const botmesh::clock* clk;
+  std::unique_ptr<internal::db> db;
+  std::mutex mtx; // guards the queue only, never held during I/O
+  std::condition_variable cv;
+  std::deque<std::function<void()>> jobs;
+  bool closing = false;
+  std::thread io;
+
+  std::int64_t now() const {
+    return to_unix_ms(clk->now());
+  }
+
+  void loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock guard{mtx};
+        cv.wait(guard, [&] { return closing || !jobs.empty(); });
+        if (jobs.empty())
+          return;
+        job = std::move(jobs.front());
+        jobs.pop_front();
+      }
+      job();
+    }
+  }
+
+  // Runs `fn` on the I/O thread and hands its result (or exception) to
+  // `done` there.
+  template <class T, class Fn>
+  void run(completion<T> done, Fn fn) {
+    auto job = [this, done = std::move(done), fn = std::move(fn)]() mutable {
+      T out{};
+      std::exception_ptr err;
+      try {
+        if (!db)
+          throw error(errc::store_error,
+                      "sqlite durable backend: used before start()");
+        out = fn();
+      } catch (const error&) {
+        err = std::current_exception();
+      } catch (const std::exception& e) {
+        err = std::make_exception_ptr(
+          error(errc::store_error,
+                fmt::format("sqlite durable backend: {}", e.what())));
+      }
+      done(std::move(out), err);
+    };
+    {
+      std::lock_guard guard{mtx};
+      jobs.push_back(std::move(job));
+    }
+    cv.notify_one();
+  }
+};
+
+sqlite_durable_backend::sqlite_durable_backend(sqlite_durable_options opts)
+  : impl_(std::make_shared<impl>()) {
+  impl_->opts = std::move(opts);
+  impl_->clk = impl_->opts.clock ? impl_->opts.clock : &botmesh::clock::system();
+  impl_->io = std::thread{[i = impl_.get()] { i->loop(); }};
+}
+
+sqlite_durable_backend::~sqlite_durable_backend() {
+  {
+    std::lock_guard guard{impl_->mtx};
+    impl_->closing = true;
+  }
+  impl_->cv.notify_one();
+  impl_->io.join();
+}
+
+void sqlite_durable_backend::start() {
+  // Opened on the calling thread (start() may block), before any job runs
+  // against it: the I/O thread sees it through the queue's mutex.
+  std::lock_guard guard{impl_->mtx};
+  if (impl_->db)
+    return;
+  auto d = std::make_unique<internal::db>(impl_->opts.path);
+  if (impl_->opts.path != ":memory:")
+    d->exec("PRAGMA journal_mode=WAL");
+  d->exec(schema);
+  impl_->db = std::move(d);
+}
+
+void sqlite_durable_backend::record(journal_record rec,
+                                    std::string_view holder,
+                                    std::chrono::milliseconds ttl,
+                                    completion<journal_put> done) {
+  impl_->run<journal_put>(std::move(done), [i = impl_.get(), rec = std::move(rec),
+                                            h = std::string{holder}, ttl] {
+    auto& d = *i->db;
+    internal::transaction tx{d};
+    auto t = i->now();
+    {
+      internal::stmt s{d, "SELECT expires_at FROM durable_inbound WHERE id = ?"};
+      s.bind(1, rec.id);
+      if (s.step() && s.int64(0) > t)
+        return journal_put::duplicate;
+    }
+    std::int64_t seq = 1;
+    {
+      internal::stmt s{d, "SELECT COALESCE(MAX(seq), 0) + 1 FROM durable_inbound"};
+      if (s.step())
+        seq = s.int64(0);
+    }
+    internal::stmt s{d, "INSERT OR REPLACE INTO durable_inbound (id, key, "
+                        "message, seq, holder, state, attempts, expires_at) "
+                        "VALUES (?, ?, ?, ?, ?, 0, 1, ?)"};
+    s.bind(1, rec.id).bind(2, rec.key).bind(3, rec.message).bind(4, seq);
+    s.bind(5, h).bind(6, t + ttl.count());
+    s.run();
+    tx.commit();
+    return journal_put::recorded;
+  });
+}
+
+namespace {
+
+// Moves record `id` held by `holder` to `state`; true when it did.
+bool settle_record(internal::db& d, const std::string& id,
+                   const std::string& holder, std::int64_t state) {
+  internal::stmt s{d, state == done_
+                        ? "UPDATE durable_inbound SET state = ?, holder = '', "
+                          "message = '' WHERE id = ? AND holder = ? AND state = 0"
+                        : "UPDATE durable_inbound SET state = ?, holder = '' "
+                          "WHERE id = ? AND holder = ? AND state = 0"};
+  s.bind(1, state).bind(2, id).bind(3, holder);
+  return s.run() > 0;
+}
+
+} // namespace
+
+void sqlite_durable_backend::confirm(std::string_view id,
+                                     std::string_view holder,
+                                     completion<bool> done) {
+  impl_->run<bool>(std::move(done), [i = impl_.get(), id = std::string{id},
+                                     h = std::string{holder}] {
+    return settle_record(*i->db, id, h, done_);
+  });
+}
+
+void sqlite_durable_backend::release(std::string_view id,
+                                     std::string_view holder,
+                                     completion<bool> done) {
+  impl_->run<bool>(std::move(done), [i = impl_.get(), id = std::string{id},
+                                     h = std::string{holder}] {
+    return settle_record(*i->db, id, h, free_);
+  });
+}
+
+void sqlite_durable_backend::beat_and_claim(std::string_view holder,
+                                            std::chrono::milliseconds lease,
+                                            std::size_t limit,
+                                            std::uint32_t max_attempts,
+                                            completion<claim_result> done) {
+  impl_->run<claim_result>(std::move(done), [i = impl_.get(),
+                                             h = std::string{holder}, lease,
+                                             limit, max_attempts] {
+    auto& d = *i->db;
+    internal::transaction tx{d};
+    auto t = i->now();
+    for (auto sql : {"DELETE FROM durable_inbound WHERE expires_at <= ?",
+                     "DELETE FROM durable_outbox WHERE expires_at <= ?",
+                     "DELETE FROM durable_fences WHERE expires_at <= ?",
+                     "DELETE FROM durable_holders WHERE until <= ?"}) {
+      internal::stmt s{d, sql};
+      s.bind(1, t);
+      s.run();
+    }
+    {
+      internal::stmt s{d, "INSERT OR REPLACE INTO durable_holders (holder, "
+                          "until) VALUES (?, ?)"};
+      s.bind(1, h).bind(2, t + lease.count());
+      s.run();
+    }
+    claim_result out;
+    std::vector<std::pair<journal_record, bool>> picked; // (record, dropped)
+    {
+      internal::stmt s{
+        d, "SELECT id, key, message, seq, attempts FROM durable_inbound "
+           "WHERE state = 1 OR (state = 0 AND holder <> ? AND holder NOT IN "
+           "(SELECT holder FROM durable_holders)) ORDER BY seq LIMIT ?"};
+      s.bind(1, h).bind(2, static_cast<std::int64_t>(limit));
+      while (s.step()) {
+        journal_record r;
+        r.id = s.text(0);
+        r.key = s.text(1);
+        r.message = s.text(2);
+        auto seq = s.int64(3);
+        auto attempts = s.int64(4);
+        if (seq < 0 || attempts < 0)
+          throw error(errc::corrupted_record,
+                      fmt::format("durable_inbound row {}: negative seq or "
+                                  "attempts",
+                                  r.id));
+        r.seq = static_cast<std::uint64_t>(seq);
+        r.attempts = static_cast<std::uint32_t>(attempts);
+        bool drop = r.attempts >= max_attempts;
+        picked.emplace_back(std::move(r), drop);
+      }
+    }
+    for (auto& [r, drop] : picked) {
+      if (drop) {
+        internal::stmt s{d, "UPDATE durable_inbound SET state = 2, holder = '', "
+                            "message = '' WHERE id = ?"};
+        s.bind(1, r.id);
+        s.run();
+        out.dropped.push_back(std::move(r));
+        continue;
+      }
+      internal::stmt s{d, "UPDATE durable_inbound SET state = 0, holder = ?, "
+                          "attempts = attempts + 1 WHERE id = ?"};
+      s.bind(1, h).bind(2, r.id);
+      s.run();
+      ++r.attempts;
+      out.records.push_back(std::move(r));
+    }
+    tx.commit();
+    return out;
+  });
+}
+
+void sqlite_durable_backend::retire(std::string_view holder,
+                                    completion<bool> done) {
+  impl_->run<bool>(std::move(done), [i = impl_.get(), h = std::string{holder}] {
+    internal::stmt s{*i->db, "DELETE FROM durable_holders WHERE holder = ?"};
+    s.bind(1, h);
+    return s.run() > 0;
+  });
+}
+
+void sqlite_durable_backend::outbox_claim(std::string_view send_id,
+                                          std::string_view key,
+                                          std::uint64_t fence,
+                                          std::chrono::milliseconds ttl,
+                                          completion<outbox_verdict> done) {
+  impl_->run<outbox_verdict>(std::move(done), [i = impl_.get(),
+                                               id = std::string{send_id},
+                                               k = std::string{key}, fence,
+                                               ttl] {
+    auto& d = *i->db;
+    internal::transaction tx{d};
+    auto t = i->now();
+    auto f = static_cast<std::int64_t>(fence);
+    {
+      internal::stmt s{d, "SELECT fence FROM durable_fences WHERE key = ? AND "
+                          "expires_at > ?"};
+      s.bind(1, k).bind(2, t);
+      if (s.step() && s.int64(0) > f)
+        return outbox_verdict::fenced;
+    }
+    {
+      internal::stmt s{d, "SELECT 1 FROM durable_outbox WHERE id = ? AND "
+                          "expires_at > ?"};
+      s.bind(1, id).bind(2, t);
+      if (s.step())
+        return outbox_verdict::duplicate;
+    }
+    {
+      internal::stmt s{d, "INSERT OR REPLACE INTO durable_outbox (id, "
+                          "expires_at) VALUES (?, ?)"};
+      s.bind(1, id).bind(2, t + ttl.count());
+      s.run();
+    }
+    {
+      internal::stmt s{d, "INSERT OR REPLACE INTO durable_fences (key, fence, "
+                          "expires_at) VALUES (?, ?, ?)"};
+      s.bind(1, k).bind(2, f).bind(3, t + ttl.count());
+      s.run();
+    }
+    tx.commit();
+    return outbox_verdict::send;
+  });
+}
+
+} // namespace botmesh

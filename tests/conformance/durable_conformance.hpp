@@ -1,0 +1,249 @@
+#pragma once
+
+// The durable backend conformance suite: written once, run for every
+// backend (memory, SQLite, Redis).
+//
+// A backend test file defines a factory F with
+//   std::shared_ptr<botmesh::durable_backend> make();
+//       // a started backend; every call of one factory shares its data
+//   void advance(std::chrono::milliseconds d);   // let backend time pass
+//   static constexpr std::chrono::milliseconds lease{...};
+// and instantiates BOTMESH_DURABLE_CONFORMANCE(F).
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/durable_backend.hpp>
+
+namespace dc {
+
+using namespace std::chrono_literals;
+using botmesh::durable_backend;
+using botmesh::journal_put;
+using botmesh::journal_record;
+using botmesh::outbox_verdict;
+
+/// The backend's operations as blocking calls (completions may come from
+/// another thread).
+struct sync {
+  durable_backend& b;
+
+  template <class T, class Call>
+  T wait(Call call) {
+    std::promise<T> p;
+    auto f = p.get_future();
+    call([&p](T v, std::exception_ptr e) {
+      if (e)
+        p.set_exception(e);
+      else
+        p.set_value(std::move(v));
+    });
+    return f.get();
+  }
+
+  journal_put record(std::string id, std::string holder,
+                     std::chrono::milliseconds ttl = 60s) {
+    journal_record r;
+    r.id = id;
+    r.key = id.substr(0, id.find('#'));
+    r.message = "{\"text\":\"" + id + "\"}";
+    return wait<journal_put>([&](auto done) {
+      b.record(std::move(r), holder, ttl, std::move(done));
+    });
+  }
+  bool confirm(std::string id, std::string holder) {
+    return wait<bool>([&](auto done) { b.confirm(id, holder, std::move(done)); });
+  }
+  bool release(std::string id, std::string holder) {
+    return wait<bool>([&](auto done) { b.release(id, holder, std::move(done)); });
+  }
+  durable_backend::claim_result claim(std::string holder,
+                                      std::chrono::milliseconds lease,
+                                      std::uint32_t max_attempts = 5,
+                                      std::size_t limit = 100) {
+    return wait<durable_backend::claim_result>([&](auto done) {
+      b.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
+    });
+  }
+  bool retire(std::string holder) {
+    return wait<bool>([&](auto done) { b.retire(holder, std::move(done)); });
+  }
+  outbox_verdict send(std::string id, std::string key, std::uint64_t fence) {
+    return wait<outbox_verdict>([&](auto done) {
+      b.outbox_claim(id, key, fence, 60s, std::move(done));
+    });
+  }
+};
+
+inline std::vector<std::string> ids(const std::vector<journal_record>& rs) {
+  std::vector<std::string> out;
+  for (auto& r : rs)
+    out.push_back(r.id);
+  return out;
+}
+
+} // namespace dc
+
+TEST_CASE_TEMPLATE_DEFINE("a platform message is journaled once: a second "
+                          "delivery is a duplicate, also from another holder",
+                          F, dc_dup) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  CHECK(s.record("t:1#m1", "a") == dc::journal_put::recorded);
+  CHECK(s.record("t:1#m1", "a") == dc::journal_put::duplicate);
+  CHECK(s.record("t:1#m1", "b") == dc::journal_put::duplicate);
+  // Still a duplicate once done: the tombstone stays for the retry window.
+  CHECK(s.confirm("t:1#m1", "a"));
+  CHECK(s.record("t:1#m1", "b") == dc::journal_put::duplicate);
+  CHECK(s.record("t:1#m2", "b") == dc::journal_put::recorded);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("a journal record is forgotten after its TTL (the "
+                          "platform's retry window)",
+                          F, dc_ttl) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  CHECK(s.record("t:1#m1", "a", F::lease) == dc::journal_put::recorded);
+  f.advance(F::lease * 2);
+  s.claim("a", F::lease); // purges what expired
+  CHECK(s.record("t:1#m1", "a", F::lease) == dc::journal_put::recorded);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("only the holder confirms or releases a record; a "
+                          "released record is claimed again, in arrival order",
+                          F, dc_settle) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  for (auto id : {"t:1#m1", "t:1#m2", "t:2#m3"})
+    REQUIRE(s.record(id, "a") == dc::journal_put::recorded);
+  CHECK_FALSE(s.confirm("t:1#m1", "b"));
+  CHECK_FALSE(s.release("t:1#m1", "b"));
+  CHECK_FALSE(s.confirm("t:1#nope", "a"));
+  CHECK(s.confirm("t:1#m2", "a"));
+  CHECK_FALSE(s.confirm("t:1#m2", "a")); // done already
+  CHECK(s.release("t:2#m3", "a"));
+  CHECK(s.release("t:1#m1", "a"));
+  // Free records go to whoever claims first, in arrival order.
+  auto c = s.claim("b", F::lease);
+  CHECK(dc::ids(c.records) == std::vector<std::string>{"t:1#m1", "t:2#m3"});
+  REQUIRE(c.records.size() == 2);
+  CHECK(c.records[0].key == "t:1");
+  CHECK(c.records[0].message == "{\"text\":\"t:1#m1\"}");
+  CHECK(c.records[0].attempts == 2);
+  CHECK(c.records[0].seq < c.records[1].seq);
+  // Claimed: b holds them now, a no longer does.
+  CHECK_FALSE(s.confirm("t:1#m1", "a"));
+  CHECK(s.confirm("t:1#m1", "b"));
+  CHECK(s.claim("a", F::lease).records.empty());
+}
+
+TEST_CASE_TEMPLATE_DEFINE("records of a holder whose heartbeat lapsed are "
+                          "claimed by a live holder; a live holder's are not",
+                          F, dc_dead) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  s.claim("a", F::lease);
+  s.claim("b", F::lease);
+  for (auto id : {"t:1#m1", "t:1#m2", "t:1#m3"})
+    REQUIRE(s.record(id, "a") == dc::journal_put::recorded);
+  CHECK(s.claim("b", F::lease).records.empty()); // a is alive
+  f.advance(F::lease + F::lease / 2);            // a's heartbeat lapses
+  auto c = s.claim("b", F::lease);
+  CHECK(dc::ids(c.records)
+        == std::vector<std::string>{"t:1#m1", "t:1#m2", "t:1#m3"});
+  // A holder that never beat at all is dead too.
+  REQUIRE(s.record("t:2#m4", "ghost") == dc::journal_put::recorded);
+  CHECK(dc::ids(s.claim("b", F::lease).records)
+        == std::vector<std::string>{"t:2#m4"});
+  // Once claimed, a's late confirm is refused.
+  CHECK_FALSE(s.confirm("t:1#m1", "a"));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("a retired holder's records are claimable at once",
+                          F, dc_retire) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  s.claim("a", std::chrono::seconds(60));
+  REQUIRE(s.record("t:1#m1", "a") == dc::journal_put::recorded);
+  CHECK(s.claim("b", F::lease).records.empty());
+  CHECK(s.retire("a"));
+  CHECK(dc::ids(s.claim("b", F::lease).records)
+        == std::vector<std::string>{"t:1#m1"});
+}
+
+TEST_CASE_TEMPLATE_DEFINE("a record reprocessed max_attempts times is given "
+                          "up and reported as dropped",
+                          F, dc_attempts) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  REQUIRE(s.record("t:1#m1", "a") == dc::journal_put::recorded);
+  REQUIRE(s.release("t:1#m1", "a"));
+  auto c = s.claim("b", F::lease, 2); // attempt 2
+  REQUIRE(c.records.size() == 1);
+  REQUIRE(s.release("t:1#m1", "b"));
+  c = s.claim("b", F::lease, 2);
+  CHECK(c.records.empty());
+  CHECK(dc::ids(c.dropped) == std::vector<std::string>{"t:1#m1"});
+  // Dropped means done: never claimed again, still a duplicate.
+  CHECK(s.claim("b", F::lease, 2).dropped.empty());
+  CHECK(s.record("t:1#m1", "a") == dc::journal_put::duplicate);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("the outbox sends a send id once and refuses a "
+                          "sender with a lower fence than the chat's last",
+                          F, dc_outbox) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  CHECK(s.send("t:1#m1/0", "t:1", 5) == dc::outbox_verdict::send);
+  CHECK(s.send("t:1#m1/0", "t:1", 5) == dc::outbox_verdict::duplicate);
+  CHECK(s.send("t:1#m1/1", "t:1", 5) == dc::outbox_verdict::send);
+  CHECK(s.send("t:1#m2/0", "t:1", 6) == dc::outbox_verdict::send);
+  CHECK(s.send("t:1#m1/2", "t:1", 5) == dc::outbox_verdict::fenced);
+  // Fences are per chat.
+  CHECK(s.send("t:2#m1/0", "t:2", 1) == dc::outbox_verdict::send);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("the same id recorded by two holders at once is "
+                          "recorded by exactly one",
+                          F, dc_race) {
+  F f;
+  auto b = f.make();
+  for (int round = 0; round < 20; ++round) {
+    auto id = "t:1#race" + std::to_string(round);
+    std::atomic<int> recorded{0};
+    std::vector<std::thread> ts;
+    for (auto holder : {"a", "b", "c"})
+      ts.emplace_back([&, holder] {
+        dc::sync s{*b};
+        if (s.record(id, holder) == dc::journal_put::recorded)
+          ++recorded;
+      });
+    for (auto& t : ts)
+      t.join();
+    CHECK(recorded == 1);
+  }
+}
+
+#define BOTMESH_DURABLE_CONFORMANCE(F)                                         \
+  TEST_CASE_TEMPLATE_INVOKE(dc_dup, F);                                        \
+  TEST_CASE_TEMPLATE_INVOKE(dc_ttl, F);                                        \
+  TEST_CASE_TEMPLATE_INVOKE(dc_settle, F);                                     \
+  TEST_CASE_TEMPLATE_INVOKE(dc_dead, F);                                       \
+  TEST_CASE_TEMPLATE_INVOKE(dc_retire, F);                                     \
+  TEST_CASE_TEMPLATE_INVOKE(dc_attempts, F);                                   \
+  TEST_CASE_TEMPLATE_INVOKE(dc_outbox, F);                                     \
+  TEST_CASE_TEMPLATE_INVOKE(dc_race, F)

@@ -1,0 +1,269 @@
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <future>
+#include <latch>
+#include <thread>
+
+#include <conformance/durable_conformance.hpp>
+
+#include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/stores/redis/redis_durable_backend.hpp>
+#include <botmesh/stores/sqlite/sqlite_durable_backend.hpp>
+
+#include "redis_server.hpp"
+#include "temp_file.hpp"
+
+namespace {
+
+struct sqlite_durable_factory {
+  static constexpr std::chrono::milliseconds lease{1000};
+  botmesh::manual_clock clock;
+  test::temp_file file;
+
+  // Each call opens the file anew: backends share it as processes would.
+  std::shared_ptr<botmesh::durable_backend> make() {
+    auto b = std::make_shared<botmesh::sqlite_durable_backend>(
+      botmesh::sqlite_durable_options{.path = file.path(), .clock = &clock});
+    b->start();
+    return b;
+  }
+
+  void advance(std::chrono::milliseconds d) {
+    clock.advance(d);
+  }
+};
+
+// Redis time is real time: advance() sleeps.
+struct redis_durable_factory {
+  static constexpr std::chrono::milliseconds lease{300};
+  std::string prefix = test::unique_prefix("bmdur");
+  std::shared_ptr<botmesh::redis_client> client =
+    std::make_shared<botmesh::redis_client>(
+      botmesh::redis_options{.url = test::redis_url()});
+
+  std::shared_ptr<botmesh::durable_backend> make() {
+    auto b = std::make_shared<botmesh::redis_durable_backend>(
+      botmesh::redis_durable_options{.client = client, .prefix = prefix});
+    b->start();
+    return b;
+  }
+
+  void advance(std::chrono::milliseconds d) {
+    std::this_thread::sleep_for(d);
+  }
+};
+
+} // namespace
+
+TYPE_TO_STRING(sqlite_durable_factory);
+TYPE_TO_STRING(redis_durable_factory);
+BOTMESH_DURABLE_CONFORMANCE(sqlite_durable_factory);
+BOTMESH_DURABLE_CONFORMANCE(redis_durable_factory);
+
+TEST_CASE("the Redis journal keeps each table in one hash slot") {
+  redis_durable_factory f;
+  auto b = f.make();
+  dc::sync s{*b};
+  REQUIRE(s.record("t:1#m1", "a") == dc::journal_put::recorded);
+  REQUIRE(s.send("t:1#m1/0", "t:1", 1) == dc::outbox_verdict::send);
+  auto keys = f.client->call({"KEYS", f.prefix + ":*"});
+  REQUIRE(keys.elements.size() >= 5);
+  for (auto& k : keys.elements) {
+    auto tagged = k.str.rfind(f.prefix + ":{durable:inbound}:", 0) == 0
+                  || k.str.rfind(f.prefix + ":{durable:outbox}:", 0) == 0;
+    CHECK_MESSAGE(tagged, k.str);
+  }
+}
+
+TEST_CASE("a corrupted Redis journal record is named: settling it fails "
+          "with corrupted_record and a claim sets it aside") {
+  redis_durable_factory f;
+  auto b = f.make();
+  dc::sync s{*b};
+  REQUIRE(s.record("t:1#bad", "a") == dc::journal_put::recorded);
+  REQUIRE(s.record("t:1#good", "a") == dc::journal_put::recorded);
+  REQUIRE(s.release("t:1#good", "a"));
+  f.client->call({"HSET", f.prefix + ":{durable:inbound}:rec", "t:1#bad",
+                  "not json"});
+  try {
+    s.confirm("t:1#bad", "a");
+    FAIL("confirm of a corrupted record did not fail");
+  } catch (const botmesh::error& e) {
+    CHECK(e.code() == botmesh::errc::corrupted_record);
+    CHECK(std::string{e.what()}.find("t:1#bad") != std::string::npos);
+  }
+  f.advance(redis_durable_factory::lease * 2); // a is dead: both claimable
+  auto c = s.claim("b", redis_durable_factory::lease);
+  CHECK(dc::ids(c.records) == std::vector<std::string>{"t:1#good"});
+  CHECK(c.corrupted == std::vector<std::string>{"t:1#bad"});
+  CHECK(s.claim("b", redis_durable_factory::lease).corrupted.empty());
+}
+
+TEST_CASE("a Redis journal call while the server is down fails with a "
+          "store error, and works again once it is back") {
+  test::redis_process server;
+  auto client = std::make_shared<botmesh::redis_client>(botmesh::redis_options{
+    .url = server.url(), .command_timeout = "1s", .connect_timeout = "500ms",
+    .max_backoff = "100ms"});
+  botmesh::redis_durable_backend b{{.client = client, .prefix = "bmdown"}};
+  b.start();
+  dc::sync s{b};
+  REQUIRE(s.record("t:1#m1", "a") == dc::journal_put::recorded);
+  server.kill();
+  CHECK_THROWS_AS(s.record("t:1#m2", "a"), botmesh::error);
+  server.start();
+  // The server lost its data (no persistence): m1 is new again. What matters
+  // is that the client recovers without a new backend.
+  for (int i = 0; i < 50; ++i) {
+    try {
+      CHECK(s.record("t:1#m2", "a") == dc::journal_put::recorded);
+      return;
+    } catch (const botmesh::error&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  FAIL("the journal did not recover after the server restarted");
+}
+
+// -- bots on a shared backend --------------------------------------------------
+
+namespace {
+
+// Two bots sharing `backend` get every platform id at once from two
+// threads; returns (handled, duplicates) summed over both.
+std::pair<int, std::uint64_t>
+deliver_twice(const std::function<std::shared_ptr<botmesh::durable_backend>()>&
+                backend,
+              int n) {
+  struct replica {
+    std::shared_ptr<botmesh::testing_provider> p =
+      std::make_shared<botmesh::testing_provider>();
+    std::unique_ptr<botmesh::bot> b;
+    std::atomic<int> handled{0};
+  };
+  replica r[2];
+  for (int i = 0; i < 2; ++i) {
+    r[i].b = std::make_unique<botmesh::bot>(botmesh::bot_options{
+      .provider = r[i].p,
+      .durability = botmesh::durability_options{
+        .backend = backend(), .instance_id = "r" + std::to_string(i)}});
+    r[i].b->on_message([&r, i](botmesh::context& c) {
+      ++r[i].handled;
+      c.reply(c.text());
+    });
+    r[i].b->on<botmesh::events::error>([](const botmesh::events::error& e) {
+      std::fprintf(stderr, "deliver_twice: error %s: %s\n",
+                   std::string{botmesh::to_string(e.code)}.c_str(),
+                   e.what.c_str());
+    });
+    r[i].b->start();
+  }
+  std::latch go{2};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 2; ++i)
+    ts.emplace_back([&, i] {
+      go.arrive_and_wait();
+      for (int k = 0; k < n; ++k) {
+        botmesh::inbound_message m;
+        m.chat = "c" + std::to_string(k % 3);
+        m.sender = m.chat;
+        m.id = "id" + std::to_string(k);
+        m.text = std::to_string(k);
+        r[i].p->inject(std::move(m));
+      }
+    });
+  for (auto& t : ts)
+    t.join();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (r[0].b->stats().duplicates + r[1].b->stats().duplicates
+             + r[0].p->sent().size() + r[1].p->sent().size()
+           < static_cast<std::size_t>(2 * n)
+         && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (auto& x : r)
+    x.b->stop();
+  for (auto& x : r)
+    if (auto st = x.b->stats(); st.reprocessed != 0)
+      std::fprintf(stderr, "deliver_twice: %llu reprocessed\n",
+                   static_cast<unsigned long long>(st.reprocessed));
+  return {r[0].handled + r[1].handled,
+          r[0].b->stats().duplicates + r[1].b->stats().duplicates};
+}
+
+} // namespace
+
+TEST_CASE("two bots on one SQLite journal handle a platform id delivered to "
+          "both at once once") {
+  test::temp_file file;
+  auto [handled, dups] = deliver_twice(
+    [&] {
+      return std::make_shared<botmesh::sqlite_durable_backend>(
+        botmesh::sqlite_durable_options{.path = file.path()});
+    },
+    40);
+  CHECK(handled == 40);
+  CHECK(dups == 40);
+}
+
+TEST_CASE("two bots on one Redis journal handle a platform id delivered to "
+          "both at once once") {
+  auto prefix = test::unique_prefix("bmdurbots");
+  auto client = std::make_shared<botmesh::redis_client>(
+    botmesh::redis_options{.url = test::redis_url()});
+  auto [handled, dups] = deliver_twice(
+    [&] {
+      return std::make_shared<botmesh::redis_durable_backend>(
+        botmesh::redis_durable_options{.client = client, .prefix = prefix});
+    },
+    40);
+  CHECK(handled == 40);
+  CHECK(dups == 40);
+}
+
+TEST_CASE("a bot's journal on a Redis that restarts: messages are refused "
+          "with store_error while it is down and handled once it is back") {
+  test::redis_process server;
+  auto client = std::make_shared<botmesh::redis_client>(botmesh::redis_options{
+    .url = server.url(), .command_timeout = "1s", .connect_timeout = "500ms",
+    .max_backoff = "100ms"});
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p,
+                  .durability = botmesh::durability_options{
+                    .backend = std::make_shared<botmesh::redis_durable_backend>(
+                      botmesh::redis_durable_options{.client = client,
+                                                     .prefix = "bmrestart"}),
+                    .lease = "300ms"}}};
+  b.on_message([](botmesh::context& c) { c.reply("ok " + c.text()); });
+  b.start();
+  auto deliver = [&](std::string id) {
+    std::promise<botmesh::errc> accepted;
+    botmesh::inbound_message m;
+    m.chat = "ana";
+    m.sender = "ana";
+    m.id = std::move(id);
+    m.text = m.id;
+    p->inject(std::move(m),
+              {.accepted = [&](botmesh::errc e) { accepted.set_value(e); },
+               .turn_ended = {}});
+    return accepted.get_future().get();
+  };
+  REQUIRE(deliver("m1") == botmesh::errc::none);
+  REQUIRE(p->wait_for_sent(1, std::chrono::seconds(5)));
+  server.kill();
+  auto down = deliver("m2");
+  CHECK((down == botmesh::errc::store_error || down == botmesh::errc::timeout));
+  server.start();
+  // The platform retries until the bot takes it.
+  botmesh::errc back = down;
+  for (int i = 0; i < 50 && back != botmesh::errc::none; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    back = deliver("m2");
+  }
+  REQUIRE(back == botmesh::errc::none);
+  REQUIRE(p->wait_for_sent(2, std::chrono::seconds(5)));
+  b.stop();
+  CHECK(p->sent()[1].text == "ok m2");
+  CHECK(p->sent().size() == 2);
+}

@@ -1,0 +1,510 @@
+// Durable processing in the bot: inbound dedupe, the journal's acks, the
+// reprocessing of what a dead replica held, and the outbox.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <latch>
+#include <mutex>
+#include <thread>
+
+#include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/stores/memory_coordinator.hpp>
+#include <botmesh/stores/memory_durable_backend.hpp>
+
+#include "gated_backend.hpp"
+#include "test_util.hpp"
+
+using namespace std::chrono_literals;
+using botmesh::errc;
+
+namespace {
+
+botmesh::inbound_message msg(std::string chat, std::string id,
+                             std::string text) {
+  botmesh::inbound_message m;
+  m.chat = chat;
+  m.sender = std::move(chat);
+  m.id = std::move(id);
+  m.text = std::move(text);
+  return m;
+}
+
+botmesh::durability_options durable(std::shared_ptr<botmesh::durable_backend> b,
+                                    std::string id = "r1") {
+  return botmesh::durability_options{.backend = std::move(b),
+                                     .instance_id = std::move(id),
+                                     .lease = "300ms"};
+}
+
+// Records a message in `b` as held by a replica that never beats (dead).
+void orphan(botmesh::durable_backend& b, const botmesh::inbound_message& m) {
+  botmesh::journal_record rec;
+  auto key = botmesh::chat_key("test", m.chat);
+  rec.id = botmesh::journal_id(key, m.id);
+  rec.key = key;
+  auto full = m;
+  full.provider = "test";
+  full.timestamp = botmesh::clock::system().now();
+  rec.message = botmesh::to_json(full);
+  std::promise<botmesh::journal_put> p;
+  b.record(rec, "dead/0", std::chrono::hours(1),
+           [&](botmesh::journal_put v, std::exception_ptr) { p.set_value(v); });
+  REQUIRE(p.get_future().get() == botmesh::journal_put::recorded);
+}
+
+std::vector<std::string> texts(const botmesh::testing_provider& p) {
+  std::vector<std::string> out;
+  for (auto& m : p.sent())
+    out.push_back(m.text);
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("without durability a redelivered platform message is dropped as a "
+          "duplicate and counted") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p}};
+  std::atomic<int> handled{0};
+  b.on_message([&](botmesh::context& c) {
+    ++handled;
+    c.reply("ok " + c.text());
+  });
+  b.start();
+  std::vector<botmesh::turn_outcome> ends;
+  std::mutex mtx;
+  for (int i = 0; i < 3; ++i)
+    p->inject(msg("ana", "wamid.1", "hola"),
+              {.accepted = [](errc e) { CHECK(e == errc::none); },
+               .turn_ended = [&](botmesh::turn_outcome o) {
+                 std::lock_guard guard{mtx};
+                 ends.push_back(o);
+               }});
+  p->inject(msg("ana", "wamid.2", "otra"));
+  // Ids the bot assigns itself are never duplicates.
+  p->inject("ana", "sin id");
+  p->inject("ana", "sin id");
+  REQUIRE(p->wait_for_sent(4, 5s));
+  b.stop();
+  CHECK(handled == 4);
+  CHECK(b.stats().duplicates == 2);
+  CHECK(b.stats().received == 4);
+  std::lock_guard guard{mtx};
+  CHECK(std::count(ends.begin(), ends.end(), botmesh::turn_outcome::duplicate)
+        == 2);
+  CHECK(std::count(ends.begin(), ends.end(), botmesh::turn_outcome::handled)
+        == 1);
+}
+
+TEST_CASE("without durability the same id in two chats is not a duplicate, "
+          "and an id is forgotten after the retry window") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .retry_window = "50ms"}};
+  b.on_message([&](botmesh::context& c) { c.reply(c.text()); });
+  b.start();
+  p->inject(msg("ana", "7", "a"));
+  p->inject(msg("eva", "7", "b"));
+  REQUIRE(p->wait_for_sent(2, 5s));
+  std::this_thread::sleep_for(100ms); // past the window
+  p->inject(msg("ana", "7", "c"));
+  REQUIRE(p->wait_for_sent(3, 5s));
+  CHECK(b.stats().duplicates == 0);
+}
+
+TEST_CASE("with durability the provider hears a message was accepted only "
+          "after its journal write landed") {
+  auto backend = std::make_shared<test::gated_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  b.on_message([&](botmesh::context& c) { c.reply("ok"); });
+  b.start();
+  std::atomic<int> accepted{0};
+  p->inject(msg("ana", "m1", "hola"),
+            {.accepted = [&](errc e) {
+               CHECK(e == errc::none);
+               ++accepted;
+             },
+             .turn_ended = {}});
+  // Not journaled yet: not accepted, not handled.
+  CHECK(accepted == 0);
+  CHECK(b.stats().received == 0);
+  CHECK(p->sent().empty());
+  backend->open();
+  REQUIRE(p->wait_for_sent(1, 5s));
+  CHECK(accepted == 1);
+  CHECK(b.stats().received == 1);
+}
+
+TEST_CASE("with durability a failed journal write refuses the message with "
+          "store_error so the platform retries") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  backend->fail_records = true;
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  errors.attach(b);
+  b.on_message([&](botmesh::context& c) { c.reply("ok"); });
+  b.start();
+  std::atomic<int> code{-1};
+  p->inject(msg("ana", "m1", "hola"),
+            {.accepted = [&](errc e) { code = static_cast<int>(e); },
+             .turn_ended = {}});
+  REQUIRE(test::eventually([&] { return code != -1; }));
+  CHECK(code == static_cast<int>(errc::store_error));
+  REQUIRE(test::eventually([&] { return errors.count(errc::store_error) == 1; }));
+  CHECK(errors.all()[0].what.find("simulated journal failure")
+        != std::string::npos);
+  CHECK(b.stats().journal_errors == 1);
+  CHECK(b.stats().received == 0);
+  // The retry, once the journal works again, is handled.
+  backend->fail_records = false;
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(p->wait_for_sent(1, 5s));
+}
+
+TEST_CASE("with a shared durable backend the same platform id delivered to "
+          "two replicas at once is handled once") {
+  botmesh::memory_coordination_hub hub;
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto store = std::make_shared<botmesh::memory_store>();
+  struct replica {
+    std::shared_ptr<botmesh::testing_provider> p =
+      std::make_shared<botmesh::testing_provider>();
+    std::unique_ptr<botmesh::bot> b;
+    std::atomic<int> handled{0};
+  };
+  replica r[2];
+  for (int i = 0; i < 2; ++i) {
+    botmesh::coordination_options co;
+    co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = "r" + std::to_string(i)});
+    r[i].b = std::make_unique<botmesh::bot>(botmesh::bot_options{
+      .provider = r[i].p, .store = store, .coordination = co,
+      .durability = durable(backend, "r" + std::to_string(i))});
+    r[i].b->on_message([&r, i](botmesh::context& c) {
+      ++r[i].handled;
+      c.reply("ok " + c.text());
+    });
+    r[i].b->start();
+  }
+  constexpr int n = 50;
+  std::latch go{2};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 2; ++i)
+    ts.emplace_back([&, i] {
+      go.arrive_and_wait();
+      for (int k = 0; k < n; ++k)
+        r[i].p->inject(msg("c" + std::to_string(k % 5), "id" + std::to_string(k),
+                           std::to_string(k)));
+    });
+  for (auto& t : ts)
+    t.join();
+  REQUIRE(test::eventually(
+    [&] { return r[0].handled + r[1].handled == n; }));
+  for (auto& x : r)
+    x.b->stop();
+  CHECK(r[0].handled + r[1].handled == n);
+  CHECK(r[0].b->stats().duplicates + r[1].b->stats().duplicates == n);
+  CHECK(r[0].p->sent().size() + r[1].p->sent().size() == n);
+}
+
+TEST_CASE("with durability the records of a dead replica are claimed and "
+          "handled by a live one, in arrival order, and then confirmed") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  for (auto [id, text] : {std::pair{"m1", "uno"}, {"m2", "dos"}, {"m3", "tres"}})
+    orphan(*backend, msg("ana", id, text));
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  b.on_message([&](botmesh::context& c) { c.reply(c.text()); });
+  b.start();
+  REQUIRE(p->wait_for_sent(3, 5s));
+  CHECK(texts(*p) == std::vector<std::string>{"uno", "dos", "tres"});
+  CHECK(b.stats().reprocessed == 3);
+  // Confirmed: a redelivery is a duplicate, and nobody claims them again.
+  p->inject(msg("ana", "m2", "dos"));
+  REQUIRE(test::eventually([&] { return b.stats().duplicates == 1; }));
+  b.stop();
+  std::promise<botmesh::durable_backend::claim_result> pr;
+  backend->beat_and_claim("other/1", 1s, 100, 5,
+                          [&](auto r, std::exception_ptr) { pr.set_value(r); });
+  CHECK(pr.get_future().get().records.empty());
+  CHECK(texts(*p).size() == 3);
+}
+
+TEST_CASE("with durability a turn whose effect was lost releases its record: "
+          "it is handled again and the replayed step does not send twice") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  errors.attach(b);
+  std::atomic<int> runs{0};
+  b.on_message([&](botmesh::context& c) {
+    c.reply("primero");
+    if (++runs == 1)
+      throw botmesh::error(errc::store_error, "simulated checkpoint failure");
+    c.reply("segundo");
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(p->wait_for_sent(2, 5s));
+  REQUIRE(test::eventually([&] { return runs == 2; }));
+  b.stop();
+  CHECK(texts(*p) == std::vector<std::string>{"primero", "segundo"});
+  CHECK(b.stats().outbox_skipped == 1);
+  CHECK(b.stats().reprocessed == 1);
+  CHECK(errors.count(errc::store_error) == 1);
+}
+
+TEST_CASE("with durability a message refused because the bot stops is "
+          "released and handled by the next replica") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  std::vector<std::string> seen;
+  std::mutex mtx;
+  {
+    auto p = std::make_shared<botmesh::testing_provider>();
+    botmesh::bot b{{.provider = p, .stop_timeout = "50ms",
+                    .durability = durable(backend, "first")}};
+    std::latch entered{1};
+    b.on_message([&](botmesh::context& c) {
+      if (c.text() == "lento") {
+        entered.count_down();
+        // Until the stop gives up on it: the rest stay queued.
+        while (!c.stop_token().stop_requested())
+          std::this_thread::sleep_for(1ms);
+        return;
+      }
+      std::lock_guard guard{mtx};
+      seen.push_back("first " + c.text());
+    });
+    b.start();
+    p->inject(msg("ana", "m1", "lento"));
+    entered.wait();
+    p->inject(msg("ana", "m2", "dos"));
+    p->inject(msg("ana", "m3", "tres"));
+    REQUIRE(test::eventually([&] { return b.stats().received == 3; }));
+    b.stop();
+    CHECK(b.stats().refused_stopped == 2);
+  }
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(backend, "second")}};
+  b.on_message([&](botmesh::context& c) {
+    std::lock_guard guard{mtx};
+    seen.push_back("second " + c.text());
+  });
+  b.start();
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{mtx};
+    return seen.size() == 2;
+  }));
+  std::lock_guard guard{mtx};
+  CHECK(seen == std::vector<std::string>{"second dos", "second tres"});
+}
+
+TEST_CASE("with durability a replayed send under a fence lower than the "
+          "chat's last is refused as superseded and nothing is sent") {
+  botmesh::memory_coordination_hub hub;
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  // A later holder of the chat already sent under fence 1000.
+  std::promise<botmesh::outbox_verdict> pv;
+  backend->outbox_claim("other", "test:ana", 1000, 1h,
+                        [&](auto v, std::exception_ptr) { pv.set_value(v); });
+  REQUIRE(pv.get_future().get() == botmesh::outbox_verdict::send);
+  // The message was taken by a replica that died: here it is replayed
+  // (attempt 2), so each send waits for the outbox's verdict.
+  orphan(*backend, msg("ana", "m1", "hola"));
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::coordination_options co;
+  co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "r"});
+  auto d = durable(backend);
+  d.max_attempts = 3;
+  botmesh::bot b{{.provider = p, .coordination = co, .durability = d}};
+  errors.attach(b);
+  b.on_message([&](botmesh::context& c) { c.reply("tarde"); });
+  b.start();
+  // Refused, released, tried again, refused, given up.
+  REQUIRE(test::eventually([&] { return errors.count(errc::handler_failed) == 1; }));
+  b.stop();
+  CHECK(p->sent().empty());
+  CHECK(errors.count(errc::lease_lost) == 2);
+  bool superseded = false, gave_up = false;
+  for (auto& e : errors.all()) {
+    superseded |= e.what.find("superseded") != std::string::npos;
+    gave_up |= e.what.find("given up after 3 attempts") != std::string::npos;
+  }
+  CHECK(superseded);
+  CHECK(gave_up);
+}
+
+TEST_CASE("with durability a first attempt writes its outbox entries ahead "
+          "of its sends: a replay skips them") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  b.on_message([&](botmesh::context& c) { c.reply("uno"); });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(p->wait_for_sent(1, 5s));
+  b.stop();
+  std::promise<botmesh::outbox_verdict> pv;
+  backend->outbox_claim(botmesh::journal_id("test:ana", "m1") + "/0",
+                        "test:ana", 0, 1h,
+                        [&](auto v, std::exception_ptr) { pv.set_value(v); });
+  CHECK(pv.get_future().get() == botmesh::outbox_verdict::duplicate);
+}
+
+TEST_CASE("durability options are checked when the bot is built") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  auto field = [&](botmesh::durability_options d) -> std::string {
+    try {
+      botmesh::bot b{{.provider = p, .durability = d}};
+    } catch (const botmesh::invalid_argument_error& e) {
+      return e.field();
+    }
+    return {};
+  };
+  CHECK(field({}) == "durability.backend");
+  auto ok = durable(std::make_shared<botmesh::memory_durable_backend>());
+  auto d = ok;
+  d.max_attempts = 0;
+  CHECK(field(d) == "durability.max_attempts");
+  d = ok;
+  d.lease = "1ms";
+  CHECK(field(d) == "durability.lease");
+  CHECK(field(ok).empty());
+}
+
+TEST_CASE("with durability a journal write whose reply was lost is handled "
+          "once: the record is freed and claimed, the platform's retry is a "
+          "duplicate") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  backend->lose_record_replies = true;
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  errors.attach(b);
+  std::atomic<int> handled{0};
+  b.on_message([&](botmesh::context& c) {
+    ++handled;
+    c.reply("ok " + c.text());
+  });
+  b.start();
+  std::atomic<int> code{-1};
+  p->inject(msg("ana", "m1", "hola"),
+            {.accepted = [&](errc e) { code = static_cast<int>(e); },
+             .turn_ended = {}});
+  REQUIRE(test::eventually([&] { return code != -1; }));
+  CHECK(code == static_cast<int>(errc::timeout));
+  backend->lose_record_replies = false;
+  // The platform retries: already journaled, so a duplicate...
+  p->inject(msg("ana", "m1", "hola"));
+  // ...and the freed record is handled by the next beat, once.
+  REQUIRE(p->wait_for_sent(1, 5s));
+  REQUIRE(test::eventually([&] { return b.stats().duplicates == 1; }));
+  b.stop();
+  CHECK(handled == 1);
+  CHECK(b.stats().reprocessed == 1);
+  CHECK(errors.count(errc::timeout) == 1);
+}
+
+TEST_CASE("with durability a step cut by settle releases its record: it is "
+          "handled again, and what the cut step sent is not sent twice") {
+  botmesh::memory_coordination_hub hub;
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::coordination_options co;
+  co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "r",
+                                             .lease = "600ms"});
+  co.settle = "200ms";
+  botmesh::bot b{{.provider = p, .coordination = co,
+                  .durability = durable(backend)}};
+  errors.attach(b);
+  std::atomic<int> runs{0};
+  b.on_message([&](botmesh::context& c) {
+    c.reply("recibido");
+    if (++runs == 1) {
+      // The first run outlives settle: cut, and its last send is fenced.
+      while (!c.stop_token().stop_requested())
+        std::this_thread::sleep_for(1ms);
+      c.reply("tarde");
+      return;
+    }
+    c.reply("hecho");
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(p->wait_for_sent(2, 10s));
+  REQUIRE(test::eventually([&] { return runs == 2; }));
+  b.stop();
+  CHECK(texts(*p) == std::vector<std::string>{"recibido", "hecho"});
+  CHECK(b.stats().outbox_skipped == 1);
+  CHECK(b.stats().reprocessed == 1);
+  CHECK(errors.count(errc::lease_lost) >= 1);
+}
+
+TEST_CASE("with durability a bot's heartbeat is in the backend before it "
+          "records anything: another replica never takes its fresh records "
+          "for a dead one's") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  auto d = durable(backend);
+  d.lease = "10s"; // no second beat during the test
+  botmesh::bot b{{.provider = p, .durability = d}};
+  std::latch entered{1}, go_on{1};
+  b.on_message([&](botmesh::context& c) {
+    entered.count_down();
+    go_on.wait();
+    c.reply("ok");
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  entered.wait();
+  std::promise<botmesh::durable_backend::claim_result> pr;
+  backend->beat_and_claim("other/1", 10s, 100, 5,
+                          [&](auto r, std::exception_ptr) { pr.set_value(r); });
+  CHECK(pr.get_future().get().records.empty());
+  go_on.count_down();
+  REQUIRE(p->wait_for_sent(1, 5s));
+  b.stop();
+  CHECK(b.stats().reprocessed == 0);
+}
+
+TEST_CASE("with durability a journal record whose message cannot be decoded "
+          "is reported by id and dropped; the chat's other records go on") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  botmesh::journal_record bad;
+  bad.id = "test:ana#roto";
+  bad.key = "test:ana";
+  bad.message = "{\"id\": 7"; // truncated JSON
+  std::promise<botmesh::journal_put> p1;
+  backend->record(bad, "dead/0", 1h,
+                  [&](auto v, std::exception_ptr) { p1.set_value(v); });
+  REQUIRE(p1.get_future().get() == botmesh::journal_put::recorded);
+  orphan(*backend, msg("ana", "m2", "sigue"));
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  errors.attach(b);
+  b.on_message([&](botmesh::context& c) { c.reply(c.text()); });
+  b.start();
+  REQUIRE(p->wait_for_sent(1, 5s));
+  REQUIRE(test::eventually(
+    [&] { return errors.count(errc::corrupted_record) == 1; }));
+  b.stop();
+  CHECK(texts(*p) == std::vector<std::string>{"sigue"});
+  CHECK(errors.all()[0].what.find("test:ana#roto") != std::string::npos);
+  // Dropped for good: a redelivery of it is a duplicate, nobody claims it.
+  std::promise<botmesh::durable_backend::claim_result> pr;
+  backend->beat_and_claim("other/1", 1s, 100, 5,
+                          [&](auto r, std::exception_ptr) { pr.set_value(r); });
+  CHECK(pr.get_future().get().records.empty());
+}

@@ -1,0 +1,88 @@
+#pragma once
+
+// A durable backend for tests whose journal writes can be held, failed, or
+// made to lose their reply; everything else goes to a memory backend.
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/memory_durable_backend.hpp>
+
+namespace test {
+
+// A backend whose journal writes wait until the test opens the gate, or
+// fail; everything else goes to a memory backend.
+class gated_backend final : public botmesh::durable_backend {
+ public:
+  botmesh::memory_durable_backend inner;
+  std::mutex mtx;
+  std::vector<std::function<void()>> held;
+  bool gate_open = false;
+  std::atomic<bool> fail_records{false};
+  std::atomic<bool> lose_record_replies{false}; // the write lands, its reply is lost
+
+  void open() {
+    std::vector<std::function<void()>> run;
+    {
+      std::lock_guard guard{mtx};
+      gate_open = true;
+      run.swap(held);
+    }
+    for (auto& f : run)
+      f();
+  }
+
+  void record(botmesh::journal_record rec, std::string_view holder,
+              std::chrono::milliseconds ttl,
+              completion<botmesh::journal_put> done) override {
+    if (lose_record_replies) {
+      inner.record(std::move(rec), holder, ttl,
+                   [](botmesh::journal_put, std::exception_ptr) {});
+      return done(botmesh::journal_put::duplicate,
+                  std::make_exception_ptr(botmesh::error(
+                    botmesh::errc::timeout, "simulated lost reply")));
+    }
+    if (fail_records)
+      return done(botmesh::journal_put::duplicate,
+                  std::make_exception_ptr(botmesh::error(
+                    botmesh::errc::store_error, "simulated journal failure")));
+    auto go = [this, rec = std::move(rec), h = std::string{holder}, ttl,
+               done = std::move(done)]() mutable {
+      inner.record(std::move(rec), h, ttl, std::move(done));
+    };
+    {
+      std::lock_guard guard{mtx};
+      if (!gate_open) {
+        held.push_back(std::move(go));
+        return;
+      }
+    }
+    go();
+  }
+  void confirm(std::string_view id, std::string_view holder,
+               completion<bool> done) override {
+    inner.confirm(id, holder, std::move(done));
+  }
+  void release(std::string_view id, std::string_view holder,
+               completion<bool> done) override {
+    inner.release(id, holder, std::move(done));
+  }
+  void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
+                      std::size_t limit, std::uint32_t max_attempts,
+                      completion<claim_result> done) override {
+    inner.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
+  }
+  void retire(std::string_view holder, completion<bool> done) override {
+    inner.retire(holder, std::move(done));
+  }
+  void outbox_claim(std::string_view send_id, std::string_view key,
+                    std::uint64_t fence, std::chrono::milliseconds ttl,
+                    completion<botmesh::outbox_verdict> done) override {
+    inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
+  }
+};
+
+} // namespace test
