@@ -68,7 +68,7 @@ std::string what_of(std::exception_ptr e) {
 
 } // namespace
 
-TEST_CASE("key_slot agrees with the server's CLUSTER KEYSLOT for every kind "
+TEST_CASE("cluster: key_slot agrees with the server's CLUSTER KEYSLOT for every kind "
           "of key") {
   auto seed = test::node_client(test::seed_address());
   for (auto& k : tricky_keys()) {
@@ -78,7 +78,7 @@ TEST_CASE("key_slot agrees with the server's CLUSTER KEYSLOT for every kind "
   }
 }
 
-TEST_CASE("each command goes straight to the master of its key's slot") {
+TEST_CASE("cluster: each command goes straight to the master of its key's slot") {
   // No redirection allowed and a single attempt: a command sent to the
   // wrong node would fail instead of being followed.
   auto opts = test::cluster_options();
@@ -105,7 +105,7 @@ TEST_CASE("each command goes straight to the master of its key's slot") {
   CHECK(masters_used.size() == 3);
 }
 
-TEST_CASE("a script whose keys hash to different slots is refused before it "
+TEST_CASE("cluster: a script whose keys hash to different slots is refused before it "
           "is sent, naming the keys") {
   auto c = cluster_client();
   botmesh::redis_script s{"pair", "#!lua\nreturn #KEYS"};
@@ -133,7 +133,7 @@ TEST_CASE("a script whose keys hash to different slots is refused before it "
   CHECK(c->eval(s, {"{bm}a", "{bm}b"}, {}).integer == 2);
 }
 
-TEST_CASE("commands without a key and pipelines over many slots get their "
+TEST_CASE("cluster: commands without a key and pipelines over many slots get their "
           "replies in order") {
   auto c = cluster_client();
   CHECK(c->call({"PING"}).str == "PONG");
@@ -164,7 +164,7 @@ TEST_CASE("commands without a key and pipelines over many slots get their "
     c->call({"DEL", prefix + ":" + std::to_string(i)});
 }
 
-TEST_CASE("a script meeting NOSCRIPT is sent again with its body") {
+TEST_CASE("cluster: a script meeting NOSCRIPT is sent again with its body") {
   auto c = cluster_client();
   botmesh::redis_script s{"noscript_probe",
                           "#!lua\nreturn redis.call('INCR', KEYS[1])"};
@@ -184,7 +184,7 @@ TEST_CASE("a script meeting NOSCRIPT is sent again with its body") {
   c->call({"DEL", key});
 }
 
-TEST_CASE("the first discovery skips root nodes it cannot reach and names "
+TEST_CASE("cluster: the first discovery skips root nodes it cannot reach and names "
           "each one when none answers") {
   auto dead = "127.0.0.1:" + std::to_string(test::free_port());
   auto opts = test::cluster_options();
@@ -209,7 +209,7 @@ TEST_CASE("the first discovery skips root nodes it cannot reach and names "
   CHECK(what_of(bad).find("root node") != std::string::npos);
 }
 
-TEST_CASE("announced addresses go through node_address_map") {
+TEST_CASE("cluster: announced addresses go through node_address_map") {
   std::atomic<int> mapped{0};
   auto opts = test::cluster_options();
   opts.node_address_map = [&](std::string_view a) {
@@ -224,7 +224,7 @@ TEST_CASE("announced addresses go through node_address_map") {
   c.call({"DEL", key});
 }
 
-TEST_CASE("a reply lost to the timeout is not resent and fails with timeout") {
+TEST_CASE("cluster: a reply lost to the timeout is not resent and fails with timeout") {
   auto opts = test::cluster_options();
   opts.node.command_timeout = "300ms";
   redis_client c{opts};

@@ -27,7 +27,7 @@ std::string fresh_tag() {
 
 } // namespace
 
-TEST_CASE("topology: after a slot moved the client follows MOVED, updates "
+TEST_CASE("cluster topology: after a slot moved the client follows MOVED, updates "
           "its map and resends") {
   redis_client c{test::cluster_options()};
   auto tag = fresh_tag();
@@ -49,7 +49,7 @@ TEST_CASE("topology: after a slot moved the client follows MOVED, updates "
   test::move_slot(slot, to, from); // back, so slots stay spread
 }
 
-TEST_CASE("topology: during a slot migration a moved key is reached with "
+TEST_CASE("cluster topology: during a slot migration a moved key is reached with "
           "ASK and a split multi-key script is retried on TRYAGAIN until "
           "the move ends") {
   redis_client c{test::cluster_options()};
@@ -107,7 +107,7 @@ TEST_CASE("topology: during a slot migration a moved key is reached with "
   test::move_slot(slot, to, from);
 }
 
-TEST_CASE("topology: a manual failover is followed; every command "
+TEST_CASE("cluster topology: a manual failover is followed and every command "
           "succeeds or fails with a clear error, none is lost") {
   redis_client c{test::cluster_options()};
   auto key = "{" + fresh_tag() + "}:counter";

@@ -46,7 +46,7 @@ TEST_CASE("CRC16 and key slots follow the Redis Cluster specification") {
   CHECK(redis_client::key_slot("foo{bar}{zap}") == redis_client::key_slot("bar"));
 }
 
-TEST_CASE("the first key of a command decides its slot; scripts use the key "
+TEST_CASE("the first key of a command decides its slot and scripts use the key "
           "after numkeys") {
   using cmd = redis_client::command;
   CHECK(internal::first_key(cmd{"GET", "k"}) == "k");
@@ -58,7 +58,7 @@ TEST_CASE("the first key of a command decides its slot; scripts use the key "
   CHECK(internal::first_key(cmd{}) == std::nullopt);
 }
 
-TEST_CASE("MOVED and ASK replies are parsed; a malformed one is not a "
+TEST_CASE("MOVED and ASK replies are parsed and a malformed one is not a "
           "redirection") {
   auto m = internal::parse_redirection("MOVED 3999 127.0.0.1:6381");
   REQUIRE(m);
@@ -77,8 +77,8 @@ TEST_CASE("MOVED and ASK replies are parsed; a malformed one is not a "
   }
 }
 
-TEST_CASE("a CLUSTER SLOTS reply becomes ranges with masters and replicas; "
-          "a malformed one is refused by name") {
+TEST_CASE("a CLUSTER SLOTS reply becomes ranges with masters and replicas, "
+          "and a malformed one is refused by name") {
   auto reply = array({
     array({integer(0), integer(5460), array({string("10.0.0.1"), integer(7000),
                                              string("id1")}),
