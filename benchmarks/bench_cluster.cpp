@@ -3,16 +3,21 @@
 // REDIS_CLUSTER_URL in the same run (keys in that master's slots, so the
 // cluster client routes every command there without a redirection).
 //
-// Rounds alternate single, cluster, single, cluster...; each measures
-// `per_round` INCRs with 64 in flight (pipelined, where a client's own
-// overhead shows) and 2000 sequential round trips. The ratios are the
-// medians of the per-round ratios.
+// 15 rounds, each measuring both clients back to back (which goes first
+// alternates): 30000 INCRs with 64 in flight (pipelined, where a client's
+// own overhead shows) and 1000 sequential round trips. The ratios are the
+// medians of the per-round ratios. The pipelined runs also count the CPU
+// time of this process (the client's threads; the servers run elsewhere)
+// per command, steadier than wall time on a loaded machine.
 //
 //   bench single_client_pipelined_ns <ns per command>
 //   bench cluster_client_pipelined_ns <ns per command>
+//   bench single_client_cpu_ns <client CPU ns per command>
+//   bench cluster_client_cpu_ns <client CPU ns per command>
 //   bench single_client_round_trip_us <µs>
 //   bench cluster_client_round_trip_us <µs>
 //   ratio cluster_client_vs_single <pipelined cost ratio>   (goal <= 1.1)
+//   ratio cluster_client_vs_single_cpu <CPU cost ratio>
 //   ratio cluster_client_vs_single_round_trip <ratio>
 
 #include <algorithm>
@@ -25,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include <time.h>
+
 #include <botmesh/stores/redis/redis_client.hpp>
 
 using clk = std::chrono::steady_clock;
@@ -32,14 +39,26 @@ using botmesh::redis_client;
 
 namespace {
 
-constexpr int rounds = 9;
-constexpr long per_round = 40000;
+constexpr int rounds = 15;
+constexpr long per_round = 30000;
 constexpr int in_flight = 64;
-constexpr int round_trips = 2000;
+constexpr int round_trips = 1000;
 
-// Issues `total` INCRs keeping `window` in flight; ns per command.
-double pipelined(redis_client& c, const std::vector<std::string>& keys,
-                 long total, int window) {
+double cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+}
+
+struct cost {
+  double wall_ns;
+  double cpu_ns;
+};
+
+// Issues `total` INCRs keeping `window` in flight; wall and CPU ns per
+// command.
+cost pipelined(redis_client& c, const std::vector<std::string>& keys,
+               long total, int window) {
   std::atomic<long> issued{0}, done{0};
   std::promise<void> finished;
   std::function<void()> next = [&] {
@@ -59,11 +78,13 @@ double pipelined(redis_client& c, const std::vector<std::string>& keys,
             });
   };
   auto t0 = clk::now();
+  auto c0 = cpu_ns();
   for (int w = 0; w < window; ++w)
     next();
   finished.get_future().wait();
-  return std::chrono::duration<double, std::nano>(clk::now() - t0).count()
-         / static_cast<double>(total);
+  auto n = static_cast<double>(total);
+  return {std::chrono::duration<double, std::nano>(clk::now() - t0).count() / n,
+          (cpu_ns() - c0) / n};
 }
 
 double round_trip_us(redis_client& c, const std::vector<std::string>& keys) {
@@ -146,21 +167,43 @@ int main() {
   pipelined(single, keys, 5000, in_flight);
   pipelined(cluster, keys, 5000, in_flight);
 
-  std::vector<double> s_pipe, c_pipe, s_rt, c_rt, r_pipe, r_rt;
+  std::vector<double> s_pipe, c_pipe, s_cpu, c_cpu, s_rt, c_rt, r_pipe, r_cpu,
+    r_rt;
   for (int r = 0; r < rounds; ++r) {
-    s_pipe.push_back(pipelined(single, keys, per_round, in_flight));
-    c_pipe.push_back(pipelined(cluster, keys, per_round, in_flight));
-    s_rt.push_back(round_trip_us(single, keys));
-    c_rt.push_back(round_trip_us(cluster, keys));
-    r_pipe.push_back(c_pipe.back() / s_pipe.back());
-    r_rt.push_back(c_rt.back() / s_rt.back());
+    // Which client goes first alternates, so a drift in the machine's load
+    // does not favour one.
+    cost s{}, c{};
+    double srt = 0, crt = 0;
+    if (r % 2 == 0) {
+      s = pipelined(single, keys, per_round, in_flight);
+      c = pipelined(cluster, keys, per_round, in_flight);
+      srt = round_trip_us(single, keys);
+      crt = round_trip_us(cluster, keys);
+    } else {
+      c = pipelined(cluster, keys, per_round, in_flight);
+      s = pipelined(single, keys, per_round, in_flight);
+      crt = round_trip_us(cluster, keys);
+      srt = round_trip_us(single, keys);
+    }
+    s_pipe.push_back(s.wall_ns);
+    c_pipe.push_back(c.wall_ns);
+    s_cpu.push_back(s.cpu_ns);
+    c_cpu.push_back(c.cpu_ns);
+    s_rt.push_back(srt);
+    c_rt.push_back(crt);
+    r_pipe.push_back(c.wall_ns / s.wall_ns);
+    r_cpu.push_back(c.cpu_ns / s.cpu_ns);
+    r_rt.push_back(crt / srt);
   }
   for (auto& k : keys)
     single.call({"DEL", k});
   std::printf("bench single_client_pipelined_ns %.0f ns\n", median(s_pipe));
   std::printf("bench cluster_client_pipelined_ns %.0f ns\n", median(c_pipe));
+  std::printf("bench single_client_cpu_ns %.0f ns\n", median(s_cpu));
+  std::printf("bench cluster_client_cpu_ns %.0f ns\n", median(c_cpu));
   std::printf("bench single_client_round_trip_us %.1f us\n", median(s_rt));
   std::printf("bench cluster_client_round_trip_us %.1f us\n", median(c_rt));
   std::printf("ratio cluster_client_vs_single %.3f\n", median(r_pipe));
+  std::printf("ratio cluster_client_vs_single_cpu %.3f\n", median(r_cpu));
   std::printf("ratio cluster_client_vs_single_round_trip %.3f\n", median(r_rt));
 }

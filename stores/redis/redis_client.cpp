@@ -116,7 +116,18 @@ void bound_reader(redisContext* ctx, internal::reader_guard* guard) {
 struct request {
   redis_client::command cmd;
   redis_client::callback done;
+  /// Instead of `done`: also gets the command back (the cluster router
+  /// keeps it for a resend without copying it).
+  redis_client::keep_callback keep{};
 };
+
+// Completes `r` once, with its command handed back when it asked for it.
+void complete(request& r, redis_reply reply, std::exception_ptr e) {
+  if (r.keep)
+    r.keep(std::move(reply), std::move(e), std::move(r.cmd));
+  else
+    r.done(std::move(reply), std::move(e));
+}
 
 // The client whose thread this is (connection or subscriber): a callback
 // may drop the last reference to its own client, and a client must not
@@ -176,7 +187,7 @@ class connection {
         auto why = last_error_;
         guard.unlock();
         for (auto& r : rs)
-          r.done({}, std::make_exception_ptr(internal::unsent_error(
+          complete(r, {}, std::make_exception_ptr(internal::unsent_error(
                        errc::store_error,
                        fmt::format("redis {} unavailable ({}): {} not sent",
                                    endpoint_, why,
@@ -199,7 +210,7 @@ class connection {
       if (down_ && steady::now() < next_attempt_) {
         auto why = last_error_;
         guard.unlock();
-        r.done({}, std::make_exception_ptr(internal::unsent_error(
+        complete(r, {}, std::make_exception_ptr(internal::unsent_error(
                      errc::store_error,
                      fmt::format("redis {} unavailable ({}): {} not sent",
                                  endpoint_, why, r.cmd.empty() ? "" : r.cmd[0]))));
@@ -236,7 +247,7 @@ class connection {
     for (size_t i = from; i < batch.size(); ++i) {
       auto name = batch[i].cmd.empty() ? std::string{} : batch[i].cmd[0];
       auto text = fmt::format("redis {} {}: {}", endpoint_, name, why);
-      batch[i].done({}, sent ? std::make_exception_ptr(error(code, text))
+      complete(batch[i], {}, sent ? std::make_exception_ptr(error(code, text))
                              : std::make_exception_ptr(
                                  internal::unsent_error(code, text)));
     }
@@ -368,7 +379,7 @@ class connection {
       }
       auto reply = convert(static_cast<redisReply*>(raw));
       freeReplyObject(raw);
-      batch[i].done(std::move(reply), nullptr);
+      complete(batch[i], std::move(reply), nullptr);
     }
     last_used_ = steady::now();
   }
@@ -563,6 +574,12 @@ void redis_client::async(command cmd, callback done) {
     return;
   }
   impl_->pick().enqueue(request{std::move(cmd), std::move(done)});
+}
+
+void redis_client::async_keep(const std::string* affinity, command cmd,
+                              keep_callback done) {
+  auto& conn = affinity ? impl_->pick(*affinity) : impl_->pick();
+  conn.enqueue(request{std::move(cmd), {}, std::move(done)});
 }
 
 void redis_client::async(std::string_view affinity, command cmd,

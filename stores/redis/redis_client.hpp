@@ -133,6 +133,10 @@ class redis_client {
  public:
   using command = std::vector<std::string>;
   using callback = std::function<void(redis_reply, std::exception_ptr)>;
+  /// A callback that also gets its command back (used by the cluster
+  /// router to resend without a copy).
+  using keep_callback =
+    std::function<void(redis_reply, std::exception_ptr, command&&)>;
 
   explicit redis_client(redis_options opts = {});
 
@@ -214,6 +218,11 @@ class redis_client {
   static std::uint16_t key_slot(std::string_view key) noexcept;
 
  private:
+  // For the cluster router: `async` on a single-node client that hands the
+  // command back with the reply.
+  void async_keep(const std::string* affinity, command cmd,
+                  keep_callback done);
+
   struct impl;
   struct cluster;
   friend struct cluster;

@@ -68,22 +68,29 @@ std::uint16_t crc16(std::string_view data) noexcept {
 }
 
 std::optional<std::string_view> first_key(const redis_client::command& cmd) {
+  using namespace std::string_view_literals;
+  // On every command: string_views of literals (no strlen), and a verb
+  // whose length no listed name has is skipped at once.
+  static constexpr std::array scripts{"EVAL"sv,  "EVALSHA"sv,    "EVAL_RO"sv,
+                                      "EVALSHA_RO"sv, "FCALL"sv, "FCALL_RO"sv};
+  static constexpr std::array keyless{
+    "PING"sv,    "ECHO"sv,     "TIME"sv,      "INFO"sv,   "SCRIPT"sv,
+    "CLUSTER"sv, "ASKING"sv,   "READONLY"sv,  "READWRITE"sv, "CONFIG"sv,
+    "DBSIZE"sv,  "FLUSHALL"sv, "FLUSHDB"sv,   "CLIENT"sv, "COMMAND"sv,
+    "DEBUG"sv,   "AUTH"sv,     "HELLO"sv,     "KEYS"sv,   "SCAN"sv,
+    "RANDOMKEY"sv, "WAIT"sv,   "PUBLISH"sv,   "FUNCTION"sv, "LASTSAVE"sv,
+    "ROLE"sv};
   if (cmd.empty())
     return std::nullopt;
   std::string_view verb = cmd[0];
-  for (auto v : {"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL",
-                 "FCALL_RO"})
+  for (auto v : scripts)
     if (iequals(verb, v)) {
       long long n = 0;
       if (cmd.size() < 4 || !parse_int(cmd[2], n) || n < 1)
         return std::nullopt;
       return std::string_view{cmd[3]};
     }
-  for (auto v : {"PING", "ECHO", "TIME", "INFO", "SCRIPT", "CLUSTER",
-                 "ASKING", "READONLY", "READWRITE", "CONFIG", "DBSIZE",
-                 "FLUSHALL", "FLUSHDB", "CLIENT", "COMMAND", "DEBUG", "AUTH",
-                 "HELLO", "KEYS", "SCAN", "RANDOMKEY", "WAIT", "PUBLISH",
-                 "FUNCTION", "LASTSAVE", "ROLE"})
+  for (auto v : keyless)
     if (iequals(verb, v))
       return std::nullopt;
   if (cmd.size() < 2)
@@ -187,6 +194,8 @@ std::uint16_t redis_client::key_slot(std::string_view key) noexcept {
 }
 
 struct redis_client::cluster::op {
+  cluster* router = nullptr;
+  node* via = nullptr; // where the command was sent last
   command cmd;
   std::optional<std::string> affinity;
   callback done;
@@ -470,12 +479,11 @@ void redis_client::cluster::dispatch(const std::shared_ptr<op>& o) {
                 std::nullopt);
     return;
   }
-  auto cmd = o->cmd; // kept for a resend
   if (asking) {
     std::vector<command> both;
     both.reserve(2);
     both.push_back({"ASKING"});
-    both.push_back(std::move(cmd));
+    both.push_back(o->cmd); // a copy, kept for a resend
     n->client->async_batch(std::move(both),
                            [this, o, n](std::vector<redis_reply> rs,
                                         std::exception_ptr e) {
@@ -486,13 +494,17 @@ void redis_client::cluster::dispatch(const std::shared_ptr<op>& o) {
                            });
     return;
   }
-  auto cb = [this, o, n](redis_reply r, std::exception_ptr e) {
-    on_reply(o, n, std::move(r), std::move(e), false);
-  };
-  if (o->affinity)
-    n->client->async(*o->affinity, std::move(cmd), std::move(cb));
-  else
-    n->client->async(std::move(cmd), std::move(cb));
+  // The command travels to the node and comes back with the reply (no
+  // copy); the callback holds only `o`, small enough for no allocation.
+  o->router = this;
+  o->via = n;
+  auto cmd = std::move(o->cmd);
+  n->client->async_keep(o->affinity ? &*o->affinity : nullptr, std::move(cmd),
+                        [o](redis_reply r, std::exception_ptr e, command&& c) {
+                          o->cmd = std::move(c);
+                          o->router->on_reply(o, o->via, std::move(r),
+                                              std::move(e), false);
+                        });
 }
 
 void redis_client::cluster::retry_later(const std::shared_ptr<op>& o,
