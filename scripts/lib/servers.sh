@@ -99,17 +99,22 @@ servers_start_cluster_node() {
 }
 
 # True when the node on port $1 reports cluster_state:ok, all 16384 slots
-# served and all 6 nodes known.
+# served and all 6 nodes known, and, for a replica, a replication link that
+# is up (a replica that never synced would not take over from its master).
 servers_cluster_node_ready() {
-  local info
+  local info repl
   info="$(redis-cli -p "$1" cluster info 2>/dev/null | tr -d '\r')" || return 1
+  repl="$(redis-cli -p "$1" info replication 2>/dev/null | tr -d '\r')" || return 1
   grep -qx 'cluster_state:ok' <<<"$info" \
     && grep -qx 'cluster_slots_ok:16384' <<<"$info" \
-    && grep -qx 'cluster_known_nodes:6' <<<"$info"
+    && grep -qx 'cluster_known_nodes:6' <<<"$info" \
+    && { grep -qx 'role:master' <<<"$repl" \
+      || grep -qx 'master_link_status:up' <<<"$repl"; }
 }
 
 # Starts 6 nodes, joins them with redis-cli --cluster create (3 masters,
-# one replica each) and waits until every node sees a healthy cluster.
+# one replica each) and waits until every node sees a healthy cluster and
+# every replica has synced with its master.
 servers_start_cluster() {
   servers_cluster_ports=()
   local i nodes=() ready port

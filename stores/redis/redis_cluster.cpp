@@ -553,6 +553,9 @@ void redis_client::cluster::on_reply(const std::shared_ptr<op>& o, node* via,
       request_refresh();
       retry_later(o, x.what(), std::nullopt);
     } catch (const error& x) {
+      // The node may be hung or gone (a failover on its way): the map is
+      // read again, so the next commands find its successor.
+      request_refresh();
       if (x.code() == errc::timeout)
         finish(o, {}, e);
       else

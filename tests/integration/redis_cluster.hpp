@@ -47,9 +47,13 @@ struct cluster_node {
 };
 
 /// A single-node client for `address` (host:port), one connection.
-inline std::unique_ptr<botmesh::redis_client> node_client(const std::string& address) {
+inline std::unique_ptr<botmesh::redis_client>
+node_client(const std::string& address,
+            botmesh::duration command_timeout = "5s") {
   return std::make_unique<botmesh::redis_client>(
-    botmesh::redis_options{.url = "redis://" + address, .connections = 1});
+    botmesh::redis_options{.url = "redis://" + address,
+                           .command_timeout = command_timeout,
+                           .connections = 1});
 }
 
 /// CLUSTER NODES as seen by the node at `address`.
@@ -223,6 +227,24 @@ inline void fail_over_to(const cluster_node& replica, int slot) {
         }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+  }
+}
+
+} // namespace test
+
+namespace test {
+
+/// A replica of `master` in sync with it, once the cluster lists one (after
+/// a failover the old master shows up as a replica a moment later).
+inline cluster_node synced_replica_of(const cluster_node& master) {
+  for (;;) {
+    for (auto& n : cluster_nodes())
+      if (!n.master && n.master_id == master.id && !n.failed) {
+        auto info = node_client(n.address)->call({"INFO", "replication"}).str;
+        if (info.find("master_link_status:up") != std::string::npos)
+          return n;
+      }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
