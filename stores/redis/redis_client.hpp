@@ -65,8 +65,10 @@ struct redis_cluster_options {
   /// Credentials sent to every node (AUTH [user] password).
   std::string user{};
   std::string password{};
-  /// Most MOVED/ASK redirections one command follows; one more fails it
-  /// with `errc::store_error` naming the last redirection.
+  /// Most MOVED/ASK redirections one attempt of a command follows; one
+  /// more counts as a redirection not followed: the map is read again and
+  /// the command retried per `retry_attempts`, then it fails with the last
+  /// redirection's text.
   std::size_t max_redirections = 16;
   /// Attempts of a command answered TRYAGAIN, CLUSTERDOWN, LOADING or with
   /// a redirection it cannot follow, or not sent because its node is
@@ -200,7 +202,8 @@ class redis_client {
   /// (messages in between are lost: pub/sub is at most once);
   /// `on_subscribed` runs on that thread after each (re)subscription, so
   /// the owner knows when messages may have been missed. Ends with the
-  /// client.
+  /// client. On a cluster it is made on the master serving the channel's
+  /// slot at that moment (PUBLISH reaches every node) and stays there.
   void subscribe(std::string channel,
                  std::function<void(std::string_view)> on_message,
                  std::function<void()> on_subscribed = {});

@@ -13,6 +13,7 @@
 #include <botmesh/stores/redis/redis_store.hpp>
 
 #include "redis_cluster.hpp"
+#include "redis_coordinator_factory.hpp"
 #include "redis_server.hpp"
 
 namespace {
@@ -22,27 +23,14 @@ std::shared_ptr<botmesh::redis_client> shared_cluster_client() {
   return c;
 }
 
-// Leases are short: Redis time is real time, so advance() sleeps.
-struct redis_cluster_coordinator_factory {
-  static constexpr std::chrono::milliseconds lease{400};
-  std::string prefix = test::unique_prefix("bmcc");
-
-  std::unique_ptr<botmesh::coordinator> make(std::string replica_id) {
-    return std::make_unique<botmesh::redis_coordinator>(
-      botmesh::redis_coordinator_options{.client = shared_cluster_client(),
-                                         .prefix = prefix,
-                                         .replica_id = std::move(replica_id),
-                                         .lease = lease});
-  }
-
-  void crash(botmesh::coordinator& c) {
-    static_cast<botmesh::redis_coordinator&>(c).crash();
-  }
-
-  void advance(std::chrono::milliseconds d) {
-    std::this_thread::sleep_for(d);
+struct through_the_cluster {
+  static void into(botmesh::redis_coordinator_options& o) {
+    o.client = shared_cluster_client();
   }
 };
+
+using redis_cluster_coordinator_factory =
+  test::basic_redis_coordinator_factory<through_the_cluster>;
 
 } // namespace
 

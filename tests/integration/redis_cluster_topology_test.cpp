@@ -25,6 +25,62 @@ std::string fresh_tag() {
   return test::unique_prefix("tag");
 }
 
+// Increments `key` in a loop on a thread of its own until finished,
+// counting replies, lost replies (timeout) and other failures, and what
+// succeeded after `mark()`.
+class incr_writer {
+ public:
+  incr_writer(redis_client& c, std::string key)
+    : c_(c), key_(std::move(key)), thread_([this] { run(); }) {
+    // nop
+  }
+
+  ~incr_writer() {
+    finish();
+  }
+
+  void finish() {
+    stop_ = true;
+    if (thread_.joinable())
+      thread_.join();
+  }
+
+  void mark() {
+    marked_ = true;
+  }
+
+  /// Waits (yielding) until `n` increments succeeded after the mark, or
+  /// in all when there is no mark.
+  void await_ok(long long n) const {
+    while ((marked_ ? ok_after_mark : ok).load() < n)
+      std::this_thread::yield();
+  }
+
+  std::atomic<long long> ok{0}, ok_after_mark{0}, lost{0}, failed{0};
+  /// Read after finish().
+  std::vector<std::string> errors;
+
+ private:
+  void run() {
+    while (!stop_) {
+      try {
+        c_.call({"INCR", key_});
+        ++ok;
+        if (marked_)
+          ++ok_after_mark;
+      } catch (const botmesh::error& e) {
+        (e.code() == botmesh::errc::timeout ? lost : failed)++;
+        errors.emplace_back(e.what());
+      }
+    }
+  }
+
+  redis_client& c_;
+  std::string key_;
+  std::atomic<bool> stop_{false}, marked_{false};
+  std::thread thread_;
+};
+
 } // namespace
 
 TEST_CASE("cluster topology: after a slot moved the client follows MOVED, updates "
@@ -117,41 +173,23 @@ TEST_CASE("cluster topology: a manual failover is followed and every command "
   auto replica = test::synced_replica_of(old_master);
 
   // A writer keeps incrementing while the replica takes over.
-  std::atomic<bool> stop{false};
-  std::atomic<long long> ok{0}, lost{0}, failed{0};
-  std::vector<std::string> errors;
-  std::mutex errors_mtx;
-  std::thread writer{[&] {
-    while (!stop) {
-      try {
-        c.call({"INCR", key});
-        ++ok;
-      } catch (const botmesh::error& e) {
-        (e.code() == botmesh::errc::timeout ? lost : failed)++;
-        std::lock_guard guard{errors_mtx};
-        errors.emplace_back(e.what());
-      }
-    }
-  }};
-  while (ok < 50)
-    std::this_thread::yield();
+  incr_writer w{c, key};
+  w.await_ok(50);
   redis_client stale{test::cluster_options()}; // its map: the old master
   test::fail_over_to(replica, slot);
-  auto after = ok.load();
-  while (ok < after + 50)
-    std::this_thread::yield();
-  stop = true;
-  writer.join();
-  for (auto& e : errors) {
+  w.mark();
+  w.await_ok(50);
+  w.finish();
+  for (auto& e : w.errors) {
     CAPTURE(e);
     CHECK(e.find("INCR") != std::string::npos); // names the command
   }
   // A manual failover waits for the replica to catch up: every
   // acknowledged increment is there; a lost reply may or may not have run.
   auto value = std::stoll(test::node_client(replica.address)->call({"GET", key}).str);
-  CHECK(value >= ok.load());
-  CHECK(value <= ok.load() + lost.load());
-  CHECK(failed.load() == 0);
+  CHECK(value >= w.ok.load());
+  CHECK(value <= w.ok.load() + w.lost.load());
+  CHECK(w.failed.load() == 0);
   // The old master is a replica now: a client that still maps the slot to
   // it is redirected.
   auto moved = test::error_count(old_master.address, "MOVED");
@@ -179,25 +217,7 @@ TEST_CASE("cluster topology: when a master hangs its replica takes over and "
   auto woke = woke_p.get_future();
   sleeper->async({"DEBUG", "SLEEP", "8"},
                  [&](redis_reply, std::exception_ptr) { woke_p.set_value(); });
-  std::atomic<bool> stop{false};
-  std::atomic<long long> ok{0}, ok_after{0}, lost{0}, failed{0};
-  std::atomic<bool> taken_over{false};
-  std::vector<std::string> errors;
-  std::mutex errors_mtx;
-  std::thread writer{[&] {
-    while (!stop) {
-      try {
-        c.call({"INCR", key});
-        ++ok;
-        if (taken_over)
-          ++ok_after;
-      } catch (const botmesh::error& e) {
-        (e.code() == botmesh::errc::timeout ? lost : failed)++;
-        std::lock_guard guard{errors_mtx};
-        errors.emplace_back(e.what());
-      }
-    }
-  }};
+  incr_writer w{c, key};
   // The replica serves the slot once a majority of masters agreed.
   bool mine = false;
   while (!mine && woke.wait_for(std::chrono::milliseconds(50))
@@ -206,25 +226,22 @@ TEST_CASE("cluster topology: when a master hangs its replica takes over and "
       if (n.id == replica.id && n.master && n.serves(slot))
         mine = true;
   if (!mine) {
-    stop = true;
-    writer.join();
+    w.finish();
     FAIL("the replica did not take over while its master hung for 8 s");
   }
-  taken_over = true;
-  while (ok_after < 50)
-    std::this_thread::yield();
-  stop = true;
-  writer.join();
+  w.mark();
+  w.await_ok(50);
+  w.finish();
   woke.wait();
-  CHECK(lost.load() > 0); // the hung master's commands timed out
-  for (auto& e : errors) {
+  CHECK(w.lost.load() > 0); // the hung master's commands timed out
+  for (auto& e : w.errors) {
     CAPTURE(e);
     CHECK(e.find("INCR") != std::string::npos);
   }
   // What the new master acknowledged is there (earlier writes may be lost
   // with asynchronous replication: the documented failover caveat).
   auto value = std::stoll(test::node_client(replica.address)->call({"GET", key}).str);
-  CHECK(value >= ok_after.load());
+  CHECK(value >= w.ok_after_mark.load());
   // The old master rejoins as a replica of the new one.
   test::await_slot_owner(slot, replica.id);
   c.call({"DEL", key});
