@@ -441,18 +441,32 @@ void redis_client::cluster::finish(const std::shared_ptr<op>& o, redis_reply r,
   done(std::move(r), std::move(e));
 }
 
+namespace {
+
+// Counts a resend from a node's thread, so shutdown() waits for it before
+// freeing the nodes. (Commands from the caller's threads need no count: a
+// client is not used while it is destroyed; the retry thread is joined
+// first.) Counting only the rare resends keeps every command's path free
+// of a write shared by all threads.
+struct in_flight {
+  std::atomic<int>& n;
+  explicit in_flight(std::atomic<int>& x) : n(x) {
+    n.fetch_add(1);
+  }
+  ~in_flight() {
+    n.fetch_sub(1);
+  }
+};
+
+} // namespace
+
+void redis_client::cluster::resend(const std::shared_ptr<op>& o) {
+  in_flight guard{dispatching_};
+  dispatch(o); // checks closed_ after the count is up
+}
+
 void redis_client::cluster::dispatch(const std::shared_ptr<op>& o) {
-  // Counted so shutdown() waits for dispatches that passed the check.
-  struct in_flight {
-    std::atomic<int>& n;
-    explicit in_flight(std::atomic<int>& x) : n(x) {
-      n.fetch_add(1);
-    }
-    ~in_flight() {
-      n.fetch_sub(1);
-    }
-  } guard{dispatching_};
-  if (closed_) {
+  if (closed_.load(std::memory_order_seq_cst)) {
     finish(o, {},
            std::make_exception_ptr(error(
              errc::store_error,
@@ -595,7 +609,7 @@ void redis_client::cluster::on_reply(const std::shared_ptr<op>& o, node* via,
       slots_[red->slot].store(node_at(address), std::memory_order_release);
       request_refresh();
     }
-    dispatch(o);
+    resend(o);
     return;
   }
   if (text.starts_with("TRYAGAIN") || text.starts_with("CLUSTERDOWN")
@@ -613,7 +627,7 @@ void redis_client::cluster::on_reply(const std::shared_ptr<op>& o, node* via,
     o->cmd[1] = o->script->body();
     if (was_asking)
       o->ask_to = via->address;
-    dispatch(o);
+    resend(o);
     return;
   }
   finish(o, std::move(r), nullptr);

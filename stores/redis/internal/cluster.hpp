@@ -119,6 +119,7 @@ struct redis_client::cluster {
 
  private:
   void dispatch(const std::shared_ptr<op>& o);
+  void resend(const std::shared_ptr<op>& o);
   void on_reply(const std::shared_ptr<op>& o, node* via, redis_reply r,
                 std::exception_ptr e, bool was_asking);
   void retry_later(const std::shared_ptr<op>& o, std::string why,
@@ -148,8 +149,10 @@ struct redis_client::cluster {
     timers_;
   bool refresh_wanted_ = false;
   bool stopping_ = false;
-  std::atomic<bool> closed_{false};
-  std::atomic<int> dispatching_{0};
+  // Apart from the map and from each other: read (closed_) or written
+  // (dispatching_) by every thread.
+  alignas(64) std::atomic<bool> closed_{false};
+  alignas(64) std::atomic<int> dispatching_{0};
   std::chrono::steady_clock::time_point last_refresh_{};
   std::thread timer_thread_;
 };
