@@ -2,20 +2,27 @@
 # use on loopback and stops them when the calling script exits.
 #
 #   servers_start     -> starts a standalone redis-server on a free loopback
-#                        port, exports REDIS_URL; installs an EXIT trap that
-#                        stops it and removes its files
+#                        port and exports REDIS_URL; starts a 6-node Redis
+#                        Cluster (3 masters + 3 replicas) on free loopback
+#                        ports and exports REDIS_CLUSTER_URL (one seed
+#                        node); installs an EXIT trap that stops them all
+#                        and removes their files
 #
 # Needs redis-server and redis-cli (scripts/setup-deps installs them).
 
 servers_run_dir=""
 servers_redis_pid=""
+servers_cluster_pids=()
 
 servers_stop() {
-  if [ -n "$servers_redis_pid" ]; then
-    kill "$servers_redis_pid" 2>/dev/null || true
-    wait "$servers_redis_pid" 2>/dev/null || true
-    servers_redis_pid=""
-  fi
+  local pid
+  for pid in "$servers_redis_pid" "${servers_cluster_pids[@]}"; do
+    [ -n "$pid" ] || continue
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  servers_redis_pid=""
+  servers_cluster_pids=()
   if [ -n "$servers_run_dir" ]; then
     rm -rf "$servers_run_dir"
     servers_run_dir=""
@@ -49,8 +56,104 @@ servers_start_redis() {
   return 1
 }
 
+# True when nothing listens on 127.0.0.1:$1.
+servers_port_free() {
+  ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# Starts one cluster node on a free port whose cluster bus port (+10000) is
+# free too; prints the port. Another port is tried when the node does not
+# come up (a port taken in between).
+servers_start_cluster_node() {
+  local attempt port dir pid taken
+  for attempt in $(seq 1 20); do
+    port=$((20000 + RANDOM % 20000))
+    taken=0
+    for p in "${servers_cluster_ports[@]}"; do
+      [ "$p" != "$port" ] || taken=1
+    done
+    [ "$taken" = 0 ] || continue
+    servers_port_free "$port" && servers_port_free $((port + 10000)) || continue
+    dir="$servers_run_dir/cluster-$port"
+    mkdir -p "$dir"
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+      --dir "$dir" --cluster-enabled yes --cluster-config-file nodes.conf \
+      --cluster-node-timeout 2000 --enable-debug-command local \
+      --loglevel warning >"$dir/redis.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do
+      if redis-cli -p "$port" ping >/dev/null 2>&1; then
+        servers_cluster_pids+=("$pid")
+        servers_cluster_ports+=("$port")
+        return 0
+      fi
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  echo "test: could not start a cluster node" >&2
+  cat "$dir/redis.log" >&2 || true
+  return 1
+}
+
+# True when the node on port $1 reports cluster_state:ok, all 16384 slots
+# served and all 6 nodes known, and, for a replica, a replication link that
+# is up (a replica that never synced would not take over from its master).
+servers_cluster_node_ready() {
+  local info repl
+  info="$(redis-cli -p "$1" cluster info 2>/dev/null | tr -d '\r')" || return 1
+  repl="$(redis-cli -p "$1" info replication 2>/dev/null | tr -d '\r')" || return 1
+  grep -qx 'cluster_state:ok' <<<"$info" \
+    && grep -qx 'cluster_slots_ok:16384' <<<"$info" \
+    && grep -qx 'cluster_known_nodes:6' <<<"$info" \
+    && { grep -qx 'role:master' <<<"$repl" \
+      || grep -qx 'master_link_status:up' <<<"$repl"; }
+}
+
+# Starts 6 nodes, joins them with redis-cli --cluster create (3 masters,
+# one replica each) and waits until every node sees a healthy cluster and
+# every replica has synced with its master.
+servers_start_cluster() {
+  servers_cluster_ports=()
+  local i nodes=() ready port
+  for i in 1 2 3 4 5 6; do
+    servers_start_cluster_node || return 1
+  done
+  for port in "${servers_cluster_ports[@]}"; do
+    nodes+=("127.0.0.1:$port")
+  done
+  if ! redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 \
+    --cluster-yes >"$servers_run_dir/cluster-create.log" 2>&1; then
+    echo "test: redis-cli --cluster create failed" >&2
+    cat "$servers_run_dir/cluster-create.log" >&2
+    return 1
+  fi
+  for _ in $(seq 1 600); do
+    ready=1
+    for port in "${servers_cluster_ports[@]}"; do
+      servers_cluster_node_ready "$port" || { ready=0; break; }
+    done
+    if [ "$ready" = 1 ]; then
+      export REDIS_CLUSTER_URL="redis://127.0.0.1:${servers_cluster_ports[0]}"
+      echo "test: redis cluster (3 masters + 3 replicas) on ports" \
+        "${servers_cluster_ports[*]}, seed $REDIS_CLUSTER_URL" >&2
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "test: the redis cluster did not become ready within 60 s" >&2
+  for port in "${servers_cluster_ports[@]}"; do
+    echo "--- node $port" >&2
+    redis-cli -p "$port" cluster info >&2 2>&1 || true
+  done
+  return 1
+}
+
 servers_start() {
   servers_run_dir="$(mktemp -d)"
   trap servers_stop EXIT
   servers_start_redis
+  servers_start_cluster
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -18,6 +17,7 @@
 #include <unistd.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/redis/internal/cluster.hpp>
 #include <botmesh/stores/redis/internal/protocol.hpp>
 #include <botmesh/stores/redis/internal/sha1.hpp>
 
@@ -64,130 +64,6 @@ redis_script::redis_script(std::string name, std::string_view body)
 namespace {
 
 using steady = std::chrono::steady_clock;
-
-} // namespace
-
-namespace internal {
-
-namespace {
-
-[[noreturn]] void bad_url(std::string_view url, std::string_view why) {
-  throw invalid_argument_error(
-    "url", fmt::format("invalid Redis URL \"{}\": {} (expected "
-                       "redis://[user:password@]host:port[/db])",
-                       url, why));
-}
-
-int parse_int(std::string_view url, std::string_view s, std::string_view what,
-              int lo, int hi) {
-  int v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc{} || p != s.data() + s.size() || v < lo
-      || v > hi)
-    bad_url(url, fmt::format("bad {} \"{}\"", what, s));
-  return v;
-}
-
-} // namespace
-
-endpoint_info parse_url(std::string_view url) {
-  endpoint_info ep;
-  constexpr std::string_view scheme = "redis://";
-  if (!url.starts_with(scheme))
-    bad_url(url, "it must start with redis://");
-  auto rest = url.substr(scheme.size());
-  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
-    auto cred = rest.substr(0, at);
-    rest = rest.substr(at + 1);
-    if (auto colon = cred.find(':'); colon != std::string_view::npos) {
-      ep.user = std::string{cred.substr(0, colon)};
-      ep.password = std::string{cred.substr(colon + 1)};
-    } else {
-      ep.password = std::string{cred};
-    }
-  }
-  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
-    auto db = rest.substr(slash + 1);
-    if (!db.empty())
-      ep.db = parse_int(url, db, "database", 0, 1'000'000);
-    rest = rest.substr(0, slash);
-  }
-  if (auto colon = rest.rfind(':'); colon != std::string_view::npos) {
-    ep.port = parse_int(url, rest.substr(colon + 1), "port", 1, 65535);
-    rest = rest.substr(0, colon);
-  }
-  if (rest.empty())
-    bad_url(url, "no host");
-  ep.host = std::string{rest};
-  return ep;
-}
-
-redis_reply convert(const redisReply* r) {
-  redis_reply out;
-  switch (r->type) {
-    case REDIS_REPLY_STRING:
-      out.type = redis_reply::kind::string;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_STATUS:
-      out.type = redis_reply::kind::status;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_ERROR:
-      out.type = redis_reply::kind::error;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_INTEGER:
-      out.type = redis_reply::kind::integer;
-      out.integer = r->integer;
-      break;
-    case REDIS_REPLY_ARRAY:
-      out.type = redis_reply::kind::array;
-      out.elements.reserve(r->elements);
-      for (size_t i = 0; i < r->elements; ++i)
-        out.elements.push_back(convert(r->element[i]));
-      break;
-    default:
-      out.type = redis_reply::kind::nil;
-  }
-  return out;
-}
-
-
-// hiredis 0.14 allocates an array's element table as soon as it reads the
-// header, so a hostile or broken server announcing `*1000000041` would make
-// it try an 8 GB allocation. The reader's array constructor is wrapped to
-// refuse counts over the bound (the reader then fails the connection).
-namespace {
-
-redisReplyObjectFunctions bounded_functions(const redisReplyObjectFunctions& d) {
-  static redisReplyObjectFunctions defaults = d;
-  redisReplyObjectFunctions f = d;
-  f.createArray = [](const redisReadTask* task, int elements) -> void* {
-    auto* g = static_cast<reader_guard*>(task->privdata);
-    if (elements < 0
-        || (g && static_cast<std::size_t>(elements) > g->max_elements)) {
-      if (g)
-        g->refused = elements;
-      return nullptr;
-    }
-    return defaults.createArray(task, elements);
-  };
-  return f;
-}
-
-} // namespace
-
-void bound_reader(redisReader* reader, reader_guard* guard) {
-  static redisReplyObjectFunctions fns = bounded_functions(*reader->fn);
-  reader->fn = &fns;
-  reader->privdata = guard;
-}
-
-} // namespace internal
-
-namespace {
-
 using internal::convert;
 using internal::endpoint_info;
 using internal::parse_url;
@@ -242,12 +118,31 @@ void bound_reader(redisContext* ctx, internal::reader_guard* guard) {
 struct request {
   redis_client::command cmd;
   redis_client::callback done;
+  /// Instead of `done`: also gets the command back (the cluster router
+  /// keeps it for a resend without copying it).
+  redis_client::keep_callback keep{};
 };
+
+// Completes `r` once, with its command handed back when it asked for it.
+void complete(request& r, redis_reply reply, std::exception_ptr e) {
+  if (r.keep)
+    r.keep(std::move(reply), std::move(e), std::move(r.cmd));
+  else
+    r.done(std::move(reply), std::move(e));
+}
 
 // The client whose thread this is (connection or subscriber): a callback
 // may drop the last reference to its own client, and a client must not
 // join the thread that destroys it.
 thread_local const void* current_client = nullptr;
+
+} // namespace
+
+const void* internal::calling_client() noexcept {
+  return current_client;
+}
+
+namespace {
 
 // Scripts every connection loads after it connects (see preload()).
 struct preloaded {
@@ -299,7 +194,7 @@ class connection {
         auto why = last_error_;
         guard.unlock();
         for (auto& r : rs)
-          r.done({}, std::make_exception_ptr(error(
+          complete(r, {}, std::make_exception_ptr(internal::unsent_error(
                        errc::store_error,
                        fmt::format("redis {} unavailable ({}): {} not sent",
                                    endpoint_, why,
@@ -323,7 +218,7 @@ class connection {
       if (down_ && steady::now() < next_attempt_) {
         auto why = last_error_;
         guard.unlock();
-        r.done({}, std::make_exception_ptr(error(
+        complete(r, {}, std::make_exception_ptr(internal::unsent_error(
                      errc::store_error,
                      fmt::format("redis {} unavailable ({}): {} not sent",
                                  endpoint_, why, r.cmd.empty() ? "" : r.cmd[0]))));
@@ -383,25 +278,32 @@ class connection {
     }
   }
 
+  // `sent`: whether the commands may have reached the socket (their
+  // replies are lost: never resent) or surely not (`unsent_error`: the
+  // cluster router may resend them).
   template <class Requests>
-  void fail_all(Requests& batch, errc code, const std::string& why) {
+  void fail_all(Requests& batch, errc code, const std::string& why,
+                bool sent) {
     for (auto& r : batch) {
       auto name = r.cmd.empty() ? std::string{} : r.cmd[0];
-      r.done({}, std::make_exception_ptr(error(
-                   code, fmt::format("redis {} {}: {}", endpoint_, name, why))));
+      auto text = fmt::format("redis {} {}: {}", endpoint_, name, why);
+      complete(r, {}, sent ? std::make_exception_ptr(error(code, text))
+                           : std::make_exception_ptr(
+                               internal::unsent_error(code, text)));
     }
     batch.clear();
   }
 
   // The connection failed: every request written on it fails (whether the
-  // server ran it is unknown, so none is resent), then `fresh`.
+  // server ran it is unknown, so none is resent), then `fresh` (written
+  // or not, as `fresh_sent` says).
   void fail_connection(std::vector<request>& fresh, errc code,
-                       const std::string& why) {
+                       const std::string& why, bool fresh_sent) {
     reset(why);
     std::deque<request> lost;
     lost.swap(inflight_);
-    fail_all(lost, code, why);
-    fail_all(fresh, code, why);
+    fail_all(lost, code, why, true);
+    fail_all(fresh, code, why, fresh_sent);
   }
 
   // `attempt_took`: how long the failed connection attempt waited. Only
@@ -488,7 +390,7 @@ class connection {
         std::lock_guard guard{mtx_};
         why = last_error_;
       }
-      fail_all(batch, errc::store_error, "unavailable: " + why);
+      fail_all(batch, errc::store_error, "unavailable: " + why, false);
       return;
     }
     std::vector<const char*> argv;
@@ -503,16 +405,17 @@ class connection {
       if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()),
                                  argv.data(), lens.data())
           != REDIS_OK) {
-        fail_connection(batch, errc::store_error, ctx_->errstr);
+        fail_connection(batch, errc::store_error, ctx_->errstr, false);
         return;
       }
     }
     int done = 0;
     while (!done) {
       if (redisBufferWrite(ctx_, &done) != REDIS_OK) {
+        // Part of the batch may be on the wire: none of it is resent.
         fail_connection(batch, write_timed_out() ? errc::timeout
                                                  : errc::store_error,
-                        write_timed_out() ? no_reply() : ctx_->errstr);
+                        write_timed_out() ? no_reply() : ctx_->errstr, true);
         return;
       }
     }
@@ -541,7 +444,7 @@ class connection {
       deadline - steady::now());
     std::vector<request> none;
     if (left.count() <= 0) {
-      fail_connection(none, errc::timeout, no_reply());
+      fail_connection(none, errc::timeout, no_reply(), true);
       return;
     }
     pollfd fds[2] = {{ctx_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -550,7 +453,7 @@ class connection {
       return; // woken for new requests, a signal, or loop again to time out
     guard_.refused = -1;
     if (redisBufferRead(ctx_) != REDIS_OK) {
-      fail_connection(none, errc::store_error, ctx_->errstr);
+      fail_connection(none, errc::store_error, ctx_->errstr, true);
       return;
     }
     for (;;) {
@@ -562,7 +465,7 @@ class connection {
                                    "elements (the bound is {}): protocol error",
                                    guard_.refused, guard_.max_elements)
                      : std::string{ctx_->errstr};
-        fail_connection(none, errc::store_error, why);
+        fail_connection(none, errc::store_error, why, true);
         return;
       }
       if (!raw)
@@ -571,14 +474,14 @@ class connection {
       freeReplyObject(raw);
       if (inflight_.empty()) {
         fail_connection(none, errc::store_error,
-                        "a reply nobody asked for: protocol error");
+                        "a reply nobody asked for: protocol error", true);
         return;
       }
       auto r = std::move(inflight_.front());
       inflight_.pop_front();
       progress_ = steady::now();
       last_used_ = progress_;
-      r.done(std::move(reply), nullptr);
+      complete(r, std::move(reply), nullptr);
       if (!ctx_)
         return;
     }
@@ -733,7 +636,20 @@ redis_client::redis_client(redis_options opts)
       impl_.get(), impl_->ep, impl_->opts, impl_->endpoint, impl_->scripts));
 }
 
+redis_client::redis_client(redis_cluster_options opts)
+  : impl_(std::make_shared<impl>()),
+    cluster_(std::make_shared<cluster>(std::move(opts))) {
+  impl_->endpoint = cluster_->endpoint;
+}
+
 redis_client::~redis_client() {
+  if (cluster_) {
+    if (cluster_->on_own_thread())
+      std::thread{[c = std::move(cluster_)] { c->shutdown(); }}.detach();
+    else
+      cluster_->shutdown();
+    return;
+  }
   if (current_client == impl_.get()) {
     // Destroyed by a callback on one of its own threads: that thread cannot
     // join itself, so another one takes the client down once the callback
@@ -749,6 +665,11 @@ const std::string& redis_client::endpoint() const noexcept {
 void redis_client::subscribe(std::string channel,
                              std::function<void(std::string_view)> on_message,
                              std::function<void()> on_subscribed) {
+  if (cluster_) {
+    cluster_->subscribe(std::move(channel), std::move(on_message),
+                        std::move(on_subscribed));
+    return;
+  }
   std::lock_guard guard{impl_->sub_mtx};
   impl_->subscribers.push_back(std::make_unique<subscriber>(
     impl_.get(), impl_->ep, impl_->opts, std::move(channel), std::move(on_message),
@@ -756,11 +677,25 @@ void redis_client::subscribe(std::string channel,
 }
 
 void redis_client::async(command cmd, callback done) {
+  if (cluster_) {
+    cluster_->send(std::move(cmd), std::nullopt, std::move(done));
+    return;
+  }
   impl_->pick().enqueue(request{std::move(cmd), std::move(done)});
+}
+
+void redis_client::async_keep(const std::string* affinity, command cmd,
+                              keep_callback done) {
+  auto& conn = affinity ? impl_->pick(*affinity) : impl_->pick();
+  conn.enqueue(request{std::move(cmd), {}, std::move(done)});
 }
 
 void redis_client::async(std::string_view affinity, command cmd,
                          callback done) {
+  if (cluster_) {
+    cluster_->send(std::move(cmd), std::string{affinity}, std::move(done));
+    return;
+  }
   impl_->pick(affinity).enqueue(request{std::move(cmd), std::move(done)});
 }
 
@@ -802,6 +737,14 @@ void redis_client::async_batch(std::vector<command> cmds, batch_callback done) {
                            else
                              st->done(std::move(st->replies), nullptr);
                          }});
+  if (cluster_) {
+    // Each command goes to its own slot's node, those of one node on one
+    // connection (in order, as on a single node); the replies gather above.
+    auto affinity = cluster_->batch_affinity();
+    for (auto& r : rs)
+      cluster_->send(std::move(r.cmd), affinity, std::move(r.done));
+    return;
+  }
   impl_->pick().enqueue_many(std::move(rs));
 }
 
@@ -822,6 +765,17 @@ void redis_client::eval_async(std::string_view affinity,
     return cmd;
   };
   auto cmd = build("EVALSHA", script.sha(), keys, args);
+  if (cluster_) {
+    try {
+      cluster::check_script_keys(script, keys);
+    } catch (...) {
+      done({}, std::current_exception());
+      return;
+    }
+    cluster_->send(std::move(cmd), std::string{affinity}, std::move(done),
+                   &script);
+    return;
+  }
   auto& conn = impl_->pick(affinity);
   conn.enqueue(request{
     std::move(cmd),
@@ -839,6 +793,10 @@ void redis_client::eval_async(std::string_view affinity,
 }
 
 void redis_client::preload(const redis_script& script) {
+  if (cluster_) {
+    cluster_->preload(script);
+    return;
+  }
   std::lock_guard guard{impl_->scripts->mtx};
   for (auto* s : impl_->scripts->scripts)
     if (s == &script)
@@ -867,6 +825,31 @@ redis_reply redis_client::call(command cmd) {
 }
 
 std::vector<redis_reply> redis_client::pipeline(std::vector<command> cmds) {
+  if (cluster_) {
+    // Routed one by one; those of one node go out together on one
+    // connection, so they run in order.
+    auto affinity = cluster_->batch_affinity();
+    std::vector<std::promise<redis_reply>> ps(cmds.size());
+    std::vector<std::future<redis_reply>> fs;
+    fs.reserve(cmds.size());
+    for (auto& p : ps)
+      fs.push_back(p.get_future());
+    for (std::size_t i = 0; i < cmds.size(); ++i)
+      cluster_->send(std::move(cmds[i]), affinity,
+                     [&p = ps[i]](redis_reply r, std::exception_ptr e) {
+                       if (e)
+                         p.set_exception(e);
+                       else
+                         p.set_value(std::move(r));
+                     });
+    std::vector<redis_reply> out;
+    out.reserve(fs.size());
+    for (auto& f : fs)
+      f.wait();
+    for (auto& f : fs)
+      out.push_back(f.get());
+    return out;
+  }
   auto& conn = impl_->pick();
   // The promises are shared with the callbacks, and every reply is awaited
   // before the first error is thrown: the connection's thread may still be
@@ -908,6 +891,23 @@ redis_reply redis_client::eval(const redis_script& script,
     cmd.insert(cmd.end(), args.begin(), args.end());
     return cmd;
   };
+  if (cluster_) {
+    cluster::check_script_keys(script, keys);
+    std::promise<redis_reply> p;
+    auto f = p.get_future();
+    cluster_->send(build("EVALSHA", script.sha()), std::nullopt,
+                   [&p](redis_reply r, std::exception_ptr e) {
+                     if (e)
+                       p.set_exception(e);
+                     else
+                       p.set_value(std::move(r));
+                   },
+                   &script);
+    auto r = f.get();
+    if (r.type == redis_reply::kind::error)
+      throw_redis_error("script " + script.name(), r);
+    return r;
+  }
   auto r = call_raw(build("EVALSHA", script.sha()));
   if (r.type == redis_reply::kind::error && r.str.starts_with("NOSCRIPT"))
     r = call_raw(build("EVAL", script.body())); // also caches it by its SHA

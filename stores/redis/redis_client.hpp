@@ -49,6 +49,41 @@ struct redis_options {
   std::size_t max_reply_elements = 4 * 1024 * 1024;
 };
 
+/// Options of a Redis Cluster client (`redis_client(redis_cluster_options)`).
+///
+/// The client reads the slot map (CLUSTER SLOTS) from the first root node
+/// that answers, then knows every node of the cluster; it sends each
+/// command to the master serving the hash slot of its first key, never to
+/// a replica (compare-and-set loops must read their own writes).
+struct redis_cluster_options {
+  /// Seed nodes, `redis://host:port` or `host:port`; at least one. Every
+  /// reachable one is tried, in order, until one answers.
+  std::vector<std::string> root_nodes{};
+  /// Maps an address the cluster announces (`host:port`) to the one this
+  /// process reaches (Docker, NAT); returns `host:port`. Identity if empty.
+  std::function<std::string(std::string_view)> node_address_map{};
+  /// Credentials sent to every node (AUTH [user] password).
+  std::string user{};
+  std::string password{};
+  /// Most MOVED/ASK redirections one attempt of a command follows; one
+  /// more counts as a redirection not followed: the map is read again and
+  /// the command retried per `retry_attempts`, then it fails with the last
+  /// redirection's text.
+  std::size_t max_redirections = 16;
+  /// Attempts of a command answered TRYAGAIN, CLUSTERDOWN, LOADING or with
+  /// a redirection it cannot follow, or not sent because its node is
+  /// unreachable (all of them come before anything ran). Attempt k+1 waits
+  /// `retry_base * k`: 10 attempts over about 2.25 s by default. Also the
+  /// attempts of the first discovery. A reply lost on the wire is never
+  /// resent: the caller gets `errc::timeout`.
+  std::size_t retry_attempts = 10;
+  duration retry_base = "50ms";
+  /// Settings of each node's connections: timeouts, `connections` per node,
+  /// backoff, reply bounds. Its `url` is not used (nodes come from the
+  /// slot map).
+  redis_options node{};
+};
+
 /// A Lua script sent with EVALSHA (falling back to EVAL on NOSCRIPT, since
 /// Redis 7 does not copy SCRIPT LOAD to replicas). `body` must start with
 /// the `#!lua` line so Redis refuses keys the script did not declare.
@@ -80,6 +115,16 @@ class redis_script {
 /// `call` waits on the reply from any non-CAF thread; `async` hands it to a
 /// callback (an actor turns it into a message).
 ///
+/// Built from `redis_cluster_options`, the same interface talks to a Redis
+/// Cluster: one single-node client per master (its connections pipelining
+/// as above), each command routed by the hash slot of its first key (the
+/// first key after `numkeys` for EVAL/EVALSHA; commands without a key go to
+/// any master). MOVED updates the slot map and resends; ASK sends ASKING +
+/// the command on one connection of the named node; see
+/// `redis_cluster_options` for retries. A script whose keys hash to
+/// different slots is refused before sending (`invalid_argument_error`,
+/// field "keys", naming the keys and their slots).
+///
 /// Errors (thrown as `botmesh::error`, never a crash): `errc::timeout` when
 /// a reply takes longer than `command_timeout`; `errc::store_error` for a
 /// server error reply (naming the command), a dropped connection, or while
@@ -90,8 +135,18 @@ class redis_client {
  public:
   using command = std::vector<std::string>;
   using callback = std::function<void(redis_reply, std::exception_ptr)>;
+  /// A callback that also gets its command back (used by the cluster
+  /// router to resend without a copy).
+  using keep_callback =
+    std::function<void(redis_reply, std::exception_ptr, command&&)>;
 
   explicit redis_client(redis_options opts = {});
+
+  /// A Redis Cluster client. Reads the slot map before returning, retrying
+  /// per `retry_attempts`; throws `errc::store_error` naming every root
+  /// node's failure when none answers, `invalid_argument_error` (field
+  /// "cluster.root_nodes") for no or a malformed root node.
+  explicit redis_client(redis_cluster_options opts);
   ~redis_client();
 
   redis_client(const redis_client&) = delete;
@@ -147,18 +202,35 @@ class redis_client {
   /// (messages in between are lost: pub/sub is at most once);
   /// `on_subscribed` runs on that thread after each (re)subscription, so
   /// the owner knows when messages may have been missed. Ends with the
-  /// client.
+  /// client. On a cluster it is made on the master serving the channel's
+  /// slot at that moment (PUBLISH reaches every node) and stays there.
   void subscribe(std::string channel,
                  std::function<void(std::string_view)> on_message,
                  std::function<void()> on_subscribed = {});
 
-  /// "host:port", for messages.
+  /// "host:port", for messages ("cluster host:port,..." for a cluster).
   const std::string& endpoint() const noexcept;
 
+  /// True for a Redis Cluster client.
+  bool is_cluster() const noexcept {
+    return cluster_ != nullptr;
+  }
+
+  /// The hash slot (0-16383) of `key`: CRC16 of the key, or of its hash tag
+  /// (the text between the first `{` and the next `}` when not empty).
+  static std::uint16_t key_slot(std::string_view key) noexcept;
 
  private:
+  // For the cluster router: `async` on a single-node client that hands the
+  // command back with the reply.
+  void async_keep(const std::string* affinity, command cmd,
+                  keep_callback done);
+
   struct impl;
+  struct cluster;
+  friend struct cluster;
   std::shared_ptr<impl> impl_;
+  std::shared_ptr<cluster> cluster_;
 };
 
 /// Builds the error thrown for a server error reply to `what`.

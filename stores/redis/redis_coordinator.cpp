@@ -279,9 +279,21 @@ redis_coordinator::redis_coordinator(redis_coordinator_options opts)
                                           "positive");
   auto& i = *impl_;
   i.layout = make_legacy_layout(opts.prefix);
-  i.client = opts.client ? opts.client
-                         : std::make_shared<redis_client>(
-                             redis_options{.url = opts.url});
+  if (opts.cluster) {
+    if (opts.client)
+      throw invalid_argument_error("cluster", "the coordinator's cluster "
+                                              "option cannot be combined "
+                                              "with client");
+    if (opts.url != redis_coordinator_options{}.url)
+      throw invalid_argument_error("cluster", "the coordinator's cluster "
+                                              "option cannot be combined "
+                                              "with url");
+    i.client = std::make_shared<redis_client>(std::move(*opts.cluster));
+  } else {
+    i.client = opts.client ? opts.client
+                           : std::make_shared<redis_client>(
+                               redis_options{.url = opts.url});
+  }
   i.replica = opts.replica_id.empty() ? detail::random_uuid() : opts.replica_id;
   i.incarnation = detail::random_uuid();
   i.lease = opts.lease.ms();

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <botmesh/runtime/core/duration.hpp>
@@ -13,8 +14,13 @@ namespace botmesh {
 struct redis_coordinator_options {
   /// Connects a client of its own to this URL...
   std::string url = "redis://127.0.0.1:6379";
-  /// ...unless an existing client is given.
+  /// ...unless an existing client is given...
   std::shared_ptr<redis_client> client{};
+  /// ...or a Redis Cluster client of its own is wanted: not combinable with
+  /// `url` or `client` (`invalid_argument_error`, field "cluster"). The
+  /// coordinator's keys are the same on one node and on a cluster: a
+  /// chat's turn keys share one hash tag, so do a leadership's.
+  std::optional<redis_cluster_options> cluster{};
   /// Key prefix; the same on every replica.
   std::string prefix = "botmesh";
   /// Unique among running replicas; a random UUID when empty.

@@ -89,6 +89,13 @@ redis_store::redis_store(redis_store_options opts) : opts_(std::move(opts)) {
     copts.url = opts_.url;
     client_ = std::make_shared<redis_client>(copts);
   }
+  if (client_->is_cluster())
+    throw invalid_argument_error(
+      "layout", fmt::format("redis store {}: the legacy key layout cannot run "
+                            "on a Redis Cluster (its scripts span hash "
+                            "slots); the cluster:v1 layout is not available "
+                            "in this store yet",
+                            client_->endpoint()));
   schedules_ = internal::make_redis_schedule_store(client_, layout_);
   leases_ = internal::make_redis_lease_provider(client_, layout_);
 }

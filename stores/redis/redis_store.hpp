@@ -25,7 +25,9 @@ struct redis_store_options {
 };
 
 /// The shared store for several replicas: everything in Redis under
-/// `prefix`, in the legacy single-node layout (see redis_layout.hpp).
+/// `prefix`, in the legacy single-node layout (see redis_layout.hpp). A
+/// Redis Cluster client is refused (`invalid_argument_error`, field
+/// "layout"): the legacy scripts span hash slots.
 ///
 /// Every compare-and-set (checkpoints, locks, schedules, leases) is one Lua
 /// script that declares all its keys. TTLs (user data, locks, ephemeral

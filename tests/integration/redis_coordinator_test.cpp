@@ -6,31 +6,19 @@
 
 #include <botmesh/stores/redis/redis_coordinator.hpp>
 
+#include "redis_coordinator_factory.hpp"
 #include "redis_server.hpp"
 
 namespace {
 
-// Leases are short: Redis time is real time, so advance() sleeps.
-struct redis_coordinator_factory {
-  static constexpr std::chrono::milliseconds lease{400};
-  std::string prefix = test::unique_prefix("bmco");
-
-  std::unique_ptr<botmesh::coordinator> make(std::string replica_id) {
-    return std::make_unique<botmesh::redis_coordinator>(
-      botmesh::redis_coordinator_options{.url = test::redis_url(),
-                                         .prefix = prefix,
-                                         .replica_id = std::move(replica_id),
-                                         .lease = lease});
-  }
-
-  void crash(botmesh::coordinator& c) {
-    static_cast<botmesh::redis_coordinator&>(c).crash();
-  }
-
-  void advance(std::chrono::milliseconds d) {
-    std::this_thread::sleep_for(d);
+struct single_node {
+  static void into(botmesh::redis_coordinator_options& o) {
+    o.url = test::redis_url();
   }
 };
+
+using redis_coordinator_factory =
+  test::basic_redis_coordinator_factory<single_node>;
 
 } // namespace
 

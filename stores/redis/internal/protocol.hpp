@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/redis/redis_client.hpp>
 
 struct redisReply;
@@ -43,5 +44,17 @@ struct reader_guard {
 
 /// Makes `reader` (a hiredis reader) honour `guard`, which must outlive it.
 void bound_reader(redisReader* reader, reader_guard* guard);
+
+/// `errc::store_error` for a command that was never written to its server
+/// (unreachable, refused): resending it cannot run it twice. Any other
+/// failure of a sent command means its reply was lost.
+class unsent_error : public error {
+ public:
+  using error::error;
+};
+
+/// The client (an address compared, never dereferenced) whose connection
+/// or subscriber thread is the calling thread; null on other threads.
+const void* calling_client() noexcept;
 
 } // namespace botmesh::internal

@@ -1,0 +1,209 @@
+// bench_cluster: what the Redis Cluster client costs per command over the
+// single-node client, both talking to the same master of the cluster at
+// REDIS_CLUSTER_URL in the same run (keys in that master's slots, so the
+// cluster client routes every command there without a redirection).
+//
+// 15 rounds, each measuring both clients back to back (which goes first
+// alternates): 30000 INCRs with 64 in flight (pipelined, where a client's
+// own overhead shows) and 1000 sequential round trips. The ratios are the
+// medians of the per-round ratios. The pipelined runs also count the CPU
+// time of this process (the client's threads; the servers run elsewhere)
+// per command, steadier than wall time on a loaded machine.
+//
+//   bench single_client_pipelined_ns <ns per command>
+//   bench cluster_client_pipelined_ns <ns per command>
+//   bench single_client_cpu_ns <client CPU ns per command>
+//   bench cluster_client_cpu_ns <client CPU ns per command>
+//   bench single_client_round_trip_us <µs>
+//   bench cluster_client_round_trip_us <µs>
+//   ratio cluster_client_vs_single <pipelined cost ratio>   (goal <= 1.1)
+//   ratio cluster_client_vs_single_cpu <CPU cost ratio>
+//   ratio cluster_client_vs_single_round_trip <ratio>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <time.h>
+
+#include <botmesh/stores/redis/redis_client.hpp>
+
+using clk = std::chrono::steady_clock;
+using botmesh::redis_client;
+
+namespace {
+
+constexpr int rounds = 15;
+constexpr long per_round = 30000;
+constexpr int in_flight = 64;
+constexpr int round_trips = 1000;
+
+double cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+}
+
+struct cost {
+  double wall_ns;
+  double cpu_ns;
+};
+
+// Issues `total` INCRs keeping `window` in flight; wall and CPU ns per
+// command.
+cost pipelined(redis_client& c, const std::vector<std::string>& keys,
+               long total, int window) {
+  std::atomic<long> issued{0}, done{0};
+  std::promise<void> finished;
+  std::function<void()> next = [&] {
+    auto i = issued.fetch_add(1);
+    if (i >= total)
+      return;
+    c.async({"INCR", keys[static_cast<std::size_t>(i) % keys.size()]},
+            [&](botmesh::redis_reply, std::exception_ptr e) {
+              if (e) {
+                std::fprintf(stderr, "bench_cluster: a command failed\n");
+                std::abort();
+              }
+              if (done.fetch_add(1) + 1 == total)
+                finished.set_value();
+              else
+                next();
+            });
+  };
+  auto t0 = clk::now();
+  auto c0 = cpu_ns();
+  for (int w = 0; w < window; ++w)
+    next();
+  finished.get_future().wait();
+  auto n = static_cast<double>(total);
+  return {std::chrono::duration<double, std::nano>(clk::now() - t0).count() / n,
+          (cpu_ns() - c0) / n};
+}
+
+double round_trip_us(redis_client& c, const std::vector<std::string>& keys) {
+  auto t0 = clk::now();
+  for (int i = 0; i < round_trips; ++i)
+    c.call({"INCR", keys[static_cast<std::size_t>(i) % keys.size()]});
+  return std::chrono::duration<double, std::micro>(clk::now() - t0).count()
+         / round_trips;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The master the seed is (or replicates) and the slot ranges it serves.
+struct target {
+  std::string address;
+  std::vector<std::pair<int, int>> slots;
+};
+
+target master_near(const std::string& seed) {
+  redis_client c{{.url = "redis://" + seed, .connections = 1}};
+  auto text = c.call({"CLUSTER", "NODES"}).str;
+  std::istringstream lines{text};
+  std::string line, mine_master;
+  std::vector<std::vector<std::string>> rows;
+  while (std::getline(lines, line)) {
+    std::istringstream f{line};
+    std::vector<std::string> cols;
+    for (std::string w; f >> w;)
+      cols.push_back(w);
+    if (cols.size() >= 8)
+      rows.push_back(cols);
+  }
+  std::string want;
+  for (auto& r : rows)
+    if (r[2].find("myself") != std::string::npos)
+      want = r[2].find("master") != std::string::npos ? r[0] : r[3];
+  for (auto& r : rows)
+    if (r[0] == want) {
+      target t{r[1].substr(0, r[1].find('@')), {}};
+      for (std::size_t i = 8; i < r.size(); ++i) {
+        if (r[i].starts_with("["))
+          continue;
+        auto dash = r[i].find('-');
+        auto a = std::stoi(r[i].substr(0, dash));
+        auto b = dash == std::string::npos ? a : std::stoi(r[i].substr(dash + 1));
+        t.slots.emplace_back(a, b);
+      }
+      return t;
+    }
+  std::fprintf(stderr, "bench_cluster: no master found from %s\n", seed.c_str());
+  std::exit(1);
+}
+
+} // namespace
+
+int main() {
+  auto url = std::getenv("REDIS_CLUSTER_URL");
+  if (!url || !*url) {
+    std::fprintf(stderr, "bench_cluster: REDIS_CLUSTER_URL is not set (scripts/test "
+                         "starts a cluster and exports it)\n");
+    return 1;
+  }
+  std::string seed = url;
+  seed = seed.substr(seed.find("://") + 3);
+  auto t = master_near(seed);
+  std::vector<std::string> keys;
+  for (int i = 0; keys.size() < 64; ++i) {
+    auto k = "bench-cluster:" + std::to_string(i);
+    int s = redis_client::key_slot(k);
+    for (auto [a, b] : t.slots)
+      if (a <= s && s <= b)
+        keys.push_back(k);
+  }
+  redis_client single{{.url = "redis://" + t.address}};
+  redis_client cluster{botmesh::redis_cluster_options{.root_nodes = {url}}};
+  // Warm-up: connections open, caches hot.
+  pipelined(single, keys, 5000, in_flight);
+  pipelined(cluster, keys, 5000, in_flight);
+
+  std::vector<double> s_pipe, c_pipe, s_cpu, c_cpu, s_rt, c_rt, r_pipe, r_cpu,
+    r_rt;
+  for (int r = 0; r < rounds; ++r) {
+    // Which client goes first alternates, so a drift in the machine's load
+    // does not favour one.
+    cost s{}, c{};
+    double srt = 0, crt = 0;
+    if (r % 2 == 0) {
+      s = pipelined(single, keys, per_round, in_flight);
+      c = pipelined(cluster, keys, per_round, in_flight);
+      srt = round_trip_us(single, keys);
+      crt = round_trip_us(cluster, keys);
+    } else {
+      c = pipelined(cluster, keys, per_round, in_flight);
+      s = pipelined(single, keys, per_round, in_flight);
+      crt = round_trip_us(cluster, keys);
+      srt = round_trip_us(single, keys);
+    }
+    s_pipe.push_back(s.wall_ns);
+    c_pipe.push_back(c.wall_ns);
+    s_cpu.push_back(s.cpu_ns);
+    c_cpu.push_back(c.cpu_ns);
+    s_rt.push_back(srt);
+    c_rt.push_back(crt);
+    r_pipe.push_back(c.wall_ns / s.wall_ns);
+    r_cpu.push_back(c.cpu_ns / s.cpu_ns);
+    r_rt.push_back(crt / srt);
+  }
+  for (auto& k : keys)
+    single.call({"DEL", k});
+  std::printf("bench single_client_pipelined_ns %.0f ns\n", median(s_pipe));
+  std::printf("bench cluster_client_pipelined_ns %.0f ns\n", median(c_pipe));
+  std::printf("bench single_client_cpu_ns %.0f ns\n", median(s_cpu));
+  std::printf("bench cluster_client_cpu_ns %.0f ns\n", median(c_cpu));
+  std::printf("bench single_client_round_trip_us %.1f us\n", median(s_rt));
+  std::printf("bench cluster_client_round_trip_us %.1f us\n", median(c_rt));
+  std::printf("ratio cluster_client_vs_single %.3f\n", median(r_pipe));
+  std::printf("ratio cluster_client_vs_single_cpu %.3f\n", median(r_cpu));
+  std::printf("ratio cluster_client_vs_single_round_trip %.3f\n", median(r_rt));
+}

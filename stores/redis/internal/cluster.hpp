@@ -1,0 +1,160 @@
+#pragma once
+
+// Internal: the Redis Cluster side of `redis_client` — hash slots, the
+// parsing of redirections and slot maps (pure, tested without a server),
+// and the router that owns one single-node client per node. Not installed.
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <botmesh/stores/redis/redis_client.hpp>
+
+namespace botmesh::internal {
+
+/// Hash slots of a Redis Cluster.
+inline constexpr std::size_t cluster_slots = 16384;
+
+/// CRC16-CCITT (XMODEM: polynomial 0x1021, initial 0), as Redis hashes keys.
+std::uint16_t crc16(std::string_view data) noexcept;
+
+/// The key of `cmd` that decides its slot: the first key after `numkeys`
+/// for EVAL, EVALSHA, EVAL_RO, EVALSHA_RO, FCALL and FCALL_RO; nothing for
+/// commands without a key (PING, TIME, INFO, SCRIPT, CLUSTER, ASKING, ...)
+/// or an EVAL with no keys; else the first argument.
+std::optional<std::string_view> first_key(const redis_client::command& cmd);
+
+/// A MOVED or ASK error reply: `MOVED <slot> <host>:<port>`.
+struct redirection {
+  bool ask = false;
+  std::uint16_t slot = 0;
+  /// `host:port` as the server wrote it (IPv6 hosts keep their colons).
+  std::string address;
+};
+
+/// Parses a MOVED or ASK error text; nothing for any other text, or for a
+/// malformed one (a slot out of range, no port).
+std::optional<redirection> parse_redirection(std::string_view error);
+
+/// One range of a CLUSTER SLOTS reply: its master's `host:port`.
+struct slot_range {
+  std::uint16_t first = 0;
+  std::uint16_t last = 0;
+  std::string master;
+  /// Replicas' `host:port` (discovery seeds; commands never go there).
+  std::vector<std::string> replicas;
+};
+
+/// Parses a CLUSTER SLOTS reply. A node announced with an empty host (or
+/// "?") is on the host that was asked, `asked_host`. Throws
+/// `errc::store_error` naming what is malformed.
+std::vector<slot_range> parse_cluster_slots(const redis_reply& reply,
+                                            std::string_view asked_host);
+
+/// Splits `host:port` (the last colon separates the port).
+std::pair<std::string, int> split_address(std::string_view address);
+
+} // namespace botmesh::internal
+
+namespace botmesh {
+
+/// The router behind a cluster `redis_client`: the slot map, one
+/// single-node client per node (never freed before the router, so the map
+/// holds plain pointers read without a lock), and one thread for delayed
+/// retries and slot map refreshes.
+struct redis_client::cluster {
+  struct node {
+    std::string address;
+    std::unique_ptr<redis_client> client;
+  };
+
+  /// One command on its way: resent on redirections and retries.
+  struct op;
+
+  explicit cluster(redis_cluster_options opts);
+  ~cluster();
+
+  /// Routes `cmd` by its first key (`affinity` picks the node's connection
+  /// when given) and completes `done` with the final reply.
+  void send(command cmd, std::optional<std::string> affinity, callback done,
+            const redis_script* script = nullptr);
+
+  /// An affinity for the commands of one batch or pipeline: those of one
+  /// node share a connection, so they run in the order given.
+  std::string batch_affinity() {
+    return std::to_string(next_batch_.fetch_add(1, std::memory_order_relaxed));
+  }
+
+  /// Throws `invalid_argument_error` (field "keys") unless all `keys` of
+  /// `script` hash to one slot.
+  static void check_script_keys(const redis_script& script,
+                                const std::vector<std::string>& keys);
+
+  void preload(const redis_script& script);
+  void subscribe(std::string channel,
+                 std::function<void(std::string_view)> on_message,
+                 std::function<void()> on_subscribed);
+
+  /// Stops the retry thread and every node client; commands waiting for a
+  /// retry fail with `errc::store_error`.
+  void shutdown();
+
+  /// True on one of this router's threads (a node's connection or the
+  /// retry thread).
+  bool on_own_thread() const;
+
+  redis_cluster_options opts;
+  std::string endpoint;
+
+ private:
+  void dispatch(const std::shared_ptr<op>& o);
+  void resend(const std::shared_ptr<op>& o);
+  void on_reply(const std::shared_ptr<op>& o, node* via, redis_reply r,
+                std::exception_ptr e, bool was_asking);
+  void retry_later(const std::shared_ptr<op>& o, std::string why,
+                   std::optional<redis_reply> last);
+  void finish(const std::shared_ptr<op>& o, redis_reply r,
+              std::exception_ptr e);
+  node* node_at(const std::string& address);
+  node* any_master();
+  bool refresh_once(std::string* why);
+  void discover();
+  void request_refresh();
+  void timer_loop();
+  void at(std::chrono::steady_clock::time_point when, std::function<void(bool)> fn);
+  std::string mapped(std::string_view address) const;
+
+  std::array<std::atomic<node*>, internal::cluster_slots> slots_{};
+  mutable std::mutex nodes_mtx_;
+  std::map<std::string, std::unique_ptr<node>> nodes_;
+  std::vector<std::string> seeds_;
+  std::vector<const redis_script*> scripts_;
+  std::atomic<std::size_t> next_master_{0};
+  std::atomic<std::uint64_t> next_batch_{0};
+
+  std::mutex timer_mtx_;
+  std::condition_variable timer_cv_;
+  std::multimap<std::chrono::steady_clock::time_point, std::function<void(bool)>>
+    timers_;
+  bool refresh_wanted_ = false;
+  bool stopping_ = false;
+  // Apart from the map and from each other: read (closed_) or written
+  // (dispatching_) by every thread.
+  alignas(64) std::atomic<bool> closed_{false};
+  alignas(64) std::atomic<int> dispatching_{0};
+  std::chrono::steady_clock::time_point last_refresh_{};
+  std::thread timer_thread_;
+};
+
+} // namespace botmesh

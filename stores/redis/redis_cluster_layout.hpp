@@ -1,0 +1,95 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace botmesh {
+
+/// The key names of the `cluster:v1` layout: every group of keys one script
+/// touches shares a hash tag (one slot), and listings read sorted-set
+/// indexes that live in the slot of their records. Part of the contract:
+/// every replica and the migration compute exactly these names.
+///
+/// p = prefix (must not hold `{` or `}`); <...> segments percent-encoded
+/// (encode_key_segment: no `:`, `{`, `}`, `%`, glob character or space
+/// remains, so an id never breaks a tag); <b> = bucket(id), 0-31:
+///
+///   p:{m:<chat>}:z                  zset    a chat's message log
+///   p:{m:<chat>}:i:<member>         string  one message of that log
+///   p:{ch:<b>}:r:<chat key>         hash    chat record
+///   p:{ch:<b>}:idx                  zset    chats of bucket b
+///   p:{ct:<b>}:r:<id>, :idx         contacts
+///   p:{cp:<b>}:r:<key>, :idx        checkpoints (index scored by expiry)
+///   p:{sc:<b>}:r:<id>, :idx         schedules
+///   p:{ud:<user>}:e:<ns>:<key>      string  user data (ctx.user)
+///   p:{ud:<user>}:idx               zset    a user's entries (by expiry)
+///   p:{lk:<key>}:l                  string  lock token
+///   p:{lk:<key>}:f                  string  lock fence counter
+///   p:co:{t:<chat>}:<part>          turns: seq, tix, serving, owner, last
+///   p:co:{ld:<name>}                leadership holder, and ...:term
+///   p:conv:, p:cursor:, p:lease:, p:co:rep:, p:{durable:<table>}:*
+///                                   unchanged from the legacy layout
+///   p:{meta}:layout                 string  "cluster:v1" (the marker)
+///
+/// Bucket tags carry no prefix: bots sharing a cluster spread each kind of
+/// record over the same 32 slots (about 10 per master with 3 masters), and
+/// a listing costs 32 commands.
+class redis_cluster_layout {
+ public:
+  /// Buckets per kind of record.
+  static constexpr std::uint32_t buckets = 32;
+
+  /// The marker's value.
+  static constexpr std::string_view marker_value = "cluster:v1";
+
+  /// Records kept in buckets, by their tag.
+  enum class record_kind { chat, contact, checkpoint, schedule };
+
+  /// Throws `invalid_argument_error` (field "prefix") for an empty prefix or
+  /// one holding `{` or `}` (it would break the hash tags).
+  explicit redis_cluster_layout(std::string prefix);
+
+  const std::string& prefix() const noexcept {
+    return prefix_;
+  }
+
+  /// FNV-1a (32 bits) of the id's bytes, modulo 32.
+  static std::uint32_t bucket(std::string_view id) noexcept;
+
+  /// The tag of a kind: "ch", "ct", "cp" or "sc".
+  static std::string_view tag(record_kind k) noexcept;
+
+  std::string marker() const;
+
+  std::string message_log(std::string_view chat) const;
+  std::string message_item(std::string_view chat, std::string_view member) const;
+
+  std::string record(record_kind k, std::string_view id) const;
+  /// The index of bucket `b` (0-31) of a kind.
+  std::string record_index(record_kind k, std::uint32_t b) const;
+  /// The index of the bucket `id` falls in.
+  std::string record_index_of(record_kind k, std::string_view id) const;
+
+  std::string user_data(std::string_view user, std::string_view ns,
+                        std::string_view key) const;
+  std::string user_data_index(std::string_view user) const;
+
+  std::string lock(std::string_view key) const;
+  std::string fence(std::string_view key) const;
+
+  /// `part`: "seq", "tix", "serving", "owner" or "last".
+  std::string turn(std::string_view chat, std::string_view part) const;
+  std::string lead(std::string_view name) const;
+  std::string lead_term(std::string_view name) const;
+
+  // Unchanged from the legacy layout (so are p:conv:, p:cursor: and
+  // p:{durable:<table>}:*, named by the components that own them).
+  std::string lease(std::string_view name) const;
+  std::string heartbeat(std::string_view incarnation) const;
+
+ private:
+  std::string prefix_;
+};
+
+} // namespace botmesh

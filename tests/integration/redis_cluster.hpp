@@ -1,0 +1,251 @@
+#pragma once
+
+// Test helpers for Redis Cluster: the seed scripts/test exported, the
+// topology as CLUSTER NODES reports it, a client per node, and slot moves
+// step by step (MIGRATING/IMPORTING, key by key, then the new owner).
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <botmesh/stores/redis/redis_client.hpp>
+
+namespace test {
+
+/// REDIS_CLUSTER_URL from the environment. Cluster tests run, never skip:
+/// a missing URL is an error telling how to run them.
+inline std::string redis_cluster_url() {
+  auto url = std::getenv("REDIS_CLUSTER_URL");
+  if (!url || !*url)
+    throw std::runtime_error(
+      "REDIS_CLUSTER_URL is not set: run the tests with scripts/test, which "
+      "starts a 6-node Redis Cluster on loopback and exports it");
+  return url;
+}
+
+/// One line of CLUSTER NODES.
+struct cluster_node {
+  std::string id;
+  std::string address; // host:port
+  bool master = false;
+  bool failed = false;
+  std::string master_id; // for a replica
+  std::vector<std::pair<int, int>> slots;
+
+  bool serves(int slot) const {
+    for (auto [a, b] : slots)
+      if (a <= slot && slot <= b)
+        return true;
+    return false;
+  }
+};
+
+/// A single-node client for `address` (host:port), one connection.
+inline std::unique_ptr<botmesh::redis_client>
+node_client(const std::string& address,
+            botmesh::duration command_timeout = "5s") {
+  return std::make_unique<botmesh::redis_client>(
+    botmesh::redis_options{.url = "redis://" + address,
+                           .command_timeout = command_timeout,
+                           .connections = 1});
+}
+
+/// CLUSTER NODES as seen by the node at `address`.
+inline std::vector<cluster_node> cluster_nodes(const std::string& address) {
+  auto c = node_client(address);
+  auto text = c->call({"CLUSTER", "NODES"}).str;
+  std::vector<cluster_node> out;
+  std::istringstream lines{text};
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream f{line};
+    cluster_node n;
+    std::string addr, flags, master, ping, pong, epoch, state, slot;
+    f >> n.id >> addr >> flags >> master >> ping >> pong >> epoch >> state;
+    if (n.id.empty())
+      continue;
+    n.address = addr.substr(0, addr.find('@'));
+    n.master = flags.find("master") != std::string::npos;
+    n.failed = flags.find("fail") != std::string::npos
+               && flags.find("fail?") == std::string::npos;
+    if (master != "-")
+      n.master_id = master;
+    while (f >> slot) {
+      if (slot.starts_with("["))
+        continue; // a migration in progress
+      auto dash = slot.find('-');
+      if (dash == std::string::npos)
+        n.slots.emplace_back(std::stoi(slot), std::stoi(slot));
+      else
+        n.slots.emplace_back(std::stoi(slot.substr(0, dash)),
+                             std::stoi(slot.substr(dash + 1)));
+    }
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+/// host:port of the seed node.
+inline std::string seed_address() {
+  auto url = redis_cluster_url();
+  return url.substr(url.find("://") + 3);
+}
+
+/// The cluster's nodes, as the seed sees them.
+inline std::vector<cluster_node> cluster_nodes() {
+  return cluster_nodes(seed_address());
+}
+
+/// The master serving `slot`, as the seed sees it.
+inline cluster_node master_of(int slot) {
+  for (auto& n : cluster_nodes())
+    if (n.master && !n.failed && n.serves(slot))
+      return n;
+  throw std::runtime_error("no master serves slot " + std::to_string(slot));
+}
+
+/// A master other than `not_this` (by id).
+inline cluster_node other_master(const std::string& not_this) {
+  for (auto& n : cluster_nodes())
+    if (n.master && !n.failed && n.id != not_this && !n.slots.empty())
+      return n;
+  throw std::runtime_error("no other master");
+}
+
+/// Root nodes for a cluster client: the seed.
+inline botmesh::redis_cluster_options cluster_options() {
+  return botmesh::redis_cluster_options{.root_nodes = {redis_cluster_url()}};
+}
+
+/// First half of a slot move: `to` IMPORTING from `from`, `from` MIGRATING
+/// to `to`.
+inline void begin_slot_move(int slot, const cluster_node& from,
+                            const cluster_node& to) {
+  auto s = std::to_string(slot);
+  node_client(to.address)->call({"CLUSTER", "SETSLOT", s, "IMPORTING", from.id});
+  node_client(from.address)->call({"CLUSTER", "SETSLOT", s, "MIGRATING", to.id});
+}
+
+/// Moves `keys` (all in the slot being moved) from `from` to `to`.
+inline void migrate_keys(const cluster_node& from, const cluster_node& to,
+                         const std::vector<std::string>& keys) {
+  auto colon = to.address.rfind(':');
+  botmesh::redis_client::command cmd{"MIGRATE",
+                                     to.address.substr(0, colon),
+                                     to.address.substr(colon + 1),
+                                     "",
+                                     "0",
+                                     "5000",
+                                     "KEYS"};
+  cmd.insert(cmd.end(), keys.begin(), keys.end());
+  node_client(from.address)->call(cmd);
+}
+
+/// Second half: the rest of the slot's keys moved, then every master told
+/// the new owner.
+inline void end_slot_move(int slot, const cluster_node& from,
+                          const cluster_node& to) {
+  auto s = std::to_string(slot);
+  auto src = node_client(from.address);
+  for (;;) {
+    auto keys = src->call({"CLUSTER", "GETKEYSINSLOT", s, "100"});
+    if (keys.elements.empty())
+      break;
+    std::vector<std::string> names;
+    for (auto& k : keys.elements)
+      names.push_back(k.str);
+    migrate_keys(from, to, names);
+  }
+  node_client(to.address)->call({"CLUSTER", "SETSLOT", s, "NODE", to.id});
+  node_client(from.address)->call({"CLUSTER", "SETSLOT", s, "NODE", to.id});
+  for (auto& n : cluster_nodes())
+    if (n.master && !n.failed && n.id != from.id && n.id != to.id)
+      node_client(n.address)->call_raw({"CLUSTER", "SETSLOT", s, "NODE", to.id});
+}
+
+/// A whole slot move.
+inline void move_slot(int slot, const cluster_node& from, const cluster_node& to) {
+  begin_slot_move(slot, from, to);
+  end_slot_move(slot, from, to);
+}
+
+/// The count of error replies with this prefix ("TRYAGAIN", "NOSCRIPT")
+/// the node at `address` has sent (INFO errorstats).
+inline long long error_count(const std::string& address, const std::string& prefix) {
+  auto text = node_client(address)->call({"INFO", "errorstats"}).str;
+  auto at = text.find("errorstat_" + prefix + ":count=");
+  if (at == std::string::npos)
+    return 0;
+  return std::stoll(text.substr(at + prefix.size() + 17));
+}
+
+/// Waits until every node agrees `slot` is served by `id` (gossip).
+inline void await_slot_owner(int slot, const std::string& id) {
+  for (;;) {
+    bool all = true;
+    for (auto& n : cluster_nodes())
+      if (!n.failed) {
+        bool ok = false;
+        for (auto& m : cluster_nodes(n.address))
+          if (m.id == id && m.serves(slot))
+            ok = true;
+        all = all && ok;
+      }
+    if (all)
+      return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+} // namespace test
+
+namespace test {
+
+/// Makes `replica` the master of its shard with CLUSTER FAILOVER (it waits
+/// for the replica to catch up) and waits until every node agrees it
+/// serves `slot`. A manual failover that timed out (Redis gives it 5 s) is
+/// asked again.
+inline void fail_over_to(const cluster_node& replica, int slot) {
+  auto c = node_client(replica.address);
+  for (;;) {
+    while (c->call({"INFO", "replication"}).str.find("master_link_status:up")
+           == std::string::npos)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    c->call({"CLUSTER", "FAILOVER"});
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(6);
+    while (std::chrono::steady_clock::now() < until) {
+      for (auto& n : cluster_nodes(replica.address))
+        if (n.id == replica.id && n.master && n.serves(slot)) {
+          await_slot_owner(slot, replica.id);
+          return;
+        }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+} // namespace test
+
+namespace test {
+
+/// A replica of `master` in sync with it, once the cluster lists one (after
+/// a failover the old master shows up as a replica a moment later).
+inline cluster_node synced_replica_of(const cluster_node& master) {
+  for (;;) {
+    for (auto& n : cluster_nodes())
+      if (!n.master && n.master_id == master.id && !n.failed) {
+        auto info = node_client(n.address)->call({"INFO", "replication"}).str;
+        if (info.find("master_link_status:up") != std::string::npos)
+          return n;
+      }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+} // namespace test

@@ -1,0 +1,249 @@
+// The Redis Cluster client on the 6-node cluster scripts/test starts.
+// Tests that change the topology (slot moves, failover) run serially (see
+// tests/CMakeLists.txt) and leave the cluster healthy.
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <future>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/redis/redis_client.hpp>
+
+#include "redis_cluster.hpp"
+#include "redis_server.hpp"
+
+using namespace std::chrono_literals;
+using botmesh::redis_client;
+using botmesh::redis_reply;
+
+namespace {
+
+std::shared_ptr<redis_client> cluster_client() {
+  static auto c = std::make_shared<redis_client>(test::cluster_options());
+  return c;
+}
+
+// Keys of every shape the hash-tag rule cares about.
+std::vector<std::string> tricky_keys() {
+  std::vector<std::string> keys{"",        "a",         "{",      "}",
+                                "{}",      "{}a",       "a{}",    "{a}",
+                                "x{a}y",   "{a}{b}",    "{{a}}",  "}{a}",
+                                "a{b",     "a}b{c}",    "{ }",    "user:{42}:x",
+                                "m:{m:c%3A1}:z", "p:co:{t:tg:9}:seq"};
+  std::mt19937 rng{42};
+  std::uniform_int_distribution<int> len{1, 24};
+  std::uniform_int_distribution<int> ch{0, 255};
+  for (int i = 0; i < 400; ++i) {
+    std::string k;
+    for (int j = len(rng); j > 0; --j)
+      k.push_back(static_cast<char>(ch(rng)));
+    if (i % 3 == 0)
+      k = "t:{" + k.substr(0, k.size() / 2) + "}:" + k;
+    keys.push_back(std::move(k));
+  }
+  return keys;
+}
+
+template <class F>
+std::exception_ptr failure_of(F&& f) {
+  try {
+    f();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+}
+
+} // namespace
+
+TEST_CASE("cluster: key_slot agrees with the server's CLUSTER KEYSLOT for every kind "
+          "of key") {
+  auto seed = test::node_client(test::seed_address());
+  for (auto& k : tricky_keys()) {
+    CAPTURE(k);
+    auto r = seed->call({"CLUSTER", "KEYSLOT", k});
+    CHECK(redis_client::key_slot(k) == r.integer);
+  }
+}
+
+TEST_CASE("cluster: each command goes straight to the master of its key's slot") {
+  // No redirection allowed and a single attempt: a command sent to the
+  // wrong node would fail instead of being followed.
+  auto opts = test::cluster_options();
+  opts.max_redirections = 0;
+  opts.retry_attempts = 1;
+  redis_client c{opts};
+  auto prefix = test::unique_prefix("route");
+  std::map<std::string, std::unique_ptr<redis_client>> nodes;
+  std::set<std::string> masters_used;
+  for (int i = 0; i < 60; ++i) {
+    auto key = prefix + ":" + std::to_string(i);
+    CAPTURE(key);
+    auto r = c.call_raw({"SET", key, std::to_string(i)});
+    REQUIRE(r.type == redis_reply::kind::status);
+    // The value is on the master CLUSTER NODES names for the slot.
+    auto m = test::master_of(redis_client::key_slot(key));
+    masters_used.insert(m.id);
+    auto& n = nodes[m.address];
+    if (!n)
+      n = test::node_client(m.address);
+    CHECK(n->call({"GET", key}).str == std::to_string(i));
+    c.call({"DEL", key});
+  }
+  CHECK(masters_used.size() == 3);
+}
+
+TEST_CASE("cluster: a script whose keys hash to different slots is refused before it "
+          "is sent, naming the keys") {
+  auto c = cluster_client();
+  botmesh::redis_script s{"pair", "#!lua\nreturn #KEYS"};
+  std::string a = "bm-a", b = "bm-b";
+  REQUIRE(redis_client::key_slot(a) != redis_client::key_slot(b));
+  auto e = failure_of([&] { c->eval(s, {a, b}, {}); });
+  REQUIRE(e);
+  try {
+    std::rethrow_exception(e);
+  } catch (const botmesh::invalid_argument_error& x) {
+    CHECK(x.field() == "keys");
+    std::string what = x.what();
+    CHECK(what.find("\"bm-a\"") != std::string::npos);
+    CHECK(what.find("\"bm-b\"") != std::string::npos);
+    CHECK(what.find("pair") != std::string::npos);
+  }
+  // The asynchronous face reports it through the callback.
+  std::promise<std::exception_ptr> p;
+  c->eval_async("x", s, {a, b}, {},
+                [&](redis_reply, std::exception_ptr x) { p.set_value(x); });
+  auto async_error = p.get_future().get();
+  REQUIRE(async_error);
+  CHECK(what_of(async_error).find("\"bm-b\"") != std::string::npos);
+  // One hash tag: one slot, and the script runs.
+  CHECK(c->eval(s, {"{bm}a", "{bm}b"}, {}).integer == 2);
+}
+
+TEST_CASE("cluster: commands without a key and pipelines over many slots get their "
+          "replies in order") {
+  auto c = cluster_client();
+  CHECK(c->call({"PING"}).str == "PONG");
+  auto prefix = test::unique_prefix("pipe");
+  std::vector<redis_client::command> cmds;
+  for (int i = 0; i < 50; ++i)
+    cmds.push_back({"SET", prefix + ":" + std::to_string(i), std::to_string(i)});
+  for (int i = 0; i < 50; ++i)
+    cmds.push_back({"GET", prefix + ":" + std::to_string(i)});
+  auto replies = c->pipeline(cmds);
+  REQUIRE(replies.size() == 100);
+  for (int i = 0; i < 50; ++i)
+    CHECK(replies[50 + i].str == std::to_string(i));
+  // async_batch: one callback with every reply in order.
+  std::promise<std::vector<redis_reply>> p;
+  std::vector<redis_client::command> gets(cmds.begin() + 50, cmds.end());
+  c->async_batch(gets, [&](std::vector<redis_reply> rs, std::exception_ptr e) {
+    if (e)
+      p.set_exception(e);
+    else
+      p.set_value(std::move(rs));
+  });
+  auto rs = p.get_future().get();
+  REQUIRE(rs.size() == 50);
+  for (int i = 0; i < 50; ++i)
+    CHECK(rs[i].str == std::to_string(i));
+  for (int i = 0; i < 50; ++i)
+    c->call({"DEL", prefix + ":" + std::to_string(i)});
+}
+
+TEST_CASE("cluster: a script meeting NOSCRIPT is sent again with its body") {
+  auto c = cluster_client();
+  botmesh::redis_script s{"noscript_probe",
+                          "#!lua\nreturn redis.call('INCR', KEYS[1])"};
+  auto key = test::unique_prefix("ns");
+  auto m = test::master_of(redis_client::key_slot(key));
+  test::node_client(m.address)->call({"SCRIPT", "FLUSH"});
+  auto before = test::error_count(m.address, "NOSCRIPT");
+  CHECK(c->eval(s, {key}, {}).integer == 1);
+  CHECK(test::error_count(m.address, "NOSCRIPT") == before + 1);
+  // Asynchronously too, after another flush.
+  test::node_client(m.address)->call({"SCRIPT", "FLUSH"});
+  std::promise<redis_reply> p;
+  c->eval_async(key, s, {key}, {}, [&](redis_reply r, std::exception_ptr) {
+    p.set_value(std::move(r));
+  });
+  CHECK(p.get_future().get().integer == 2);
+  c->call({"DEL", key});
+}
+
+TEST_CASE("cluster: the first discovery skips root nodes it cannot reach and names "
+          "each one when none answers") {
+  auto dead = "127.0.0.1:" + std::to_string(test::free_port());
+  auto opts = test::cluster_options();
+  opts.root_nodes.insert(opts.root_nodes.begin(), dead);
+  redis_client c{opts};
+  CHECK(c.call({"PING"}).str == "PONG");
+
+  auto dead2 = "127.0.0.1:" + std::to_string(test::free_port());
+  botmesh::redis_cluster_options none{.root_nodes = {dead, "redis://" + dead2},
+                                      .retry_attempts = 2,
+                                      .retry_base = "10ms"};
+  auto e = failure_of([&] { redis_client x{none}; });
+  REQUIRE(e);
+  auto what = what_of(e);
+  CHECK(what.find(dead) != std::string::npos);
+  CHECK(what.find(dead2) != std::string::npos);
+  CHECK(what.find("2 attempts") != std::string::npos);
+
+  auto bad = failure_of(
+    [&] { redis_client x{botmesh::redis_cluster_options{.root_nodes = {}}}; });
+  REQUIRE(bad);
+  CHECK(what_of(bad).find("root node") != std::string::npos);
+}
+
+TEST_CASE("cluster: announced addresses go through node_address_map") {
+  std::atomic<int> mapped{0};
+  auto opts = test::cluster_options();
+  opts.node_address_map = [&](std::string_view a) {
+    ++mapped;
+    return std::string{a};
+  };
+  redis_client c{opts};
+  auto key = test::unique_prefix("map");
+  c.call({"SET", key, "v"});
+  CHECK(c.call({"GET", key}).str == "v");
+  CHECK(mapped.load() >= 3); // at least the three masters
+  c.call({"DEL", key});
+}
+
+TEST_CASE("cluster: a reply lost to the timeout is not resent and fails with timeout") {
+  auto opts = test::cluster_options();
+  opts.node.command_timeout = "300ms";
+  redis_client c{opts};
+  auto key = test::unique_prefix("lost");
+  auto m = test::master_of(redis_client::key_slot(key));
+  // The node holds every client's commands for 1 s.
+  auto admin = test::node_client(m.address);
+  admin->call({"CLIENT", "PAUSE", "1000"});
+  auto e = failure_of([&] { c.call({"INCR", key}); });
+  REQUIRE(e);
+  try {
+    std::rethrow_exception(e);
+  } catch (const botmesh::error& x) {
+    CHECK(x.code() == botmesh::errc::timeout);
+  }
+  // This PING is answered once the pause is over, after every command
+  // queued during it. The timed-out connection was closed, so the server
+  // dropped its INCR; a resend, on a live connection, would have run.
+  admin->call({"PING"});
+  CHECK(admin->call({"GET", key}).is_nil());
+  c.call({"DEL", key});
+}
