@@ -391,7 +391,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       // the chat would be blocked until turn_wait. The turn is the chat's,
       // whichever of its requests took it, so the earliest waiting event
       // runs in it and the later one waits with the earlier request.
-      auto& q = *self->state.queue;
+      auto& q = self->state.queue;
       for (std::size_t j = 0; j < i; ++j) {
         if (!q[j].token) {
           std::swap(q[j].req, q[i].req);
