@@ -77,7 +77,8 @@ struct bot::impl final : chat_services,
     provider_id = opts.provider->id();
     auto sched_opts = opts.scheduler;
     if (sched_opts.ns.empty())
-      sched_opts.ns = provider_id;
+      sched_opts.ns = task_namespace(opts.bot_id, provider_id,
+                                     opts.provider->connection_id());
     // With coordination, the scheduler's leadership uses the same
     // coordinator unless one was given (its TTL is the coordinator's lease).
     if (opts.coordination && opts.coordination->coordinator

@@ -159,9 +159,17 @@ struct bot_options {
   /// Language of runtime texts ("es", "en"; see texts.hpp).
   std::string lang = "en";
   /// The task scheduler (`every`, `schedule`, `delay`): schedule store,
-  /// leader lease, default time zone... Its `ns` defaults to the provider id,
-  /// so bots sharing a schedule store do not collide.
+  /// leader lease, default time zone... Its `ns` defaults to
+  /// `task_namespace(bot_id, provider->id(), provider->connection_id())`,
+  /// so bots sharing a schedule store collide neither on task ids nor on
+  /// the scheduler's leader lease.
   scheduler_options scheduler{};
+  /// Names this bot among the bots sharing a backend (first part of the
+  /// durable task namespace). Changing it, the provider id or the
+  /// provider's connection id leaves the rows stored under the old
+  /// namespace as orphans: kept, never run, removable with `forget_task`
+  /// only from a bot with the old namespace.
+  std::string bot_id{};
 };
 
 /// Counters since construction.

@@ -33,6 +33,33 @@ std::string_view to_string(missed_policy p) noexcept {
   return "skip";
 }
 
+namespace {
+
+void append_escaped(std::string& out, std::string_view part) {
+  for (char c : part) {
+    if (c == '%')
+      out += "%25";
+    else if (c == ':')
+      out += "%3A";
+    else
+      out += c;
+  }
+}
+
+} // namespace
+
+std::string task_namespace(std::string_view bot_id,
+                           std::string_view provider_id,
+                           std::string_view connection_id) {
+  std::string out;
+  append_escaped(out, bot_id);
+  out += ':';
+  append_escaped(out, provider_id);
+  out += ':';
+  append_escaped(out, connection_id);
+  return out;
+}
+
 struct scheduled_task::state {
   std::weak_ptr<scheduler::impl> owner;
   std::uint64_t handle = 0;

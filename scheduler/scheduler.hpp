@@ -102,13 +102,23 @@ struct scheduler_options {
   const botmesh::clock* clock = nullptr;
   /// Threads that run handlers (handlers may block).
   std::size_t threads = 8;
-  /// Namespace applied to stored ids ("<ns>:<id>"), so bots sharing a
-  /// backend do not collide.
+  /// Namespace applied to stored ids ("<ns>:<id>") and to the leader lease
+  /// ("<ns>:scheduler:leader"), so bots sharing a backend do not collide.
+  /// A bot sets `task_namespace(...)`. Changing it orphans the old rows.
   std::string ns{};
   /// Where warnings go (orphans, skipped catch-up slots, rejected commits,
   /// store errors); stderr when empty. Called from scheduler threads.
   std::function<void(std::string_view)> log{};
 };
+
+/// The namespace of a bot's durable tasks: bot id, provider id and
+/// connection id, each with '%' and ':' percent-encoded and joined by ':'
+/// ("shop:telegram:123456"), so no two different triples give the same
+/// namespace. Changing any of the three leaves the rows stored under the
+/// old one as orphans (kept, never run).
+std::string task_namespace(std::string_view bot_id,
+                           std::string_view provider_id,
+                           std::string_view connection_id);
 
 /// Runs tasks every interval, on a cron expression, or once after a delay.
 ///
