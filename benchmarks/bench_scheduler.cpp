@@ -14,7 +14,7 @@
 #include <cctz/time_zone.h>
 
 #include <botmesh/scheduler/cron.hpp>
-#include <botmesh/scheduler/scheduler.hpp>
+#include <botmesh/actors/scheduler.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>
 
 using namespace std::chrono_literals;

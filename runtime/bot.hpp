@@ -20,7 +20,7 @@
 #include <botmesh/runtime/core/pattern.hpp>
 #include <botmesh/runtime/events.hpp>
 #include <botmesh/runtime/flow.hpp>
-#include <botmesh/scheduler/scheduler.hpp>
+#include <botmesh/actors/scheduler.hpp>
 #include <botmesh/stores/coordinator.hpp>
 #include <botmesh/stores/store.hpp>
 
