@@ -24,7 +24,6 @@
 #include <botmesh/stores/memory_schedule_store.hpp>
 #include <botmesh/stores/store.hpp>
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::task>)
 
 namespace botmesh {
 
@@ -172,8 +171,8 @@ struct scheduler::impl final : task_owner,
         std::lock_guard guard{mtx};
         st->handle = next_handle++;
       }
-      caf::anon_send(timers, timer_add_atom::value, st->handle,
-                     std::make_shared<task>(std::move(t)));
+      if (eng->timers.add(st->handle, std::make_shared<task>(std::move(t))))
+        caf::anon_send(timers, timer_add_atom::value);
       return scheduled_task{st};
     }
     if (t.opts.max_catch_up == 0)

@@ -16,7 +16,6 @@
 #include <botmesh/actors/messages.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::store_call>)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::task>)
 
 namespace botmesh::internal {
 
@@ -108,7 +107,8 @@ void fire_due(timer_actor* self) {
       } catch (...) {
         eng->log("task run failed");
       }
-      caf::anon_send(me, task_done_atom::value, handle);
+      if (eng->timers.end(handle))
+        caf::anon_send(me, task_done_atom::value);
     });
   }
 }
@@ -182,17 +182,58 @@ void check_orphans(timer_actor* self, std::vector<std::string> registered) {
     });
 }
 
+// Takes the tasks added since the last batch.
+void take_added(timer_actor* self) {
+  auto& st = self->state;
+  std::vector<std::pair<std::uint64_t, std::shared_ptr<task>>> batch;
+  {
+    std::lock_guard guard{st.eng->timers.mtx};
+    batch.swap(st.eng->timers.added);
+  }
+  for (auto& [handle, t] : batch) {
+    st.due.push({t->next, handle});
+    st.tasks.emplace(handle, entry{std::move(t), nullptr});
+  }
+}
+
+// Takes the runs that ended since the last batch: each task goes on with
+// the first slot after now on its grid, a one-shot is done.
+void take_ended(timer_actor* self) {
+  auto& st = self->state;
+  std::vector<std::uint64_t> batch;
+  {
+    std::lock_guard guard{st.eng->timers.mtx};
+    batch.swap(st.eng->timers.ended);
+  }
+  auto now = st.eng->now();
+  for (auto handle : batch) {
+    --st.running;
+    st.eng->run_finished();
+    auto i = st.tasks.find(handle);
+    if (i == st.tasks.end())
+      continue;
+    auto& t = *i->second.t;
+    i->second.stop.reset();
+    if (auto next = t.first_slot_after(t.next, now)) {
+      t.next = *next;
+      st.due.push({*next, handle});
+    } else {
+      t.st->active = false;
+      st.tasks.erase(i);
+    }
+  }
+}
+
 caf::behavior timer_behavior(timer_actor* self,
                              std::shared_ptr<scheduler_engine> eng) {
   self->state.eng = std::move(eng);
   return {
-    [=](timer_add_atom, std::uint64_t handle, std::shared_ptr<task>& t) {
-      auto& st = self->state;
-      st.due.push({t->next, handle});
-      st.tasks.emplace(handle, entry{std::move(t), nullptr});
+    [=](timer_add_atom) {
+      take_added(self);
       arm(self);
     },
     [=](timer_cancel_atom, std::uint64_t handle) {
+      take_added(self); // it may be in the batch not taken yet
       self->state.tasks.erase(handle);
     },
     [=](task_tick_atom, std::uint64_t gen) {
@@ -206,26 +247,12 @@ caf::behavior timer_behavior(timer_actor* self,
     [=](task_poll_atom) {
       auto& st = self->state;
       st.polls.push_back(self->make_response_promise());
+      take_added(self);
       fire_due(self);
       reply_if_idle(self);
     },
-    [=](task_done_atom, std::uint64_t handle) {
-      auto& st = self->state;
-      --st.running;
-      st.eng->run_finished();
-      auto i = st.tasks.find(handle);
-      if (i != st.tasks.end()) {
-        auto& t = *i->second.t;
-        i->second.stop.reset();
-        auto next = t.first_slot_after(t.next, st.eng->now());
-        if (next) {
-          t.next = *next;
-          st.due.push({*next, handle});
-        } else {
-          t.st->active = false;
-          st.tasks.erase(i);
-        }
-      }
+    [=](task_done_atom) {
+      take_ended(self);
       reply_if_idle(self);
       arm(self);
     },

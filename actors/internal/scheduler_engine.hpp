@@ -32,6 +32,27 @@
 
 namespace botmesh::internal {
 
+/// Batches for the timer actor: tasks added and runs ended arrive here
+/// (the mutex guards the vectors only), and a message wakes the actor only
+/// when a batch starts, so 100k timers armed or fired cost a few messages.
+struct timer_inbox {
+  std::mutex mtx;
+  std::vector<std::pair<std::uint64_t, std::shared_ptr<task>>> added;
+  std::vector<std::uint64_t> ended;
+
+  /// True when the batch was empty: the caller sends the wake-up.
+  bool add(std::uint64_t handle, std::shared_ptr<task> t) {
+    std::lock_guard guard{mtx};
+    added.emplace_back(handle, std::move(t));
+    return added.size() == 1;
+  }
+  bool end(std::uint64_t handle) {
+    std::lock_guard guard{mtx};
+    ended.push_back(handle);
+    return ended.size() == 1;
+  }
+};
+
 /// Shared by the facade and the actors. Everything but the atomics and the
 /// run counter is written before the first actor is spawned.
 struct scheduler_engine {
@@ -41,6 +62,8 @@ struct scheduler_engine {
   std::shared_ptr<schedule_store> store;
   /// The store-I/O actor (detached): every store and lease call goes there.
   caf::actor io;
+  /// In-memory tasks added and runs ended, for the timer actor.
+  timer_inbox timers;
   /// Runs a handler job (the handler pool, or a test's executor).
   std::function<void(std::function<void()>)> execute;
   /// This scheduler holds the leader lease (always true without one).
