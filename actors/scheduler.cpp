@@ -311,17 +311,30 @@ struct scheduler::impl final : task_owner,
     // The leader lease first: it decides which runs are due.
     self->request(timers, caf::infinite, task_poll_atom::value, true)
       .receive([](task_poll_atom) {}, [](caf::error&) {});
-    // Every actor at once (they work in parallel), then every answer.
+    // Every actor at once (they work in parallel); a helper actor gathers
+    // the answers (a blocking actor would scan its mailbox for each one).
     auto actors = task_actors();
     actors.push_back(timers);
-    std::vector<decltype(self->request(timers, caf::infinite,
-                                       task_poll_atom::value))>
-      pending;
-    pending.reserve(actors.size());
-    for (auto& a : actors)
-      pending.push_back(self->request(a, caf::infinite, task_poll_atom::value));
-    for (auto& p : pending)
-      p.receive([](task_poll_atom) {}, [](caf::error&) {});
+    auto gather = sys->spawn([actors](caf::event_based_actor* g) {
+      return caf::behavior{
+        [=](task_poll_atom) {
+          auto rp = g->make_response_promise();
+          auto left = std::make_shared<std::size_t>(actors.size());
+          auto one = [=]() mutable {
+            if (--*left == 0) {
+              rp.deliver(task_poll_atom::value);
+              g->quit();
+            }
+          };
+          for (auto& a : actors)
+            g->request(a, caf::infinite, task_poll_atom::value)
+              .then([one](task_poll_atom) mutable { one(); },
+                    [one](caf::error&) mutable { one(); });
+        },
+      };
+    });
+    self->request(gather, caf::infinite, task_poll_atom::value)
+      .receive([](task_poll_atom) {}, [](caf::error&) {});
   }
 
   std::shared_ptr<internal::scheduler_engine> eng;
