@@ -47,9 +47,24 @@ struct task_state {
 
 using task_actor = caf::stateful_actor<task_state>;
 
-// Runs `fn` on the store-I/O actor, then `then(failure)` in this actor.
+// Runs `fn` on the store-I/O actor, then `then(failure)` in this actor. A
+// store that does no I/O (the memory store) is called right here.
 template <class Fn, class Then>
 void store_io(task_actor* self, Fn fn, Then then) {
+  if (!self->state.eng->store->blocks()) {
+    std::string failure;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      failure = e.what();
+      if (failure.empty())
+        failure = "unknown error";
+    } catch (...) {
+      failure = "unknown error";
+    }
+    then(failure);
+    return;
+  }
   auto call = std::make_shared<store_call>();
   call->fn = std::move(fn);
   self->request(self->state.eng->io, caf::infinite, io_atom::value, call)

@@ -81,6 +81,51 @@ struct virtual_time final : botmesh::clock {
   }
 };
 
+// The memory store, declared blocking: its calls go through the store-I/O
+// actor, as a SQLite or Redis store's would.
+class io_store final : public botmesh::schedule_store {
+ public:
+  bool blocks() const noexcept override {
+    return true;
+  }
+  std::optional<botmesh::schedule_record> get(std::string_view id) override {
+    return inner_.get(id);
+  }
+  botmesh::schedule_record register_task(std::string_view id,
+                                         std::string_view spec,
+                                         botmesh::time_point first_run,
+                                         botmesh::time_point now) override {
+    return inner_.register_task(id, spec, first_run, now);
+  }
+  std::optional<botmesh::schedule_claim>
+  claim(std::string_view id, std::string_view owner, botmesh::time_point now,
+        std::chrono::milliseconds lease) override {
+    ++calls;
+    return inner_.claim(id, owner, now, lease);
+  }
+  bool renew(std::string_view id, std::string_view owner, std::uint64_t token,
+             botmesh::time_point now, std::chrono::milliseconds lease) override {
+    ++calls;
+    return inner_.renew(id, owner, token, now, lease);
+  }
+  bool commit(std::string_view id, std::string_view owner, std::uint64_t token,
+              botmesh::time_point next_run_at, bool done,
+              botmesh::time_point now) override {
+    ++calls;
+    return inner_.commit(id, owner, token, next_run_at, done, now);
+  }
+  bool remove(std::string_view id, botmesh::time_point now) override {
+    return inner_.remove(id, now);
+  }
+  std::vector<botmesh::schedule_record> list() override {
+    return inner_.list();
+  }
+  int calls = 0; // claims, renewals and commits
+
+ private:
+  botmesh::memory_schedule_store inner_;
+};
+
 botmesh::time_point t0() {
   return botmesh::parse_iso8601("2026-06-01T10:00:00Z");
 }
@@ -129,7 +174,7 @@ TEST_CASE("task options default to max_catch_up 10 and a 60 s lease renewed "
   CHECK(defaults.lease.ms() == 60s);
   CHECK(defaults.missed == missed_policy::skip);
   virtual_time vt{t0()};
-  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  auto store = std::make_shared<io_store>();
   journal j;
   botmesh::scheduler s{options(vt, store, j)};
   s.every("5m", {.id = "report"}, j.handler());
@@ -154,14 +199,16 @@ TEST_CASE("task options default to max_catch_up 10 and a 60 s lease renewed "
   CHECK(store->get("report")->next_run_at == t0() + 10min);
   // Nothing renews once the run ended.
   auto updated = store->get("report")->updated_at;
+  auto calls = store->calls;
   vt.pass(60s, 10s);
   CHECK(store->get("report")->updated_at == updated);
+  CHECK(store->calls == calls);
   s.stop();
 }
 
 TEST_CASE("a catch-up runs at most 10 missed slots by default") {
   virtual_time vt{t0()};
-  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  auto store = std::make_shared<io_store>();
   // Stored by an earlier process: due 15 minutes ago.
   store->register_task("sync", "every 60000", t0() - 15min, t0() - 16min);
   journal j;
@@ -187,7 +234,7 @@ TEST_CASE("slots falling due while a run is in progress are claimed next "
                       missed_policy::catch_up}) {
     CAPTURE(botmesh::to_string(policy));
     virtual_time vt{t0()};
-    auto store = std::make_shared<botmesh::memory_schedule_store>();
+    auto store = std::make_shared<io_store>();
     journal j;
     botmesh::scheduler s{options(vt, store, j)};
     s.every("1m", {.id = "slow", .missed = policy}, j.handler());
@@ -237,7 +284,7 @@ TEST_CASE("slots falling due while a run is in progress are claimed next "
 
 TEST_CASE("a durable task registered after start runs on its slots") {
   virtual_time vt{t0()};
-  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  auto store = std::make_shared<io_store>();
   journal j;
   botmesh::scheduler s{options(vt, store, j)};
   s.start();
@@ -289,7 +336,7 @@ TEST_CASE("two replicas agree on the slots of a zoned task across DST "
                              "2026-03-31T02:30:00+02:00"}}}) {
     CAPTURE(c.zone);
     virtual_time vt{botmesh::parse_iso8601(c.from)};
-    auto store = std::make_shared<botmesh::memory_schedule_store>();
+    auto store = std::make_shared<io_store>();
     journal j;
     auto make = [&](std::string owner) {
       auto o = options(vt, store, j, std::move(owner));
