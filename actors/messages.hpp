@@ -89,4 +89,47 @@ using yield_atom = caf::atom_constant<caf::atom("bm_yield")>;
 using shutdown_atom = caf::atom_constant<caf::atom("bm_shut")>;
 
 
+// -- scheduler actors (see internal/scheduler_engine.hpp) -------------------
+//
+//   facade / timer           task actor                   store I/O (detached)
+//    | (resume) | tick ------->| due? (claim) ------------->| claim / get
+//    |                         |<---------------- (io reply) |
+//    |                         | run plan on the executor    |
+//    |   handler thread ------>| (task_done, token, ran)     |
+//    |   every lease/3 ------->| (renew) ------------------>| renew
+//    |                         | (commit) ------------------>| commit
+//    | (poll) ---------------->| replies once idle           |
+//    | (pause) --------------->| stop token of the run fires |
+
+/// facade -> task / timer actor: evaluate what is due now; the reply (same
+/// atom) comes once nothing is claimed, running or committing.
+using task_poll_atom = caf::atom_constant<caf::atom("bm_tpoll")>;
+
+/// self -> task / timer actor: (generation) a wake-up armed earlier.
+using task_tick_atom = caf::atom_constant<caf::atom("bm_ttick")>;
+
+/// handler thread -> task actor: (token, slots run) the claimed run ended;
+/// -> timer actor: (handle) an in-memory run ended.
+using task_done_atom = caf::atom_constant<caf::atom("bm_tdone")>;
+
+/// self -> task actor: (token) renew the claim's lease (every lease/3).
+using task_renew_atom = caf::atom_constant<caf::atom("bm_trenew")>;
+
+/// facade -> actors: stop() (the running handler's stop token fires).
+using task_pause_atom = caf::atom_constant<caf::atom("bm_tpause")>;
+
+/// facade -> actors: start() (arm wake-ups); to the timer actor with the
+/// stored ids of the registered durable tasks (the orphan check).
+using task_resume_atom = caf::atom_constant<caf::atom("bm_tresume")>;
+
+/// facade -> timer actor: (handle, task) / (handle) an in-memory task.
+using timer_add_atom = caf::atom_constant<caf::atom("bm_tadd")>;
+using timer_cancel_atom = caf::atom_constant<caf::atom("bm_tcancel")>;
+
+/// facade -> task actor: the task was cancelled: exit once idle.
+using task_cancel_atom = caf::atom_constant<caf::atom("bm_tcncl")>;
+
+/// actor -> store I/O: (shared_ptr<store_call>), replied the same way.
+using io_atom = caf::atom_constant<caf::atom("bm_io")>;
+
 } // namespace botmesh

@@ -129,6 +129,14 @@ class provider {
   /// A stable id, used in chat keys ("console", "telegram").
   virtual std::string id() const = 0;
 
+  /// The platform account this transport speaks for: Telegram, the bot's
+  /// numeric id (the token before ':'); WhatsApp, `phone_number_id`; empty
+  /// when a provider has a single connection. Part of the namespace of
+  /// durable task ids (see `task_namespace`), so it must be stable.
+  virtual std::string connection_id() const {
+    return {};
+  }
+
   virtual provider_capabilities capabilities() const {
     return {};
   }

@@ -37,6 +37,10 @@ std::string testing_provider::id() const {
   return impl_->opts.id;
 }
 
+std::string testing_provider::connection_id() const {
+  return impl_->opts.connection_id;
+}
+
 provider_capabilities testing_provider::capabilities() const {
   return impl_->opts.capabilities;
 }

@@ -16,6 +16,8 @@ class testing_provider final : public provider {
  public:
   struct options {
     std::string id = "test";
+    /// What `connection_id()` returns.
+    std::string connection_id{};
     provider_capabilities capabilities{};
   };
 
@@ -24,6 +26,7 @@ class testing_provider final : public provider {
   ~testing_provider() override;
 
   std::string id() const override;
+  std::string connection_id() const override;
   provider_capabilities capabilities() const override;
   provider_state state() const override;
   void start(provider_host& host) override;

@@ -119,7 +119,8 @@ struct bot::impl final : chat_services,
     }
     auto sched_opts = opts.scheduler;
     if (sched_opts.ns.empty())
-      sched_opts.ns = provider_id;
+      sched_opts.ns = task_namespace(opts.bot_id, provider_id,
+                                     opts.provider->connection_id());
     // With coordination, the scheduler's leadership uses the same
     // coordinator unless one was given (its TTL is the coordinator's lease).
     if (opts.coordination && opts.coordination->coordinator
@@ -127,7 +128,14 @@ struct bot::impl final : chat_services,
       sched_opts.lease = make_coordinator_lease(opts.coordination->coordinator);
       sched_opts.leader_ttl = duration{opts.coordination->coordinator->lease()};
     }
-    tasks = std::make_unique<botmesh::scheduler>(std::move(sched_opts));
+    pending_sched_opts = std::move(sched_opts);
+  }
+
+  // The scheduler's actors live in the bot's actor system: created once the
+  // system is known (owned or the application's).
+  void make_tasks() {
+    pending_sched_opts.system = sys;
+    tasks = std::make_unique<botmesh::scheduler>(std::move(pending_sched_opts));
   }
 
   // -- flow_host -------------------------------------------------------------
@@ -710,6 +718,7 @@ struct bot::impl final : chat_services,
   caf::actor_system* sys = nullptr;
   caf::actor router_handle;
   std::unique_ptr<internal::worker_pool> pool;
+  scheduler_options pending_sched_opts;
   std::unique_ptr<botmesh::scheduler> tasks;
   std::stop_source stop_source;
 
@@ -782,15 +791,18 @@ std::uint64_t context::fence() const noexcept {
 
 bot::bot(bot_options opts) : impl_(std::make_unique<impl>(*this, std::move(opts))) {
   impl_->own_system();
+  impl_->make_tasks();
 }
 
 bot::bot(caf::actor_system& sys, bot_options opts)
   : impl_(std::make_unique<impl>(*this, std::move(opts))) {
   impl_->sys = &sys;
+  impl_->make_tasks();
 }
 
 bot::~bot() {
   stop();
+  impl_->tasks.reset(); // its actors leave before an owned system goes
   // An owned system waits for its actors in its destructor; the router exits
   // in stop(), taking its linked chat actors along.
   impl_->owned_sys.reset();

@@ -20,7 +20,7 @@
 #include <botmesh/runtime/core/pattern.hpp>
 #include <botmesh/runtime/events.hpp>
 #include <botmesh/runtime/flow.hpp>
-#include <botmesh/scheduler/scheduler.hpp>
+#include <botmesh/actors/scheduler.hpp>
 #include <botmesh/stores/coordinator.hpp>
 #include <botmesh/stores/durable_backend.hpp>
 #include <botmesh/stores/store.hpp>
@@ -234,9 +234,17 @@ struct bot_options {
   /// Language of runtime texts ("es", "en"; see texts.hpp).
   std::string lang = "en";
   /// The task scheduler (`every`, `schedule`, `delay`): schedule store,
-  /// leader lease, default time zone... Its `ns` defaults to the provider id,
-  /// so bots sharing a schedule store do not collide.
+  /// leader lease, default time zone... Its `ns` defaults to
+  /// `task_namespace(bot_id, provider->id(), provider->connection_id())`,
+  /// so bots sharing a schedule store collide neither on task ids nor on
+  /// the scheduler's leader lease.
   scheduler_options scheduler{};
+  /// Names this bot among the bots sharing a backend (first part of the
+  /// durable task namespace). Changing it, the provider id or the
+  /// provider's connection id leaves the rows stored under the old
+  /// namespace as orphans: kept, never run, removable with `forget_task`
+  /// only from a bot with the old namespace.
+  std::string bot_id{};
 };
 
 /// Counters since construction.

@@ -12,7 +12,7 @@
 #include <botmesh/runtime/flow.hpp>
 #include <botmesh/runtime/texts.hpp>
 #include <botmesh/scheduler/cron.hpp>
-#include <botmesh/scheduler/scheduler.hpp>
+#include <botmesh/actors/scheduler.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>
 #include <botmesh/stores/memory_store.hpp>
 #include <botmesh/stores/sqlite/sqlite_store.hpp>

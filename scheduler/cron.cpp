@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/scheduler/internal/zone.hpp>
 
 namespace botmesh {
 
@@ -180,42 +181,12 @@ bool cron_expr::day(int day_of_month, int weekday) const noexcept {
 
 // -- time zones ---------------------------------------------------------------
 
+using internal::from_seconds;
+using internal::sec_tp;
+using internal::to_seconds;
+using internal::zone_or_throw;
+
 namespace {
-
-bool load_zone(std::string_view name, cctz::time_zone* tz) {
-  if (name == "local") {
-    *tz = cctz::local_time_zone();
-    return true;
-  }
-  if (name == "UTC") {
-    *tz = cctz::utc_time_zone();
-    return true;
-  }
-  if (name.empty())
-    return false;
-  return cctz::load_time_zone(std::string{name}, tz);
-}
-
-cctz::time_zone zone_or_throw(std::string_view name) {
-  cctz::time_zone tz;
-  if (!load_zone(name, &tz))
-    throw invalid_argument_error(
-      "time_zone", fmt::format("unknown time zone \"{}\": use an IANA name "
-                               "such as \"Europe/Madrid\", \"UTC\" or "
-                               "\"local\"",
-                               name));
-  return tz;
-}
-
-using sec_tp = cctz::time_point<cctz::seconds>;
-
-sec_tp to_seconds(time_point t) {
-  return std::chrono::floor<cctz::seconds>(t);
-}
-
-time_point from_seconds(sec_tp t) {
-  return std::chrono::time_point_cast<std::chrono::milliseconds>(t);
-}
 
 int weekday_number(const cctz::civil_day& d) {
   // cctz: monday = 0 ... sunday = 6; cron: sunday = 0.
@@ -224,124 +195,206 @@ int weekday_number(const cctz::civil_day& d) {
 
 constexpr int horizon_days = 4 * 366 + 2;
 
+// Days of the month whose weekday matches, by the weekday of the 1st: bit d
+// is day d (1-31). Seven masks, built once per schedule.
+std::array<std::uint32_t, 7> weekday_masks(const cron_expr& e) {
+  std::array<std::uint32_t, 7> out{};
+  for (int first = 0; first < 7; ++first)
+    for (int d = 1; d <= 31; ++d)
+      if ((e.weekday_bits() >> ((first + d - 1) % 7)) & 1)
+        out[static_cast<size_t>(first)] |= std::uint32_t{1} << d;
+  return out;
+}
+
+int days_in_month(cctz::year_t y, int m) {
+  if (m != 2)
+    return days_in_month_max[m];
+  bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+  return leap ? 29 : 28;
+}
+
+cctz::civil_second civil_of(sec_tp t, int offset) {
+  return cctz::civil_second{1970, 1, 1, 0, 0, 0}
+         + (t.time_since_epoch().count() + offset);
+}
+
+sec_tp instant_of(const cctz::civil_second& c, int offset) {
+  return sec_tp{cctz::seconds{(c - cctz::civil_second{1970, 1, 1, 0, 0, 0})
+                              - offset}};
+}
+
+constexpr auto near_change = std::chrono::hours{48};
+
 } // namespace
 
 struct cron_schedule::impl {
   cron_expr expr;
   std::string zone_name;
   cctz::time_zone tz;
+  std::array<std::uint32_t, 7> dow_masks{};
 
-  // First matching civil minute strictly after `after`, not after `limit`.
+  // Matching days of a month: bit d is day d.
+  std::uint32_t month_mask(cctz::year_t y, int m) const {
+    auto first = weekday_number(cctz::civil_day{y, m, 1});
+    auto dow = dow_masks[static_cast<size_t>(first)];
+    auto dom = expr.day_bits();
+    auto both = expr.day_rule_is_and() ? (dom & dow) : (dom | dow);
+    auto len = days_in_month(y, m);
+    return both & static_cast<std::uint32_t>((std::uint64_t{2} << len) - 2);
+  }
+
+  // First matching civil minute strictly after `after`, not after `limit`:
+  // whole months are skipped by bit masks, days found by a bit scan.
   std::optional<cctz::civil_minute>
   first_civil_after(const cctz::civil_second& after,
                     const cctz::civil_second& limit) const {
-    cctz::civil_day day{after};
+    auto from = cctz::civil_minute{after} + 1; // slots sit on whole minutes
     cctz::civil_day last{limit};
-    int h0 = after.hour();
-    int m0 = after.minute() + 1; // strictly after: seconds never match
-    for (; day <= last; ++day, h0 = 0, m0 = 0) {
-      if (!expr.month(day.month())) {
-        // Jump to the first day of the next month.
-        day = cctz::civil_day{cctz::civil_month{day} + 1} - 1;
+    cctz::civil_day day{from};
+    int h0 = from.hour();
+    int m0 = from.minute();
+    unsigned months = expr.month_bits();
+    while (day <= last) {
+      auto y = day.year();
+      int m = day.month();
+      if (!expr.month(m)) {
+        auto later = months >> (m + 1);
+        day = later ? cctz::civil_day{y, m + 1 + std::countr_zero(later), 1}
+                    : cctz::civil_day{y + 1, std::countr_zero(months), 1};
+        h0 = m0 = 0;
         continue;
       }
-      if (!expr.day(day.day(), weekday_number(day)))
+      auto rest = month_mask(y, m) >> day.day();
+      if (rest == 0) {
+        day = cctz::civil_day{y, m + 1, 1};
+        h0 = m0 = 0;
         continue;
-      for (int h = h0; h < 24; ++h) {
-        if (!expr.hour(h))
-          continue;
-        int m_from = h == h0 ? m0 : 0;
-        if (m_from >= 60)
-          continue;
-        auto rest = expr.minute_bits() >> m_from;
-        if (rest == 0)
-          continue;
-        int m = m_from + std::countr_zero(rest);
-        cctz::civil_minute c{day.year(), day.month(), day.day(), h, m};
+      }
+      if (int skip = std::countr_zero(rest); skip > 0) {
+        day += skip;
+        h0 = m0 = 0;
+      }
+      if (day > last)
+        return std::nullopt;
+      if (auto hm = first_in_day(h0, m0)) {
+        cctz::civil_minute c{day.year(), day.month(), day.day(), hm->first,
+                             hm->second};
         if (cctz::civil_second{c} > limit)
           return std::nullopt;
         return c;
       }
+      ++day;
+      h0 = m0 = 0;
     }
     return std::nullopt;
   }
 
-  // Full search with the DST policy, for windows near an offset change.
-  std::optional<time_point> general(time_point from,
-                                    const cctz::civil_second& start) const {
-    std::optional<sec_tp> best;
-    std::optional<cctz::civil_day> best_day;
-    auto consider = [&](sec_tp t) {
-      if (from_seconds(t) > from && (!best || t < *best))
-        best = t;
-    };
-    cctz::civil_day day = cctz::civil_day{start} - 1;
-    cctz::civil_day end = cctz::civil_day{start} + horizon_days;
-    for (; day <= end; ++day) {
-      if (best) {
-        if (!best_day)
-          best_day = cctz::civil_day{cctz::convert(*best, tz)};
-        if (day > *best_day + 1)
-          break;
-      }
-      if (!expr.month(day.month()) || !expr.day(day.day(), weekday_number(day)))
-        continue;
-      for (int h = 0; h < 24; ++h) {
-        if (!expr.hour(h))
-          continue;
-        for (int m = 0; m < 60; ++m) {
-          if (!expr.minute(m))
-            continue;
-          cctz::civil_second cs{day.year(), day.month(), day.day(), h, m, 0};
-          // Offsets differ by less than a day: a slot more than two days
-          // before `start` cannot map after `from`.
-          if (cs < start - 2 * 86400)
-            continue;
-          auto cl = tz.lookup(cs);
-          switch (cl.kind) {
-            case cctz::time_zone::civil_lookup::UNIQUE:
-              consider(cl.pre);
-              break;
-            case cctz::time_zone::civil_lookup::SKIPPED:
-              if (!expr.hour_is_wildcard())
-                consider(cl.pre); // shifted forward by the gap
-              break;
-            case cctz::time_zone::civil_lookup::REPEATED:
-              consider(cl.pre); // first pass
-              if (expr.hour_is_wildcard())
-                consider(cl.post); // and the second
-              break;
-          }
-        }
-      }
-      best_day.reset();
+  // First matching (hour, minute) of a matching day at or after (h0, m0).
+  std::optional<std::pair<int, int>> first_in_day(int h0, int m0) const {
+    auto minutes = expr.minute_bits();
+    if (expr.hour(h0)) {
+      if (auto rest = minutes >> m0; rest != 0)
+        return std::pair{h0, m0 + std::countr_zero(rest)};
     }
-    if (!best)
+    auto hours = expr.hour_bits() >> (h0 + 1);
+    if (hours == 0)
       return std::nullopt;
-    return from_seconds(*best);
+    return std::pair{h0 + 1 + std::countr_zero(hours),
+                     std::countr_zero(minutes)};
+  }
+
+  // The walk through stretches of constant offset, for a search that starts
+  // or ends near an offset change. A stretch [b, e) with offset `o` runs
+  // the slots whose civil time lies in [b + o, e + o), except the second
+  // pass of an overlap for a fixed hour; a fixed hour whose slot falls in
+  // the gap before the stretch runs shifted forward by the gap (its civil
+  // time read in the previous offset). The first stretch with a run
+  // strictly after `from` holds the answer.
+  std::optional<sec_tp> by_stretches(sec_tp from,
+                                     const cctz::civil_second& limit) const {
+    bool wildcard = expr.hour_is_wildcard();
+    int o = tz.lookup(from).offset;
+    cctz::time_zone::civil_transition begin;
+    bool has_begin = tz.prev_transition(from + cctz::seconds{1}, &begin);
+    int prev_o = has_begin ? o - static_cast<int>(begin.to - begin.from) : o;
+    auto cursor = from;
+    for (;;) {
+      std::optional<sec_tp> best;
+      auto lower = civil_of(from, o);
+      if (has_begin) {
+        if (o > prev_o && !wildcard) { // the gap [begin.from, begin.to)
+          auto lo = std::max(civil_of(from, prev_o), begin.from - 1);
+          if (auto c = first_civil_after(lo, std::min(begin.to - 1, limit)))
+            best = instant_of(cctz::civil_second{*c}, prev_o);
+        }
+        auto start = (o < prev_o && !wildcard) ? begin.from : begin.to;
+        lower = std::max(lower, start - 1);
+      }
+      cctz::time_zone::civil_transition end;
+      bool has_end = tz.next_transition(cursor, &end);
+      auto last = has_end ? std::min(end.from - 1, limit) : limit;
+      if (auto c = first_civil_after(lower, last)) {
+        auto t = instant_of(cctz::civil_second{*c}, o);
+        if (!best || t < *best)
+          best = t;
+      }
+      if (best)
+        return best;
+      if (!has_end || end.from > limit)
+        return std::nullopt;
+      cursor = instant_of(end.from, o);
+      begin = end;
+      has_begin = true;
+      prev_o = o;
+      o += static_cast<int>(end.to - end.from);
+    }
+  }
+
+  // True when an offset changes in (a, b].
+  bool change_in(sec_tp a, sec_tp b) const {
+    cctz::time_zone::civil_transition tr;
+    if (!tz.next_transition(a, &tr))
+      return false;
+    return instant_of(tr.from, tz.lookup(a).offset) <= b;
   }
 
   std::optional<time_point> next_after(time_point from) const {
     auto from_s = to_seconds(from);
-    auto start = cctz::convert(from_s, tz);
-    auto horizon = start + horizon_days * 86400;
-    // Fast path: no offset change from two days before `from` until the
-    // candidate, so local time maps to instants by one fixed offset.
-    cctz::time_zone::civil_transition tr;
-    cctz::civil_second limit = horizon;
-    if (tz.next_transition(from_s - std::chrono::hours(48), &tr))
-      limit = std::min(limit, tr.from - 86400);
-    if (limit > start) {
-      if (auto c = first_civil_after(start, limit)) {
-        auto offset = tz.lookup(from_s).offset;
-        auto secs = (cctz::civil_second{*c} - cctz::civil_second{1970, 1, 1})
-                    - offset;
-        return from_seconds(sec_tp{cctz::seconds{secs}});
-      }
-      if (limit == horizon)
+    auto cl = tz.lookup(from_s);
+    auto start = cl.cs;
+    cctz::civil_second limit = start + horizon_days * 86400;
+    auto done = [](std::optional<sec_tp> t) -> std::optional<time_point> {
+      if (!t)
         return std::nullopt;
-    }
-    return general(from, start);
+      return from_seconds(*t);
+    };
+    // Near an offset change, civil times just before `start` may run after
+    // `from` (an overlap) or runs may be shifted (a gap): walk the stretches.
+    cctz::time_zone::civil_transition tr;
+    bool has_change = tz.next_transition(from_s - near_change, &tr);
+    sec_tp change = has_change ? instant_of(tr.from, tz.lookup(from_s - near_change).offset)
+                               : sec_tp::max();
+    if (change <= from_s + near_change)
+      return done(by_stretches(from_s, limit));
+    // The local calendar first: no slot lies in (start, c) ...
+    auto c = first_civil_after(start, limit);
+    if (!c)
+      return std::nullopt;
+    cctz::civil_second cs{*c};
+    // ... and with no offset change until well after it, `from`'s offset
+    // maps it.
+    auto guess = instant_of(cs, cl.offset);
+    if (change > guess + near_change)
+      return from_seconds(guess);
+    // Otherwise resolve it in the zone; away from a change that is the run.
+    auto at = tz.lookup(cs);
+    if (at.kind == cctz::time_zone::civil_lookup::UNIQUE
+        && !change_in(at.pre - near_change, at.pre + near_change))
+      return from_seconds(at.pre);
+    // Near a change: no slot runs in (from, at - 72 h], so walk the
+    // stretches from there (offsets differ by less than a day).
+    auto resume = std::max(from_s, at.pre - 3 * std::chrono::hours{24});
+    return done(by_stretches(resume, limit));
   }
 };
 
@@ -405,6 +458,7 @@ cron_schedule::cron_schedule(std::string_view expr, std::string_view zone,
   i->expr = cron_expr::parse(expr);
   i->zone_name = std::string{zone};
   i->tz = zone_or_throw(zone);
+  i->dow_masks = weekday_masks(i->expr);
   impl_ = std::move(i);
   if (!next_after(now))
     throw invalid_argument_error(
@@ -503,63 +557,6 @@ std::string cron_schedule::spec() const {
   if (impl_->zone_name == "local")
     return impl_->expr.text();
   return fmt::format("TZ={} {}", impl_->zone_name, impl_->expr.text());
-}
-
-void validate_time_zone(std::string_view zone) {
-  zone_or_throw(zone);
-}
-
-std::string format_iso8601(time_point t, std::string_view zone) {
-  auto tz = zone_or_throw(zone);
-  auto s = to_seconds(t);
-  if (zone == "UTC")
-    return cctz::format("%Y-%m-%dT%H:%M:%SZ", s, tz);
-  // Offsets of old local mean times have seconds (Africa/Monrovia was
-  // -00:44:30): printed as +HH:MM they would name another instant.
-  if (tz.lookup(s).offset % 60 != 0)
-    return cctz::format("%Y-%m-%dT%H:%M:%S%E*z", s, tz);
-  return cctz::format("%Y-%m-%dT%H:%M:%S%Ez", s, tz);
-}
-
-time_point parse_iso8601(std::string_view text, std::string_view zone) {
-  auto tz = zone_or_throw(zone);
-  std::string in{text};
-  sec_tp s;
-  cctz::detail::femtoseconds fs;
-  for (const char* fmt_str :
-       {"%Y-%m-%dT%H:%M:%E*S%Ez", "%Y-%m-%dT%H:%M:%E*S%E*z",
-        "%Y-%m-%dT%H:%M:%E*SZ", "%Y-%m-%dT%H:%M%Ez",
-        "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%E*S", "%Y-%m-%dT%H:%M"}) {
-    std::string f = fmt_str;
-    bool utc = f.back() == 'Z';
-    if (!cctz::detail::parse(f, in, utc ? cctz::utc_time_zone() : tz, &s,
-                             &fs))
-      continue;
-    // Bounded so that the instant fits a millisecond time_point (seconds x
-    // 1000 of a year like 999999999 would wrap around silently).
-    auto year = cctz::convert(s, cctz::utc_time_zone()).year();
-    if (year < min_iso_year || year > max_iso_year)
-      throw invalid_argument_error(
-        "from", fmt::format("ISO-8601 time \"{}\": year {} is outside the "
-                            "supported range {}-{}",
-                            text, year, min_iso_year, max_iso_year));
-    return from_seconds(s)
-           + std::chrono::duration_cast<std::chrono::milliseconds>(fs);
-  }
-  throw invalid_argument_error(
-    "from", fmt::format("invalid ISO-8601 time \"{}\": expected e.g. "
-                        "2026-03-29T01:30:00Z or 2026-03-29T01:30:00+01:00",
-                        text));
-}
-
-std::string to_iso_utc(time_point t) {
-  auto ms = to_unix_ms(t) % 1000;
-  if (ms < 0)
-    ms += 1000;
-  // Four-digit years, as JavaScript's toISOString() writes them.
-  auto c = cctz::convert(to_seconds(t), cctz::utc_time_zone());
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", c.year(),
-                     c.month(), c.day(), c.hour(), c.minute(), c.second(), ms);
 }
 
 } // namespace botmesh

@@ -61,6 +61,20 @@ class cron_expr {
   std::uint32_t hour_bits() const noexcept {
     return hours_;
   }
+  std::uint32_t day_bits() const noexcept {
+    return days_;
+  }
+  std::uint16_t month_bits() const noexcept {
+    return months_;
+  }
+  std::uint8_t weekday_bits() const noexcept {
+    return weekdays_;
+  }
+  /// True when a day must match both day fields (one of them starts with
+  /// `*`), false when either suffices.
+  bool day_rule_is_and() const noexcept {
+    return dom_star_ || dow_star_;
+  }
 
  private:
   std::string text_;
@@ -86,9 +100,12 @@ class cron_expr {
 ///   month and day of week stay those of the calendar.
 /// The search looks up to four years ahead, so `0 0 29 2 *` always runs.
 ///
-/// Cost: a next time away from a transition is a few bit scans and no
-/// time-zone lookup; near a transition, one lookup per candidate slot in a
-/// window of about three days. Copies share the loaded zone.
+/// Cost: the search runs on the local calendar first (a month at a time
+/// with bit masks, so `0 0 29 2 *` costs about as much as `0 9 * * *`) and
+/// resolves only the candidate it finds in the zone. Away from an offset
+/// change that is one transition query; near one, the search goes through
+/// the stretches of constant offset around it (at most a few). Copies share
+/// the loaded zone.
 class cron_schedule {
  public:
   /// Parses `expr` and loads `zone`: an IANA name ("Europe/Madrid"), "UTC"

@@ -1,11 +1,14 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <stop_token>
 #include <string>
 #include <string_view>
+
+#include <caf/fwd.hpp>
 
 #include <botmesh/runtime/core/clock.hpp>
 #include <botmesh/runtime/core/duration.hpp>
@@ -58,6 +61,17 @@ struct task_options {
   std::string time_zone{};
 };
 
+/// A task's handler.
+using run_handler = std::function<void(const scheduled_run&)>;
+
+/// What a task handle cancels through (the scheduler implements it).
+class task_owner {
+ public:
+  virtual ~task_owner();
+  /// Ends the task of `handle` (see `scheduled_task::cancel`).
+  virtual void cancel(std::uint64_t handle) = 0;
+};
+
 /// A handle to a registered task. Copyable; all copies control one task.
 class scheduled_task {
  public:
@@ -76,10 +90,20 @@ class scheduled_task {
   /// False after cancel, after a one-shot ran, or for a tombstone.
   bool active() const noexcept;
 
-  struct state;
+  /// Shared by the handles and the scheduler's task.
+  struct state {
+    std::weak_ptr<task_owner> owner;
+    std::uint64_t handle = 0;
+    std::string id;
+    std::string zone;
+    std::atomic<bool> active{true};
+  };
+
+  explicit scheduled_task(std::shared_ptr<state> st) : state_(std::move(st)) {
+    // nop
+  }
 
  private:
-  friend class scheduler;
   std::shared_ptr<state> state_;
 };
 
@@ -102,77 +126,28 @@ struct scheduler_options {
   const botmesh::clock* clock = nullptr;
   /// Threads that run handlers (handlers may block).
   std::size_t threads = 8;
-  /// Namespace applied to stored ids ("<ns>:<id>"), so bots sharing a
-  /// backend do not collide.
+  /// Where handlers run; the scheduler's own pool of `threads` when empty.
+  /// Tests on virtual time pass an executor they drain themselves.
+  std::function<void(std::function<void()>)> executor{};
+  /// The actor system of the task actors (a bot passes its own); when null
+  /// the scheduler runs a small one of its own. Must outlive the scheduler.
+  caf::actor_system* system = nullptr;
+  /// Namespace applied to stored ids ("<ns>:<id>") and to the leader lease
+  /// ("<ns>:scheduler:leader"), so bots sharing a backend do not collide.
+  /// A bot sets `task_namespace(...)`. Changing it orphans the old rows.
   std::string ns{};
   /// Where warnings go (orphans, skipped catch-up slots, rejected commits,
   /// store errors); stderr when empty. Called from scheduler threads.
   std::function<void(std::string_view)> log{};
 };
 
-/// Runs tasks every interval, on a cron expression, or once after a delay.
-///
-/// In-memory tasks (no id) never overlap themselves: slots that pass while
-/// a run is in progress are skipped, keeping the task's grid (no drift).
-///
-/// Durable tasks (with an id) store their next slot in `store`; each
-/// occurrence is claimed with a fenced lease, so schedulers sharing a store
-/// never run one occurrence at once (at least once: a run whose executor
-/// dies runs again after its lease, with `missed == false`). Intervals never
-/// drift (the next slot is the previous plus the interval). A one-shot delay
-/// leaves a tombstone until `cancel()` or `forget_task`. Re-registering an id
-/// keeps its stored time; a changed spec reschedules from now. Stored ids
-/// that no registered task claims are orphans: logged once, kept, never run.
-///
-/// Invalid arguments throw `invalid_argument_error` naming the field:
-/// "interval" (every: not positive), "delay" (negative), "cron" and the cron
-/// fields, "time_zone", "id", "max_catch_up".
-class scheduler {
- public:
-  using job = std::function<void()>;
-  using run_handler = std::function<void(const scheduled_run&)>;
-
-  explicit scheduler(scheduler_options opts = {});
-
-  /// Stops (see `stop`).
-  ~scheduler();
-
-  scheduler(const scheduler&) = delete;
-  scheduler& operator=(const scheduler&) = delete;
-
-  scheduled_task every(duration interval, job fn);
-  scheduled_task every(duration interval, task_options opts, run_handler fn);
-  scheduled_task schedule(std::string_view cron, job fn);
-  scheduled_task schedule(std::string_view cron, task_options opts,
-                          run_handler fn);
-  scheduled_task delay(duration d, job fn);
-  scheduled_task delay(duration d, task_options opts, run_handler fn);
-
-  /// Removes the stored row of `id` (namespace applied), e.g. a tombstone
-  /// or an orphan; cancels a registered task of that id. True when a live
-  /// row was removed.
-  bool forget_task(std::string_view id);
-
-  /// Starts the timer thread. Idempotent.
-  void start();
-
-  /// Pauses: no new runs, stop tokens of running handlers fire, waits for
-  /// them. Stored rows are kept (a catch-up commits the slots it did not run).
-  void stop();
-
-  /// Runs, on the calling thread's schedule, everything due at the clock's
-  /// now and waits until those runs finished. For tests with a manual clock;
-  /// not needed after `start()`.
-  void poll();
-
-  /// The grace period: a slot claimed later than this after it fell due is
-  /// missed.
-  std::chrono::milliseconds grace() const noexcept;
-
-  struct impl;
-
- private:
-  std::shared_ptr<impl> impl_;
-};
+/// The namespace of a bot's durable tasks: bot id, provider id and
+/// connection id, each with '%' and ':' percent-encoded and joined by ':'
+/// ("shop:telegram:123456"), so no two different triples give the same
+/// namespace. Changing any of the three leaves the rows stored under the
+/// old one as orphans (kept, never run).
+std::string task_namespace(std::string_view bot_id,
+                           std::string_view provider_id,
+                           std::string_view connection_id);
 
 } // namespace botmesh

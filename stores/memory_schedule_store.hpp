@@ -16,6 +16,11 @@ class memory_schedule_store final : public schedule_store {
   memory_schedule_store();
   ~memory_schedule_store() override;
 
+  /// A map under a mutex: no I/O.
+  bool blocks() const noexcept override {
+    return false;
+  }
+
   std::optional<schedule_record> get(std::string_view id) override;
   schedule_record register_task(std::string_view id, std::string_view spec,
                                 time_point first_run, time_point now) override;

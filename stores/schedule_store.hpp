@@ -68,6 +68,13 @@ class schedule_store {
   /// Opens connections and creates schemas; idempotent.
   virtual void start();
 
+  /// False when every call returns at once without I/O (the memory store):
+  /// the scheduler's task actors then call it directly instead of through
+  /// the store-I/O actor. True by default.
+  virtual bool blocks() const noexcept {
+    return true;
+  }
+
   /// The record of `id`, deleted markers included.
   virtual std::optional<schedule_record> get(std::string_view id) = 0;
 

@@ -244,6 +244,10 @@ std::string webhook_provider::id() const {
   return impl_->opts.id;
 }
 
+std::string webhook_provider::connection_id() const {
+  return impl_->opts.phone_number_id;
+}
+
 provider_state webhook_provider::state() const {
   return impl_->st.load();
 }

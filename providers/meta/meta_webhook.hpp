@@ -94,6 +94,8 @@ class webhook_provider final : public provider {
   ~webhook_provider() override;
 
   std::string id() const override;
+  /// `phone_number_id` (empty when not configured).
+  std::string connection_id() const override;
   provider_state state() const override;
   void start(provider_host& host) override;
   void stop() override;

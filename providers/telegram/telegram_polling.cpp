@@ -204,6 +204,11 @@ std::string polling_provider::id() const {
   return impl_->opts.id;
 }
 
+std::string polling_provider::connection_id() const {
+  auto& token = impl_->opts.token;
+  return token.substr(0, token.find(':'));
+}
+
 provider_capabilities polling_provider::capabilities() const {
   return {.exclusive_session = true};
 }

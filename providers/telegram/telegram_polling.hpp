@@ -58,6 +58,8 @@ class polling_provider final : public provider {
   ~polling_provider() override;
 
   std::string id() const override;
+  /// The bot's numeric id: the token up to ':'.
+  std::string connection_id() const override;
   provider_capabilities capabilities() const override;
   provider_state state() const override;
   /// Starts the polling thread; returns at once.

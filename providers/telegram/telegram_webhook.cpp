@@ -317,6 +317,11 @@ std::string webhook_provider::id() const {
   return impl_->opts.id;
 }
 
+std::string webhook_provider::connection_id() const {
+  auto& token = impl_->opts.token;
+  return token.substr(0, token.find(':'));
+}
+
 provider_state webhook_provider::state() const {
   return impl_->st.load();
 }

@@ -82,6 +82,8 @@ class webhook_provider final : public provider {
   ~webhook_provider() override;
 
   std::string id() const override;
+  /// The bot's numeric id: the token up to ':'.
+  std::string connection_id() const override;
   provider_state state() const override;
   void start(provider_host& host) override;
   void stop() override;

@@ -26,7 +26,7 @@ struct task {
   std::optional<cron_schedule> cron;
   task_options opts;
   std::string stored_id;
-  scheduler::run_handler fn;
+  run_handler fn;
   bool durable = false;
   time_point next{}; // in-memory: next slot; durable: last known stored slot
   bool running = false;

@@ -4,6 +4,9 @@
 #include <atomic>
 #include <csignal>
 #include <latch>
+#include <map>
+#include <mutex>
+#include <set>
 
 #include <caf/all.hpp>
 
@@ -351,8 +354,9 @@ TEST_CASE("a bot's scheduled tasks run while it runs and pause when it stops") {
   b.every(10ms, [&] { ++beats; });
   auto durable = b.every("1h", {.id = "informe"},
                          [](const botmesh::scheduled_run&) {});
-  // Durable ids get the bot's namespace (the provider id by default).
-  CHECK(store->get("test:informe").has_value());
+  // Durable ids get the bot's namespace: bot id (empty), provider id and
+  // connection id (empty).
+  CHECK(store->get(":test::informe").has_value());
   CHECK(durable.id() == "informe");
   b.start();
   REQUIRE(test::eventually([&] { return beats.load() >= 3; }));
@@ -361,7 +365,91 @@ TEST_CASE("a bot's scheduled tasks run while it runs and pause when it stops") {
   std::this_thread::sleep_for(50ms);
   CHECK(beats.load() == after_stop);
   CHECK(b.forget_task("informe"));
-  CHECK(store->get("test:informe")->deleted);
+  CHECK(store->get(":test::informe")->deleted);
+}
+
+TEST_CASE("two bots with the same provider on one schedule store collide "
+          "neither on task ids nor on the leader lease") {
+  // The lease provider records which owner took which lease.
+  struct recording_lease final : botmesh::lease_provider {
+    botmesh::memory_lease_provider inner;
+    std::mutex mtx;
+    std::map<std::string, std::set<std::string>> taken; // owner -> names
+    std::optional<std::uint64_t> try_acquire(std::string_view name,
+                                             std::string_view owner,
+                                             botmesh::time_point now,
+                                             std::chrono::milliseconds ttl) override {
+      auto r = inner.try_acquire(name, owner, now, ttl);
+      if (r) {
+        std::lock_guard guard{mtx};
+        taken[std::string{owner}].insert(std::string{name});
+      }
+      return r;
+    }
+    void release(std::string_view name, std::string_view owner) override {
+      inner.release(name, owner);
+    }
+    std::set<std::string> names_of(const std::string& owner) {
+      std::lock_guard guard{mtx};
+      return taken[owner];
+    }
+  };
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  auto lease = std::make_shared<recording_lease>();
+  auto make = [&](std::string bot_id, std::string owner) {
+    return std::make_unique<botmesh::bot>(botmesh::bot_options{
+      .provider = make_provider(),
+      .scheduler = {.store = store, .lease = lease, .owner = std::move(owner),
+                    .tick = "10ms", .leader_ttl = "5s"},
+      .bot_id = std::move(bot_id)});
+  };
+  auto shop = make("shop", "owner-shop");
+  auto news = make("news", "owner-news");
+  std::atomic<int> shop_runs{0};
+  std::atomic<int> news_runs{0};
+  shop->delay(0ms, {.id = "informe", .missed = botmesh::missed_policy::run_once},
+              [&](const botmesh::scheduled_run& r) {
+                CHECK(r.task_id == "informe");
+                ++shop_runs;
+              });
+  news->delay(0ms, {.id = "informe", .missed = botmesh::missed_policy::run_once},
+              [&](const botmesh::scheduled_run&) { ++news_runs; });
+  auto shop_ns = botmesh::task_namespace("shop", "test", "");
+  auto news_ns = botmesh::task_namespace("news", "test", "");
+  CHECK(shop_ns == "shop:test:");
+  REQUIRE(store->get(shop_ns + ":informe"));
+  REQUIRE(store->get(news_ns + ":informe"));
+  CHECK(store->list().size() == 2);
+  shop->start();
+  news->start();
+  // Both one-shots run, each in its own bot: one row each.
+  REQUIRE(test::eventually([&] { return shop_runs == 1 && news_runs == 1; }));
+  REQUIRE(test::eventually([&] {
+    return store->get(shop_ns + ":informe")->done
+           && store->get(news_ns + ":informe")->done;
+  }));
+  // Each bot leads its own scheduler, under its own lease name.
+  CHECK(lease->names_of("owner-shop")
+        == std::set<std::string>{shop_ns + ":scheduler:leader"});
+  CHECK(lease->names_of("owner-news")
+        == std::set<std::string>{news_ns + ":scheduler:leader"});
+  shop->stop();
+  news->stop();
+  CHECK(shop_runs == 1);
+  CHECK(news_runs == 1);
+}
+
+TEST_CASE("the task namespace keeps bot id, provider and connection apart") {
+  using botmesh::task_namespace;
+  CHECK(task_namespace("shop", "telegram", "123") == "shop:telegram:123");
+  // A ':' inside a part cannot make two triples meet.
+  CHECK(task_namespace("a:b", "c", "") != task_namespace("a", "b:c", ""));
+  CHECK(task_namespace("a:b", "c", "") == "a%3Ab:c:");
+  CHECK(task_namespace("a%3Ab", "c", "") == "a%253Ab:c:");
+  CHECK(task_namespace("", "test", "") == ":test:");
+  // The provider's connection id is part of it.
+  botmesh::testing_provider p{{.id = "wa", .connection_id = "555"}};
+  CHECK(p.connection_id() == "555");
 }
 
 TEST_CASE("run() drains and returns 0 on SIGTERM, and a bot runs only once") {

@@ -529,7 +529,8 @@ TEST_CASE("with coordination the scheduler's leadership uses the coordinator") {
   REQUIRE(test::eventually([&] { return ticks.load() > 0; }));
   botmesh::memory_coordinator other{hub, {.replica_id = "z"}};
   CHECK_FALSE(botmesh::blocking_coordinator{other}
-                .lead("test:scheduler:leader")
+                .lead(botmesh::task_namespace("", "test", "")
+                      + ":scheduler:leader")
                 .has_value());
 }
 

@@ -10,7 +10,7 @@
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/scheduler/cron.hpp>
-#include <botmesh/scheduler/scheduler.hpp>
+#include <botmesh/actors/scheduler.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>
 
 using namespace std::chrono_literals;

@@ -1,0 +1,131 @@
+#pragma once
+
+// Internal: what the scheduler's actors share, and how they are spawned.
+//
+//   facade (scheduler)        timer actor (1)            task actor (1 per durable id)
+//    | every/schedule/delay ---> in-memory grid           |
+//    | durable id ---------------------------------------> register (spawn)
+//    | start / poll / stop ---> (resume|poll|pause) ----> (resume|poll|pause)
+//    |                          leader lease every tick   claim -> run -> renew -> commit
+//    |                               \                      /
+//    |                                 store I/O actor (detached): blocking store calls,
+//    |                                 each reply a message to the caller
+//    | handlers run on the executor (the handler pool) and report back by message.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include <botmesh/scheduler/internal/task.hpp>
+#include <botmesh/scheduler/scheduler.hpp>
+#include <botmesh/stores/schedule_store.hpp>
+
+namespace botmesh::internal {
+
+/// Batches for the timer actor: tasks added and runs ended arrive here
+/// (the mutex guards the vectors only), and a message wakes the actor only
+/// when a batch starts, so 100k timers armed or fired cost a few messages.
+struct timer_inbox {
+  std::mutex mtx;
+  std::vector<std::pair<std::uint64_t, std::shared_ptr<task>>> added;
+  std::vector<std::uint64_t> ended;
+
+  /// True when the batch was empty: the caller sends the wake-up.
+  bool add(std::uint64_t handle, std::shared_ptr<task> t) {
+    std::lock_guard guard{mtx};
+    added.emplace_back(handle, std::move(t));
+    return added.size() == 1;
+  }
+  bool end(std::uint64_t handle) {
+    std::lock_guard guard{mtx};
+    ended.push_back(handle);
+    return ended.size() == 1;
+  }
+};
+
+/// Shared by the facade and the actors. Everything but the atomics and the
+/// run counter is written before the first actor is spawned.
+struct scheduler_engine {
+  scheduler_options opts;
+  const clock* clk = nullptr;
+  std::string owner;
+  std::shared_ptr<schedule_store> store;
+  /// The store-I/O actor (detached): every store and lease call goes there.
+  caf::actor io;
+  /// In-memory tasks added and runs ended, for the timer actor.
+  timer_inbox timers;
+  /// Runs a handler job (the handler pool, or a test's executor).
+  std::function<void(std::function<void()>)> execute;
+  /// This scheduler holds the leader lease (always true without one).
+  std::atomic<bool> leader{true};
+  /// Started: actors arm their own wake-ups (CAF delayed messages).
+  std::atomic<bool> started{false};
+  /// stop() was called: no new runs until start() or poll().
+  std::atomic<bool> paused{false};
+
+  time_point now() const {
+    return clk->now();
+  }
+
+  /// The grace period: tick, plus 2 x leader_ttl with a leader lease.
+  std::chrono::milliseconds grace() const {
+    return opts.tick.ms()
+           + (opts.lease ? 2 * opts.leader_ttl.ms() : std::chrono::milliseconds{0});
+  }
+
+  /// Followers leave on-time claims to the leader.
+  time_point due_at(time_point next) const {
+    return leader.load() ? next : next + opts.leader_ttl.ms();
+  }
+
+  std::string leader_name() const {
+    return opts.ns.empty() ? "scheduler:leader" : opts.ns + ":scheduler:leader";
+  }
+
+  void log(std::string_view text) const;
+
+  /// Runs between a claim (or an in-memory run) and its end; stop() waits
+  /// for none to be left. The mutex guards this counter only.
+  void run_started();
+  void run_finished();
+  void wait_idle();
+
+ private:
+  std::mutex mtx_;
+  std::condition_variable idle_cv_;
+  std::size_t in_flight_ = 0;
+};
+
+/// A blocking call for the store-I/O actor: `fn` runs on its thread, and
+/// the reply (the same pointer) comes back as a message; `failure` holds
+/// the text of an exception `fn` threw.
+struct store_call {
+  std::function<void()> fn;
+  std::string failure;
+};
+
+/// Spawns the detached store-I/O actor: `(io_atom, shared_ptr<store_call>)`
+/// runs the call and replies `(io_atom, shared_ptr<store_call>)`.
+caf::actor spawn_store_io(caf::actor_system& sys);
+
+/// Spawns the actor of one durable task (its id registered already).
+caf::actor spawn_task_actor(caf::actor_system& sys,
+                            std::shared_ptr<scheduler_engine> eng,
+                            std::shared_ptr<task> t);
+
+/// Spawns the timer actor: in-memory tasks on their grid, the leader lease
+/// and the orphan check at start.
+caf::actor spawn_timer_actor(caf::actor_system& sys,
+                             std::shared_ptr<scheduler_engine> eng);
+
+} // namespace botmesh::internal

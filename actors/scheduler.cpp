@@ -1,0 +1,453 @@
+// The scheduler facade: checks arguments, keeps the registry of tasks, and
+// drives the actors (timer actor, one task actor per durable id, the
+// store-I/O actor). The mutex guards the registry only: no store call and
+// no wait happens under it.
+
+#include <botmesh/actors/scheduler.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include <botmesh/actors/internal/scheduler_engine.hpp>
+#include <botmesh/actors/messages.hpp>
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/worker_pool.hpp>
+#include <botmesh/scheduler/cron.hpp>
+#include <botmesh/stores/memory_schedule_store.hpp>
+#include <botmesh/stores/store.hpp>
+
+
+namespace botmesh {
+
+// -- the engine's shared parts --------------------------------------------------
+
+namespace internal {
+
+void scheduler_engine::log(std::string_view text) const {
+  if (opts.log)
+    opts.log(text);
+  else
+    std::fprintf(stderr, "botmesh scheduler: %.*s\n",
+                 static_cast<int>(text.size()), text.data());
+}
+
+void scheduler_engine::run_started() {
+  std::lock_guard guard{mtx_};
+  ++in_flight_;
+}
+
+void scheduler_engine::run_finished() {
+  std::lock_guard guard{mtx_};
+  if (--in_flight_ == 0)
+    idle_cv_.notify_all();
+}
+
+void scheduler_engine::wait_idle() {
+  std::unique_lock guard{mtx_};
+  idle_cv_.wait(guard, [this] { return in_flight_ == 0; });
+}
+
+} // namespace internal
+
+using internal::task;
+using internal::task_kind;
+
+struct scheduler::impl final : task_owner,
+                               std::enable_shared_from_this<scheduler::impl> {
+  explicit impl(scheduler_options o)
+    : eng(std::make_shared<internal::scheduler_engine>()) {
+    if (o.tick.count() <= 0)
+      throw invalid_argument_error("tick", "scheduler tick must be positive");
+    validate_time_zone(o.time_zone);
+    eng->clk = o.clock ? o.clock : &clock::system();
+    eng->owner = o.owner.empty() ? detail::random_token() : o.owner;
+    eng->leader = !o.lease; // until the lease says otherwise
+    if (o.executor) {
+      eng->execute = o.executor;
+    } else {
+      auto threads = std::max<std::size_t>(1, o.threads);
+      pool = std::make_shared<internal::worker_pool>(std::min<std::size_t>(2, threads),
+                                                     threads);
+      eng->execute = [p = pool](std::function<void()> job) {
+        p->post(std::move(job));
+      };
+    }
+    if (o.system) {
+      sys = o.system;
+    } else {
+      // Two workers: the actors only pass messages, handlers run elsewhere.
+      cfg = std::make_unique<caf::actor_system_config>();
+      cfg->set("scheduler.max-threads", std::size_t{2});
+      cfg->set("scheduler.max-throughput", std::size_t{64});
+      cfg->set("logger.file-verbosity", caf::atom("quiet"));
+      cfg->set("logger.console-verbosity", caf::atom("quiet"));
+      own_sys = std::make_unique<caf::actor_system>(*cfg);
+      sys = own_sys.get();
+    }
+    eng->opts = std::move(o);
+    eng->io = internal::spawn_store_io(*sys);
+    timers = internal::spawn_timer_actor(*sys, eng);
+  }
+
+  ~impl() override {
+    stop();
+    std::vector<caf::actor> all;
+    {
+      std::lock_guard guard{mtx};
+      for (auto& [h, a] : durable)
+        all.push_back(a);
+      durable.clear();
+    }
+    for (auto& a : all)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(timers, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(eng->io, caf::exit_reason::user_shutdown);
+    timers = nullptr;
+    eng->io = nullptr;
+    own_sys.reset(); // waits for the actors
+    if (pool)
+      pool->shutdown();
+  }
+
+  // The schedule store, created on first use (the caller's thread).
+  schedule_store& store() {
+    std::call_once(store_once, [this] {
+      if (eng->opts.store) {
+        eng->store = eng->opts.store;
+      } else {
+        eng->store = std::make_shared<memory_schedule_store>();
+        eng->log("no schedule store configured: durable tasks run, but their "
+                 "calendars do not survive a restart");
+      }
+      eng->store->start();
+    });
+    return *eng->store;
+  }
+
+  std::string stored_id(std::string_view id) const {
+    return eng->opts.ns.empty() ? std::string{id}
+                                : eng->opts.ns + ":" + std::string{id};
+  }
+
+  static std::string spec_of(const task& t) {
+    switch (t.kind) {
+      case task_kind::every:
+        return fmt::format("every {}", t.interval.count());
+      case task_kind::cron:
+        return "cron " + t.cron->spec();
+      case task_kind::delay:
+        return fmt::format("delay {}", t.interval.count());
+    }
+    return {};
+  }
+
+  // -- registration ----------------------------------------------------------
+
+  scheduled_task add(task t) {
+    auto now = eng->now();
+    auto st = std::make_shared<scheduled_task::state>();
+    st->owner = weak_from_this();
+    st->id = t.opts.id;
+    st->zone = t.cron ? t.cron->zone() : std::string{};
+    if (t.kind == task_kind::cron) {
+      auto n = t.cron->next_after(now);
+      if (!n)
+        throw invalid_argument_error("cron", "cron expression never runs");
+      t.next = *n;
+    } else {
+      t.next = now + t.interval;
+    }
+    t.st = st;
+    if (!t.durable) {
+      {
+        std::lock_guard guard{mtx};
+        st->handle = next_handle++;
+      }
+      if (eng->timers.add(st->handle, std::make_shared<task>(std::move(t))))
+        caf::anon_send(timers, timer_add_atom::value);
+      return scheduled_task{st};
+    }
+    if (t.opts.max_catch_up == 0)
+      throw invalid_argument_error("max_catch_up",
+                                   "max_catch_up must be at least 1");
+    if (t.opts.lease.count() <= 0)
+      throw invalid_argument_error("lease", "lease must be positive");
+    t.stored_id = stored_id(t.opts.id);
+    {
+      std::lock_guard guard{mtx};
+      if (by_id.count(t.stored_id))
+        throw invalid_argument_error(
+          "id", fmt::format("task id \"{}\" is already registered", t.opts.id));
+      st->handle = next_handle++;
+      by_id[t.stored_id] = st->handle; // reserved while the store answers
+    }
+    try {
+      auto rec = store().register_task(t.stored_id, spec_of(t), t.next, now);
+      t.next = rec.next_run_at;
+      if (rec.done)
+        st->active = false; // a one-shot that already ran: its tombstone
+    } catch (...) {
+      std::lock_guard guard{mtx};
+      by_id.erase(t.stored_id);
+      throw;
+    }
+    auto actor = internal::spawn_task_actor(*sys, eng,
+                                            std::make_shared<task>(std::move(t)));
+    {
+      std::lock_guard guard{mtx};
+      durable[st->handle] = actor;
+    }
+    if (eng->started.load())
+      caf::anon_send(actor, task_resume_atom::value);
+    return scheduled_task{st};
+  }
+
+  // Ends a registered task: the timer actor drops an in-memory one; a
+  // durable one's actor exits once idle. Returns the stored id of a durable
+  // task ("" otherwise).
+  std::string detach(std::uint64_t handle) {
+    std::optional<caf::actor> actor;
+    std::string stored;
+    {
+      std::lock_guard guard{mtx};
+      if (auto i = durable.find(handle); i != durable.end()) {
+        actor = i->second;
+        durable.erase(i);
+        for (auto j = by_id.begin(); j != by_id.end(); ++j)
+          if (j->second == handle) {
+            stored = j->first;
+            by_id.erase(j);
+            break;
+          }
+      }
+    }
+    if (!actor)
+      caf::anon_send(timers, timer_cancel_atom::value, handle);
+    else
+      caf::anon_send(*actor, task_cancel_atom::value);
+    return stored;
+  }
+
+  void cancel(std::uint64_t handle) override {
+    auto stored = detach(handle);
+    if (stored.empty())
+      return;
+    try {
+      store().remove(stored, eng->now());
+    } catch (const std::exception& e) {
+      eng->log(fmt::format("removing {} failed: {}", stored, e.what()));
+    }
+  }
+
+  bool forget(std::string_view id) {
+    auto stored = stored_id(id);
+    std::optional<std::uint64_t> handle;
+    {
+      std::lock_guard guard{mtx};
+      if (auto i = by_id.find(stored); i != by_id.end())
+        handle = i->second;
+    }
+    if (handle)
+      detach(*handle);
+    return store().remove(stored, eng->now());
+  }
+
+  // -- lifecycle -------------------------------------------------------------
+
+  std::vector<caf::actor> task_actors() {
+    std::lock_guard guard{mtx};
+    std::vector<caf::actor> out;
+    out.reserve(durable.size());
+    for (auto& [h, a] : durable)
+      out.push_back(a);
+    return out;
+  }
+
+  std::vector<std::string> registered_ids() {
+    std::lock_guard guard{mtx};
+    std::vector<std::string> out;
+    for (auto& [id, h] : by_id)
+      out.push_back(id);
+    return out;
+  }
+
+  void start() {
+    if (eng->started.exchange(true))
+      return;
+    eng->paused = false;
+    caf::anon_send(timers, task_resume_atom::value, registered_ids());
+    for (auto& a : task_actors())
+      caf::anon_send(a, task_resume_atom::value);
+  }
+
+  void stop() {
+    eng->paused = true;
+    bool was_started = eng->started.exchange(false);
+    caf::anon_send(timers, task_pause_atom::value);
+    for (auto& a : task_actors())
+      caf::anon_send(a, task_pause_atom::value);
+    eng->wait_idle();
+    if (was_started && eng->opts.lease && eng->leader.load()) {
+      try {
+        eng->opts.lease->release(eng->leader_name(), eng->owner);
+      } catch (...) {
+        // nop: the lease expires on its own
+      }
+      eng->leader = false;
+    }
+  }
+
+  void poll() {
+    eng->paused = false;
+    caf::scoped_actor self{*sys};
+    // The leader lease first: it decides which runs are due.
+    self->request(timers, caf::infinite, task_poll_atom::value, true)
+      .receive([](task_poll_atom) {}, [](caf::error&) {});
+    // Every actor at once (they work in parallel); a helper actor gathers
+    // the answers (a blocking actor would scan its mailbox for each one).
+    auto actors = task_actors();
+    actors.push_back(timers);
+    auto gather = sys->spawn([actors](caf::event_based_actor* g) {
+      return caf::behavior{
+        [=](task_poll_atom) {
+          auto rp = g->make_response_promise();
+          auto left = std::make_shared<std::size_t>(actors.size());
+          auto one = [=]() mutable {
+            if (--*left == 0) {
+              rp.deliver(task_poll_atom::value);
+              g->quit();
+            }
+          };
+          for (auto& a : actors)
+            g->request(a, caf::infinite, task_poll_atom::value)
+              .then([one](task_poll_atom) mutable { one(); },
+                    [one](caf::error&) mutable { one(); });
+        },
+      };
+    });
+    self->request(gather, caf::infinite, task_poll_atom::value)
+      .receive([](task_poll_atom) {}, [](caf::error&) {});
+  }
+
+  std::shared_ptr<internal::scheduler_engine> eng;
+  std::shared_ptr<internal::worker_pool> pool;
+  std::unique_ptr<caf::actor_system_config> cfg;
+  std::unique_ptr<caf::actor_system> own_sys;
+  caf::actor_system* sys = nullptr;
+  caf::actor timers;
+  std::once_flag store_once;
+
+  std::mutex mtx; // the registry below
+  std::map<std::uint64_t, caf::actor> durable;
+  std::map<std::string, std::uint64_t> by_id;
+  std::uint64_t next_handle = 1;
+};
+
+// -- scheduler ------------------------------------------------------------------
+
+namespace {
+
+run_handler wrap(scheduler::job fn) {
+  return [fn = std::move(fn)](const scheduled_run&) { fn(); };
+}
+
+void reject_zone(const task_options& o) {
+  if (!o.time_zone.empty())
+    throw invalid_argument_error(
+      "time_zone", "time_zone applies to cron tasks only, not to every/delay");
+}
+
+task make_task(task_kind kind, std::chrono::milliseconds interval,
+               task_options opts, run_handler fn) {
+  if (kind != task_kind::cron)
+    reject_zone(opts);
+  task t;
+  t.kind = kind;
+  t.interval = interval;
+  t.durable = !opts.id.empty();
+  t.opts = std::move(opts);
+  t.fn = std::move(fn);
+  return t;
+}
+
+} // namespace
+
+scheduler::scheduler(scheduler_options opts)
+  : impl_(std::make_shared<impl>(std::move(opts))) {
+  // nop
+}
+
+scheduler::~scheduler() {
+  impl_->stop();
+}
+
+scheduled_task scheduler::every(duration interval, job fn) {
+  return every(interval, {}, wrap(std::move(fn)));
+}
+
+scheduled_task scheduler::every(duration interval, task_options opts,
+                                run_handler fn) {
+  if (interval.count() <= 0)
+    throw invalid_argument_error("interval",
+                                 "every() needs a positive interval, got "
+                                   + format_duration(interval.ms()));
+  return impl_->add(
+    make_task(task_kind::every, interval.ms(), std::move(opts), std::move(fn)));
+}
+
+scheduled_task scheduler::schedule(std::string_view cron, job fn) {
+  return schedule(cron, {}, wrap(std::move(fn)));
+}
+
+scheduled_task scheduler::schedule(std::string_view cron, task_options opts,
+                                   run_handler fn) {
+  auto zone = opts.time_zone.empty() ? impl_->eng->opts.time_zone
+                                     : opts.time_zone;
+  cron_schedule parsed{cron, zone, impl_->eng->now()};
+  auto t = make_task(task_kind::cron, {}, std::move(opts), std::move(fn));
+  t.cron.emplace(std::move(parsed));
+  return impl_->add(std::move(t));
+}
+
+scheduled_task scheduler::delay(duration d, job fn) {
+  return delay(d, {}, wrap(std::move(fn)));
+}
+
+scheduled_task scheduler::delay(duration d, task_options opts, run_handler fn) {
+  if (d.count() < 0)
+    throw invalid_argument_error("delay",
+                                 "delay() needs a non-negative delay, got "
+                                   + format_duration(d.ms()));
+  return impl_->add(
+    make_task(task_kind::delay, d.ms(), std::move(opts), std::move(fn)));
+}
+
+bool scheduler::forget_task(std::string_view id) {
+  return impl_->forget(id);
+}
+
+void scheduler::start() {
+  impl_->start();
+}
+
+void scheduler::stop() {
+  impl_->stop();
+}
+
+void scheduler::poll() {
+  impl_->poll();
+}
+
+std::chrono::milliseconds scheduler::grace() const noexcept {
+  return impl_->eng->grace();
+}
+
+} // namespace botmesh

@@ -1,0 +1,39 @@
+// The store-I/O actor: blocking store calls (SQLite, the synchronous Redis
+// schedule store) run on its own thread, never on a CAF worker; each reply
+// is a message to the actor that asked (CAF's curl_fuse pattern).
+
+#include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+
+#include <botmesh/actors/internal/scheduler_engine.hpp>
+#include <botmesh/actors/messages.hpp>
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::store_call>)
+
+namespace botmesh::internal {
+
+caf::actor spawn_store_io(caf::actor_system& sys) {
+  auto behavior = [](caf::event_based_actor*) {
+    return caf::behavior{
+      [](io_atom, std::shared_ptr<store_call>& call) {
+        try {
+          call->fn();
+        } catch (const std::exception& e) {
+          call->failure = e.what();
+          if (call->failure.empty())
+            call->failure = "unknown error";
+        } catch (...) {
+          call->failure = "unknown error";
+        }
+        return caf::make_message(io_atom::value, std::move(call));
+      },
+    };
+  };
+  // On CAF's test coordinator (virtual-time tests) every actor runs on the
+  // test's thread, this one too; a thread of its own would race with it.
+  if (dynamic_cast<caf::scheduler::test_coordinator*>(&sys.scheduler()))
+    return sys.spawn(behavior);
+  return sys.spawn<caf::detached>(behavior);
+}
+
+} // namespace botmesh::internal

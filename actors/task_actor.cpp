@@ -1,0 +1,415 @@
+// The actor of one durable task: its mailbox orders claim -> run -> renew
+// -> commit. Store calls go to the store-I/O actor and come back as
+// messages; the handler runs on the executor (the handler pool) and reports
+// its end by message; wake-ups and renewals are CAF delayed messages.
+
+#include <algorithm>
+#include <optional>
+#include <stop_token>
+#include <vector>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include <botmesh/actors/internal/scheduler_engine.hpp>
+#include <botmesh/actors/messages.hpp>
+#include <botmesh/scheduler/cron.hpp>
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::store_call>)
+
+namespace botmesh::internal {
+
+namespace {
+
+using ms = std::chrono::milliseconds;
+
+enum class phase { idle, claiming, running, committing };
+
+struct task_state {
+  std::shared_ptr<scheduler_engine> eng;
+  std::shared_ptr<task> t;
+  phase ph = phase::idle;
+  // The current claim and its plan.
+  schedule_claim claim;
+  run_plan plan;
+  std::shared_ptr<std::stop_source> stop;
+  time_point next_renew = time_point::max();
+  bool renewing = false;
+  // Pending poll replies: delivered once idle.
+  std::vector<caf::response_promise> polls;
+  // The pending wake-up: only the latest generation counts.
+  std::uint64_t wake_gen = 0;
+  time_point armed = time_point::max();
+  bool cancelled = false;
+
+  static inline const char* name = "botmesh.task";
+};
+
+using task_actor = caf::stateful_actor<task_state>;
+
+// Runs `fn` on the store-I/O actor, then `then(failure)` in this actor. A
+// store that does no I/O (the memory store) is called right here.
+template <class Fn, class Then>
+void store_io(task_actor* self, Fn fn, Then then) {
+  if (!self->state.eng->store->blocks()) {
+    std::string failure;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      failure = e.what();
+      if (failure.empty())
+        failure = "unknown error";
+    } catch (...) {
+      failure = "unknown error";
+    }
+    then(failure);
+    return;
+  }
+  auto call = std::make_shared<store_call>();
+  call->fn = std::move(fn);
+  self->request(self->state.eng->io, caf::infinite, io_atom::value, call)
+    .then([then = std::move(then)](io_atom, std::shared_ptr<store_call>& c) {
+      then(c->failure);
+    });
+}
+
+void evaluate(task_actor* self);
+
+void reply_if_idle(task_actor* self) {
+  auto& st = self->state;
+  if (st.ph != phase::idle)
+    return;
+  for (auto& rp : st.polls)
+    rp.deliver(task_poll_atom::value);
+  st.polls.clear();
+  if (st.cancelled)
+    self->quit();
+}
+
+// Arms one wake-up at `at` (at the latest one tick ahead, so a change of
+// leadership or a clock step is seen within a tick).
+void arm(task_actor* self, time_point at) {
+  auto& st = self->state;
+  if (!st.eng->started.load() || st.cancelled)
+    return;
+  auto now = st.eng->now();
+  at = std::min(at, now + st.eng->opts.tick.ms());
+  if (at >= st.armed)
+    return; // an earlier wake-up is pending
+  st.armed = at;
+  self->delayed_send(self, std::max(ms{0}, at - now), task_tick_atom::value,
+                     ++st.wake_gen);
+}
+
+void arm_renewal(task_actor* self) {
+  auto& st = self->state;
+  if (!st.eng->started.load())
+    return; // poll() renews on its own
+  auto delay = std::max(ms{0}, st.next_renew - st.eng->now());
+  self->delayed_send(self, delay, task_renew_atom::value, st.claim.token);
+}
+
+void renew(task_actor* self) {
+  auto& st = self->state;
+  if (st.ph != phase::running || st.renewing)
+    return;
+  st.renewing = true;
+  auto eng = st.eng;
+  auto id = st.t->stored_id;
+  auto token = st.claim.token;
+  auto lease = st.t->opts.lease.ms();
+  auto now = eng->now();
+  auto ok = std::make_shared<bool>(false);
+  store_io(
+    self, [=] { *ok = eng->store->renew(id, eng->owner, token, now, lease); },
+    [=](const std::string& failure) {
+      auto& st = self->state;
+      st.renewing = false;
+      if (st.ph != phase::running || st.claim.token != token)
+        return;
+      if (!failure.empty()) {
+        // Try again next tick; the lease may still hold.
+        eng->log(fmt::format("renewing the lease of {} failed: {}", id, failure));
+        st.next_renew = now + eng->opts.tick.ms();
+      } else if (*ok) {
+        st.next_renew = now + lease / 3;
+      } else {
+        eng->log(fmt::format("lease of {} (token {}) lost: its run is asked to "
+                             "stop",
+                             id, token));
+        st.stop->request_stop();
+        st.next_renew = time_point::max();
+        return;
+      }
+      arm_renewal(self);
+    });
+}
+
+// Where the calendar goes once the claimed run ended, having run `ran`
+// slots of the plan. Nothing when there is nothing to commit.
+struct outcome {
+  std::optional<time_point> next;
+  bool done = false;
+};
+
+outcome after_run(const task_state& st, std::size_t ran, time_point end) {
+  auto& t = *st.t;
+  outcome o;
+  if (ran < st.plan.slots.size()) {
+    o.next = st.plan.slots[ran]; // a stop: resume from the first slot not run
+  } else if (st.plan.one_shot) {
+    o.next = st.claim.record.next_run_at;
+    o.done = true;
+  } else if (st.plan.next_if_completed) {
+    o.next = st.plan.next_if_completed;
+  } else {
+    auto slot = st.claim.record.next_run_at;
+    o.next = t.opts.missed == missed_policy::skip ? t.first_slot_after(slot, end)
+                                                  : t.slot_after(slot);
+  }
+  return o;
+}
+
+void finish(task_actor* self, bool reevaluate) {
+  auto& st = self->state;
+  st.ph = phase::idle;
+  st.stop.reset();
+  st.next_renew = time_point::max();
+  st.eng->run_finished();
+  if (reevaluate)
+    evaluate(self); // slots that fell due meanwhile are claimed next
+  reply_if_idle(self);
+}
+
+void run_ended(task_actor* self, std::size_t ran) {
+  auto& st = self->state;
+  auto eng = st.eng;
+  auto end = eng->now();
+  auto o = after_run(st, ran, end);
+  if (!o.next) {
+    finish(self, false);
+    return;
+  }
+  st.ph = phase::committing;
+  auto id = st.t->stored_id;
+  auto token = st.claim.token;
+  auto committed = std::make_shared<bool>(false);
+  store_io(
+    self,
+    [=] {
+      *committed = eng->store->commit(id, eng->owner, token, *o.next, o.done, end);
+    },
+    [=](const std::string& failure) {
+      auto& st = self->state;
+      if (!failure.empty()) {
+        eng->log(fmt::format("committing {} failed: {}", id, failure));
+      } else if (!*committed) {
+        eng->log(fmt::format("commit of {} with token {} rejected: a newer claim "
+                             "exists (this executor was stale)",
+                             id, token));
+      } else {
+        st.t->next = *o.next;
+        if (o.done)
+          st.t->st->active = false;
+      }
+      finish(self, failure.empty());
+    });
+}
+
+// Posts the plan's runs to the executor; the job reports how many ran.
+void start_run(task_actor* self) {
+  auto& st = self->state;
+  st.stop = std::make_shared<std::stop_source>();
+  if (st.plan.slots.empty()) { // skip: nothing to run, only the commit
+    run_ended(self, 0);
+    return;
+  }
+  auto me = caf::actor_cast<caf::actor>(self);
+  auto t = st.t;
+  auto plan = st.plan;
+  auto token = st.claim.token;
+  auto stop = st.stop;
+  auto eng = st.eng;
+  eng->execute([me, t, plan, token, stop, eng] {
+    std::size_t ran = 0;
+    for (auto slot : plan.slots) {
+      if (stop->stop_requested())
+        break;
+      scheduled_run run;
+      run.task_id = t->opts.id;
+      run.scheduled_at = slot;
+      run.occurrence_key = t->opts.id + "@" + to_iso_utc(slot);
+      run.fencing_token = token;
+      run.missed = plan.missed;
+      run.stop = stop->get_token();
+      try {
+        t->fn(run);
+      } catch (const std::exception& e) {
+        eng->log(fmt::format("durable task {} failed: {}", run.occurrence_key,
+                             e.what()));
+      } catch (...) {
+        eng->log(fmt::format("durable task {} failed", run.occurrence_key));
+      }
+      ++ran;
+    }
+    caf::anon_send(me, task_done_atom::value, token, ran);
+  });
+}
+
+void claimed(task_actor* self, std::optional<schedule_claim> claim,
+             std::optional<schedule_record> current, time_point now) {
+  auto& st = self->state;
+  auto& t = *st.t;
+  auto eng = st.eng;
+  if (!claim) {
+    st.ph = phase::idle;
+    eng->run_finished();
+    if (current) {
+      if (current->deleted) {
+        eng->log(fmt::format("schedule {} was removed elsewhere: the task stops",
+                             t.stored_id));
+        t.st->active = false;
+      } else if (current->done) {
+        t.st->active = false;
+      } else {
+        t.next = current->next_run_at;
+        // Someone runs it: look again when their lease ends.
+        if (!current->lease_owner.empty() && current->lease_until > now)
+          t.next = std::max(t.next, current->lease_until);
+      }
+    }
+    if (t.st->active && !st.cancelled)
+      arm(self, eng->due_at(t.next));
+    reply_if_idle(self);
+    return;
+  }
+  if (st.cancelled || eng->paused.load()) {
+    // Given up meanwhile: hand the slot back untouched.
+    st.claim = *claim;
+    st.plan = run_plan{};
+    st.plan.next_if_completed = claim->record.next_run_at;
+    st.ph = phase::running;
+    run_ended(self, 0);
+    return;
+  }
+  st.claim = std::move(*claim);
+  std::size_t skipped = 0;
+  st.plan = plan_claim(t, st.claim, now, eng->grace(), skipped);
+  if (skipped > 0)
+    eng->log(fmt::format("{}: catch-up runs the {} oldest missed slots and "
+                         "skips {} more (max_catch_up)",
+                         t.stored_id, st.plan.slots.size(), skipped));
+  st.ph = phase::running;
+  st.next_renew = now + t.opts.lease.ms() / 3;
+  arm_renewal(self);
+  start_run(self);
+}
+
+void claim(task_actor* self, time_point now) {
+  auto& st = self->state;
+  auto eng = st.eng;
+  auto id = st.t->stored_id;
+  auto lease = st.t->opts.lease.ms();
+  st.ph = phase::claiming;
+  eng->run_started();
+  auto got = std::make_shared<std::optional<schedule_claim>>();
+  auto current = std::make_shared<std::optional<schedule_record>>();
+  store_io(
+    self,
+    [=] {
+      *got = eng->store->claim(id, eng->owner, now, lease);
+      if (!*got)
+        *current = eng->store->get(id);
+    },
+    [=](const std::string& failure) {
+      if (!failure.empty()) {
+        eng->log(fmt::format("claiming {} failed: {}", id, failure));
+        auto& st = self->state;
+        st.ph = phase::idle;
+        eng->run_finished();
+        arm(self, now + eng->opts.tick.ms()); // retry next tick
+        reply_if_idle(self);
+        return;
+      }
+      claimed(self, std::move(*got), std::move(*current), now);
+    });
+}
+
+void evaluate(task_actor* self) {
+  auto& st = self->state;
+  if (st.eng->paused.load() || st.cancelled)
+    return;
+  auto now = st.eng->now();
+  if (st.ph == phase::running) {
+    if (st.next_renew <= now)
+      renew(self);
+    return;
+  }
+  if (st.ph != phase::idle || !st.t->st->active.load())
+    return;
+  auto due = st.eng->due_at(st.t->next);
+  if (due <= now)
+    claim(self, now);
+  else
+    arm(self, due);
+}
+
+caf::behavior task_behavior(task_actor* self,
+                            std::shared_ptr<scheduler_engine> eng,
+                            std::shared_ptr<task> t) {
+  self->state.eng = std::move(eng);
+  self->state.t = std::move(t);
+  return {
+    [=](task_tick_atom, std::uint64_t gen) {
+      auto& st = self->state;
+      if (gen != st.wake_gen)
+        return; // superseded by an earlier wake-up
+      st.armed = time_point::max();
+      evaluate(self);
+    },
+    [=](task_poll_atom) {
+      auto& st = self->state;
+      st.polls.push_back(self->make_response_promise());
+      evaluate(self);
+      reply_if_idle(self);
+    },
+    [=](task_resume_atom) {
+      self->state.armed = time_point::max();
+      evaluate(self);
+    },
+    [=](task_renew_atom, std::uint64_t token) {
+      auto& st = self->state;
+      if (st.ph == phase::running && st.claim.token == token)
+        renew(self);
+    },
+    [=](task_done_atom, std::uint64_t token, std::size_t ran) {
+      auto& st = self->state;
+      if (st.ph != phase::running || st.claim.token != token)
+        return;
+      run_ended(self, ran);
+    },
+    [=](task_pause_atom) {
+      auto& st = self->state;
+      if (st.stop)
+        st.stop->request_stop();
+    },
+    [=](task_cancel_atom) {
+      auto& st = self->state;
+      st.cancelled = true;
+      st.t->st->active = false;
+      if (st.stop)
+        st.stop->request_stop();
+      reply_if_idle(self);
+    },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_task_actor(caf::actor_system& sys,
+                            std::shared_ptr<scheduler_engine> eng,
+                            std::shared_ptr<task> t) {
+  return sys.spawn(task_behavior, std::move(eng), std::move(t));
+}
+
+} // namespace botmesh::internal

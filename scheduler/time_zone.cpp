@@ -1,0 +1,112 @@
+// Time zones by name, and ISO-8601 formatting and parsing (occurrence keys,
+// cron previews).
+
+#include <botmesh/scheduler/cron.hpp>
+
+#include <string>
+
+#include <cctz/civil_time.h>
+#include <cctz/time_zone.h>
+#include <fmt/format.h>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/scheduler/internal/zone.hpp>
+
+namespace botmesh {
+
+namespace internal {
+
+namespace {
+
+bool load_zone(std::string_view name, cctz::time_zone* tz) {
+  if (name == "local") {
+    *tz = cctz::local_time_zone();
+    return true;
+  }
+  if (name == "UTC") {
+    *tz = cctz::utc_time_zone();
+    return true;
+  }
+  if (name.empty())
+    return false;
+  return cctz::load_time_zone(std::string{name}, tz);
+}
+
+} // namespace
+
+cctz::time_zone zone_or_throw(std::string_view name) {
+  cctz::time_zone tz;
+  if (!load_zone(name, &tz))
+    throw invalid_argument_error(
+      "time_zone", fmt::format("unknown time zone \"{}\": use an IANA name "
+                               "such as \"Europe/Madrid\", \"UTC\" or "
+                               "\"local\"",
+                               name));
+  return tz;
+}
+
+} // namespace internal
+
+using internal::from_seconds;
+using internal::sec_tp;
+using internal::to_seconds;
+using internal::zone_or_throw;
+
+void validate_time_zone(std::string_view zone) {
+  zone_or_throw(zone);
+}
+
+std::string format_iso8601(time_point t, std::string_view zone) {
+  auto tz = zone_or_throw(zone);
+  auto s = to_seconds(t);
+  if (zone == "UTC")
+    return cctz::format("%Y-%m-%dT%H:%M:%SZ", s, tz);
+  // Offsets of old local mean times have seconds (Africa/Monrovia was
+  // -00:44:30): printed as +HH:MM they would name another instant.
+  if (tz.lookup(s).offset % 60 != 0)
+    return cctz::format("%Y-%m-%dT%H:%M:%S%E*z", s, tz);
+  return cctz::format("%Y-%m-%dT%H:%M:%S%Ez", s, tz);
+}
+
+time_point parse_iso8601(std::string_view text, std::string_view zone) {
+  auto tz = zone_or_throw(zone);
+  std::string in{text};
+  sec_tp s;
+  cctz::detail::femtoseconds fs;
+  for (const char* fmt_str :
+       {"%Y-%m-%dT%H:%M:%E*S%Ez", "%Y-%m-%dT%H:%M:%E*S%E*z",
+        "%Y-%m-%dT%H:%M:%E*SZ", "%Y-%m-%dT%H:%M%Ez",
+        "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%E*S", "%Y-%m-%dT%H:%M"}) {
+    std::string f = fmt_str;
+    bool utc = f.back() == 'Z';
+    if (!cctz::detail::parse(f, in, utc ? cctz::utc_time_zone() : tz, &s,
+                             &fs))
+      continue;
+    // Bounded so that the instant fits a millisecond time_point (seconds x
+    // 1000 of a year like 999999999 would wrap around silently).
+    auto year = cctz::convert(s, cctz::utc_time_zone()).year();
+    if (year < min_iso_year || year > max_iso_year)
+      throw invalid_argument_error(
+        "from", fmt::format("ISO-8601 time \"{}\": year {} is outside the "
+                            "supported range {}-{}",
+                            text, year, min_iso_year, max_iso_year));
+    return from_seconds(s)
+           + std::chrono::duration_cast<std::chrono::milliseconds>(fs);
+  }
+  throw invalid_argument_error(
+    "from", fmt::format("invalid ISO-8601 time \"{}\": expected e.g. "
+                        "2026-03-29T01:30:00Z or 2026-03-29T01:30:00+01:00",
+                        text));
+}
+
+std::string to_iso_utc(time_point t) {
+  auto ms = to_unix_ms(t) % 1000;
+  if (ms < 0)
+    ms += 1000;
+  // Four-digit years, as JavaScript's toISOString() writes them.
+  auto c = cctz::convert(to_seconds(t), cctz::utc_time_zone());
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", c.year(),
+                     c.month(), c.day(), c.hour(), c.minute(), c.second(), ms);
+}
+
+} // namespace botmesh
