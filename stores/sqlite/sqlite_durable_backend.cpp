@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS durable_fences (
   key TEXT PRIMARY KEY, fence INTEGER NOT NULL, expires_at INTEGER NOT NULL);
 )sql";
 
-constexpr std::int64_t held = 0, free_ = 1, done_ = 2;
+// Record states besides 0 (held), which the SQL writes literally.
+constexpr std::int64_t free_ = 1, done_ = 2;
 
 } // namespace
 
