@@ -315,7 +315,10 @@ struct scheduler::impl final : task_owner,
     // the answers (a blocking actor would scan its mailbox for each one).
     auto actors = task_actors();
     actors.push_back(timers);
-    auto gather = sys->spawn([actors](caf::event_based_actor* g) {
+    // `actors` goes as a spawn argument: CAF 0.17 dereferences a null
+    // argument tuple for a function actor spawned without arguments.
+    auto gather = sys->spawn([](caf::event_based_actor* g,
+                                std::vector<caf::actor> actors) {
       return caf::behavior{
         [=](task_poll_atom) {
           auto rp = g->make_response_promise();
@@ -332,7 +335,7 @@ struct scheduler::impl final : task_owner,
                     [one](caf::error&) mutable { one(); });
         },
       };
-    });
+    }, std::move(actors));
     self->request(gather, caf::infinite, task_poll_atom::value)
       .receive([](task_poll_atom) {}, [](caf::error&) {});
   }

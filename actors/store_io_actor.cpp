@@ -12,9 +12,17 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::store_call>)
 
 namespace botmesh::internal {
 
-caf::actor spawn_store_io(caf::actor_system& sys) {
-  auto behavior = [](caf::event_based_actor*) {
-    return caf::behavior{
+namespace {
+
+// A class rather than a function: CAF 0.17 spawns a function-based actor
+// without arguments by dereferencing a null pointer to its (empty)
+// argument tuple, which UBSan reports.
+class store_io : public caf::event_based_actor {
+ public:
+  using caf::event_based_actor::event_based_actor;
+
+  caf::behavior make_behavior() override {
+    return {
       [](io_atom, std::shared_ptr<store_call>& call) {
         try {
           call->fn();
@@ -28,12 +36,17 @@ caf::actor spawn_store_io(caf::actor_system& sys) {
         return caf::make_message(io_atom::value, std::move(call));
       },
     };
-  };
+  }
+};
+
+} // namespace
+
+caf::actor spawn_store_io(caf::actor_system& sys) {
   // On CAF's test coordinator (virtual-time tests) every actor runs on the
   // test's thread, this one too; a thread of its own would race with it.
   if (dynamic_cast<caf::scheduler::test_coordinator*>(&sys.scheduler()))
-    return sys.spawn(behavior);
-  return sys.spawn<caf::detached>(behavior);
+    return sys.spawn<store_io>();
+  return sys.spawn<store_io, caf::detached>();
 }
 
 } // namespace botmesh::internal
