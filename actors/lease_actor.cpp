@@ -153,6 +153,11 @@ struct leading {
   std::optional<std::uint64_t> fence;
   clk::time_point valid_until{};
   bool told = false;
+  // When the newest renewal whose answer was applied left. Renewals may be
+  // answered out of order (on different connections); an older answer
+  // ("another replica leads", from before this one won) must not undo a
+  // newer one.
+  clk::time_point answered_sent{clk::time_point::min()};
 };
 
 struct repair {
@@ -549,6 +554,9 @@ void on_renewed(lease_actor_t* self, renew_done& d) {
       continue;
     }
     auto& lead = l->second;
+    if (d.sent < lead.answered_sent)
+      continue; // a later renewal was answered already
+    lead.answered_sent = d.sent;
     if (got) {
       lead.valid_until = std::max(lead.valid_until,
                                   valid_from_reply(self, d.sent,

@@ -21,6 +21,10 @@ struct session_state {
   bool told_standby = false;
   bool resting = false; // yielded; presents itself again later
   bool stopping = false;
+  // When this replica last became leader: provider_down counts from here
+  // too, since the transport is started on a handler thread afterwards and
+  // its closed-since instant may still be an old one until then.
+  caf::actor_clock::time_point leading_since{};
 
   static inline const char* name = "botmesh.session";
 };
@@ -68,6 +72,7 @@ caf::behavior session_actor(session_actor_t* self, session_config cfg) {
       if (was)
         return; // re-elected across a brief loss: the transport runs
       st.told_standby = false;
+      st.leading_since = self->clock().now();
       // Elected first, then started: the transport's "open" notice must
       // find this replica leading, or bot::ready() would miss it.
       st.cfg.leading->store(true);
@@ -94,7 +99,8 @@ caf::behavior session_actor(session_actor_t* self, session_config cfg) {
       if (!st.fence)
         return;
       auto closed = st.cfg.hooks->closed_for();
-      if (closed && *closed >= st.cfg.provider_down)
+      if (closed && *closed >= st.cfg.provider_down
+          && self->clock().now() - st.leading_since >= st.cfg.provider_down)
         yield(self, "provider_down"); // so a standby can connect
     },
     [=](present_atom) {

@@ -439,7 +439,10 @@ struct exclusive_replica {
                                          .capabilities = {.exclusive_session = true}});
     coord = std::make_shared<botmesh::memory_coordinator>(
       hub, botmesh::memory_coordinator_options{.replica_id = std::move(id),
-                                               .lease = "300ms"});
+                                               .lease = "1s"});
+    // A lease of 1s, not less: under load (CI on 2 cores) renewals every
+    // lease/3 must not come late enough to lose and re-win the leadership,
+    // which would start the transport twice.
     botmesh::coordination_options co;
     co.coordinator = coord;
     co.provider_down = provider_down;
