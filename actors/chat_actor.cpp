@@ -161,17 +161,17 @@ class runner {
   }
 
   link* pop() {
-    auto* head = head_;
+    auto* head = head_.load(std::memory_order_relaxed);
     auto* next = head->next.load(std::memory_order_acquire);
     if (head == &stub_) {
       if (!next)
         return nullptr;
-      head_ = next;
+      head_.store(next, std::memory_order_relaxed);
       head = next;
       next = next->next.load(std::memory_order_acquire);
     }
     if (next) {
-      head_ = next;
+      head_.store(next, std::memory_order_relaxed);
       return head;
     }
     if (tail_.load() != head)
@@ -179,18 +179,23 @@ class runner {
     enqueue(&stub_);
     next = head->next.load(std::memory_order_acquire);
     if (next) {
-      head_ = next;
+      head_.store(next, std::memory_order_relaxed);
       return head;
     }
     return nullptr;
   }
 
   bool maybe_nonempty() const {
-    return !(head_ == &stub_ && tail_.load() == &stub_);
+    return !(head_.load(std::memory_order_relaxed) == &stub_
+             && tail_.load() == &stub_);
   }
 
   link stub_;
-  link* head_;                 // the consumer's
+  // The consumer's (one drain job at a time). Atomic because a job that just
+  // gave up the queue still reads it in maybe_nonempty() while the job that
+  // took over pops; that read's answer is then discarded (the exchange on
+  // scheduled_ decides), but it must not be a data race.
+  std::atomic<link*> head_;
   std::atomic<link*> tail_;    // the producers'
   std::atomic<bool> scheduled_{false};
   std::uint64_t pushed_ = 0;   // the chat actor's
