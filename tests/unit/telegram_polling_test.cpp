@@ -78,8 +78,8 @@ tg::polling_options options(const test::fake_api& api,
 
 TEST_CASE("long polling delivers updates, keeps the next offset in the store "
           "and a new poller resumes from it without replaying") {
+  update_feed feed; // outlives the fake API, whose thread calls it
   auto api = test::fake_telegram();
-  update_feed feed;
   feed.attach(*api);
   auto store = std::make_shared<botmesh::memory_store>();
   for (int i = 1; i <= 3; ++i)
@@ -117,10 +117,10 @@ TEST_CASE("long polling delivers updates, keeps the next offset in the store "
 
 TEST_CASE("a 409 Conflict on getUpdates yields the leadership instead of "
           "fighting the other poller") {
+  update_feed feed; // outlives the fake API, whose thread calls it
   auto api = test::fake_telegram();
   api->script("getUpdates", 409,
               R"({"ok":false,"error_code":409,"description":"Conflict: terminated by other getUpdates request; make sure that only one bot instance is running"})");
-  update_feed feed;
   feed.attach(*api);
   botmesh::memory_coordination_hub hub;
   auto store = std::make_shared<botmesh::memory_store>();
@@ -150,9 +150,9 @@ TEST_CASE("a 409 Conflict on getUpdates yields the leadership instead of "
 }
 
 TEST_CASE("without coordination a 409 makes the poller back off and retry") {
+  update_feed feed; // outlives the fake API, whose thread calls it
   auto api = test::fake_telegram();
   api->script("getUpdates", 409, R"({"ok":false,"error_code":409,"description":"Conflict"})");
-  update_feed feed;
   feed.attach(*api);
   feed.push(1, 7, "hola");
   auto p = std::make_shared<tg::polling_provider>(options(*api, nullptr));
