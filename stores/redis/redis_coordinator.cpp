@@ -315,13 +315,11 @@ redis_coordinator::redis_coordinator(redis_coordinator_options opts)
       auto g = parse_grant(payload);
       if (!g)
         return; // not ours to understand: polling finds the grant
-      std::shared_ptr<grant_listener> l;
-      {
-        std::lock_guard guard{p->mtx};
-        l = p->listener;
-      }
-      if (l && *l)
-        (*l)(std::move(*g));
+      // Called under the lock: the destructor (which resets the listener
+      // under it) then never returns while a call is still running.
+      std::lock_guard guard{p->mtx};
+      if (p->listener && *p->listener)
+        (*p->listener)(std::move(*g));
     },
     [p = i.push] { p->epoch.fetch_add(1); });
   // The first heartbeat before any ticket: another replica must never see

@@ -31,9 +31,11 @@ using status = botmesh::turn_state::status;
 
 /// A replica in a test: its coordinator and the grants pushed to it.
 struct replica {
-  std::unique_ptr<botmesh::coordinator> c;
+  // Declared before the coordinator so they outlive it: its threads may
+  // still push a grant until it is destroyed.
   std::mutex mtx;
   std::vector<turn_state> pushed;
+  std::unique_ptr<botmesh::coordinator> c;
 
   explicit replica(std::unique_ptr<botmesh::coordinator> coord)
     : c(std::move(coord)) {
