@@ -30,9 +30,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/providers/telegram/telegram_webhook.hpp>
-#include <caf/all.hpp>
 
-#include <botmesh/actors/router.hpp>
 #include <botmesh/runtime/botmesh.hpp>
 
 namespace net = boost::asio;
@@ -306,9 +304,7 @@ int main(int argc, char** argv) {
   o.flood = botmesh::http::flood_limits::none();
   auto provider = std::make_shared<botmesh::telegram::webhook_provider>(o);
   // The bot owns its actor system, set up as configure_scheduler says.
-  auto bot_ptr = std::make_unique<botmesh::bot>(
-    botmesh::bot_options{.provider = provider, .log_messages = false});
-  auto& bot = *bot_ptr;
+  botmesh::bot bot{{.provider = provider, .log_messages = false}};
   bot.on_message([](botmesh::context& c) { c.reply("ok"); });
   bot.start();
 
@@ -353,6 +349,5 @@ int main(int argc, char** argv) {
                static_cast<unsigned long long>(s.refused_overload + s.refused_stopped),
                static_cast<unsigned long long>(provider->stats().replies_in_webhook));
   bot.stop();
-  bot_ptr.reset();
   return 0;
 }

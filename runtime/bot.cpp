@@ -1057,48 +1057,35 @@ extern "C" void on_stop_signal(int sig) {
 
 // Installs the handler for the first run() and restores the previous
 // handlers when the last run() returns.
+std::mutex signal_mtx;
+int signal_users = 0;
+struct sigaction old_term{};
+struct sigaction old_int{};
+
 class signal_scope {
  public:
   signal_scope() {
-    std::lock_guard guard{mtx()};
-    if (users()++ != 0)
+    std::lock_guard guard{signal_mtx};
+    if (signal_users++ != 0)
       return;
     stop_signal.store(0);
     struct sigaction sa{};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, &old_term());
-    sigaction(SIGINT, &sa, &old_int());
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old_int);
   }
 
   ~signal_scope() {
-    std::lock_guard guard{mtx()};
-    if (--users() != 0)
+    std::lock_guard guard{signal_mtx};
+    if (--signal_users != 0)
       return;
-    sigaction(SIGTERM, &old_term(), nullptr);
-    sigaction(SIGINT, &old_int(), nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    sigaction(SIGINT, &old_int, nullptr);
   }
 
   signal_scope(const signal_scope&) = delete;
   signal_scope& operator=(const signal_scope&) = delete;
-
- private:
-  static std::mutex& mtx() {
-    static std::mutex m;
-    return m;
-  }
-  static int& users() {
-    static int n = 0;
-    return n;
-  }
-  static struct sigaction& old_term() {
-    static struct sigaction a{};
-    return a;
-  }
-  static struct sigaction& old_int() {
-    static struct sigaction a{};
-    return a;
-  }
 };
 
 } // namespace
