@@ -953,6 +953,9 @@ void bot::start() {
   auto core = std::max(1u, std::thread::hardware_concurrency() / 2);
   impl_->pool = std::make_unique<internal::worker_pool>(
     core, std::max<std::size_t>(1, impl_->opts.handler_threads));
+  // Turns queue but none runs before the provider can send: the first
+  // journal beat below may already hand over a dead replica's messages.
+  impl_->pool->hold();
   router_config rc;
   rc.services = impl_.get();
   rc.max_pending_per_chat = impl_->opts.max_pending_per_chat;
@@ -983,6 +986,7 @@ void bot::start() {
     impl_->start_session();
   else
     impl_->opts.provider->start(*impl_);
+  impl_->pool->open();
   impl_->tasks->start();
 }
 

@@ -235,6 +235,38 @@ TEST_CASE("with durability the records of a dead replica are claimed and "
   CHECK(texts(*p).size() == 3);
 }
 
+// A provider that is slow to start: sends before its start returned fail.
+class slow_start_provider final : public botmesh::provider {
+ public:
+  std::shared_ptr<botmesh::testing_provider> inner =
+    std::make_shared<botmesh::testing_provider>();
+  std::string id() const override { return inner->id(); }
+  botmesh::provider_state state() const override { return inner->state(); }
+  void start(botmesh::provider_host& host) override {
+    std::this_thread::sleep_for(200ms);
+    inner->start(host);
+  }
+  void stop() override { inner->stop(); }
+  void send(const botmesh::outgoing_message& m) override { inner->send(m); }
+};
+
+TEST_CASE("with durability the records taken over at start are handled only "
+          "once the provider can send") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  orphan(*backend, msg("ana", "m1", "uno"));
+  orphan(*backend, msg("bea", "m2", "dos"));
+  auto p = std::make_shared<slow_start_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  test::error_log errors;
+  errors.attach(b);
+  b.on_message([&](botmesh::context& c) { c.reply(c.text()); });
+  b.start();
+  REQUIRE(p->inner->wait_for_sent(2, 5s));
+  b.stop();
+  CHECK(errors.all().empty());
+  CHECK(b.stats().reprocessed == 2);
+}
+
 TEST_CASE("with durability a turn whose effect was lost releases its record: "
           "it is handled again and the replayed step does not send twice") {
   auto backend = std::make_shared<botmesh::memory_durable_backend>();
