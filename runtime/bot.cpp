@@ -367,6 +367,10 @@ struct bot::impl final : chat_services,
     pool->post(std::move(job));
   }
 
+  bool may_claim() const override {
+    return !exclusive() || leading();
+  }
+
   void turn_failed(const std::string& key, chat_event ev,
                    std::string why) override {
     ++turn_failures;

@@ -167,7 +167,7 @@ void durable_intake::settle(const std::string& key, const std::string& id,
 void durable_intake::beat(std::function<void()> done) {
   op([&](std::function<void()> finished) {
     backend_->beat_and_claim(
-      holder_, lease_, claim_batch_, max_attempts_,
+      holder_, lease_, host_.may_claim() ? claim_batch_ : 0, max_attempts_,
       [this, done = std::move(done), finished](durable_backend::claim_result r,
                                                std::exception_ptr e) {
         if (e)

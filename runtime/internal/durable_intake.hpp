@@ -65,6 +65,12 @@ class durable_host {
   virtual void reinject(chat_event ev) = 0;
   /// An error event (posted to the handler pool).
   virtual void report(errc code, std::string what, std::string key) = 0;
+  /// Whether this replica may take records over now: one that cannot send
+  /// (the standby of an exclusive transport) only beats, or it would spend
+  /// their attempts on sends that are refused.
+  virtual bool may_claim() const {
+    return true;
+  }
 };
 
 /// Counters of the intake (read with `stats`).

@@ -267,6 +267,50 @@ TEST_CASE("with durability the records taken over at start are handled only "
   CHECK(b.stats().reprocessed == 2);
 }
 
+TEST_CASE("with durability the standby of an exclusive transport takes no "
+          "records over until it leads") {
+  botmesh::memory_coordination_hub hub;
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  struct replica {
+    std::shared_ptr<botmesh::testing_provider> p;
+    std::unique_ptr<botmesh::bot> b;
+    test::error_log errors;
+  };
+  auto make = [&](replica& r, std::string id, const char* lease) {
+    r.p = std::make_shared<botmesh::testing_provider>(
+      botmesh::testing_provider::options{
+        .id = "wa", .capabilities = {.exclusive_session = true}});
+    botmesh::coordination_options co;
+    co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = id, .lease = "1s"});
+    auto d = durable(backend, id);
+    d.lease = lease;
+    r.b = std::make_unique<botmesh::bot>(botmesh::bot_options{
+      .provider = r.p, .coordination = co, .durability = d});
+    r.errors.attach(*r.b);
+    r.b->on_message([](botmesh::context& c) { c.reply(c.text()); });
+    r.b->start();
+  };
+  // The leader beats rarely: what is orphaned below is left to the standby.
+  replica a, b;
+  make(a, "a", "1h");
+  REQUIRE(a.b->ready(5s));
+  orphan(*backend, msg("ana", "m1", "uno"));
+  orphan(*backend, msg("ana", "m2", "dos"));
+  make(b, "b", "300ms");
+  // Several of the standby's beats (every 100 ms) pass: none takes them.
+  std::this_thread::sleep_for(500ms);
+  CHECK(b.b->stats().reprocessed == 0);
+  CHECK(b.p->sent().empty());
+  CHECK(b.errors.all().empty());
+  a.b->stop(); // the standby leads, then takes them over and answers
+  REQUIRE(b.b->ready(5s));
+  REQUIRE(b.p->wait_for_sent(2, 5s));
+  CHECK(texts(*b.p) == std::vector<std::string>{"uno", "dos"});
+  CHECK(b.errors.all().empty());
+  b.b->stop();
+}
+
 TEST_CASE("with durability a turn whose effect was lost releases its record: "
           "it is handled again and the replayed step does not send twice") {
   auto backend = std::make_shared<botmesh::memory_durable_backend>();
