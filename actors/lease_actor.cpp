@@ -1,6 +1,9 @@
 #include <botmesh/actors/lease_actor.hpp>
 
 #include <algorithm>
+#include <condition_variable>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <queue>
 #include <unordered_map>
@@ -901,6 +904,133 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
 
 caf::actor spawn_lease_actor(caf::actor_system& sys, lease_config cfg) {
   return sys.spawn(lease_actor, std::move(cfg));
+}
+
+// -- lease_actor_leadership ---------------------------------------------------
+
+struct lease_actor_leadership::impl {
+  struct entry {
+    caf::actor agent;
+    bool answered = false;
+    std::uint64_t fence = 0; // 0: not leading
+  };
+
+  std::chrono::milliseconds first_answer;
+  std::mutex mtx; // what follows; never held while waiting on an actor
+  std::condition_variable cv;
+  caf::actor_system* sys = nullptr;
+  caf::actor lease;
+  std::map<std::string, entry, std::less<>> names;
+
+  void answer(const std::string& name, std::uint64_t fence) {
+    {
+      std::lock_guard guard{mtx};
+      auto i = names.find(name);
+      if (i == names.end())
+        return;
+      i->second.answered = true;
+      i->second.fence = fence;
+    }
+    cv.notify_all();
+  }
+};
+
+namespace {
+
+// Stands for one leadership towards the lease actor (which answers the
+// sender of `lead`), and mirrors its answers into the shared entry.
+using leadership_answer = std::function<void(const std::string&, std::uint64_t)>;
+
+caf::behavior leadership_agent(caf::event_based_actor* self,
+                               leadership_answer answer, caf::actor lease,
+                               std::string name) {
+  self->send(lease, lead_atom::value, name);
+  return {
+    [=](leader_atom, const std::string& n, std::uint64_t fence) {
+      answer(n, fence);
+    },
+    [=](follower_atom, const std::string& n, const std::string&) {
+      answer(n, 0);
+    },
+    [=](unlead_atom) {
+      self->send(lease, unlead_atom::value, name);
+      self->quit();
+    },
+  };
+}
+
+} // namespace
+
+lease_actor_leadership::lease_actor_leadership(
+  std::chrono::milliseconds first_answer)
+  : impl_(std::make_shared<impl>()) {
+  impl_->first_answer = first_answer;
+}
+
+lease_actor_leadership::~lease_actor_leadership() {
+  close();
+}
+
+void lease_actor_leadership::bind(caf::actor_system& sys, caf::actor lease) {
+  std::lock_guard guard{impl_->mtx};
+  impl_->sys = &sys;
+  impl_->lease = std::move(lease);
+}
+
+void lease_actor_leadership::close() {
+  std::map<std::string, impl::entry, std::less<>> names;
+  {
+    std::lock_guard guard{impl_->mtx};
+    names.swap(impl_->names);
+    impl_->lease = nullptr;
+    impl_->sys = nullptr;
+  }
+  impl_->cv.notify_all();
+  for (auto& [name, e] : names)
+    caf::anon_send(e.agent, unlead_atom::value);
+}
+
+std::optional<std::uint64_t>
+lease_actor_leadership::try_acquire(std::string_view name, std::string_view,
+                                    time_point, std::chrono::milliseconds) {
+  std::unique_lock guard{impl_->mtx};
+  if (!impl_->lease)
+    return std::nullopt;
+  auto i = impl_->names.find(name);
+  if (i == impl_->names.end()) {
+    i = impl_->names.emplace(std::string{name}, impl::entry{}).first;
+    // Spawned with arguments: CAF 0.17 dereferences a null argument tuple
+    // for a function actor spawned without any.
+    leadership_answer answer = [im = impl_](const std::string& n,
+                                            std::uint64_t fence) {
+      im->answer(n, fence);
+    };
+    i->second.agent = impl_->sys->spawn(leadership_agent, std::move(answer),
+                                        impl_->lease, std::string{name});
+    impl_->cv.wait_for(guard, impl_->first_answer, [&] {
+      auto j = impl_->names.find(name);
+      return j == impl_->names.end() || j->second.answered;
+    });
+    i = impl_->names.find(name);
+    if (i == impl_->names.end())
+      return std::nullopt; // closed meanwhile
+  }
+  if (i->second.fence == 0)
+    return std::nullopt;
+  return i->second.fence;
+}
+
+void lease_actor_leadership::release(std::string_view name, std::string_view) {
+  caf::actor agent;
+  {
+    std::lock_guard guard{impl_->mtx};
+    auto i = impl_->names.find(name);
+    if (i == impl_->names.end())
+      return;
+    agent = std::move(i->second.agent);
+    impl_->names.erase(i);
+  }
+  caf::anon_send(agent, unlead_atom::value);
 }
 
 } // namespace botmesh

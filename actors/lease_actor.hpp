@@ -9,6 +9,7 @@
 
 #include <botmesh/actors/turn_token.hpp>
 #include <botmesh/stores/coordinator.hpp>
+#include <botmesh/stores/schedule_store.hpp>
 
 namespace botmesh {
 
@@ -73,5 +74,37 @@ struct lease_config {
 /// what it holds, gives up what it waits for and its leaderships, replies
 /// `true` once the backend answered (or after a lease), and exits.
 caf::actor spawn_lease_actor(caf::actor_system& sys, lease_config cfg);
+
+/// A leader lease (for the scheduler) held by the lease actor: renewed in
+/// its batch every lease/3 together with the heartbeat and the turns, never
+/// by a round trip of its own, and lost when that batch cannot renew it.
+///
+/// `try_acquire` presents this replica for the name through the lease actor
+/// the first time (and waits up to `first_answer` for the election's
+/// answer; it is called from the scheduler's store-I/O thread, which may
+/// block); later calls only read the last answer. `owner`, `now` and `ttl`
+/// are the lease actor's: the coordinator's incarnation and lease.
+/// Before `bind` and after `close` it leads nothing.
+class lease_actor_leadership final : public lease_provider {
+ public:
+  explicit lease_actor_leadership(std::chrono::milliseconds first_answer);
+  ~lease_actor_leadership() override;
+
+  /// The lease actor to lead through (spawned in `sys`).
+  void bind(caf::actor_system& sys, caf::actor lease);
+
+  /// Gives every leadership up and forgets the lease actor.
+  void close();
+
+  std::optional<std::uint64_t> try_acquire(std::string_view name,
+                                           std::string_view owner,
+                                           time_point now,
+                                           std::chrono::milliseconds ttl) override;
+  void release(std::string_view name, std::string_view owner) override;
+
+ private:
+  struct impl;
+  std::shared_ptr<impl> impl_;
+};
 
 } // namespace botmesh

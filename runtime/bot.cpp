@@ -122,11 +122,14 @@ struct bot::impl final : chat_services,
       sched_opts.ns = task_namespace(opts.bot_id, provider_id,
                                      opts.provider->connection_id());
     // With coordination, the scheduler's leadership uses the same
-    // coordinator unless one was given (its TTL is the coordinator's lease).
+    // coordinator unless one was given (its TTL is the coordinator's lease):
+    // held by the lease actor, so it is renewed in its batch.
     if (opts.coordination && opts.coordination->coordinator
         && !sched_opts.lease) {
-      sched_opts.lease = make_coordinator_lease(opts.coordination->coordinator);
-      sched_opts.leader_ttl = duration{opts.coordination->coordinator->lease()};
+      auto lease = opts.coordination->coordinator->lease();
+      sched_leadership = std::make_shared<lease_actor_leadership>(lease);
+      sched_opts.lease = sched_leadership;
+      sched_opts.leader_ttl = duration{lease};
     }
     pending_sched_opts = std::move(sched_opts);
   }
@@ -722,6 +725,8 @@ struct bot::impl final : chat_services,
   caf::actor_system* sys = nullptr;
   caf::actor router_handle;
   std::unique_ptr<internal::worker_pool> pool;
+  /// The scheduler's leader lease, held by the lease actor (coordination).
+  std::shared_ptr<lease_actor_leadership> sched_leadership;
   scheduler_options pending_sched_opts;
   std::unique_ptr<botmesh::scheduler> tasks;
   std::stop_source stop_source;
@@ -972,6 +977,8 @@ void bot::start() {
     lc.max_poll = co.max_poll.ms();
     lc.listener = impl_.get();
     impl_->lease_handle = spawn_lease_actor(*impl_->sys, std::move(lc));
+    if (impl_->sched_leadership)
+      impl_->sched_leadership->bind(*impl_->sys, impl_->lease_handle);
     rc.lease = impl_->lease_handle;
     rc.turn_wait = co.turn_wait.ms();
   }
@@ -1005,6 +1012,8 @@ void bot::stop() {
     impl_->run_cv.notify_all();
   }
   impl_->tasks->stop();
+  if (impl_->sched_leadership)
+    impl_->sched_leadership->close();
   // 1. No more intake: later deliveries are refused. The transport stays up
   //    while draining, so turns in flight can still answer.
   impl_->accepting = false;

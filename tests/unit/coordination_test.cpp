@@ -1,13 +1,16 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <latch>
+#include <mutex>
 
 #include <nlohmann/json.hpp>
 
 #include <botmesh/runtime/botmesh.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
 
+#include "forwarding_coordinator.hpp"
 #include "test_util.hpp"
 
 using namespace std::chrono_literals;
@@ -255,22 +258,10 @@ namespace {
 // A memory coordinator whose first enter is lost before it ran (as a
 // command failed with its connection): the lease actor retries it, after
 // the chat's next request took its ticket.
-class first_enter_lost final : public botmesh::coordinator {
+class first_enter_lost final : public test::forwarding_coordinator {
  public:
-  explicit first_enter_lost(std::shared_ptr<botmesh::coordinator> c)
-    : c_(std::move(c)) {
-    // nop
-  }
+  using forwarding_coordinator::forwarding_coordinator;
 
-  const std::string& replica_id() const noexcept override {
-    return c_->replica_id();
-  }
-  const std::string& incarnation() const noexcept override {
-    return c_->incarnation();
-  }
-  std::chrono::milliseconds lease() const noexcept override {
-    return c_->lease();
-  }
   void enter(std::string_view key, std::uint64_t req, bool retry,
              completion<botmesh::turn_state> done) override {
     if (!lost_.exchange(true))
@@ -278,39 +269,8 @@ class first_enter_lost final : public botmesh::coordinator {
                         botmesh::coordination_unavailable_error("lost")));
     c_->enter(key, req, retry, std::move(done));
   }
-  void poll(std::string_view key, std::uint64_t req,
-            completion<botmesh::turn_state> done) override {
-    c_->poll(key, req, std::move(done));
-  }
-  void release(botmesh::turn_ref t,
-               completion<botmesh::release_result> done) override {
-    c_->release(std::move(t), std::move(done));
-  }
-  void leave(std::string_view key, std::uint64_t req,
-             completion<bool> done) override {
-    c_->leave(key, req, std::move(done));
-  }
-  void skip_if_dead(std::string_view key, std::string_view inc,
-                    completion<bool> done) override {
-    c_->skip_if_dead(key, inc, std::move(done));
-  }
-  void renew(botmesh::renewal r,
-             completion<botmesh::renewal_result> done) override {
-    c_->renew(std::move(r), std::move(done));
-  }
-  void unlead(std::string_view name, std::uint64_t fence,
-              completion<bool> done) override {
-    c_->unlead(name, fence, std::move(done));
-  }
-  void on_grant(grant_listener fn) override {
-    c_->on_grant(std::move(fn));
-  }
-  std::uint64_t push_epoch() const noexcept override {
-    return c_->push_epoch();
-  }
 
  private:
-  std::shared_ptr<botmesh::coordinator> c_;
   std::atomic<bool> lost_{false};
 };
 
@@ -535,6 +495,72 @@ TEST_CASE("with coordination the scheduler's leadership uses the coordinator") {
                 .lead(botmesh::task_namespace("", "test", "")
                       + ":scheduler:leader")
                 .has_value());
+}
+
+namespace {
+
+// Records the names each renewal batch asks to lead.
+class renewal_recorder final : public test::forwarding_coordinator {
+ public:
+  using forwarding_coordinator::forwarding_coordinator;
+
+  void renew(botmesh::renewal r,
+             completion<botmesh::renewal_result> done) override {
+    {
+      std::lock_guard guard{mtx_};
+      batches_.push_back(r.leads);
+    }
+    c_->renew(std::move(r), std::move(done));
+  }
+
+  std::vector<std::vector<std::string>> batches() const {
+    std::lock_guard guard{mtx_};
+    return batches_;
+  }
+
+ private:
+  mutable std::mutex mtx_;
+  std::vector<std::vector<std::string>> batches_;
+};
+
+} // namespace
+
+TEST_CASE("with coordination the scheduler's leadership is renewed in the "
+          "lease actor's batch, and handed on when the bot stops") {
+  botmesh::memory_coordination_hub hub;
+  auto rec = std::make_shared<renewal_recorder>(
+    std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = "a",
+                                               .lease = "300ms"}));
+  auto provider = std::make_shared<botmesh::testing_provider>();
+  botmesh::coordination_options co;
+  co.coordinator = rec;
+  std::atomic<int> ticks{0};
+  botmesh::bot b{{.provider = provider, .coordination = co}};
+  b.every(10ms, [&] { ++ticks; });
+  b.start();
+  auto name = botmesh::task_namespace("", "test", "") + ":scheduler:leader";
+  botmesh::memory_coordinator other{hub, {.replica_id = "z"}};
+  // Several leases: the leadership stays with the bot all along.
+  for (int i = 0; i < 4; ++i) {
+    std::this_thread::sleep_for(300ms);
+    CHECK_FALSE(botmesh::blocking_coordinator{other}.lead(name).has_value());
+  }
+  CHECK(ticks.load() > 0);
+  // After its first election every batch renews it with the heartbeat:
+  // the scheduler makes no round trip of its own.
+  auto batches = rec->batches();
+  auto first = std::find_if(batches.begin(), batches.end(), [&](auto& b) {
+    return std::find(b.begin(), b.end(), name) != b.end();
+  });
+  REQUIRE(first != batches.end());
+  auto renewing = std::count_if(first, batches.end(), [&](auto& b) {
+    return b == std::vector<std::string>{name};
+  });
+  CHECK(renewing == batches.end() - first);
+  CHECK(batches.end() - first >= 8); // every lease/3 for 1.2 s
+  b.stop(); // gives it up: another replica leads at once
+  CHECK(botmesh::blocking_coordinator{other}.lead(name).has_value());
 }
 
 TEST_CASE("a flow timer of a conversation whose chat moved to another replica "
