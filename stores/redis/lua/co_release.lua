@@ -13,14 +13,20 @@
 -- length) when an expired holder's tickets are dropped.
 local now = co_now()
 local o = redis.call('HMGET', KEYS[1], 'o_inc', 'fence', 'o_dl', 'o_rep')
-local released = 0
+local released, g = 0, nil
 if o[1] == ARGV[1] and o[2] == ARGV[2] and tonumber(o[3]) > now then
-  co_clear(o[4])
   released = 1
-end
-local g = co_expire(now, ARGV[4], ARGV[5])
-if not redis.call('HGET', KEYS[1], 'o_inc') then
-  g = co_grant_next(now, '', ARGV[4], ARGV[5]) or g
+  local queued
+  g, queued = co_pass(now, o[4] or '', tonumber(o[2]), ARGV[4], ARGV[5])
+  if not queued then
+    -- Nobody waits: the queue does not exist, only H keeps an expiry.
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    return {released, now}
+  end
+elseif o[1] and tonumber(o[3]) <= now then
+  g = co_expire(now, ARGV[4], ARGV[5])
+elseif not o[1] then
+  g = co_grant_next(now, '', ARGV[4], ARGV[5])
 end
 co_touch(ARGV[3])
 if g and g[1] == ARGV[1] then

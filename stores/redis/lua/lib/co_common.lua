@@ -70,6 +70,37 @@ local function co_grant_next(now, skip, chan, key)
   end
 end
 
+-- Ends the current holding; the holder's replica becomes `last`.
+local function co_clear(rep)
+  redis.call('HSET', KEYS[1], 'last', rep or '')
+  redis.call('HDEL', KEYS[1], 'o_inc', 'o_rep', 'o_req', 'o_tk', 'o_dl',
+             'o_prev')
+end
+
+-- Ends a valid holding by replica `rep` at `fence` and grants the next
+-- queued ticket in the same write (pushed to its replica). Returns that
+-- grant and true, or nil and false when nobody waits (the turn is free).
+local function co_pass(now, rep, fence, chan, key)
+  local e = redis.call('LPOP', KEYS[2])
+  while e do
+    local tk, inc, req, lease, r = co_parse(e)
+    if tk then
+      local nf = math.max(fence + 1, now * 1024)
+      local dl = now + tonumber(lease)
+      redis.call('HSET', KEYS[1], 'last', rep, 'fence', co_int(nf),
+                 'o_inc', inc, 'o_rep', r, 'o_req', req, 'o_tk', tk,
+                 'o_dl', co_int(dl), 'o_prev', rep)
+      redis.call('PUBLISH', chan .. inc,
+                 req .. ' ' .. tk .. ' ' .. co_int(nf) .. ' ' .. co_int(dl)
+                 .. ' ' .. co_int(now) .. ' ' .. #rep .. ' ' .. rep .. key)
+      return {inc, req, tk, nf, rep, dl}, true
+    end
+    e = redis.call('LPOP', KEYS[2])
+  end
+  co_clear(rep)
+  return nil, false
+end
+
 -- Removes every queued ticket of incarnation `inc`; returns how many.
 local function co_drop(inc)
   local n = 0
@@ -89,13 +120,6 @@ local function co_find(inc, req)
     if i == inc and r == req then return e, tk end
   end
   return nil
-end
-
--- Ends the current holding; the holder's replica becomes `last`.
-local function co_clear(rep)
-  redis.call('HSET', KEYS[1], 'last', rep or '')
-  redis.call('HDEL', KEYS[1], 'o_inc', 'o_rep', 'o_req', 'o_tk', 'o_dl',
-             'o_prev')
 end
 
 -- A holder past its deadline loses the turn, and its incarnation's queued
