@@ -28,6 +28,16 @@ void retire(journal_actor_t* self) {
   self->state.cfg.retire([h] { caf::anon_send(h, retired_atom::value); });
 }
 
+// One beat, unless one is running (never two at once).
+void beat(journal_actor_t* self) {
+  auto& st = self->state;
+  if (st.beating)
+    return;
+  st.beating = true;
+  auto h = caf::actor_cast<caf::actor>(self);
+  st.cfg.beat([h] { caf::anon_send(h, beat_done_atom::value); });
+}
+
 caf::behavior journal_actor(journal_actor_t* self, journal_config cfg) {
   self->state.cfg = std::move(cfg);
   self->delayed_send(self, self->state.cfg.period, tick_atom::value);
@@ -37,11 +47,11 @@ caf::behavior journal_actor(journal_actor_t* self, journal_config cfg) {
       if (st.stopping)
         return;
       self->delayed_send(self, st.cfg.period, tick_atom::value);
-      if (st.beating)
-        return;
-      st.beating = true;
-      auto h = caf::actor_cast<caf::actor>(self);
-      st.cfg.beat([h] { caf::anon_send(h, beat_done_atom::value); });
+      beat(self);
+    },
+    [=](beat_now_atom) {
+      if (!self->state.stopping)
+        beat(self);
     },
     [=](beat_done_atom) {
       auto& st = self->state;

@@ -28,8 +28,9 @@ struct journal_config {
 /// holder's heartbeat, or another replica would take it for a dead one's).
 /// No backend call runs on its thread (the jobs only issue them).
 ///
-/// Protocol: `(shutdown_atom)` -> `true` once the running beat finished and
-/// `retire` completed; then it exits.
+/// Protocol: `(beat_now_atom)` beats at once (unless a beat runs);
+/// `(shutdown_atom)` -> `true` once the running beat finished and `retire`
+/// completed; then it exits.
 caf::actor spawn_journal_actor(caf::actor_system& sys, journal_config cfg);
 
 } // namespace botmesh

@@ -849,6 +849,10 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       auto& l = st.leads[name];
       l.session = caf::actor_cast<caf::actor>(self->current_sender());
       l.told = false;
+      // A new presenter of a name still led (given up and taken again
+      // before the unlead came): it leads at once, at the same fence.
+      if (l.fence)
+        self->send(l.session, leader_atom::value, name, *l.fence);
       renewal r;
       r.leads.push_back(name);
       send_renew(self, std::move(r)); // elect now, not at the next tick
@@ -856,7 +860,11 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
     [=](unlead_atom, const std::string& name) {
       auto& st = self->state;
       auto l = st.leads.find(name);
-      if (l == st.leads.end())
+      // Only its presenter gives a name up: a late unlead of an earlier
+      // one must not end the leadership a newer presenter holds.
+      if (l == st.leads.end()
+          || l->second.session
+               != caf::actor_cast<caf::actor>(self->current_sender()))
         return;
       if (l->second.fence)
         send_unlead(self, name, *l->second.fence);
@@ -911,6 +919,7 @@ caf::actor spawn_lease_actor(caf::actor_system& sys, lease_config cfg) {
 struct lease_actor_leadership::impl {
   struct entry {
     caf::actor agent;
+    std::uint64_t gen = 0; // which agent's answers count
     bool answered = false;
     std::uint64_t fence = 0; // 0: not leading
   };
@@ -921,12 +930,15 @@ struct lease_actor_leadership::impl {
   caf::actor_system* sys = nullptr;
   caf::actor lease;
   std::map<std::string, entry, std::less<>> names;
+  std::uint64_t next_gen = 0;
 
-  void answer(const std::string& name, std::uint64_t fence) {
+  // An answer of agent `gen`: one of a name given up and taken again (a
+  // newer agent) is not believed.
+  void answer(const std::string& name, std::uint64_t gen, std::uint64_t fence) {
     {
       std::lock_guard guard{mtx};
       auto i = names.find(name);
-      if (i == names.end())
+      if (i == names.end() || i->second.gen != gen)
         return;
       i->second.answered = true;
       i->second.fence = fence;
@@ -944,6 +956,12 @@ using leadership_answer = std::function<void(const std::string&, std::uint64_t)>
 caf::behavior leadership_agent(caf::event_based_actor* self,
                                leadership_answer answer, caf::actor lease,
                                std::string name) {
+  // A lease actor gone (its bot stopped) renews nothing: not leading.
+  self->monitor(lease);
+  self->set_down_handler([=](caf::down_msg&) {
+    answer(name, 0);
+    self->quit();
+  });
   self->send(lease, lead_atom::value, name);
   return {
     [=](leader_atom, const std::string& n, std::uint64_t fence) {
@@ -1001,9 +1019,10 @@ lease_actor_leadership::try_acquire(std::string_view name, std::string_view,
     i = impl_->names.emplace(std::string{name}, impl::entry{}).first;
     // Spawned with arguments: CAF 0.17 dereferences a null argument tuple
     // for a function actor spawned without any.
-    leadership_answer answer = [im = impl_](const std::string& n,
-                                            std::uint64_t fence) {
-      im->answer(n, fence);
+    i->second.gen = ++impl_->next_gen;
+    leadership_answer answer = [im = impl_, gen = i->second.gen](
+                                 const std::string& n, std::uint64_t fence) {
+      im->answer(n, gen, fence);
     };
     i->second.agent = impl_->sys->spawn(leadership_agent, std::move(answer),
                                         impl_->lease, std::string{name});

@@ -88,6 +88,10 @@ using yield_atom = caf::atom_constant<caf::atom("bm_yield")>;
 /// bot -> lease, bot -> session: shut down cleanly, then reply.
 using shutdown_atom = caf::atom_constant<caf::atom("bm_shut")>;
 
+/// bot -> journal actor: (): beat now (the transport just opened: records
+/// of dead replicas need not wait for the next period).
+using beat_now_atom = caf::atom_constant<caf::atom("bm_jnow")>;
+
 
 // -- scheduler actors (see internal/scheduler_engine.hpp) -------------------
 //

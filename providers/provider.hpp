@@ -98,7 +98,9 @@ class provider_host {
   /// of its turn, only when `turn_ended` is set.
   virtual void deliver(inbound_message msg, delivery_callbacks callbacks);
 
-  /// Reports a change of the transport's state.
+  /// Reports a change of the transport's state. A provider reports `open`
+  /// once it can send: until then `bot::ready()` waits and, with
+  /// durability, the bot takes over no record of a dead replica.
   virtual void state_changed(provider_state state) = 0;
 
   /// The provider will deliver nothing more (its input ended, e.g. stdin

@@ -370,8 +370,9 @@ struct bot::impl final : chat_services,
     pool->post(std::move(job));
   }
 
-  bool may_claim() const override {
-    return !exclusive() || leading();
+  bool may_claim() override {
+    std::lock_guard guard{run_mtx};
+    return transport == provider_state::open && (!exclusive() || leading());
   }
 
   void turn_failed(const std::string& key, chat_event ev,
@@ -505,11 +506,17 @@ struct bot::impl final : chat_services,
   }
 
   void state_changed(provider_state s) override {
-    std::lock_guard guard{run_mtx};
-    transport = s;
-    if (s == provider_state::closed)
-      closed_since = std::chrono::steady_clock::now();
-    run_cv.notify_all();
+    {
+      std::lock_guard guard{run_mtx};
+      transport = s;
+      if (s == provider_state::closed)
+        closed_since = std::chrono::steady_clock::now();
+      run_cv.notify_all();
+    }
+    // Records are taken over only while the transport is open: look for
+    // them now rather than a period later.
+    if (s == provider_state::open && beat_handle)
+      caf::anon_send(beat_handle, beat_now_atom::value);
   }
 
   // -- exclusive transports ------------------------------------------------
@@ -768,6 +775,10 @@ struct bot::impl final : chat_services,
   std::unique_ptr<internal::durable_intake> durable; // with durability
   std::unique_ptr<internal::dedupe_set> dedupe;      // without durability
   caf::actor journal_handle;
+  /// The journal actor, for the transport's threads: set before the
+  /// transport starts and cleared only once it stopped (a send to it once
+  /// it exited is dropped).
+  caf::actor beat_handle;
   std::atomic<std::uint64_t> duplicates{0};
   std::atomic<std::uint64_t> received{0}, handled{0}, refused_invalid{0},
     refused_overload{0}, refused_stopped{0}, handler_errors{0}, sent{0},
@@ -990,13 +1001,21 @@ void bot::start() {
     jc.beat = [d](std::function<void()> done) { d->beat(std::move(done)); };
     jc.retire = [d](std::function<void()> done) { d->retire(std::move(done)); };
     impl_->journal_handle = spawn_journal_actor(*impl_->sys, std::move(jc));
+    impl_->beat_handle = impl_->journal_handle;
   }
   impl_->started = true;
   impl_->accepting = true;
-  if (impl_->exclusive())
-    impl_->start_session();
-  else
-    impl_->opts.provider->start(*impl_);
+  try {
+    if (impl_->exclusive())
+      impl_->start_session();
+    else
+      impl_->opts.provider->start(*impl_);
+  } catch (...) {
+    // Nothing may stay queued for good behind a transport that failed to
+    // start: stop() drains what was accepted (its sends are refused).
+    impl_->pool->open();
+    throw;
+  }
   impl_->pool->open();
   impl_->tasks->start();
 }
@@ -1059,6 +1078,7 @@ void bot::stop() {
   if (impl_->durable)
     impl_->durable->wait_idle(std::chrono::seconds(10));
   impl_->opts.provider->stop();
+  impl_->beat_handle = nullptr; // the transport reports nothing more
   caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
 }
 

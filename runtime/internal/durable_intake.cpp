@@ -89,7 +89,7 @@ void durable_intake::start() {
   backend_->start();
   // The first beat lands before anything is recorded under this holder:
   // a record whose holder has no heartbeat yet would pass for a dead
-  // replica's. It also takes over what is free or orphaned right away.
+  // replica's. (It takes nothing over: the transport is not open yet.)
   std::promise<void> first;
   beat([&first] { first.set_value(); });
   first.get_future().wait();

@@ -66,9 +66,10 @@ class durable_host {
   /// An error event (posted to the handler pool).
   virtual void report(errc code, std::string what, std::string key) = 0;
   /// Whether this replica may take records over now: one that cannot send
-  /// (the standby of an exclusive transport) only beats, or it would spend
-  /// their attempts on sends that are refused.
-  virtual bool may_claim() const {
+  /// (its transport not open yet, or the standby of an exclusive
+  /// transport) only beats, or it would spend their attempts on sends that
+  /// are refused.
+  virtual bool may_claim() {
     return true;
   }
 };
@@ -93,7 +94,7 @@ class durable_intake {
   }
 
   /// Starts the backend and makes the first beat, waiting for both
-  /// (blocking: from `bot::start()` only). Records claimed then are
+  /// (blocking: from `bot::start()` only). Records claimed by a beat are
   /// re-injected at once.
   void start();
 

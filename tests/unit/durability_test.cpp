@@ -267,6 +267,40 @@ TEST_CASE("with durability the records taken over at start are handled only "
   CHECK(b.stats().reprocessed == 2);
 }
 
+// A provider whose transport fails to start.
+class failing_start_provider final : public botmesh::provider {
+ public:
+  std::string id() const override { return "test"; }
+  botmesh::provider_state state() const override {
+    return botmesh::provider_state::closed;
+  }
+  void start(botmesh::provider_host&) override {
+    throw botmesh::error(errc::provider_error, "cannot bind");
+  }
+  void stop() override {}
+  void send(const botmesh::outgoing_message&) override {
+    throw botmesh::error(errc::provider_error, "transport is closed");
+  }
+};
+
+TEST_CASE("a transport that fails to start fails start(), takes no record "
+          "over, and the bot still stops") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  orphan(*backend, msg("ana", "m1", "uno"));
+  auto p = std::make_shared<failing_start_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  b.on_message([&](botmesh::context& c) { c.reply(c.text()); });
+  CHECK_THROWS_WITH(b.start(), doctest::Contains("cannot bind"));
+  std::this_thread::sleep_for(300ms); // three beat periods
+  CHECK(b.stats().reprocessed == 0);
+  b.stop();
+  // Still there for a replica whose transport works.
+  std::promise<botmesh::durable_backend::claim_result> pr;
+  backend->beat_and_claim("other/1", 1s, 100, 5,
+                          [&](auto r, std::exception_ptr) { pr.set_value(r); });
+  CHECK(pr.get_future().get().records.size() == 1);
+}
+
 TEST_CASE("with durability the standby of an exclusive transport takes no "
           "records over until it leads") {
   botmesh::memory_coordination_hub hub;
@@ -276,28 +310,29 @@ TEST_CASE("with durability the standby of an exclusive transport takes no "
     std::unique_ptr<botmesh::bot> b;
     test::error_log errors;
   };
-  auto make = [&](replica& r, std::string id, const char* lease) {
+  auto make = [&](replica& r, std::string id, bool durable_on) {
     r.p = std::make_shared<botmesh::testing_provider>(
       botmesh::testing_provider::options{
         .id = "wa", .capabilities = {.exclusive_session = true}});
     botmesh::coordination_options co;
     co.coordinator = std::make_shared<botmesh::memory_coordinator>(
       hub, botmesh::memory_coordinator_options{.replica_id = id, .lease = "1s"});
-    auto d = durable(backend, id);
-    d.lease = lease;
-    r.b = std::make_unique<botmesh::bot>(botmesh::bot_options{
-      .provider = r.p, .coordination = co, .durability = d});
+    botmesh::bot_options o{.provider = r.p, .coordination = co};
+    if (durable_on)
+      o.durability = durable(backend, id);
+    r.b = std::make_unique<botmesh::bot>(std::move(o));
     r.errors.attach(*r.b);
     r.b->on_message([](botmesh::context& c) { c.reply(c.text()); });
     r.b->start();
   };
-  // The leader beats rarely: what is orphaned below is left to the standby.
+  // The leader has no durability: what is orphaned below is left to the
+  // standby, which must not take it while it cannot send.
   replica a, b;
-  make(a, "a", "1h");
+  make(a, "a", false);
   REQUIRE(a.b->ready(5s));
   orphan(*backend, msg("ana", "m1", "uno"));
   orphan(*backend, msg("ana", "m2", "dos"));
-  make(b, "b", "300ms");
+  make(b, "b", true);
   // Several of the standby's beats (every 100 ms) pass: none takes them.
   std::this_thread::sleep_for(500ms);
   CHECK(b.b->stats().reprocessed == 0);
