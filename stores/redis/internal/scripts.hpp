@@ -37,6 +37,13 @@ struct scripts {
   redis_script durable_settle;
   redis_script durable_claim;
   redis_script durable_outbox;
+  // The cluster:v1 layout's own (the rest are shared with legacy).
+  redis_script cl_log_append;
+  redis_script cl_log_range;
+  redis_script cl_log_delete;
+  redis_script cl_checkpoint_set;
+  redis_script cl_checkpoint_clear_if;
+  redis_script cl_index_live;
 };
 
 /// Built once; SHA-1s computed at first use.
