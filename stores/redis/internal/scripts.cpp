@@ -45,6 +45,11 @@ const scripts& lua() {
     {"cl_checkpoint_set", lua_src::cl_checkpoint_set},
     {"cl_checkpoint_clear_if", lua_src::cl_checkpoint_clear_if},
     {"cl_index_live", lua_src::cl_index_live},
+    {"mig_put_hash", lua_src::mig_put_hash},
+    {"mig_put_value", lua_src::mig_put_value},
+    {"mig_raise", lua_src::mig_raise},
+    {"mig_put_log", lua_src::mig_put_log},
+    {"mig_put_legacy_log", lua_src::mig_put_legacy_log},
   };
   return all;
 }

@@ -44,6 +44,12 @@ struct scripts {
   redis_script cl_checkpoint_set;
   redis_script cl_checkpoint_clear_if;
   redis_script cl_index_live;
+  // The migration's.
+  redis_script mig_put_hash;
+  redis_script mig_put_value;
+  redis_script mig_raise;
+  redis_script mig_put_log;
+  redis_script mig_put_legacy_log;
 };
 
 /// Built once; SHA-1s computed at first use.
