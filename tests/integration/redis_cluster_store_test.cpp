@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <set>
 #include <thread>
 
 #include <conformance/durable_conformance.hpp>
@@ -339,4 +341,48 @@ TEST_CASE("cluster: a marked prefix lets a cluster-layout store start and "
                               .layout = botmesh::redis_layout_kind::cluster}};
   first.start();
   CHECK(c->call({"GET", fresh + ":{meta}:layout"}).str == "cluster:v1");
+}
+
+TEST_CASE("cluster: a chat deleted while messages are appended leaves every "
+          "log entry with its item and no item without its entry") {
+  auto c = node_client();
+  auto prefix = test::unique_prefix("bmclr");
+  botmesh::redis_store s{{.client = c, .prefix = prefix,
+                          .max_log_per_chat = 100'000,
+                          .layout = botmesh::redis_layout_kind::cluster}};
+  botmesh::redis_cluster_layout L{prefix};
+  for (int i = 0; i < 2500; ++i)
+    s.append_message("tg:1", {0, botmesh::direction::in, "m", "u", "old"});
+  std::atomic<bool> deleting{false};
+  std::thread writer{[&] {
+    while (!deleting)
+      std::this_thread::yield();
+    for (int i = 0; i < 500; ++i)
+      s.append_message("tg:1", {0, botmesh::direction::in, "m", "u", "new"});
+  }};
+  deleting = true;
+  s.delete_chat("tg:1");
+  writer.join();
+  // Whatever the interleaving: the log and its items agree, in order.
+  auto members = c->call({"ZRANGE", L.message_log("tg:1"), "0", "-1"});
+  std::set<std::string> listed;
+  for (auto& m : members.elements)
+    listed.insert(m.str);
+  std::set<std::string> items;
+  std::string cursor = "0";
+  auto match = botmesh::escape_glob(L.message_item("tg:1", "")) + "*";
+  do {
+    auto r = c->call({"SCAN", cursor, "MATCH", match, "COUNT", "1000"});
+    cursor = r.elements[0].str;
+    for (auto& k : r.elements[1].elements)
+      items.insert(k.str.substr(L.message_item("tg:1", "").size()));
+  } while (cursor != "0");
+  CHECK(items == listed);
+  auto log = s.messages("tg:1", 100'000);
+  CHECK(log.size() == listed.size());
+  for (size_t i = 1; i < log.size(); ++i)
+    CHECK(log[i].seq > log[i - 1].seq);
+  // Every message that survived was appended during the deletion.
+  for (auto& m : log)
+    CHECK(m.text == "new");
 }

@@ -74,7 +74,7 @@ class cluster_store final : public store {
         auto r = client_->eval(lua().cl_log_delete, {z},
                                {upto, std::to_string(cluster_delete_batch)});
         expect_reply("script cl_log_delete", r, kind::integer);
-        if (static_cast<std::size_t>(r.integer) < cluster_delete_batch)
+        if (r.integer == 0)
           break;
       }
     }

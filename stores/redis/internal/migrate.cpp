@@ -238,9 +238,10 @@ class migration {
           forward_log(k, id_of(k, "log:"));
         } else if (has(k, "udidx:")) {
           forward_user_data(k, id_of(k, "udidx:"));
-        } else {
-          // Indexes, sequences, lock tokens, user-data values (reached
-          // through their index): rebuilt or not carried over.
+        } else if (!has(k, "ud:")) {
+          // Indexes, sequences, lock tokens: rebuilt or not carried over.
+          // (User-data values are reached through their index and deleted
+          // only once copied.)
           aux(kn, k);
         }
       } catch (const error& e) {
@@ -397,8 +398,10 @@ class migration {
           item_names.push_back(k);
         } else if (ck->part == "idx" && kn == "user_data") {
           backward_user_data(k, ck->id, rec_mode);
-        } else {
-          aux(kn, k); // bucket indexes, user-data values, lock tokens
+        } else if (ck->part != "e") {
+          // Bucket indexes, lock tokens. (User-data values are reached
+          // through their index and deleted only once copied.)
+          aux(kn, k);
         }
       } catch (const error& e) {
         if (e.code() != errc::corrupted_record)
