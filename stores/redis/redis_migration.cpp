@@ -27,7 +27,7 @@ static void scan_node(redis_client& c, const std::string& match,
                std::vector<std::string>& out) {
   std::string cursor = "0";
   do {
-    auto r = c.call({"SCAN", cursor, "MATCH", match, "COUNT", "1000"});
+    auto r = c.call({"SCAN", cursor, "MATCH", match, "COUNT", "10000"});
     if (r.type != kind::array || r.elements.size() != 2
         || r.elements[1].type != kind::array)
       throw error(errc::store_error,

@@ -25,7 +25,7 @@ std::optional<std::string> find_legacy_key(redis_client& c,
   std::string cursor = "0";
   std::size_t seen = 0;
   do {
-    auto r = c.call({"SCAN", cursor, "MATCH", match, "COUNT", "1000"});
+    auto r = c.call({"SCAN", cursor, "MATCH", match, "COUNT", "10000"});
     if (r.type != redis_reply::kind::array || r.elements.size() != 2
         || r.elements[1].type != redis_reply::kind::array)
       throw error(errc::store_error,
