@@ -22,9 +22,9 @@
 //
 // Then the store in the cluster:v1 layout, 5 alternating rounds: 16
 // threads, each on chats of its own, doing checkpoint compare-and-set +
-// message append steps, on the 3-master cluster and on that one master
-// alone (a single-node client, same layout). On two cores the nodes compete
-// for the CPU, so the ratio has no goal.
+// message append steps, on the 3-master cluster and on the standalone Redis
+// at REDIS_URL (one node, same layout). On two cores the nodes compete for
+// the CPU, so the ratio has no goal.
 //
 //   bench cluster_store_steps_per_s <steps/s>   (one step: CAS + append)
 //   bench node_store_steps_per_s <steps/s>
@@ -242,8 +242,14 @@ int main() {
     clk::now().time_since_epoch().count());
   auto on_cluster = std::make_shared<redis_client>(
     botmesh::redis_cluster_options{.root_nodes = {url}});
+  auto node_url = std::getenv("REDIS_URL");
+  if (!node_url || !*node_url) {
+    std::fprintf(stderr, "bench_cluster: REDIS_URL is not set (scripts/test "
+                         "starts a standalone Redis and exports it)\n");
+    return 1;
+  }
   auto on_node = std::make_shared<redis_client>(
-    botmesh::redis_options{.url = "redis://" + t.address});
+    botmesh::redis_options{.url = node_url});
   botmesh::redis_store cs{{.client = on_cluster, .prefix = prefix + "-c"}};
   botmesh::redis_store ns{{.client = on_node, .prefix = prefix + "-n",
                            .layout = botmesh::redis_layout_kind::cluster,
