@@ -19,6 +19,16 @@
 //   ratio cluster_client_vs_single <pipelined cost ratio>   (goal <= 1.1)
 //   ratio cluster_client_vs_single_cpu <CPU cost ratio>
 //   ratio cluster_client_vs_single_round_trip <ratio>
+//
+// Then the store in the cluster:v1 layout, 5 alternating rounds: 16
+// threads, each on chats of its own, doing checkpoint compare-and-set +
+// message append steps, on the 3-master cluster and on the standalone Redis
+// at REDIS_URL (one node, same layout). On two cores the nodes compete for
+// the CPU, so the ratio has no goal.
+//
+//   bench cluster_store_steps_per_s <steps/s>   (one step: CAS + append)
+//   bench node_store_steps_per_s <steps/s>
+//   ratio cluster_store_vs_node_steps <ratio>
 
 #include <algorithm>
 #include <atomic>
@@ -28,11 +38,14 @@
 #include <future>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <time.h>
 
 #include <botmesh/stores/redis/redis_client.hpp>
+#include <botmesh/stores/redis/redis_cluster_layout.hpp>
+#include <botmesh/stores/redis/redis_store.hpp>
 
 using clk = std::chrono::steady_clock;
 using botmesh::redis_client;
@@ -141,6 +154,32 @@ target master_near(const std::string& seed) {
   std::exit(1);
 }
 
+constexpr int store_rounds = 5;
+constexpr int store_threads = 16;
+constexpr int store_steps = 400; // per thread and round
+
+// Steps (checkpoint CAS + append) per second with `store_threads` threads.
+double store_steps_per_s(botmesh::store& s, int round) {
+  std::vector<std::thread> pool;
+  auto t0 = clk::now();
+  for (int t = 0; t < store_threads; ++t)
+    pool.emplace_back([&, t] {
+      botmesh::flow_checkpoint cp;
+      cp.key = "tg:" + std::to_string(round) + "-" + std::to_string(t);
+      cp.flow = "bench";
+      std::uint64_t rev = 0;
+      for (int i = 0; i < store_steps; ++i) {
+        cp.state = "{\"n\":" + std::to_string(i) + "}";
+        rev = s.set_checkpoint_if(cp, rev).value_or(0);
+        s.append_message(cp.key, {0, botmesh::direction::in, "m", "u", "x"});
+      }
+    });
+  for (auto& th : pool)
+    th.join();
+  auto secs = std::chrono::duration<double>(clk::now() - t0).count();
+  return store_threads * store_steps / secs;
+}
+
 } // namespace
 
 int main() {
@@ -197,6 +236,55 @@ int main() {
   }
   for (auto& k : keys)
     single.call({"DEL", k});
+
+  // The store, on the cluster and on its one master.
+  auto prefix = "bench-cluster-store-" + std::to_string(
+    clk::now().time_since_epoch().count());
+  auto on_cluster = std::make_shared<redis_client>(
+    botmesh::redis_cluster_options{.root_nodes = {url}});
+  auto node_url = std::getenv("REDIS_URL");
+  if (!node_url || !*node_url) {
+    std::fprintf(stderr, "bench_cluster: REDIS_URL is not set (scripts/test "
+                         "starts a standalone Redis and exports it)\n");
+    return 1;
+  }
+  auto on_node = std::make_shared<redis_client>(
+    botmesh::redis_options{.url = node_url});
+  botmesh::redis_store cs{{.client = on_cluster, .prefix = prefix + "-c"}};
+  botmesh::redis_store ns{{.client = on_node, .prefix = prefix + "-n",
+                           .layout = botmesh::redis_layout_kind::cluster,
+                           .allow_legacy_data = true}};
+  cs.start();
+  ns.start();
+  std::vector<double> c_st, n_st, r_st;
+  for (int r = 0; r < store_rounds; ++r) {
+    double c = 0, n = 0;
+    if (r % 2 == 0) {
+      c = store_steps_per_s(cs, r);
+      n = store_steps_per_s(ns, r);
+    } else {
+      n = store_steps_per_s(ns, r);
+      c = store_steps_per_s(cs, r);
+    }
+    c_st.push_back(c);
+    n_st.push_back(n);
+    r_st.push_back(c / n);
+  }
+  // The benchmark's keys go (they live under the two prefixes only).
+  for (int r = 0; r < store_rounds; ++r)
+    for (int th = 0; th < store_threads; ++th) {
+      auto chat = "tg:" + std::to_string(r) + "-" + std::to_string(th);
+      cs.delete_chat(chat);
+      cs.clear_checkpoint(chat);
+      ns.delete_chat(chat);
+      ns.clear_checkpoint(chat);
+      for (auto* p : {&cs, &ns}) {
+        botmesh::redis_cluster_layout L{p->prefix()};
+        p->client().call({"DEL", L.checkpoint_revision(chat)});
+      }
+    }
+  for (auto* p : {&cs, &ns})
+    p->client().call({"DEL", botmesh::redis_cluster_layout{p->prefix()}.marker()});
   std::printf("bench single_client_pipelined_ns %.0f ns\n", median(s_pipe));
   std::printf("bench cluster_client_pipelined_ns %.0f ns\n", median(c_pipe));
   std::printf("bench single_client_cpu_ns %.0f ns\n", median(s_cpu));
@@ -206,4 +294,7 @@ int main() {
   std::printf("ratio cluster_client_vs_single %.3f\n", median(r_pipe));
   std::printf("ratio cluster_client_vs_single_cpu %.3f\n", median(r_cpu));
   std::printf("ratio cluster_client_vs_single_round_trip %.3f\n", median(r_rt));
+  std::printf("bench cluster_store_steps_per_s %.0f steps/s\n", median(c_st));
+  std::printf("bench node_store_steps_per_s %.0f steps/s\n", median(n_st));
+  std::printf("ratio cluster_store_vs_node_steps %.3f\n", median(r_st));
 }

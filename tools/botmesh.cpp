@@ -4,6 +4,8 @@
 //   botmesh telegram set-webhook --url URL [--secret S] [...]
 //   botmesh telegram delete-webhook [--drop-pending-updates]
 //   botmesh telegram webhook-info
+//   botmesh redis inspect [--source URL] [--prefix P] [--json]
+//   botmesh redis migrate [--source URL] [--target URL] [...]
 //   botmesh [COMMAND] --help
 //   botmesh [COMMAND] --version
 //
@@ -11,7 +13,8 @@
 //
 // Exit codes: 0 done; 1 the work failed (a cron expression, zone or instant
 // the library rejects, with its validation message; a Bot API request that
-// was refused or could not be sent); 2 bad usage (printed with the usage).
+// was refused or could not be sent; Redis failed, a live bot blocks a
+// migration, or records could not be read); 2 bad usage (printed with the usage).
 
 #include <cstdio>
 #include <cstdlib>
@@ -101,6 +104,8 @@ constexpr const char* general_usage =
   "  telegram set-webhook ...      register the bot's webhook with Telegram\n"
   "  telegram delete-webhook ...   remove it\n"
   "  telegram webhook-info         what Telegram knows about it\n"
+  "  redis inspect ...             a prefix's Redis keys per layout and kind\n"
+  "  redis migrate ...             copy a keyspace legacy <-> cluster:v1\n"
   "botmesh COMMAND --help shows a command's options; --version the version.\n"
   "Options take a value as --opt value or --opt=value.\n"
   "Exit codes: 0 done, 1 the work failed, 2 bad usage.\n";
@@ -163,6 +168,10 @@ int main(int argc, char** argv) {
     usage = telegram_usage;
     hint = "run 'botmesh telegram --help' for its options\n";
     command = telegram;
+  } else if (a[0] == "redis") {
+    usage = redis_usage;
+    hint = "run 'botmesh redis --help' for its options\n";
+    command = redis;
   } else {
     return fail_usage("unknown command \"" + std::string{a[0]} + "\"", usage);
   }

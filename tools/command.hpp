@@ -21,18 +21,23 @@ class usage_error : public std::runtime_error {
 /// Exit codes shared by every command.
 inline constexpr int exit_ok = 0;
 /// The work failed: a rejected input (cron), a request the API refused or
-/// that could not reach it (telegram).
+/// that could not reach it (telegram); Redis failed or held damaged records
+/// (redis).
 inline constexpr int exit_failed = 1;
 inline constexpr int exit_usage = 2;
 
 extern const char* const cron_usage;
 extern const char* const telegram_usage;
+extern const char* const redis_usage;
 
 /// `botmesh cron next ...`
 int cron(const args& a);
 
 /// `botmesh telegram set-webhook | delete-webhook | webhook-info ...`
 int telegram(const args& a);
+
+/// `botmesh redis inspect | migrate ...`
+int redis(const args& a);
 
 /// True when `a` asks for help (-h, --help, help).
 bool is_help(std::string_view a);

@@ -83,6 +83,18 @@ std::string redis_cluster_layout::user_data_index(std::string_view user) const {
   return fmt::format("{}:{{ud:{}}}:idx", prefix_, encode_key_segment(user));
 }
 
+std::string redis_cluster_layout::user_data_member(std::string_view ns,
+                                                   std::string_view key) {
+  return encode_key_segment(ns) + ":" + encode_key_segment(key);
+}
+
+std::string
+redis_cluster_layout::checkpoint_revision(std::string_view key) const {
+  auto b = bucket(key);
+  return fmt::format("{}:{{{}:{}}}:v:{}", prefix_, tag(record_kind::checkpoint),
+                     b, encode_key_segment(key));
+}
+
 std::string redis_cluster_layout::lock(std::string_view key) const {
   return fmt::format("{}:{{lk:{}}}:l", prefix_, encode_key_segment(key));
 }

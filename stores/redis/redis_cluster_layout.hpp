@@ -21,9 +21,12 @@ namespace botmesh {
 ///   p:{ch:<b>}:idx                  zset    chats of bucket b
 ///   p:{ct:<b>}:r:<id>, :idx         contacts
 ///   p:{cp:<b>}:r:<key>, :idx        checkpoints (index scored by expiry)
+///   p:{cp:<b>}:v:<key>              string  a checkpoint's last revision
+///                                   (survives clears, as p:cprev: does)
 ///   p:{sc:<b>}:r:<id>, :idx         schedules
 ///   p:{ud:<user>}:e:<ns>:<key>      string  user data (ctx.user)
-///   p:{ud:<user>}:idx               zset    a user's entries (by expiry)
+///   p:{ud:<user>}:idx               zset    a user's entries (by expiry),
+///                                   member <ns>:<key> (both encoded)
 ///   p:{lk:<key>}:l                  string  lock token
 ///   p:{lk:<key>}:f                  string  lock fence counter
 ///   p:co:{t:<chat>}:<part>          turns: seq, tix, serving, owner, last
@@ -74,6 +77,13 @@ class redis_cluster_layout {
   std::string user_data(std::string_view user, std::string_view ns,
                         std::string_view key) const;
   std::string user_data_index(std::string_view user) const;
+  /// The member of (ns, key) in a user's index: "<ns>:<key>", encoded.
+  static std::string user_data_member(std::string_view ns,
+                                      std::string_view key);
+
+  /// The last revision ever written for a checkpoint key (same slot as the
+  /// checkpoint): revisions never repeat across clears.
+  std::string checkpoint_revision(std::string_view key) const;
 
   std::string lock(std::string_view key) const;
   std::string fence(std::string_view key) const;

@@ -294,6 +294,8 @@ redis_coordinator::redis_coordinator(redis_coordinator_options opts)
                            : std::make_shared<redis_client>(
                                redis_options{.url = opts.url});
   }
+  resolve_layout(opts.layout, i.client->is_cluster(), opts.prefix,
+                 "redis coordinator");
   i.replica = opts.replica_id.empty() ? detail::random_uuid() : opts.replica_id;
   i.incarnation = detail::random_uuid();
   i.lease = opts.lease.ms();

@@ -26,6 +26,11 @@ struct redis_coordinator_options {
   /// Unique among running replicas; a random UUID when empty.
   std::string replica_id{};
   duration lease = "15s";
+  /// The store's key layout (redis_layout_kind). The coordinator's keys are
+  /// the same in both, but the choice is checked as the store's is:
+  /// `legacy` on a cluster throws `invalid_argument_error` (field
+  /// "layout"), and the cluster layout refuses a prefix with `{` or `}`.
+  redis_layout_kind layout = redis_layout_kind::automatic;
 };
 
 /// A replica's coordinator on Redis (see redis_layout.hpp for the keys and

@@ -113,6 +113,77 @@ class legacy_layout final : public redis_layout {
 
 } // namespace
 
+std::optional<std::string_view> legacy_data_kind(std::string_view prefix,
+                                                 std::string_view key) {
+  if (key.size() <= prefix.size() || !key.starts_with(prefix)
+      || key[prefix.size()] != ':')
+    return std::nullopt;
+  auto rest = key.substr(prefix.size() + 1);
+  // Whole names first, then "name:" families.
+  static constexpr std::pair<std::string_view, std::string_view> whole[] = {
+    {"chats", "chats"}, {"contacts", "contacts"}, {"schedidx", "schedules"}};
+  for (auto [name, kind] : whole)
+    if (rest == name)
+      return kind;
+  static constexpr std::pair<std::string_view, std::string_view> families[] = {
+    {"chat:", "chats"},        {"contact:", "contacts"},
+    {"log:", "messages"},      {"logseq:", "messages"},
+    {"cp:", "checkpoints"},    {"cprev:", "checkpoints"},
+    {"ud:", "user_data"},      {"udidx:", "user_data"},
+    {"lock:", "locks"},        {"fence:", "locks"},
+    {"sched:", "schedules"}};
+  for (auto [name, kind] : families)
+    if (rest.starts_with(name) && rest.size() > name.size())
+      return kind;
+  return std::nullopt;
+}
+
+std::string escape_glob(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\')
+      out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::string_view to_string(redis_layout_kind k) noexcept {
+  switch (k) {
+    case redis_layout_kind::automatic:
+      return "automatic";
+    case redis_layout_kind::legacy:
+      return "legacy";
+    case redis_layout_kind::cluster:
+      return "cluster";
+  }
+  return "automatic";
+}
+
+redis_layout_kind resolve_layout(redis_layout_kind asked, bool cluster_client,
+                                 std::string_view prefix,
+                                 std::string_view component) {
+  if (prefix.empty())
+    throw invalid_argument_error("prefix", "the Redis key prefix must not be "
+                                           "empty");
+  auto k = asked;
+  if (k == redis_layout_kind::automatic)
+    k = cluster_client ? redis_layout_kind::cluster : redis_layout_kind::legacy;
+  if (k == redis_layout_kind::legacy && cluster_client)
+    throw invalid_argument_error(
+      "layout", fmt::format("{}: the legacy key layout cannot run on a Redis "
+                            "Cluster (its scripts span hash slots); use the "
+                            "cluster layout",
+                            component));
+  if (k == redis_layout_kind::cluster
+      && prefix.find_first_of("{}") != std::string_view::npos)
+    throw invalid_argument_error(
+      "prefix", fmt::format("{}: the prefix \"{}\" holds {{ or }}: the cluster "
+                            "layout's hash tags would break",
+                            component, prefix));
+  return k;
+}
+
 std::shared_ptr<const redis_layout> make_legacy_layout(std::string prefix) {
   if (prefix.empty())
     throw invalid_argument_error("prefix", "the Redis key prefix must not be "

@@ -1,6 +1,7 @@
 #include <botmesh/stores/redis/internal/schedule_store.hpp>
 #include <botmesh/stores/store.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <map>
 
@@ -67,14 +68,13 @@ bool flag(std::string_view what, const redis_reply& r) {
 
 class redis_schedule_store final : public schedule_store {
  public:
-  redis_schedule_store(std::shared_ptr<redis_client> c,
-                       std::shared_ptr<const redis_layout> l)
-    : c_(std::move(c)), l_(std::move(l)) {
+  redis_schedule_store(std::shared_ptr<redis_client> c, schedule_naming n)
+    : c_(std::move(c)), n_(std::move(n)) {
     // nop
   }
 
   std::optional<schedule_record> get(std::string_view id) override {
-    auto k = l_->schedule(id);
+    auto k = n_.record(id);
     auto r = c_->call({"HGETALL", k});
     expect_reply("HGETALL " + k, r, kind::array);
     if (r.elements.empty())
@@ -85,8 +85,8 @@ class redis_schedule_store final : public schedule_store {
   schedule_record register_task(std::string_view id, std::string_view spec,
                                 time_point first_run, time_point now) override {
     detail::check_key(id, "id");
-    auto k = l_->schedule(id);
-    auto r = c_->eval(lua().schedule_register, {k, l_->schedule_index()},
+    auto k = n_.record(id);
+    auto r = c_->eval(lua().schedule_register, {k, n_.index_of(id)},
                       {std::string{id}, std::string{spec}, ms(first_run),
                        ms(now)});
     expect_reply("script schedule_register", r, kind::array);
@@ -98,7 +98,7 @@ class redis_schedule_store final : public schedule_store {
                                       std::chrono::milliseconds lease) override {
     detail::check_key(owner, "owner");
     detail::check_ttl(lease, "lease");
-    auto k = l_->schedule(id);
+    auto k = n_.record(id);
     auto r = c_->eval(lua().schedule_claim, {k},
                       {std::string{owner}, ms(now),
                        std::to_string(lease.count())});
@@ -116,7 +116,7 @@ class redis_schedule_store final : public schedule_store {
              time_point now, std::chrono::milliseconds lease) override {
     detail::check_ttl(lease, "lease");
     return flag("script schedule_renew",
-                c_->eval(lua().schedule_renew, {l_->schedule(id)},
+                c_->eval(lua().schedule_renew, {n_.record(id)},
                          {std::string{owner}, std::to_string(token), ms(now),
                           std::to_string(lease.count())}));
   }
@@ -124,46 +124,54 @@ class redis_schedule_store final : public schedule_store {
   bool commit(std::string_view id, std::string_view owner, std::uint64_t token,
               time_point next_run_at, bool done, time_point now) override {
     return flag("script schedule_commit",
-                c_->eval(lua().schedule_commit, {l_->schedule(id)},
+                c_->eval(lua().schedule_commit, {n_.record(id)},
                          {std::string{owner}, std::to_string(token),
                           ms(next_run_at), done ? "1" : "0", ms(now)}));
   }
 
   bool remove(std::string_view id, time_point now) override {
     return flag("script schedule_remove",
-                c_->eval(lua().schedule_remove, {l_->schedule(id)}, {ms(now)}));
+                c_->eval(lua().schedule_remove, {n_.record(id)}, {ms(now)}));
   }
 
   std::vector<schedule_record> list() override {
-    auto idx = l_->schedule_index();
-    auto ids = c_->call({"ZRANGE", idx, "0", "-1"});
-    expect_reply("ZRANGE " + idx, ids, kind::array);
+    // One ZRANGE per index, then every hash, each in one pipeline.
+    std::vector<redis_client::command> ranges;
+    for (auto& idx : n_.indexes)
+      ranges.push_back({"ZRANGE", idx, "0", "-1"});
+    auto idx_replies = c_->pipeline(std::move(ranges));
+    std::vector<std::string> ids;
+    for (size_t i = 0; i < idx_replies.size(); ++i) {
+      expect_reply("ZRANGE " + n_.indexes[i], idx_replies[i], kind::array);
+      for (auto& id : idx_replies[i].elements)
+        ids.push_back(id.str);
+    }
+    std::sort(ids.begin(), ids.end());
     std::vector<redis_client::command> cmds;
-    for (auto& id : ids.elements)
-      cmds.push_back({"HGETALL", l_->schedule(id.str)});
+    for (auto& id : ids)
+      cmds.push_back({"HGETALL", n_.record(id)});
     std::vector<schedule_record> out;
     if (cmds.empty())
       return out;
     auto replies = c_->pipeline(std::move(cmds));
     for (size_t i = 0; i < replies.size(); ++i) {
-      auto& id = ids.elements[i].str;
+      auto& id = ids[i];
       expect_reply("HGETALL schedule", replies[i], kind::array);
       if (!replies[i].elements.empty())
-        out.push_back(read_record(id, l_->schedule(id), replies[i]));
+        out.push_back(read_record(id, n_.record(id), replies[i]));
     }
     return out;
   }
 
  private:
   std::shared_ptr<redis_client> c_;
-  std::shared_ptr<const redis_layout> l_;
+  schedule_naming n_;
 };
 
 class redis_lease_provider final : public lease_provider {
  public:
-  redis_lease_provider(std::shared_ptr<redis_client> c,
-                       std::shared_ptr<const redis_layout> l)
-    : c_(std::move(c)), l_(std::move(l)) {
+  redis_lease_provider(std::shared_ptr<redis_client> c, schedule_naming n)
+    : c_(std::move(c)), n_(std::move(n)) {
     // nop
   }
 
@@ -174,7 +182,7 @@ class redis_lease_provider final : public lease_provider {
     detail::check_key(name, "name");
     detail::check_key(owner, "owner");
     detail::check_ttl(ttl);
-    auto r = c_->eval(lua().lease_acquire, {l_->lease(name)},
+    auto r = c_->eval(lua().lease_acquire, {n_.lease(name)},
                       {std::string{owner}, ms(now),
                        std::to_string(ttl.count())});
     if (r.is_nil())
@@ -184,28 +192,51 @@ class redis_lease_provider final : public lease_provider {
   }
 
   void release(std::string_view name, std::string_view owner) override {
-    c_->eval(lua().lease_release, {l_->lease(name)}, {std::string{owner}});
+    c_->eval(lua().lease_release, {n_.lease(name)}, {std::string{owner}});
   }
 
  private:
   std::shared_ptr<redis_client> c_;
-  std::shared_ptr<const redis_layout> l_;
+  schedule_naming n_;
 };
 
 } // namespace
 
+schedule_naming legacy_schedule_naming(std::shared_ptr<const redis_layout> l) {
+  schedule_naming n;
+  n.record = [l](std::string_view id) { return l->schedule(id); };
+  n.index_of = [l](std::string_view) { return l->schedule_index(); };
+  n.indexes = {l->schedule_index()};
+  n.lease = [l](std::string_view name) { return l->lease(name); };
+  return n;
+}
+
+schedule_naming cluster_schedule_naming(const redis_cluster_layout& layout) {
+  using rk = redis_cluster_layout::record_kind;
+  auto l = std::make_shared<const redis_cluster_layout>(layout);
+  schedule_naming n;
+  n.record = [l](std::string_view id) { return l->record(rk::schedule, id); };
+  n.index_of = [l](std::string_view id) {
+    return l->record_index_of(rk::schedule, id);
+  };
+  for (std::uint32_t b = 0; b < redis_cluster_layout::buckets; ++b)
+    n.indexes.push_back(l->record_index(rk::schedule, b));
+  n.lease = [l](std::string_view name) { return l->lease(name); };
+  return n;
+}
+
 std::shared_ptr<schedule_store>
 make_redis_schedule_store(std::shared_ptr<redis_client> client,
-                          std::shared_ptr<const redis_layout> layout) {
+                          schedule_naming naming) {
   return std::make_shared<redis_schedule_store>(std::move(client),
-                                                std::move(layout));
+                                                std::move(naming));
 }
 
 std::shared_ptr<lease_provider>
 make_redis_lease_provider(std::shared_ptr<redis_client> client,
-                          std::shared_ptr<const redis_layout> layout) {
+                          schedule_naming naming) {
   return std::make_shared<redis_lease_provider>(std::move(client),
-                                                std::move(layout));
+                                                std::move(naming));
 }
 
 } // namespace botmesh::internal

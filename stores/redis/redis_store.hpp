@@ -1,6 +1,8 @@
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <botmesh/stores/redis/redis_client.hpp>
@@ -14,37 +16,51 @@ namespace botmesh {
 struct redis_store_options {
   /// Connects a client of its own to this URL (see redis_options::url)...
   std::string url = "redis://127.0.0.1:6379";
-  /// ...unless an existing client is given (then `url` is ignored).
+  /// ...unless an existing client is given (then `url` is ignored; the
+  /// client is shared, not closed by the store)...
   std::shared_ptr<redis_client> client{};
-  /// Key prefix; use the same on every replica of a bot.
+  /// Key prefix; use the same on every replica of a bot. In the cluster
+  /// layout it must not hold `{` or `}`.
   std::string prefix = "botmesh";
   /// Settings of the client the store creates.
   redis_options client_options{};
   /// A chat's log keeps its newest entries up to this many.
   std::size_t max_log_per_chat = 1000;
+  /// ...or a Redis Cluster client of its own: not combinable with `url` or
+  /// `client` (`invalid_argument_error`, field "cluster").
+  std::optional<redis_cluster_options> cluster{};
+  /// The key layout (see redis_layout_kind): `automatic` is `cluster` with
+  /// a cluster client or `cluster` options, else `legacy`. `legacy` on a
+  /// cluster throws `invalid_argument_error` (field "layout").
+  /// coordinator(), schedules() and leases() inherit it.
+  redis_layout_kind layout = redis_layout_kind::automatic;
+  /// In the cluster layout on one node, start() refuses a prefix that still
+  /// holds legacy keys and no layout marker (run the migration first);
+  /// true starts anyway.
+  bool allow_legacy_data = false;
+  /// Where start() reports a warning (a legacy store on a prefix that holds
+  /// the cluster layout's marker); stderr when empty.
+  std::function<void(std::string_view)> warn{};
 };
 
-/// The shared store for several replicas: everything in Redis under
-/// `prefix`, in the legacy single-node layout (see redis_layout.hpp). A
-/// Redis Cluster client is refused (`invalid_argument_error`, field
-/// "layout"): the legacy scripts span hash slots.
-///
-/// Every compare-and-set (checkpoints, locks, schedules, leases) is one Lua
-/// script that declares all its keys. TTLs (user data, locks, ephemeral
-/// checkpoints) run on the server's clock; schedules and leases compare the
-/// times their callers pass. Cost: one round trip per call (two for a
-/// listing); concurrent callers share pipelined connections.
-///
-/// Errors: `errc::store_error` naming the command for server errors, a lost
-/// connection or an unreachable server; `errc::timeout` past the command
-/// timeout; `errc::corrupted_record` naming the key when a stored value
-/// cannot be decoded.
 class redis_store final : public store {
  public:
   explicit redis_store(redis_store_options opts = {});
   ~redis_store() override;
 
-  /// Checks the server answers (PING).
+  /// Checks the server answers (PING) and that the keyspace matches the
+  /// layout:
+  /// - legacy: a prefix holding the cluster layout's marker
+  ///   (`p:{meta}:layout`) is reported through `warn`; the store starts.
+  /// - cluster on one node: with no marker, the first 10,000 keys under the
+  ///   prefix are scanned; a legacy key among them throws
+  ///   `invalid_argument_error` (field "layout", naming the key and "run
+  ///   the migration first") unless `allow_legacy_data`. A marker with
+  ///   another value than "cluster:v1" throws the same error naming it.
+  ///   With no legacy key found, the marker is written (SET NX), so a
+  ///   legacy store started later on this prefix warns.
+  /// - cluster on a Redis Cluster: the marker is checked and written the
+  ///   same way (no legacy layout can live there).
   void start() override;
 
   /// Durable-task calendars in the same Redis (`p:sched:<id>`).
@@ -60,7 +76,11 @@ class redis_store final : public store {
               std::chrono::milliseconds lease = std::chrono::seconds(15));
 
   redis_client& client() noexcept;
-  const redis_layout& layout() const noexcept;
+  /// The client, to share (a durable backend, the migration).
+  std::shared_ptr<redis_client> shared_client() const noexcept;
+  const std::string& prefix() const noexcept;
+  /// `legacy` or `cluster` (never `automatic`).
+  redis_layout_kind layout() const noexcept;
 
   void save_chat(const chat_record& rec) override;
   std::optional<chat_record> get_chat(std::string_view key) override;
@@ -105,12 +125,10 @@ class redis_store final : public store {
   bool release_lock(std::string_view key, std::string_view token) override;
 
  private:
-  std::optional<std::uint64_t> write_checkpoint(const flow_checkpoint& cp,
-                                                std::string expected);
-
   redis_store_options opts_;
+  redis_layout_kind layout_;
   std::shared_ptr<redis_client> client_;
-  std::shared_ptr<const redis_layout> layout_;
+  std::unique_ptr<store> impl_;
   std::shared_ptr<schedule_store> schedules_;
   std::shared_ptr<lease_provider> leases_;
 };

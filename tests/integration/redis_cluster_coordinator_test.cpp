@@ -67,7 +67,8 @@ TEST_CASE("cluster: a coordinator with the cluster option makes its own "
 TEST_CASE("cluster: a store in the legacy layout refuses a cluster client, "
           "naming the layout") {
   try {
-    botmesh::redis_store s{{.client = shared_cluster_client(), .prefix = "x"}};
+    botmesh::redis_store s{{.client = shared_cluster_client(), .prefix = "x",
+                            .layout = botmesh::redis_layout_kind::legacy}};
     FAIL("accepted a cluster client");
   } catch (const botmesh::invalid_argument_error& e) {
     CHECK(e.field() == "layout");

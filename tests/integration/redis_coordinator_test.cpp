@@ -138,7 +138,7 @@ TEST_CASE("store.coordinator() shares the store's client and prefix") {
   CHECK(next.previous_holder == "a");
   // The keys live under the store's prefix.
   auto keys = store.client().call(
-    {"KEYS", store.layout().prefix() + ":co:*"});
+    {"KEYS", store.prefix() + ":co:*"});
   CHECK_FALSE(keys.elements.empty());
 }
 

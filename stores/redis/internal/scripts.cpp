@@ -39,6 +39,17 @@ const scripts& lua() {
     {"durable_settle", lua_src::durable_settle},
     {"durable_claim", lua_src::durable_claim},
     {"durable_outbox", lua_src::durable_outbox},
+    {"cl_log_append", lua_src::cl_log_append},
+    {"cl_log_range", lua_src::cl_log_range},
+    {"cl_log_delete", lua_src::cl_log_delete},
+    {"cl_checkpoint_set", lua_src::cl_checkpoint_set},
+    {"cl_checkpoint_clear_if", lua_src::cl_checkpoint_clear_if},
+    {"cl_index_live", lua_src::cl_index_live},
+    {"mig_put_hash", lua_src::mig_put_hash},
+    {"mig_put_value", lua_src::mig_put_value},
+    {"mig_raise", lua_src::mig_raise},
+    {"mig_put_log", lua_src::mig_put_log},
+    {"mig_put_legacy_log", lua_src::mig_put_legacy_log},
   };
   return all;
 }

@@ -1,0 +1,128 @@
+#include <botmesh/stores/redis/internal/store_codec.hpp>
+
+#include <fmt/format.h>
+
+#include <botmesh/runtime/core/internal/json_reader.hpp>
+#include <botmesh/runtime/core/json.hpp>
+
+namespace botmesh::internal {
+
+using kind = redis_reply::kind;
+
+void corrupted(std::string_view key, std::string_view why) {
+  throw error(errc::corrupted_record,
+              fmt::format("redis store: record {}: {}", key, why));
+}
+
+fields to_fields(std::string_view what, const redis_reply& r) {
+  expect_reply(what, r, kind::array);
+  fields out;
+  for (size_t i = 0; i + 1 < r.elements.size(); i += 2)
+    out.emplace(r.elements[i].str, r.elements[i + 1].str);
+  return out;
+}
+
+const std::string& field(const fields& f, std::string_view key,
+                         std::string_view name) {
+  auto i = f.find(name);
+  if (i == f.end())
+    corrupted(key, fmt::format("field \"{}\" is missing", name));
+  return i->second;
+}
+
+std::int64_t int_field(const fields& f, std::string_view key,
+                       std::string_view name) {
+  auto& s = field(f, key, name);
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc{} || p != s.data() + s.size())
+    corrupted(key, fmt::format("field \"{}\" is not an integer: \"{}\"", name,
+                               s));
+  return v;
+}
+
+std::string ms(time_point t) {
+  return std::to_string(to_unix_ms(t));
+}
+
+void check_json(std::string_view field_name, std::string_view what,
+                std::string_view value) {
+  if (!is_valid_json(value))
+    throw invalid_argument_error(std::string{field_name},
+                                 fmt::format("{}: {} is not JSON", what,
+                                             field_name));
+}
+
+std::optional<std::uint64_t> rev_or_nil(std::string_view what,
+                                        const redis_reply& r) {
+  if (r.is_nil())
+    return std::nullopt;
+  expect_reply(what, r, kind::integer);
+  return static_cast<std::uint64_t>(r.integer);
+}
+
+bool flag(std::string_view what, const redis_reply& r) {
+  expect_reply(what, r, kind::integer);
+  return r.integer != 0;
+}
+
+chat_record read_chat(std::string_view key, const fields& f) {
+  return chat_record{field(f, key, "key"),
+                     field(f, key, "provider"),
+                     field(f, key, "chat"),
+                     field(f, key, "participant"),
+                     from_unix_ms(int_field(f, key, "created_at")),
+                     from_unix_ms(int_field(f, key, "last_message_at")),
+                     field(f, key, "data")};
+}
+
+contact_record read_contact(std::string_view key, const fields& f) {
+  return contact_record{field(f, key, "id"), field(f, key, "name"),
+                        field(f, key, "phone"),
+                        from_unix_ms(int_field(f, key, "updated_at")),
+                        field(f, key, "data")};
+}
+
+std::string encode_entry(const logged_message& msg) {
+  std::string entry = fmt::format("{{\"dir\":{},\"id\":",
+                                  static_cast<int>(msg.dir));
+  append_json_string(entry, msg.id);
+  entry += ",\"sender\":";
+  append_json_string(entry, msg.sender);
+  entry += ",\"text\":";
+  append_json_string(entry, msg.text);
+  entry += ",\"type\":";
+  append_json_string(entry, to_string(msg.type));
+  entry += fmt::format(",\"at\":{}}}", to_unix_ms(msg.at));
+  return entry;
+}
+
+logged_message decode_entry(std::string_view json, std::string_view what) {
+  auto j = json_reader::parse(json, what);
+  logged_message m;
+  m.seq = j.uint64("seq");
+  m.dir = j.int64("dir") == 0 ? direction::in : direction::out;
+  m.id = j.string("id");
+  m.sender = j.string("sender");
+  m.text = j.string("text");
+  m.type = j.type("type");
+  m.at = from_unix_ms(j.int64("at"));
+  return m;
+}
+
+flow_checkpoint read_checkpoint(std::string_view key, const fields& f) {
+  auto rev = int_field(f, key, "rev");
+  auto created = int_field(f, key, "created");
+  try {
+    auto cp = checkpoint_from_json(field(f, key, "body"));
+    cp.revision = static_cast<std::uint64_t>(rev);
+    cp.created_at = from_unix_ms(created);
+    return cp;
+  } catch (const error& e) {
+    if (e.code() != errc::corrupted_record)
+      throw;
+    corrupted(key, e.what());
+  }
+}
+
+} // namespace botmesh::internal
