@@ -3,9 +3,11 @@
 #include <botmesh/runtime/core/checkpoint.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
+#include <botmesh/stores/memory_durable_backend.hpp>
 #include <botmesh/stores/memory_store.hpp>
 
 #include "handover/handover_suite.hpp"
+#include "test_util.hpp"
 
 namespace {
 
@@ -106,4 +108,71 @@ TEST_CASE("handover options are checked when the bot is made, naming the "
   CHECK(field_of([&] { make({.fallback = botmesh::handover_function{}}); })
         == "handover.fallback");
   CHECK(field_of([&] { make({}); }) == "(nothing thrown)");
+}
+
+namespace {
+
+botmesh::inbound_message message(std::string id, std::string text) {
+  botmesh::inbound_message m;
+  m.chat = "x";
+  m.sender = "x";
+  m.id = std::move(id);
+  m.text = std::move(text);
+  return m;
+}
+
+} // namespace
+
+TEST_CASE("with durability a step cut by settle whose answer landed in the "
+          "checkpoint confirms its record; one too large to embed releases "
+          "it and the message is handled again") {
+  using namespace test::handover;
+  bool large = false;
+  SUBCASE("embedded answer") {
+    large = false;
+  }
+  SUBCASE("answer over max_answer_bytes") {
+    large = true;
+  }
+  memory_env env;
+  std::atomic<bool> slow{true};
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::coordination_options co;
+  co.coordinator = env.coordinator("r");
+  co.settle = "300ms";
+  co.handover = forward();
+  co.handover.max_answer_bytes = 256;
+  botmesh::bot b{{.provider = p, .store = env.store, .coordination = co,
+                  .durability = botmesh::durability_options{
+                    .backend = backend, .instance_id = "r", .lease = "300ms"}}};
+  test::error_log errors;
+  errors.attach(b);
+  b.add_flow(order_flow(false, &slow));
+  b.start();
+  p->inject(message("m1", "pedido"));
+  REQUIRE(p->wait_for_sent(1, 10s));
+  REQUIRE(waiting_at(env, "producto"));
+  auto answer = large ? std::string(400, 'c') : std::string{"café"};
+  p->inject(message("m2", answer));
+  REQUIRE(test::eventually(
+    [&] { return errors.count(botmesh::errc::lease_lost) >= 1; }));
+  slow = false;
+  if (large) {
+    // Not kept by any checkpoint: released, handled again, and this time
+    // it answers the product.
+    REQUIRE(p->wait_for_sent(2, 10s));
+    CHECK(texts(*p).back() == "¿Cantidad?");
+    CHECK(b.stats().reprocessed == 1);
+    return;
+  }
+  p->inject(message("m3", "3"));
+  REQUIRE(p->wait_for_sent(2, 10s));
+  CHECK(texts(*p).back() == "¿Dirección?");
+  p->inject(message("m4", "Calle 1"));
+  REQUIRE(p->wait_for_sent(3, 10s));
+  CHECK(texts(*p).back() == "3 x café a Calle 1");
+  b.stop();
+  CHECK(b.stats().reprocessed == 0);
+  CHECK(texts(*p).size() == 3);
 }
