@@ -408,7 +408,8 @@ class bot {
   bool forget_task(std::string_view id);
 
   /// Subscribes to an event type: `events::error`, `events::message_in`,
-  /// `events::message_out`.
+  /// `events::message_out`, `events::lease_lost`, `events::leader`,
+  /// `events::follower`, `events::handover`.
   template <class Event>
   bot& on(std::function<void(const Event&)> listener);
 

@@ -199,8 +199,9 @@ std::stop_token flow_context::stop_token() const {
 bool ask_awaiter::await_ready() {
   auto& conv = c_.conv_;
   if (conv.preloaded && conv.answers_in_step == 0) {
-    // Resumed from a checkpoint that waited here: the message that woke the
-    // conversation is this question's answer; it is not asked again.
+    // Resumed from a checkpoint that waited here: its saved answer, or else
+    // the message that woke the conversation, answers this question; it is
+    // not asked again.
     answer a{std::move(*conv.preloaded), false};
     conv.preloaded.reset();
     auto err = opts_.validate ? opts_.validate(a) : std::nullopt;
@@ -209,7 +210,9 @@ bool ask_awaiter::await_ready() {
       return true;
     }
     c_.send(*err);
-  } else if (conv.kept) {
+  }
+  conv.preloaded.reset();
+  if (conv.kept) {
     // The message that woke a conversation whose cut step had its answer
     // saved: it answers the next question, which is not asked.
     answer a{std::move(*conv.kept), false};
@@ -223,7 +226,6 @@ bool ask_awaiter::await_ready() {
     }
     c_.send(*err);
   }
-  conv.preloaded.reset();
   c_.send(question_);
   return false;
 }
@@ -761,6 +763,9 @@ bool flow_engine::offer(const std::string& key, const inbound_message& msg,
         if (auto err = c->ask_opts.validate(a)) {
           send(*c, *err);
           send(*c, c->question);
+          // The refused answer saved above must not be given to a taker.
+          if (c->waiting_question == 0 && c->revision != 0 && !c->marker)
+            checkpoint(*c, true, 0);
           return true;
         }
       }

@@ -654,6 +654,49 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a corrupted checkpoint is an error event "
   CHECK(b.last() == "¿Producto?");
 }
 
+TEST_CASE_TEMPLATE_DEFINE("handover: a first answer its validator refused is "
+                          "not handed to the taker",
+                          Env, handover_15) {
+  using namespace test::handover;
+  Env env;
+  auto make = [] {
+    botmesh::flow f{"pedido"};
+    f.hears({"pedido"})
+      .ask(
+        "producto", "¿Producto?",
+        [](botmesh::flow_context& c, const botmesh::answer& a) {
+          c.state()["producto"] = a.text();
+        },
+        botmesh::ask_options{
+          .validate = [](const botmesh::answer& a) -> std::optional<std::string> {
+            if (a.text() == "nada")
+              return "Elige un producto";
+            return std::nullopt;
+          }})
+      .ask("cantidad", "¿Cantidad?",
+           [](botmesh::flow_context&, const botmesh::answer&) {});
+    return f;
+  };
+  replica a{env, "a", forward()};
+  replica b{env, "b", forward()};
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(make());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  REQUIRE(waiting_at(env, "producto"));
+  REQUIRE(a.say("nada", 3));
+  CHECK(texts(*a.provider)
+        == std::vector<std::string>{"¿Producto?", "Elige un producto",
+                                    "¿Producto?"});
+  REQUIRE(soon([&] {
+    auto cp = env.store->get_checkpoint("test:x");
+    return cp && cp->waiting && cp->step == "producto" && !cp->saved_answer;
+  }));
+  REQUIRE(b.say("café", 1));
+  CHECK(b.last() == "¿Cantidad?");
+}
+
 /// Runs every case of the suite on `Env`.
 #define BOTMESH_HANDOVER_SUITE(Env) \
   TEST_CASE_TEMPLATE_INVOKE(handover_1, Env); \
@@ -669,4 +712,5 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a corrupted checkpoint is an error event "
   TEST_CASE_TEMPLATE_INVOKE(handover_11, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_12, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_13, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_14, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_14, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_15, Env);
