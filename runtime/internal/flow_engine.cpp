@@ -422,12 +422,15 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     cp.question = 0;
   } else {
     cp.state = c.state.dump();
-    if (saved && to_json(*saved).size() <= cfg_.max_answer_bytes) {
-      // The step's first answer, kept before the step goes on (a larger
-      // one is not embedded: the step asks again).
-      cp.saved_answer = *saved;
+    if (saved) {
+      // The step's first answer, kept before the step goes on. A larger
+      // one is not embedded: the checkpoint still waits at the question,
+      // so the next message (with durability, this one handled again)
+      // answers it.
       cp.waiting = true;
       cp.question = 0;
+      if (to_json(*saved).size() <= cfg_.max_answer_bytes)
+        cp.saved_answer = *saved;
     }
   }
   if (mode != cp_mode::full) {

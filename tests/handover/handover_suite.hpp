@@ -125,8 +125,9 @@ struct replica {
   }
 };
 
-/// Three asks; `slow_answer` makes the first answer's handler hold the
-/// turn until the turn's stop token fires (a step cut by settle).
+/// Three asks; `slow_answer` (cleared on use) makes the next first answer's
+/// handler hold the turn until the turn's stop token fires (a step cut by
+/// settle).
 inline botmesh::flow order_flow(bool persistent = false,
                                 std::atomic<bool>* slow_answer = nullptr,
                                 std::optional<botmesh::duration> wait2 = {}) {
@@ -134,7 +135,7 @@ inline botmesh::flow order_flow(bool persistent = false,
   f.hears({"pedido"})
     .ask("producto", "¿Producto?",
          [slow_answer](botmesh::flow_context& c, const botmesh::answer& a) {
-           if (slow_answer && slow_answer->load())
+           if (slow_answer && slow_answer->exchange(false))
              while (!c.stop_token().stop_requested())
                std::this_thread::sleep_for(1ms);
            c.state()["producto"] = a.text();

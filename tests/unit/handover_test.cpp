@@ -157,7 +157,6 @@ TEST_CASE("with durability a step cut by settle whose answer landed in the "
   p->inject(message("m2", answer));
   REQUIRE(test::eventually(
     [&] { return errors.count(botmesh::errc::lease_lost) >= 1; }));
-  slow = false;
   if (large) {
     // Not kept by any checkpoint: released, handled again, and this time
     // it answers the product.
