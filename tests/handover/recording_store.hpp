@@ -20,6 +20,7 @@ class recording_store final : public botmesh::store {
   }
 
   std::atomic<int> checkpoint_writes{0}; ///< sets and clears, landed
+  std::atomic<int> checkpoint_clears{0}; ///< clears among them
   std::atomic<int> checkpoint_reads{0};
   std::atomic<bool> fail_writes{false};
   std::atomic<bool> corrupt_reads{false};
@@ -94,14 +95,17 @@ class recording_store final : public botmesh::store {
   bool clear_checkpoint_if(std::string_view k, std::uint64_t r) override {
     check_write();
     auto out = inner_->clear_checkpoint_if(k, r);
-    if (out)
+    if (out) {
       ++checkpoint_writes;
+      ++checkpoint_clears;
+    }
     return out;
   }
   void clear_checkpoint(std::string_view k) override {
     check_write();
     inner_->clear_checkpoint(k);
     ++checkpoint_writes;
+    ++checkpoint_clears;
   }
   std::optional<std::string> get_user_data(std::string_view u,
                                            std::string_view n,
