@@ -132,6 +132,37 @@ struct bot::impl final : chat_services,
       sched_opts.leader_ttl = duration{lease};
     }
     pending_sched_opts = std::move(sched_opts);
+    if (opts.coordination)
+      flows.configure(handover_settings(opts.coordination->handover));
+  }
+
+  // Checked when the bot is made, naming the field.
+  static internal::handover_config handover_settings(const handover_options& h) {
+    using fk = internal::handover_config::fallback_kind;
+    internal::handover_config cfg;
+    cfg.coordinated = true;
+    cfg.forward = h.flows == handover_flows::forward;
+    if (auto* k = std::get_if<handover_fallback>(&h.fallback)) {
+      cfg.fallback = *k == handover_fallback::notify    ? fk::notify
+                     : *k == handover_fallback::restart ? fk::restart
+                                                        : fk::drop;
+    } else {
+      if (!std::get<handover_function>(h.fallback))
+        throw invalid_argument_error("handover.fallback",
+                                     "handover.fallback: an empty function");
+      cfg.fallback = fk::custom;
+    }
+    if (h.ttl) {
+      if (h.ttl->count() <= 0)
+        throw invalid_argument_error("handover.ttl", "handover.ttl must be > 0");
+      cfg.ttl = h.ttl->ms();
+    }
+    if (h.max_answer_bytes == 0)
+      throw invalid_argument_error("handover.max_answer_bytes",
+                                   "handover.max_answer_bytes must be > 0");
+    cfg.max_answer_bytes = h.max_answer_bytes;
+    cfg.notify_message = h.notify_message;
+    return cfg;
   }
 
   // The scheduler's actors live in the bot's actor system: created once the
@@ -175,6 +206,42 @@ struct bot::impl final : chat_services,
 
   const std::string& lang() const override {
     return opts.lang;
+  }
+
+  void handover_event(const std::string& key, const std::string& name,
+                      std::string_view outcome,
+                      std::string_view reason) override {
+    if (on_handover.empty())
+      return;
+    post_event([this, ev = events::handover{key, name, std::string{outcome},
+                                            std::string{reason}}] {
+      emit(on_handover, ev);
+    });
+  }
+
+  // The user's migration runs in the chat's turn, like a handler.
+  bool handover_custom(const handover_info& info, const inbound_message& msg,
+                       const turn_token* turn) override {
+    auto& fn = std::get<handover_function>(opts.coordination->handover.fallback);
+    context ctx{self, info.key, msg, turn};
+    try {
+      return fn(info, ctx);
+    } catch (const lease_lost_error&) {
+      throw; // the turn ended: reported by the handler's caller
+    } catch (const std::exception& e) {
+      ++handler_errors;
+      raise(errc::handler_failed,
+            fmt::format("chat {}: the handover fallback of {} failed: {}",
+                        info.key, info.name, e.what()),
+            info.key, msg);
+    } catch (...) {
+      ++handler_errors;
+      raise(errc::handler_failed,
+            fmt::format("chat {}: the handover fallback of {} failed",
+                        info.key, info.name),
+            info.key, msg);
+    }
+    return false;
   }
 
   // -- lease_listener (on the lease actor's thread: never block) ------------
@@ -255,11 +322,15 @@ struct bot::impl final : chat_services,
       record(key, ev.message, first);
       internal::durable_turn dt{&ev.journal, &key, token->fence(), ev.attempt};
       turn_outcome outcome;
+      bool answer_saved = false;
       {
         internal::durable_turn_scope scope{ev.journal.empty() ? nullptr : &dt};
-        outcome = run_handlers(key, ev.message, first, token.get());
+        outcome = run_handlers(key, ev.message, first, token.get(),
+                               &answer_saved);
       }
-      settle_record(key, ev, !dt.lost && token->valid());
+      // Acks follow the checkpoint: a cut step whose answer (this message)
+      // a landed checkpoint keeps has kept its effect.
+      settle_record(key, ev, (!dt.lost && token->valid()) || answer_saved);
       ev.end(outcome);
     }
     if (!token->valid())
@@ -583,11 +654,12 @@ struct bot::impl final : chat_services,
   }
 
   turn_outcome run_handlers(const std::string& key, const inbound_message& msg,
-                            bool first, const turn_token* turn) {
+                            bool first, const turn_token* turn,
+                            bool* answer_saved = nullptr) {
     auto outcome = turn_outcome::failed;
     emit(on_in, events::message_in{key, msg});
     try {
-      if (!flows.on_message(key, msg, first, turn))
+      if (!flows.on_message(key, msg, first, turn, answer_saved))
         dispatch(key, msg, turn);
       outcome = turn_outcome::handled;
     } catch (const lease_lost_error& e) {
@@ -746,6 +818,7 @@ struct bot::impl final : chat_services,
   listeners<events::lease_lost> on_lost;
   listeners<events::leader> on_leader;
   listeners<events::follower> on_follower;
+  listeners<events::handover> on_handover;
   provider_state transport = provider_state::closed; // guarded by run_mtx
   std::chrono::steady_clock::time_point closed_since{};
   caf::actor lease_handle;   // with coordination
@@ -872,9 +945,11 @@ bot& bot::add_flow(botmesh::flow f) {
 
 bot& bot::conversation(std::string name, std::vector<std::string> keywords,
                        botmesh::flow::step_fn fn) {
+  impl_->check_not_started();
   botmesh::flow f{std::move(name)};
   f.hears(std::move(keywords)).step("conversation", std::move(fn));
-  return add_flow(std::move(f));
+  impl_->flows.add(std::move(f), true);
+  return *this;
 }
 
 scheduled_task bot::every(duration interval, scheduler::job fn) {
@@ -942,6 +1017,13 @@ template <>
 bot& bot::on<events::follower>(std::function<void(const events::follower&)> f) {
   impl_->check_not_started();
   impl_->on_follower.push_back(std::move(f));
+  return *this;
+}
+
+template <>
+bot& bot::on<events::handover>(std::function<void(const events::handover&)> f) {
+  impl_->check_not_started();
+  impl_->on_handover.push_back(std::move(f));
   return *this;
 }
 

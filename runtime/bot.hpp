@@ -10,6 +10,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include <caf/fwd.hpp>
@@ -106,6 +107,71 @@ enum class provider_session {
   shared,
 };
 
+/// What happens to non-persistent flows when another replica takes a chat.
+enum class handover_flows {
+  /// They live in the memory of the replica that runs them: lost on a
+  /// change of replica (the message is routed as a new one).
+  keep,
+  /// A checkpoint per step, marked ephemeral (it expires `ttl` after its
+  /// last write), so the taker resumes them like persistent flows.
+  forward,
+};
+
+/// What the replica that takes a chat does with a conversation it cannot
+/// resume (see `handover_options::fallback`).
+enum class handover_fallback {
+  /// Nothing: the message is routed as usual (no marker is written).
+  drop,
+  /// Answers `notify_message` and consumes the message.
+  notify,
+  /// Enters the conversation again by name, from its beginning and with its
+  /// initial state (what ran before its first wait runs again); the message
+  /// starts it.
+  restart,
+};
+
+/// Your migration for a conversation that cannot be resumed: `ctx` is the
+/// message that woke it (reply through it). Return true when you consumed
+/// the message; false routes it as usual. An exception becomes an
+/// `events::error` (`errc::handler_failed`) and the message is routed.
+using handover_function = std::function<bool(const handover_info&, context&)>;
+
+/// Handing conversations over between replicas (spec: "Relevo de
+/// conversaciones"). Persistent flows always resume from their checkpoint.
+///
+/// Costs: `forward` writes a checkpoint at the start of each step and at
+/// every wait of non-persistent flows (like `.persistent()`), plus one when
+/// the first answer of a step arrives (see below); a fallback other than
+/// `drop` makes each conversation that cannot be serialized write two small
+/// records: a marker when it first waits and its removal when it ends.
+///
+/// A cut step keeps its answer: when the first question of a step of a
+/// checkpointed flow gets its answer, the answer is written into the
+/// checkpoint before the step goes on, embedded if its encoding fits
+/// `max_answer_bytes`. If the step is then cut (settle, a lost turn), the
+/// taker gives it that answer instead of asking again, and keeps the
+/// message that woke it for the next question.
+struct handover_options {
+  handover_flows flows = handover_flows::keep;
+  /// For conversations that cannot be serialized (`bot::conversation`, a
+  /// forwarded flow whose state holds binary data or a non-finite number)
+  /// and for checkpoints of a flow that changed (a different fingerprint,
+  /// a missing step: reason "changed").
+  std::variant<handover_fallback, handover_function> fallback
+    = handover_fallback::drop;
+  /// Life of an ephemeral checkpoint (and of a marker) after its last
+  /// write; never shorter than the timeout of the wait it records. 5 min
+  /// when unset. Must be > 0 (field "handover.ttl").
+  std::optional<duration> ttl{};
+  /// The text of `notify`; the localized `core.conversation.interrupted`
+  /// when empty.
+  std::string notify_message{};
+  /// Largest saved answer embedded in a checkpoint (its JSON encoding),
+  /// 16 KiB; a larger one is not saved (the step asks again). Must be > 0
+  /// (field "handover.max_answer_bytes").
+  std::size_t max_answer_bytes = default_max_answer_bytes;
+};
+
 /// Several replicas of one bot coordinating through a shared backend.
 struct coordination_options {
   /// The shared coordinator (a memory_coordinator on a hub, or a
@@ -125,6 +191,8 @@ struct coordination_options {
   /// A leader whose transport stays closed this long yields, waits a few
   /// seconds and presents itself again.
   duration provider_down = "1m";
+  /// Conversations moving between replicas (see `handover_options`).
+  handover_options handover{};
 };
 
 /// Durable processing: every inbound message is journaled on arrival and
@@ -340,7 +408,8 @@ class bot {
   bool forget_task(std::string_view id);
 
   /// Subscribes to an event type: `events::error`, `events::message_in`,
-  /// `events::message_out`.
+  /// `events::message_out`, `events::lease_lost`, `events::leader`,
+  /// `events::follower`, `events::handover`.
   template <class Event>
   bot& on(std::function<void(const Event&)> listener);
 
@@ -412,5 +481,7 @@ template <>
 bot& bot::on<events::leader>(std::function<void(const events::leader&)>);
 template <>
 bot& bot::on<events::follower>(std::function<void(const events::follower&)>);
+template <>
+bot& bot::on<events::handover>(std::function<void(const events::handover&)>);
 
 } // namespace botmesh

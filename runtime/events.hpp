@@ -58,6 +58,21 @@ struct follower {
   std::string reason;
 };
 
+/// A conversation met the replica that took its chat
+/// ("coordination:handover"). `name` is the flow (or conversation) name.
+/// `outcome`: "resumed" (from its checkpoint), "notified", "restarted",
+/// "handled" (the fallback function consumed the message) or "dropped"
+/// (the message is routed as usual). `reason` is empty when resumed, else
+/// "conversation" (a coroutine conversation, which is never migrated),
+/// "state" (its state was not plain JSON) or "changed" (the flow differs
+/// from the one that wrote the checkpoint).
+struct handover {
+  std::string key;
+  std::string name;
+  std::string outcome;
+  std::string reason;
+};
+
 /// A message was sent by the provider ("message:out").
 struct message_out {
   const outgoing_message& message;

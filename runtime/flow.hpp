@@ -92,6 +92,22 @@ class flow_task {
   std::coroutine_handle<promise_type> h_;
 };
 
+/// What a handover fallback function gets about the conversation that
+/// cannot be resumed (see `handover_options` in bot.hpp).
+struct handover_info {
+  /// The chat key.
+  std::string key;
+  /// The flow or conversation name.
+  std::string name;
+  /// The step it waited in.
+  std::string step;
+  /// "conversation", "state" or "changed" (see `events::handover`).
+  std::string reason;
+  /// The saved state (JSON) when the checkpoint had one ("changed"),
+  /// else "{}".
+  std::string state = "{}";
+};
+
 /// An answer to a question.
 struct answer {
   inbound_message message{};

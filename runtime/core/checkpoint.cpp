@@ -13,7 +13,7 @@ namespace botmesh {
 //   {"v":1,"key":s,"flow":s,"step":s,"waiting":b,"question":u,"state":<json>,
 //    "revision":u,"created_at":ms,"updated_at":ms,"fingerprint":s,
 //    "ephemeral":b,"expires_at":ms,"answer":<inbound message>|null,
-//    "answer_ref":s}
+//    "answer_ref":s[,"marker":true]}
 std::string to_json(const flow_checkpoint& cp, std::size_t max_answer_bytes) {
   if (!is_valid_json(cp.state))
     throw invalid_argument_error(
@@ -50,6 +50,8 @@ std::string to_json(const flow_checkpoint& cp, std::size_t max_answer_bytes) {
   out += answer;
   out += ",\"answer_ref\":";
   append_json_string(out, cp.answer_ref);
+  if (cp.marker)
+    out += ",\"marker\":true";
   out.push_back('}');
   return out;
 }
@@ -78,6 +80,9 @@ flow_checkpoint checkpoint_from_json(std::string_view json) {
   if (!r.is_null("answer"))
     cp.saved_answer = internal::read_inbound_message(r.object("answer"));
   cp.answer_ref = r.string("answer_ref");
+  // Absent in checkpoints written before markers existed.
+  if (r.has("marker"))
+    cp.marker = r.boolean("marker");
   return cp;
 }
 

@@ -46,6 +46,11 @@ struct flow_checkpoint {
   /// either embedded (when it fits the answer bound) or a journal reference.
   std::optional<inbound_message> saved_answer{};
   std::string answer_ref{};
+  /// A waiting marker rather than a resumable position: a conversation that
+  /// cannot be serialized (a coroutine, a state that is not plain JSON)
+  /// waits in `flow`, so whoever takes the chat applies the handover
+  /// fallback. `step` names the step; `state` is not meaningful.
+  bool marker = false;
 
   friend bool operator==(const flow_checkpoint&,
                          const flow_checkpoint&) = default;
@@ -55,7 +60,8 @@ struct flow_checkpoint {
 inline constexpr int checkpoint_encoding_version = 1;
 
 /// Encodes a checkpoint as JSON (`{"v":1,...}`; `state` is embedded as a
-/// JSON value, not a string). Throws `invalid_argument_error` (field "state")
+/// JSON value, not a string; `"marker":true` is present only for markers, so
+/// readers that predate it read every other checkpoint unchanged). Throws `invalid_argument_error` (field "state")
 /// when `state` is not valid JSON, and (field "saved_answer") when the saved
 /// answer encodes to more than `max_answer_bytes`.
 std::string to_json(const flow_checkpoint& cp,
@@ -86,7 +92,8 @@ typename Inspector::result_type inspect(Inspector& f, flow_checkpoint& x) {
     },
     caf::meta::type_name("botmesh.flow_checkpoint"), x.key, x.flow, x.step,
     x.waiting, x.question, x.state, x.revision, created, updated,
-    x.fingerprint, x.ephemeral, expires, has_answer, answer, x.answer_ref);
+    x.fingerprint, x.ephemeral, expires, has_answer, answer, x.answer_ref,
+    x.marker);
 }
 
 } // namespace botmesh

@@ -1,24 +1,21 @@
 #include <botmesh/runtime/internal/flow_engine.hpp>
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <condition_variable>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/internal/text.hpp>
+#include <botmesh/runtime/core/json.hpp>
 #include <botmesh/runtime/texts.hpp>
 
 namespace botmesh {
 
 using internal::ascii_iequals;
 using internal::trim;
-
-namespace {
-
-
-
-} // namespace
 
 // -- flow ---------------------------------------------------------------------
 
@@ -202,8 +199,9 @@ std::stop_token flow_context::stop_token() const {
 bool ask_awaiter::await_ready() {
   auto& conv = c_.conv_;
   if (conv.preloaded && conv.answers_in_step == 0) {
-    // Resumed from a checkpoint that waited here: the message that woke the
-    // conversation is this question's answer; it is not asked again.
+    // Resumed from a checkpoint that waited here: its saved answer, or else
+    // the message that woke the conversation, answers this question; it is
+    // not asked again.
     answer a{std::move(*conv.preloaded), false};
     conv.preloaded.reset();
     auto err = opts_.validate ? opts_.validate(a) : std::nullopt;
@@ -214,6 +212,20 @@ bool ask_awaiter::await_ready() {
     c_.send(*err);
   }
   conv.preloaded.reset();
+  if (conv.kept) {
+    // The message that woke a conversation whose cut step had its answer
+    // saved: it answers the next question, which is not asked.
+    answer a{std::move(*conv.kept), false};
+    conv.kept.reset();
+    if (conv.kept_used)
+      *conv.kept_used = true;
+    auto err = opts_.validate ? opts_.validate(a) : std::nullopt;
+    if (!err) {
+      result_ = std::move(a);
+      return true;
+    }
+    c_.send(*err);
+  }
   c_.send(question_);
   return false;
 }
@@ -243,9 +255,14 @@ flow_engine::flow_engine(flow_host& host) : host_(host) {
   // nop
 }
 
-void flow_engine::add(flow f) {
-  auto def = std::shared_ptr<const flow::definition>(
-    std::make_shared<flow::definition>(f.def()));
+void flow_engine::configure(handover_config cfg) {
+  cfg_ = std::move(cfg);
+}
+
+void flow_engine::add(flow f, bool coroutine) {
+  auto copy = std::make_shared<flow::definition>(f.def());
+  copy->coroutine = coroutine;
+  auto def = std::shared_ptr<const flow::definition>(std::move(copy));
   if (flow_named(def->name))
     throw invalid_argument_error("name", fmt::format("a flow named \"{}\" "
                                                      "exists already",
@@ -300,10 +317,54 @@ void flow_engine::drop(const std::string& key) {
   if (flows_.empty())
     return;
   erase(key);
-  if (any_persistent_) {
+  if (looks_for_checkpoints()) {
     std::lock_guard guard{mtx_};
     dropped_.insert(key);
   }
+}
+
+// Without coordination only persistent flows leave checkpoints; with it,
+// another replica may have left any kind (ephemeral, marker), and a replica
+// that does not forward still resumes and removes an ephemeral one.
+bool flow_engine::looks_for_checkpoints() const {
+  return any_persistent_ || cfg_.coordinated;
+}
+
+flow_engine::cp_mode flow_engine::mode_of(const conversation& c) const {
+  if (c.def->persistent)
+    return cp_mode::full;
+  auto marker = cfg_.coordinated
+                    && cfg_.fallback != handover_config::fallback_kind::drop
+                  ? cp_mode::marker
+                  : cp_mode::none;
+  if (c.def->coroutine)
+    return marker;
+  if (cfg_.forward)
+    return is_plain_json(c.state) ? cp_mode::ephemeral : marker;
+  return cp_mode::none;
+}
+
+bool is_plain_json(const nlohmann::json& j) {
+  switch (j.type()) {
+    case nlohmann::json::value_t::binary:
+    case nlohmann::json::value_t::discarded:
+      return false;
+    case nlohmann::json::value_t::number_float:
+      return std::isfinite(j.get<double>());
+    case nlohmann::json::value_t::object:
+    case nlohmann::json::value_t::array:
+      for (auto& v : j)
+        if (!is_plain_json(v))
+          return false;
+      return true;
+    default:
+      return true;
+  }
+}
+
+time_point ephemeral_expiry(time_point now, std::chrono::milliseconds ttl,
+                            std::chrono::milliseconds wait) {
+  return now + std::max(ttl, wait);
 }
 
 std::uint64_t flow_engine::arm(conversation& c, std::chrono::milliseconds after) {
@@ -324,8 +385,27 @@ void flow_engine::send(conversation& c, std::string_view text) {
 }
 
 void flow_engine::checkpoint(conversation& c, bool waiting,
-                             std::uint32_t question) {
-  if (!c.def->persistent || c.superseded)
+                             std::uint32_t question,
+                             const inbound_message* saved) {
+  if (c.superseded)
+    return;
+  auto mode = mode_of(c);
+  if (mode == cp_mode::none) {
+    // Nothing to keep any more (a go_to into a flow that is not
+    // checkpointed, a forwarded state that stopped being plain JSON without
+    // a fallback): what is stored would resume a stale position.
+    if (c.revision != 0) {
+      fence(c);
+      host_.flow_store().clear_checkpoint_if(c.key, c.revision);
+      c.revision = 0;
+      c.marker = false;
+    }
+    return;
+  }
+  // A marker is written once, at the first wait (or when it replaces an
+  // ephemeral checkpoint that would resume a stale position); it goes at
+  // the end: two writes per conversation.
+  if (mode == cp_mode::marker && (c.marker || (!waiting && c.revision == 0)))
     return;
   fence(c);
   flow_checkpoint cp;
@@ -334,9 +414,31 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
   cp.step = c.def->steps[c.step].name;
   cp.waiting = waiting;
   cp.question = question;
-  cp.state = c.state.dump();
   cp.created_at = c.created;
   cp.fingerprint = fingerprint_of(*c.def);
+  if (mode == cp_mode::marker) {
+    cp.marker = true;
+    cp.waiting = true;
+    cp.question = 0;
+  } else {
+    cp.state = c.state.dump();
+    if (saved) {
+      // The step's first answer, kept before the step goes on. A larger
+      // one is not embedded: the checkpoint still waits at the question,
+      // so the next message (with durability, this one handled again)
+      // answers it.
+      cp.waiting = true;
+      cp.question = 0;
+      if (to_json(*saved).size() <= cfg_.max_answer_bytes)
+        cp.saved_answer = *saved;
+    }
+  }
+  if (mode != cp_mode::full) {
+    auto wait = waiting && c.ask_opts.timeout ? c.ask_opts.timeout->ms()
+                                              : std::chrono::milliseconds{0};
+    cp.ephemeral = true;
+    cp.expires_at = ephemeral_expiry(clock::system().now(), cfg_.ttl, wait);
+  }
   auto rev = host_.flow_store().set_checkpoint_if(cp, c.revision);
   if (!rev) {
     c.superseded = true;
@@ -348,6 +450,9 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     return;
   }
   c.revision = *rev;
+  c.marker = mode == cp_mode::marker;
+  if (cp.saved_answer && c.answer_saved && cp.saved_answer->id == c.current.id)
+    *c.answer_saved = true;
 }
 
 flow_task flow_engine::run_ask_step(flow_context& c,
@@ -366,7 +471,10 @@ void flow_engine::begin_step(conversation& c) {
   c.answers_in_step = 0;
   c.pending = conversation::next::none;
   c.waiting = false;
-  checkpoint(c, false, 0);
+  // A step resumed with its first answer at hand writes it into the
+  // checkpoint before it goes on (a cut step keeps its answer).
+  auto* saved = c.preloaded ? &*c.preloaded : c.kept ? &*c.kept : nullptr;
+  checkpoint(c, false, 0, saved);
   if (c.superseded)
     return;
   auto& sd = c.def->steps[c.step];
@@ -454,10 +562,8 @@ void flow_engine::drive(conversation& c) {
           finish(c, true);
           return;
         }
-        if (target != c.def && c.def->persistent && !target->persistent) {
-          fence(c);
-          host_.flow_store().clear_checkpoint_if(c.key, c.revision);
-        }
+        // The target's first checkpoint write replaces (or, when it is not
+        // checkpointed, removes) the stored one.
         c.def = target;
         c.step = *step;
         break;
@@ -470,6 +576,7 @@ void flow_engine::drive(conversation& c) {
         ++c.step;
         break;
     }
+    c.preloaded.reset(); // answered question 0 of the step that ended only
     begin_step(c);
   }
 }
@@ -477,7 +584,7 @@ void flow_engine::drive(conversation& c) {
 void flow_engine::finish(conversation& c, bool clear) {
   // A step whose turn ended (settle, lost lease) never clears: the
   // checkpoint belongs to whoever holds the chat now.
-  if (clear && c.def->persistent && c.revision != 0 && !c.superseded
+  if (clear && c.revision != 0 && !c.superseded
       && (!c.turn || c.turn->valid()))
     host_.flow_store().clear_checkpoint_if(c.key, c.revision);
   erase(c.key);
@@ -492,7 +599,7 @@ void flow_engine::deliver(conversation& c, answer a) {
 }
 
 bool flow_engine::restore(const std::string& key, const inbound_message& msg,
-                          const turn_token* turn) {
+                          const turn_token* turn, bool* answer_saved) {
   std::optional<flow_checkpoint> cp;
   try {
     cp = host_.flow_store().get_checkpoint(key);
@@ -505,6 +612,8 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
                                   "is discarded: {}",
                                   key, e.what()),
                       key, &msg);
+    if (turn)
+      turn->check();
     host_.flow_store().clear_checkpoint(key);
     return false;
   }
@@ -512,19 +621,23 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
     return false;
   auto def = flow_named(cp->flow);
   auto step = def ? def->index_of(cp->step) : std::nullopt;
-  if (!def || !step || cp->fingerprint != fingerprint_of(*def)) {
-    host_.raise_error(errc::invalid_argument,
-                      fmt::format("chat {}: checkpoint of flow \"{}\" at step "
-                                  "\"{}\" does not match the flows of this bot",
-                                  key, cp->flow, cp->step),
-                      key, &msg);
+  bool changed = !def || !step || cp->fingerprint != fingerprint_of(*def);
+  if (cp->marker || changed) {
+    // Nothing to resume: the marker (or the stale checkpoint) goes, then
+    // the fallback decides what the message does.
     if (turn)
       turn->check();
     host_.flow_store().clear_checkpoint_if(key, cp->revision);
-    host_.send_to_chat(key, msg,
-                       text(host_.lang(), "core.conversation.interrupted"),
-                       turn);
-    return true; // the notice consumed the message
+    handover_info info;
+    info.key = key;
+    info.name = cp->flow;
+    info.step = cp->step;
+    info.reason = changed                ? "changed"
+                  : def && def->coroutine ? "conversation"
+                                          : "state";
+    if (!cp->marker && is_valid_json(cp->state))
+      info.state = cp->state;
+    return fallback(key, msg, turn, std::move(info));
   }
   auto& c = create(key);
   c.turn = turn;
@@ -538,28 +651,94 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
   } catch (const std::exception&) {
     c.state = nlohmann::json::object(); // store encodings guarantee JSON
   }
-  // Waiting at the step's first question: this message is its answer.
-  // Otherwise the step starts over and asks its first question.
-  if (cp->waiting && cp->question == 0)
+  bool kept_used = true;
+  if (cp->saved_answer) {
+    // A cut step: its answer was saved, so it is not asked again; the
+    // message that woke the conversation answers the next question.
+    c.preloaded = std::move(*cp->saved_answer);
+    c.kept = msg;
+    kept_used = false;
+    c.kept_used = &kept_used;
+  } else if (cp->waiting && cp->question == 0) {
+    // Waiting at the step's first question: this message is its answer.
+    // Otherwise the step starts over and asks its first question.
     c.preloaded = msg;
+  }
+  host_.handover_event(key, def->name, "resumed", "");
+  c.answer_saved = answer_saved;
   begin_step(c);
   drive(c);
-  return true;
+  if (auto* still = find(key)) {
+    still->kept_used = nullptr;
+    still->answer_saved = nullptr;
+  }
+  // A conversation that ended before its next question leaves the waking
+  // message unanswered: it is routed as a new one.
+  return kept_used;
+}
+
+bool flow_engine::fallback(const std::string& key, const inbound_message& msg,
+                           const turn_token* turn, handover_info info) {
+  using fk = handover_config::fallback_kind;
+  // Without coordination there are no markers; a changed persistent flow
+  // is told to the user as before handover settings existed.
+  auto kind = cfg_.coordinated ? cfg_.fallback : fk::notify;
+  switch (kind) {
+    case fk::drop:
+      break;
+    case fk::notify: {
+      std::string_view notice =
+        cfg_.notify_message.empty()
+          ? text(host_.lang(), "core.conversation.interrupted")
+          : std::string_view{cfg_.notify_message};
+      host_.send_to_chat(key, msg, notice, turn);
+      host_.handover_event(key, info.name, "notified", info.reason);
+      return true;
+    }
+    case fk::restart:
+      if (auto def = flow_named(info.name)) {
+        host_.handover_event(key, info.name, "restarted", info.reason);
+        start(*def, key, msg, turn);
+        return true;
+      }
+      break; // removed from this bot: nothing to enter
+    case fk::custom:
+      if (host_.handover_custom(info, msg, turn)) {
+        host_.handover_event(key, info.name, "handled", info.reason);
+        return true;
+      }
+      break;
+  }
+  host_.handover_event(key, info.name, "dropped", info.reason);
+  return false;
 }
 
 bool flow_engine::on_message(const std::string& key,
                              const inbound_message& msg, bool first,
-                             const turn_token* turn) {
+                             const turn_token* turn, bool* answer_saved) {
   if (flows_.empty())
     return false; // a bot without flows pays nothing per message
+  try {
+    return offer(key, msg, first, turn, answer_saved);
+  } catch (...) {
+    // A write that failed or was fenced left the conversation in memory at
+    // an unknown point: it goes, and the next message reads the store.
+    drop(key);
+    throw;
+  }
+}
+
+bool flow_engine::offer(const std::string& key, const inbound_message& msg,
+                        bool first, const turn_token* turn,
+                        bool* answer_saved) {
   auto c = find(key);
-  if (!c && any_persistent_) {
+  if (!c && looks_for_checkpoints()) {
     bool look = first;
     {
       std::lock_guard guard{mtx_};
       look = dropped_.erase(key) > 0 || look;
     }
-    if (look && restore(key, msg, turn))
+    if (look && restore(key, msg, turn, answer_saved))
       return true;
   }
   if (c) {
@@ -568,11 +747,28 @@ bool flow_engine::on_message(const std::string& key,
     for (auto& w : c->idles)
       w.timer = arm(*c, w.after); // silence restarts with every message
     if (c->waiting) {
+      if (c->waiting_question == 0) {
+        // The step's first answer is saved before the step goes on (even
+        // before a slow validator), so a cut step does not ask again.
+        auto mode = mode_of(*c);
+        if (mode == cp_mode::full || mode == cp_mode::ephemeral) {
+          c->answer_saved = answer_saved;
+          checkpoint(*c, true, 0, &msg);
+          c->answer_saved = nullptr;
+          if (c->superseded) {
+            finish(*c, false); // the checkpoint belongs to whoever moved it on
+            return true;
+          }
+        }
+      }
       answer a{msg, false};
       if (c->ask_opts.validate) {
         if (auto err = c->ask_opts.validate(a)) {
           send(*c, *err);
           send(*c, c->question);
+          // The refused answer saved above must not be given to a taker.
+          if (c->waiting_question == 0 && c->revision != 0 && !c->marker)
+            checkpoint(*c, true, 0);
           return true;
         }
       }

@@ -41,6 +41,9 @@ struct flow::definition {
   std::vector<botmesh::pattern> patterns;
   std::vector<step_def> steps;
   bool persistent = false;
+  /// A `bot::conversation`: one coroutine whose stack cannot be saved, so
+  /// it is never checkpointed (only its waiting marker).
+  bool coroutine = false;
 
   std::optional<std::size_t> index_of(std::string_view step) const;
   bool triggered_by(std::string_view text) const;
@@ -50,6 +53,29 @@ namespace internal {
 
 /// FNV-1a of a flow's name and its steps' names and kinds, as 16 hex digits.
 std::string fingerprint_of(const flow::definition& d);
+
+/// True when `j` survives a JSON round trip unchanged: no binary values and
+/// no NaN or infinite numbers (which a dump turns into null).
+bool is_plain_json(const nlohmann::json& j);
+
+/// When an ephemeral checkpoint written at `now` expires: `ttl` after it,
+/// but never before the timeout of the wait it records (`wait`, 0 = none).
+time_point ephemeral_expiry(time_point now, std::chrono::milliseconds ttl,
+                            std::chrono::milliseconds wait);
+
+/// The engine's handover settings (from `coordination_options::handover`).
+struct handover_config {
+  enum class fallback_kind { drop, notify, restart, custom };
+  /// With coordination: another replica may have written this chat's
+  /// checkpoint, of any kind, so the store is read on activation even
+  /// without persistent flows; markers are written only then.
+  bool coordinated = false;
+  bool forward = false;
+  fallback_kind fallback = fallback_kind::drop;
+  std::chrono::milliseconds ttl{std::chrono::minutes{5}};
+  std::string notify_message{}; // empty: the localized default
+  std::size_t max_answer_bytes = default_max_answer_bytes;
+};
 
 /// What the engine needs from the bot. `turn` is the chat's current turn
 /// with coordination (null without): every visible effect checks it first.
@@ -66,6 +92,16 @@ class flow_host {
                            const inbound_message* msg) = 0;
   virtual std::stop_token flow_stop_token(const turn_token* turn) = 0;
   virtual const std::string& lang() const = 0;
+  /// Raises `events::handover`.
+  virtual void handover_event(const std::string& key, const std::string& name,
+                              std::string_view outcome,
+                              std::string_view reason)
+    = 0;
+  /// Runs the user's fallback function; true when it consumed `msg`.
+  virtual bool handover_custom(const handover_info& info,
+                               const inbound_message& msg,
+                               const turn_token* turn)
+    = 0;
 };
 
 struct conversation {
@@ -98,6 +134,13 @@ struct conversation {
   std::uint32_t answers_in_step = 0;
   std::uint32_t waiting_question = 0;
   std::optional<inbound_message> preloaded; // resume rule: answers question 0
+  /// The message that woke a conversation whose cut step had its answer
+  /// saved: it answers the next question.
+  std::optional<inbound_message> kept;
+  bool* kept_used = nullptr;    // set while restore() runs
+  bool* answer_saved = nullptr; // set while a message is offered
+  /// The live checkpoint at `revision` is a waiting marker.
+  bool marker = false;
   std::uint64_t revision = 0;
   time_point created{};
   std::uint64_t wait_timer = 0;
@@ -113,16 +156,24 @@ class flow_engine {
  public:
   explicit flow_engine(flow_host& host);
 
-  /// Registers a flow; names are unique (field "name").
-  void add(flow f);
+  /// Before any message: the handover settings.
+  void configure(handover_config cfg);
+
+  /// Registers a flow; names are unique (field "name"). `coroutine` marks a
+  /// `bot::conversation`.
+  void add(flow f, bool coroutine = false);
 
   /// Offers a message: true when a conversation consumed it. The store is
   /// asked for a checkpoint only when one may exist that this process does
   /// not hold in memory: on the first message of the chat actor's
   /// activation (`first`), or after `drop(key)`. Otherwise every message
   /// of a chat without a conversation would cost a store read.
+  ///
+  /// `answer_saved` (optional) is set when a checkpoint write that landed
+  /// keeps `msg` as a saved answer: its effect survives a cut of the step.
   bool on_message(const std::string& key, const inbound_message& msg,
-                  bool first, const turn_token* turn = nullptr);
+                  bool first, const turn_token* turn = nullptr,
+                  bool* answer_saved = nullptr);
 
   /// A timer of `key` fired; stale ones are discarded.
   void on_timer(const std::string& key, std::uint64_t id,
@@ -138,7 +189,10 @@ class flow_engine {
   // -- used by flow_context and ask_awaiter ----------------------------------
 
   void send(conversation& c, std::string_view text);
-  void checkpoint(conversation& c, bool waiting, std::uint32_t question);
+  /// Writes the conversation's checkpoint in its mode (see `cp_mode`);
+  /// `saved` is an answer to keep in it (question 0 of the step).
+  void checkpoint(conversation& c, bool waiting, std::uint32_t question,
+                  const inbound_message* saved = nullptr);
   std::uint64_t arm(conversation& c, std::chrono::milliseconds after);
   flow_host& host() noexcept {
     return host_;
@@ -148,8 +202,10 @@ class flow_engine {
   conversation* find(const std::string& key);
   conversation& create(const std::string& key);
   void erase(const std::string& key);
+  bool offer(const std::string& key, const inbound_message& msg, bool first,
+             const turn_token* turn, bool* answer_saved);
   bool restore(const std::string& key, const inbound_message& msg,
-               const turn_token* turn);
+               const turn_token* turn, bool* answer_saved);
   void fence(const conversation& c) const;
   void start(const flow::definition& def, const std::string& key,
              const inbound_message& msg, const turn_token* turn);
@@ -162,9 +218,19 @@ class flow_engine {
   static flow_task run_ask_step(flow_context& c,
                                 const flow::definition::step_def& sd);
 
+  /// How a conversation is checkpointed now: `full` (persistent), an
+  /// `ephemeral` checkpoint (forwarded), a waiting `marker` (cannot be
+  /// serialized, a fallback wants it), or `none`.
+  enum class cp_mode { none, full, ephemeral, marker };
+  cp_mode mode_of(const conversation& c) const;
+  bool looks_for_checkpoints() const;
+  bool fallback(const std::string& key, const inbound_message& msg,
+                const turn_token* turn, handover_info info);
+
   flow_host& host_;
   std::vector<std::shared_ptr<const flow::definition>> flows_;
   bool any_persistent_ = false;
+  handover_config cfg_;
   mutable std::mutex mtx_;
   std::unordered_map<std::string, std::unique_ptr<conversation>> convs_;
   std::unordered_set<std::string> dropped_; // see on_message

@@ -288,12 +288,23 @@ TEST_CASE("a checkpoint of a changed flow notifies the user in the bot's "
   test::error_log errors;
   botmesh::bot b{{.provider = p, .store = store, .lang = "es"}};
   errors.attach(b);
+  std::mutex mtx;
+  std::vector<std::string> handovers;
+  b.on<botmesh::events::handover>([&](const botmesh::events::handover& e) {
+    std::lock_guard guard{mtx};
+    handovers.push_back(e.name + " " + e.outcome + " " + e.reason);
+  });
   b.add_flow(order_flow());
   b.start();
   p->inject("ana", "hola");
   REQUIRE(p->wait_for_sent(1, 5s));
   CHECK(p->sent()[0].text == botmesh::text("es", "core.conversation.interrupted"));
-  CHECK(errors.count(botmesh::errc::invalid_argument) == 1);
+  // Without coordination a changed flow is told to the user; no error.
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{mtx};
+    return handovers == std::vector<std::string>{"pedido notified changed"};
+  }));
+  CHECK(errors.all().empty());
   CHECK_FALSE(store->get_checkpoint("test:ana").has_value());
   CHECK(botmesh::text("en", "core.conversation.interrupted")
         == "The conversation was interrupted. Let's start again.");

@@ -1,0 +1,719 @@
+#pragma once
+
+// Handover of conversations between replicas (spec: "Relevo de
+// conversaciones", "Un paso cortado conserva su respuesta"), written once
+// and run on every backend. An Env gives:
+//   std::shared_ptr<test::recording_store> store;       // shared by replicas
+//   std::shared_ptr<botmesh::coordinator> coordinator(std::string id);
+//   void corrupt(const std::string& key);  // the stored checkpoint of key
+// Instantiate with BOTMESH_HANDOVER_SUITE(Env).
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <botmesh/runtime/botmesh.hpp>
+
+#include "handover/recording_store.hpp"
+
+namespace test::handover {
+
+using namespace std::chrono_literals;
+
+inline std::vector<std::string> texts(const botmesh::testing_provider& p) {
+  std::vector<std::string> out;
+  for (auto& m : p.sent())
+    out.push_back(m.text);
+  return out;
+}
+
+/// Waits until `pred` holds (every millisecond, up to `timeout`).
+inline bool soon(const std::function<bool()>& pred,
+                 std::chrono::milliseconds timeout = 10s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+/// One bot replica of the suite: a testing provider, the Env's coordinator
+/// and store, and what its events said.
+struct replica {
+  std::shared_ptr<botmesh::testing_provider> provider =
+    std::make_shared<botmesh::testing_provider>();
+  std::unique_ptr<botmesh::bot> bot;
+  mutable std::mutex mtx;
+  std::vector<botmesh::events::handover> handovers;
+  std::vector<botmesh::events::error> errors;
+
+  template <class Env>
+  replica(Env& env, std::string id, botmesh::handover_options h = {},
+          botmesh::duration settle = "1m") {
+    botmesh::coordination_options co;
+    co.coordinator = env.coordinator(std::move(id));
+    co.settle = settle;
+    co.handover = std::move(h);
+    bot = std::make_unique<botmesh::bot>(botmesh::bot_options{
+      .provider = provider, .store = env.store, .coordination = co});
+    bot->on<botmesh::events::handover>(
+      [this](const botmesh::events::handover& e) {
+        std::lock_guard guard{mtx};
+        handovers.push_back(e);
+      });
+    bot->on<botmesh::events::error>([this](const botmesh::events::error& e) {
+      std::lock_guard guard{mtx};
+      errors.push_back(e);
+    });
+    // What no conversation consumed is routed as a new message.
+    bot->on_message(
+      [](botmesh::context& c) { c.reply("nuevo: " + c.text()); });
+  }
+
+  ~replica() {
+    bot.reset(); // its threads may still report into the vectors
+  }
+
+  /// Injects `text` into chat "x" and waits for the `n`-th send.
+  bool say(const std::string& text, std::size_t n) {
+    provider->inject("x", text);
+    return provider->wait_for_sent(n, 10s);
+  }
+
+  std::string last() const {
+    auto s = provider->sent();
+    return s.empty() ? std::string{} : s.back().text;
+  }
+
+  bool saw(const std::string& outcome, const std::string& reason) const {
+    std::lock_guard guard{mtx};
+    for (auto& e : handovers)
+      if (e.outcome == outcome && e.reason == reason && e.key == "test:x")
+        return true;
+    return false;
+  }
+
+  std::size_t errors_with(botmesh::errc code) const {
+    std::lock_guard guard{mtx};
+    std::size_t n = 0;
+    for (auto& e : errors)
+      n += e.code == code ? 1 : 0;
+    return n;
+  }
+
+  std::size_t error_count() const {
+    std::lock_guard guard{mtx};
+    return errors.size();
+  }
+
+  std::string error_text(botmesh::errc code) const {
+    std::lock_guard guard{mtx};
+    for (auto& e : errors)
+      if (e.code == code)
+        return e.what;
+    return {};
+  }
+};
+
+/// Three asks; `slow_answer` (cleared on use) makes the next first answer's
+/// handler hold the turn until the turn's stop token fires (a step cut by
+/// settle).
+inline botmesh::flow order_flow(bool persistent = false,
+                                std::atomic<bool>* slow_answer = nullptr,
+                                std::optional<botmesh::duration> wait2 = {}) {
+  botmesh::flow f{"pedido"};
+  f.hears({"pedido"})
+    .ask("producto", "¿Producto?",
+         [slow_answer](botmesh::flow_context& c, const botmesh::answer& a) {
+           if (slow_answer && slow_answer->exchange(false))
+             while (!c.stop_token().stop_requested())
+               std::this_thread::sleep_for(1ms);
+           c.state()["producto"] = a.text();
+         })
+    .ask(
+      "cantidad", "¿Cantidad?",
+      [](botmesh::flow_context& c, const botmesh::answer& a) {
+        c.state()["cantidad"] = a.text();
+      },
+      botmesh::ask_options{.timeout = wait2})
+    .ask("direccion", "¿Dirección?",
+         [](botmesh::flow_context& c, const botmesh::answer& a) {
+           c.send(c.state()["cantidad"].get<std::string>() + " x "
+                  + c.state()["producto"].get<std::string>() + " a "
+                  + a.text());
+         });
+  if (persistent)
+    f.persistent();
+  return f;
+}
+
+/// The same flow after a deploy changed it (a step more: a new fingerprint).
+inline botmesh::flow changed_order_flow() {
+  botmesh::flow f{"pedido"};
+  f.hears({"pedido"})
+    .ask("producto", "¿Qué producto?",
+         [](botmesh::flow_context& c, const botmesh::answer& a) {
+           c.state()["producto"] = a.text();
+         })
+    .ask("talla", "¿Talla?", [](botmesh::flow_context&, const botmesh::answer&) {})
+    .ask("cantidad", "¿Cantidad?",
+         [](botmesh::flow_context&, const botmesh::answer&) {})
+    .ask("direccion", "¿Dirección?",
+         [](botmesh::flow_context&, const botmesh::answer&) {});
+  return f;
+}
+
+/// A coroutine conversation (never serialized).
+inline void add_greeting(botmesh::bot& b) {
+  b.conversation("saludo", {"hola"},
+                 [](botmesh::flow_context& c) -> botmesh::flow_task {
+                   auto a = co_await c.ask("¿Cómo te llamas?");
+                   auto d = co_await c.ask("¿De dónde eres?");
+                   c.send("Hola, " + a.text() + " de " + d.text());
+                 });
+}
+
+inline botmesh::handover_options forward(botmesh::handover_options h = {}) {
+  h.flows = botmesh::handover_flows::forward;
+  return h;
+}
+
+inline bool near(botmesh::time_point t, botmesh::time_point want,
+                 std::chrono::milliseconds tolerance = 30s) {
+  auto d = t > want ? t - want : want - t;
+  return d <= tolerance;
+}
+
+/// Waits until the stored checkpoint of chat "x" waits at `step` (the
+/// question goes out before its checkpoint is written) and returns it.
+template <class Env>
+std::optional<botmesh::flow_checkpoint> waiting_at(Env& env,
+                                                   const std::string& step) {
+  std::optional<botmesh::flow_checkpoint> cp;
+  soon([&] {
+    cp = env.store->get_checkpoint("test:x");
+    return cp && cp->waiting && cp->step == step;
+  });
+  return cp;
+}
+
+/// Waits until chat "x" has no stored checkpoint.
+template <class Env>
+bool no_checkpoint(Env& env) {
+  return soon([&] { return !env.store->get_checkpoint("test:x"); });
+}
+
+inline botmesh::time_point now() {
+  return botmesh::clock::system().now();
+}
+
+} // namespace test::handover
+
+TEST_CASE_TEMPLATE_DEFINE("handover: forward carries a non-persistent flow "
+                          "across three replicas through ephemeral "
+                          "checkpoints",
+                          Env, handover_1) {
+  using namespace test::handover;
+  Env env;
+  replica a{env, "a", forward()};
+  replica b{env, "b", forward()};
+  replica c{env, "c", forward()};
+  for (auto* r : {&a, &b, &c}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  CHECK(a.last() == "¿Producto?");
+  auto cp = waiting_at(env, "producto");
+  REQUIRE(cp);
+  CHECK(cp->ephemeral);
+  CHECK_FALSE(cp->marker);
+  CHECK(cp->waiting);
+  CHECK(cp->step == "producto");
+  // Without a ttl nor a wait timeout: 5 minutes after the write.
+  CHECK(near(cp->expires_at, now() + 5min));
+  REQUIRE(b.say("café", 1));
+  CHECK(b.last() == "¿Cantidad?");
+  REQUIRE(c.say("3", 1));
+  CHECK(c.last() == "¿Dirección?");
+  // Back on a: its copy in memory is stale; the checkpoint wins.
+  REQUIRE(a.say("Calle 1", 2));
+  CHECK(a.last() == "3 x café a Calle 1");
+  CHECK(no_checkpoint(env));
+  CHECK(soon([&] { return b.saw("resumed", "") && c.saw("resumed", ""); }));
+  for (auto* r : {&a, &b, &c})
+    CHECK(r->error_count() == 0);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: with flows keep (the default) a "
+                          "non-persistent flow is lost on a change of replica "
+                          "and its message routed as new",
+                          Env, handover_2) {
+  using namespace test::handover;
+  Env env;
+  replica a{env, "a"};
+  replica b{env, "b"};
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  CHECK_FALSE(env.store->get_checkpoint("test:x"));
+  CHECK(env.store->checkpoint_writes.load() == 0);
+  REQUIRE(b.say("café", 1));
+  CHECK(b.last() == "nuevo: café");
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: an ephemeral checkpoint lives ttl after "
+                          "its last write and never less than its wait's "
+                          "timeout; each wait renews it",
+                          Env, handover_3) {
+  using namespace test::handover;
+  Env env;
+  botmesh::handover_options h = forward();
+  h.ttl = "10m";
+  replica a{env, "a", h};
+  a.bot->add_flow(order_flow(false, nullptr, botmesh::duration{"30m"}));
+  a.bot->start();
+  REQUIRE(a.say("pedido", 1));
+  auto first = waiting_at(env, "producto");
+  REQUIRE(first);
+  CHECK(near(first->expires_at, now() + 10min));
+  REQUIRE(a.say("café", 2)); // waits at "cantidad", whose timeout is 30m
+  auto second = waiting_at(env, "cantidad");
+  REQUIRE(second);
+  CHECK(second->revision > first->revision);
+  CHECK(near(second->expires_at, now() + 30min));
+  REQUIRE(a.say("2", 3)); // back to the ttl
+  auto third = waiting_at(env, "direccion");
+  REQUIRE(third);
+  CHECK(near(third->expires_at, now() + 10min));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: an expired ephemeral checkpoint is not "
+                          "resumed",
+                          Env, handover_4) {
+  using namespace test::handover;
+  Env env;
+  botmesh::handover_options h = forward();
+  h.ttl = "300ms";
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  REQUIRE(soon([&] { return !env.store->get_checkpoint("test:x"); }));
+  REQUIRE(b.say("café", 1));
+  CHECK(b.last() == "nuevo: café");
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a replica that does not forward resumes "
+                          "an ephemeral checkpoint and removes it",
+                          Env, handover_5) {
+  using namespace test::handover;
+  Env env;
+  replica a{env, "a", forward()};
+  replica b{env, "b"}; // flows: keep
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  REQUIRE(b.say("café", 1));
+  CHECK(b.last() == "¿Cantidad?");
+  CHECK(no_checkpoint(env));
+  REQUIRE(b.say("2", 2));
+  CHECK(b.last() == "¿Dirección?");
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: the ephemeral checkpoint is kept after an "
+                          "orderly stop and the next replica resumes it",
+                          Env, handover_6) {
+  using namespace test::handover;
+  Env env;
+  replica a{env, "a", forward()};
+  replica b{env, "b", forward()};
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  a.bot->stop();
+  REQUIRE(env.store->get_checkpoint("test:x"));
+  REQUIRE(b.say("café", 1));
+  CHECK(b.last() == "¿Cantidad?");
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a forwarded state that is not plain JSON "
+                          "leaves a marker and goes to fallback with reason "
+                          "state",
+                          Env, handover_7) {
+  using namespace test::handover;
+  Env env;
+  botmesh::handover_options h = forward();
+  h.fallback = botmesh::handover_fallback::notify;
+  auto make = [] {
+    botmesh::flow f{"pedido"};
+    f.hears({"pedido"})
+      .ask("producto", "¿Producto?",
+           [](botmesh::flow_context& c, const botmesh::answer&) {
+             c.state()["foto"] = nlohmann::json::binary({1, 2, 3});
+           })
+      .ask("cantidad", "¿Cantidad?",
+           [](botmesh::flow_context&, const botmesh::answer&) {});
+    return f;
+  };
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(make());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  REQUIRE(a.say("café", 2));
+  CHECK(a.last() == "¿Cantidad?");
+  std::optional<botmesh::flow_checkpoint> cp;
+  REQUIRE(soon([&] {
+    cp = env.store->get_checkpoint("test:x");
+    return cp && cp->marker;
+  }));
+  CHECK(cp->ephemeral);
+  REQUIRE(b.say("3", 1));
+  CHECK(b.last() == botmesh::text("en", "core.conversation.interrupted"));
+  CHECK(soon([&] { return b.saw("notified", "state"); }));
+  CHECK(no_checkpoint(env));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a flow changed between replicas goes to "
+                          "fallback with reason changed",
+                          Env, handover_8) {
+  using namespace test::handover;
+  botmesh::handover_options h = forward();
+  std::string want_last;
+  std::string want_outcome;
+  std::mutex seen_mtx;
+  botmesh::handover_info seen;
+  SUBCASE("drop") {
+    want_last = "nuevo: café";
+    want_outcome = "dropped";
+  }
+  SUBCASE("notify") {
+    h.fallback = botmesh::handover_fallback::notify;
+    h.notify_message = "Se cortó: empecemos de nuevo";
+    want_last = "Se cortó: empecemos de nuevo";
+    want_outcome = "notified";
+  }
+  SUBCASE("restart") {
+    h.fallback = botmesh::handover_fallback::restart;
+    want_last = "¿Qué producto?"; // the new flow, from its beginning
+    want_outcome = "restarted";
+  }
+  SUBCASE("function") {
+    h.fallback = [&](const botmesh::handover_info& info, botmesh::context& c) {
+      {
+        std::lock_guard guard{seen_mtx};
+        seen = info;
+      }
+      c.reply("migrado " + info.name + " en " + info.step);
+      return true;
+    };
+    want_last = "migrado pedido en producto";
+    want_outcome = "handled";
+  }
+  Env env;
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  a.bot->add_flow(order_flow());
+  b.bot->add_flow(changed_order_flow());
+  a.bot->start();
+  b.bot->start();
+  REQUIRE(a.say("pedido", 1));
+  REQUIRE(waiting_at(env, "producto"));
+  REQUIRE(b.say("café", 1));
+  CHECK(b.last() == want_last);
+  CHECK(soon([&] { return b.saw(want_outcome, "changed"); }));
+  if (want_outcome == "handled") {
+    std::lock_guard guard{seen_mtx};
+    CHECK(seen.key == "test:x");
+    CHECK(seen.reason == "changed");
+    CHECK(seen.state == "{}");
+  }
+  if (want_outcome == "restarted")
+    CHECK(waiting_at(env, "producto"));
+  else
+    CHECK(no_checkpoint(env));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a coroutine conversation taken by "
+                          "another replica gets each fallback",
+                          Env, handover_9) {
+  using namespace test::handover;
+  botmesh::handover_options h;
+  std::vector<std::string> want_b;
+  std::string want_outcome;
+  bool marker = true;
+  SUBCASE("drop writes no marker and routes the message") {
+    want_b = {"nuevo: Ana"};
+    want_outcome = "";
+    marker = false;
+  }
+  SUBCASE("notify answers the default notice and consumes the message") {
+    h.fallback = botmesh::handover_fallback::notify;
+    want_b = {std::string{botmesh::text("en", "core.conversation.interrupted")}};
+    want_outcome = "notified";
+  }
+  SUBCASE("restart enters the conversation again from its beginning") {
+    h.fallback = botmesh::handover_fallback::restart;
+    want_b = {"¿Cómo te llamas?"};
+    want_outcome = "restarted";
+  }
+  SUBCASE("a function that consumes the message") {
+    h.fallback = [](const botmesh::handover_info& info, botmesh::context& c) {
+      c.reply("migrado " + info.name + " (" + info.reason + ")");
+      return true;
+    };
+    want_b = {"migrado saludo (conversation)"};
+    want_outcome = "handled";
+  }
+  SUBCASE("a function that declines routes the message") {
+    h.fallback = [](const botmesh::handover_info&, botmesh::context&) {
+      return false;
+    };
+    want_b = {"nuevo: Ana"};
+    want_outcome = "dropped";
+  }
+  Env env;
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  replica c{env, "c", h};
+  for (auto* r : {&a, &b, &c}) {
+    add_greeting(*r->bot);
+    r->bot->start();
+  }
+  REQUIRE(a.say("hola", 1));
+  CHECK(a.last() == "¿Cómo te llamas?");
+  if (marker) {
+    auto cp = waiting_at(env, "conversation");
+    REQUIRE(cp);
+    CHECK(cp->marker);
+    CHECK(cp->flow == "saludo");
+  }
+  REQUIRE(b.say("Ana", 1));
+  CHECK(texts(*b.provider) == want_b);
+  if (!want_outcome.empty())
+    CHECK(soon([&] { return b.saw(want_outcome, "conversation"); }));
+  if (want_outcome == "restarted") {
+    // The restarted conversation lives on b (with its own marker), and a
+    // third replica applies the fallback again.
+    REQUIRE(waiting_at(env, "conversation"));
+    REQUIRE(c.say("Ana", 1));
+    CHECK(c.last() == "¿Cómo te llamas?");
+  } else {
+    CHECK(no_checkpoint(env));
+  }
+  if (!marker)
+    CHECK(env.store->checkpoint_writes.load() == 0);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a coroutine conversation's marker costs "
+                          "two writes: at its first wait and at its end",
+                          Env, handover_10) {
+  using namespace test::handover;
+  Env env;
+  botmesh::handover_options h;
+  h.fallback = botmesh::handover_fallback::notify;
+  replica a{env, "a", h};
+  add_greeting(*a.bot);
+  a.bot->start();
+  REQUIRE(a.say("hola", 1));
+  REQUIRE(soon([&] { return env.store->checkpoint_writes.load() == 1; }));
+  REQUIRE(a.say("Ana", 2));
+  CHECK(a.last() == "¿De dónde eres?");
+  REQUIRE(a.say("Lima", 3));
+  CHECK(a.last() == "Hola, Ana de Lima");
+  // The removal is the last write of the conversation: once it is counted
+  // every earlier one is, and the second wait wrote nothing.
+  REQUIRE(soon([&] { return env.store->checkpoint_clears.load() == 1; }));
+  CHECK(env.store->checkpoint_writes.load() == 2);
+  CHECK_FALSE(env.store->get_checkpoint("test:x"));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a step cut by settle keeps its answer; "
+                          "the taker does not ask again and keeps the waking "
+                          "message for the next question",
+                          Env, handover_11) {
+  using namespace test::handover;
+  bool persistent = false;
+  SUBCASE("forwarded flow") {
+    persistent = false;
+  }
+  SUBCASE("persistent flow") {
+    persistent = true;
+  }
+  Env env;
+  std::atomic<bool> slow{true};
+  std::atomic<bool> never{false};
+  replica a{env, "a", forward(), "300ms"};
+  replica b{env, "b", forward()};
+  a.bot->add_flow(order_flow(persistent, &slow));
+  b.bot->add_flow(order_flow(persistent, &never));
+  a.bot->start();
+  b.bot->start();
+  REQUIRE(a.say("pedido", 1));
+  a.provider->inject("x", "café"); // its answer handler outlives settle
+  REQUIRE(soon([&] { return a.errors_with(botmesh::errc::lease_lost) >= 1; }));
+  auto cp = env.store->get_checkpoint("test:x");
+  REQUIRE(cp);
+  REQUIRE(cp->saved_answer);
+  CHECK(cp->saved_answer->text == "café");
+  CHECK(cp->step == "producto");
+  REQUIRE(b.say("3", 1));
+  // "café" answered the cut step, "3" the next question: nothing is asked.
+  CHECK(b.last() == "¿Dirección?");
+  REQUIRE(b.say("Calle 1", 2));
+  CHECK(b.last() == "3 x café a Calle 1");
+  CHECK(a.provider->sent().size() == 1); // a's late steps never answered
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: an answer over max_answer_bytes is not "
+                          "embedded and the cut step takes the next message",
+                          Env, handover_12) {
+  using namespace test::handover;
+  Env env;
+  std::atomic<bool> slow{true};
+  std::atomic<bool> never{false};
+  botmesh::handover_options h = forward();
+  h.max_answer_bytes = 256;
+  replica a{env, "a", h, "300ms"};
+  replica b{env, "b", h};
+  a.bot->add_flow(order_flow(false, &slow));
+  b.bot->add_flow(order_flow(false, &never));
+  a.bot->start();
+  b.bot->start();
+  REQUIRE(a.say("pedido", 1));
+  a.provider->inject("x", std::string(400, 'c'));
+  REQUIRE(soon([&] { return a.errors_with(botmesh::errc::lease_lost) >= 1; }));
+  auto cp = env.store->get_checkpoint("test:x");
+  REQUIRE(cp);
+  CHECK_FALSE(cp->saved_answer);
+  CHECK(cp->step == "producto");
+  REQUIRE(b.say("té", 1));
+  CHECK(b.last() == "¿Cantidad?"); // "té" answered the product
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write that fails is an "
+                          "error event naming it; the chat goes on",
+                          Env, handover_13) {
+  using namespace test::handover;
+  Env env;
+  replica a{env, "a", forward()};
+  a.bot->add_flow(order_flow());
+  a.bot->start();
+  env.store->fail_writes = true;
+  REQUIRE(a.say("hola", 1)); // not a flow: no write, answered
+  a.provider->inject("x", "pedido");
+  REQUIRE(soon([&] { return a.errors_with(botmesh::errc::store_error) == 1; }));
+  CHECK(a.error_text(botmesh::errc::store_error).find("checkpoint write failed")
+        != std::string::npos);
+  CHECK(soon([&] { return a.bot->stats().conversations == 0; }));
+  env.store->fail_writes = false;
+  REQUIRE(a.say("pedido", 2));
+  CHECK(a.last() == "¿Producto?");
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a corrupted checkpoint is an error event "
+                          "naming what was wrong; the message is routed as "
+                          "new",
+                          Env, handover_14) {
+  using namespace test::handover;
+  Env env;
+  replica a{env, "a", forward()};
+  replica b{env, "b", forward()};
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  REQUIRE(waiting_at(env, "producto"));
+  env.corrupt("test:x");
+  REQUIRE(b.say("café", 1));
+  CHECK(b.last() == "nuevo: café");
+  auto what = b.error_text(botmesh::errc::corrupted_record);
+  CHECK(what.find("test:x") != std::string::npos);
+  CHECK(what.find("checkpoint") != std::string::npos);
+  REQUIRE(b.say("pedido", 2));
+  CHECK(b.last() == "¿Producto?");
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a first answer its validator refused is "
+                          "not handed to the taker",
+                          Env, handover_15) {
+  using namespace test::handover;
+  Env env;
+  auto make = [] {
+    botmesh::flow f{"pedido"};
+    f.hears({"pedido"})
+      .ask(
+        "producto", "¿Producto?",
+        [](botmesh::flow_context& c, const botmesh::answer& a) {
+          c.state()["producto"] = a.text();
+        },
+        botmesh::ask_options{
+          .validate = [](const botmesh::answer& a) -> std::optional<std::string> {
+            if (a.text() == "nada")
+              return "Elige un producto";
+            return std::nullopt;
+          }})
+      .ask("cantidad", "¿Cantidad?",
+           [](botmesh::flow_context&, const botmesh::answer&) {});
+    return f;
+  };
+  replica a{env, "a", forward()};
+  replica b{env, "b", forward()};
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(make());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  REQUIRE(waiting_at(env, "producto"));
+  REQUIRE(a.say("nada", 3));
+  CHECK(texts(*a.provider)
+        == std::vector<std::string>{"¿Producto?", "Elige un producto",
+                                    "¿Producto?"});
+  REQUIRE(soon([&] {
+    auto cp = env.store->get_checkpoint("test:x");
+    return cp && cp->waiting && cp->step == "producto" && !cp->saved_answer;
+  }));
+  REQUIRE(b.say("café", 1));
+  CHECK(b.last() == "¿Cantidad?");
+}
+
+/// Runs every case of the suite on `Env`.
+#define BOTMESH_HANDOVER_SUITE(Env) \
+  TEST_CASE_TEMPLATE_INVOKE(handover_1, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_2, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_3, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_4, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_5, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_6, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_7, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_8, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_9, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_10, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_11, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_12, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_13, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_14, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_15, Env);

@@ -1,0 +1,151 @@
+#pragma once
+
+// A store that forwards to another one, counts checkpoint writes and can be
+// told to fail them or to report a stored checkpoint as corrupted: the
+// handover suite runs over it on every backend.
+
+#include <atomic>
+#include <memory>
+
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/store.hpp>
+
+namespace test {
+
+class recording_store final : public botmesh::store {
+ public:
+  explicit recording_store(std::shared_ptr<botmesh::store> inner)
+    : inner_(std::move(inner)) {
+    // nop
+  }
+
+  std::atomic<int> checkpoint_writes{0}; ///< sets and clears, landed
+  std::atomic<int> checkpoint_clears{0}; ///< clears among them
+  std::atomic<int> checkpoint_reads{0};
+  std::atomic<bool> fail_writes{false};
+  std::atomic<bool> corrupt_reads{false};
+
+  botmesh::store& inner() noexcept {
+    return *inner_;
+  }
+
+  void start() override {
+    inner_->start();
+  }
+  void stop() override {
+    inner_->stop();
+  }
+  void save_chat(const botmesh::chat_record& r) override {
+    inner_->save_chat(r);
+  }
+  std::optional<botmesh::chat_record> get_chat(std::string_view k) override {
+    return inner_->get_chat(k);
+  }
+  bool delete_chat(std::string_view k) override {
+    return inner_->delete_chat(k);
+  }
+  std::vector<botmesh::chat_record> list_chats() override {
+    return inner_->list_chats();
+  }
+  void save_contact(const botmesh::contact_record& r) override {
+    inner_->save_contact(r);
+  }
+  std::optional<botmesh::contact_record>
+  get_contact(std::string_view i) override {
+    return inner_->get_contact(i);
+  }
+  bool delete_contact(std::string_view i) override {
+    return inner_->delete_contact(i);
+  }
+  std::vector<botmesh::contact_record> list_contacts() override {
+    return inner_->list_contacts();
+  }
+  std::uint64_t append_message(std::string_view k,
+                               const botmesh::logged_message& m) override {
+    return inner_->append_message(k, m);
+  }
+  std::vector<botmesh::logged_message> messages(std::string_view k,
+                                                std::size_t n) override {
+    return inner_->messages(k, n);
+  }
+  std::optional<botmesh::flow_checkpoint>
+  get_checkpoint(std::string_view k) override {
+    ++checkpoint_reads;
+    if (corrupt_reads.exchange(false) && inner_->get_checkpoint(k))
+      throw botmesh::error(botmesh::errc::corrupted_record,
+                           "checkpoint " + std::string{k}
+                             + ": field \"state\" is not JSON");
+    return inner_->get_checkpoint(k);
+  }
+  std::uint64_t set_checkpoint(const botmesh::flow_checkpoint& c) override {
+    check_write();
+    auto r = inner_->set_checkpoint(c);
+    ++checkpoint_writes;
+    return r;
+  }
+  std::optional<std::uint64_t>
+  set_checkpoint_if(const botmesh::flow_checkpoint& c,
+                    std::uint64_t r) override {
+    check_write();
+    auto out = inner_->set_checkpoint_if(c, r);
+    if (out)
+      ++checkpoint_writes;
+    return out;
+  }
+  bool clear_checkpoint_if(std::string_view k, std::uint64_t r) override {
+    check_write();
+    auto out = inner_->clear_checkpoint_if(k, r);
+    if (out) {
+      ++checkpoint_writes;
+      ++checkpoint_clears;
+    }
+    return out;
+  }
+  void clear_checkpoint(std::string_view k) override {
+    check_write();
+    inner_->clear_checkpoint(k);
+    ++checkpoint_writes;
+    ++checkpoint_clears;
+  }
+  std::optional<std::string> get_user_data(std::string_view u,
+                                           std::string_view n,
+                                           std::string_view k) override {
+    return inner_->get_user_data(u, n, k);
+  }
+  void set_user_data(std::string_view u, std::string_view n,
+                     std::string_view k, std::string_view v,
+                     std::optional<std::chrono::milliseconds> t) override {
+    inner_->set_user_data(u, n, k, v, t);
+  }
+  bool delete_user_data(std::string_view u, std::string_view n,
+                        std::string_view k) override {
+    return inner_->delete_user_data(u, n, k);
+  }
+  std::vector<std::pair<std::string, std::string>>
+  list_user_data(std::string_view u, std::string_view n) override {
+    return inner_->list_user_data(u, n);
+  }
+  std::optional<botmesh::fenced_lock>
+  acquire_lock_fenced(std::string_view k,
+                      std::chrono::milliseconds t) override {
+    return inner_->acquire_lock_fenced(k, t);
+  }
+  bool renew_lock(std::string_view k, std::string_view tok,
+                  std::chrono::milliseconds t) override {
+    return inner_->renew_lock(k, tok, t);
+  }
+  bool release_lock(std::string_view k, std::string_view tok) override {
+    return inner_->release_lock(k, tok);
+  }
+
+ private:
+  void check_write() {
+    if (fail_writes)
+      throw botmesh::error(botmesh::errc::store_error,
+                           "checkpoint write failed: the test store is down");
+  }
+
+  std::shared_ptr<botmesh::store> inner_;
+};
+
+} // namespace test

@@ -1,0 +1,40 @@
+#include <doctest/doctest.h>
+
+#include <botmesh/stores/redis/redis_coordinator.hpp>
+#include <botmesh/stores/redis/redis_store.hpp>
+
+#include "handover/handover_suite.hpp"
+#include "redis_server.hpp"
+
+namespace {
+
+// The handover suite on Redis (REDIS_URL): each replica a coordinator of
+// its own, all sharing one Redis store under a prefix of the test's own.
+struct redis_env {
+  std::string prefix = test::unique_prefix("bmho");
+  std::shared_ptr<botmesh::redis_client> client =
+    std::make_shared<botmesh::redis_client>(
+      botmesh::redis_options{.url = test::redis_url()});
+  std::shared_ptr<test::recording_store> store =
+    std::make_shared<test::recording_store>(
+      std::make_shared<botmesh::redis_store>(
+        botmesh::redis_store_options{.client = client, .prefix = prefix}));
+
+  std::shared_ptr<botmesh::coordinator> coordinator(std::string id) {
+    botmesh::redis_coordinator_options o;
+    o.url = test::redis_url();
+    o.prefix = prefix;
+    o.replica_id = std::move(id);
+    o.lease = "3s";
+    return std::make_shared<botmesh::redis_coordinator>(std::move(o));
+  }
+
+  // What a damaged record looks like to the store: a body that is not JSON.
+  void corrupt(const std::string& key) {
+    client->call({"HSET", prefix + ":cp:" + key, "body", "{garbage"});
+  }
+};
+
+} // namespace
+
+BOTMESH_HANDOVER_SUITE(redis_env)
