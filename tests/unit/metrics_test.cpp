@@ -6,6 +6,7 @@
 #include <botmesh/runtime/botmesh.hpp>
 #include <botmesh/runtime/core/metrics.hpp>
 #include <botmesh/runtime/observability.hpp>
+#include <botmesh/stores/memory_coordinator.hpp>
 
 #include "test_util.hpp"
 
@@ -170,4 +171,46 @@ TEST_CASE("the queue depth counts messages waiting for their turn") {
   release = true;
   REQUIRE(test::eventually([&] { return b.stats().handled == 4; }));
   CHECK(depth() == 0);
+}
+
+TEST_CASE("a turn whose chat last ran on another replica counts as a hand-off "
+          "on the replica that gets it") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  struct replica {
+    std::shared_ptr<botmesh::testing_provider> provider =
+      std::make_shared<botmesh::testing_provider>();
+    std::unique_ptr<botmesh::bot> bot;
+  };
+  auto make = [&](const std::string& id) {
+    auto r = std::make_unique<replica>();
+    botmesh::coordination_options co;
+    co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = id});
+    r->bot = std::make_unique<botmesh::bot>(botmesh::bot_options{
+      .provider = r->provider, .store = store, .coordination = co});
+    r->bot->on_message([](botmesh::context& c) { c.reply("ok"); });
+    r->bot->start();
+    return r;
+  };
+  auto a = make("a");
+  auto b = make("b");
+  auto handoffs = [](const std::string& id) {
+    auto text = "\n" + metrics::global_registry().scrape();
+    return sample(text, "botmesh_handoffs_total{replica=\"" + id + "\"}");
+  };
+  a->provider->inject("x", "1");
+  REQUIRE(a->provider->wait_for_sent(1, 10s));
+  CHECK(handoffs("a") == 0); // the chat's first turn: no previous holder
+  b->provider->inject("x", "2");
+  REQUIRE(b->provider->wait_for_sent(1, 10s));
+  CHECK(handoffs("b") == 1);
+  b->provider->inject("x", "3"); // same replica again: no hand-off
+  REQUIRE(b->provider->wait_for_sent(2, 10s));
+  CHECK(handoffs("b") == 1);
+  a->provider->inject("x", "4");
+  REQUIRE(a->provider->wait_for_sent(2, 10s));
+  CHECK(handoffs("a") == 1);
+  b.reset();
+  a.reset();
 }
