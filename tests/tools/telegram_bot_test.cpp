@@ -59,6 +59,9 @@ TEST_CASE("telegram_bot drains on SIGTERM: a reply in progress and the "
                     {{"TELEGRAM_TOKEN", test::telegram_token},
                      {"TELEGRAM_API_URL", api->url()},
                      {"TELEGRAM_MODE", std::nullopt},
+                     // One process, in memory (scripts/test exports a
+                     // REDIS_URL the example would otherwise share).
+                     {"REDIS_URL", std::nullopt},
                      {"WEBHOOK_SECRET", "s3cret"},
                      {"LISTEN_ADDRESS", "127.0.0.1"},
                      {"PORT", "0"}}};
