@@ -34,6 +34,10 @@ struct chat_event {
   /// With durability: how many holders took the record so far (1 for a
   /// message that just arrived, more when it is handled again).
   std::uint32_t attempt = 0;
+  /// When the runtime queued the message for its turn (unset for timers
+  /// and events that did not come through the bot's intake): the turn-wait
+  /// metric and the queue-depth gauge count from it.
+  std::chrono::steady_clock::time_point queued_at{};
 
   bool is_timer() const noexcept {
     return timer != 0;

@@ -6,10 +6,10 @@
 #include <botmesh/actors/scheduler.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -35,8 +35,29 @@ void scheduler_engine::log(std::string_view text) const {
   if (opts.log)
     opts.log(text);
   else
-    std::fprintf(stderr, "botmesh scheduler: %.*s\n",
-                 static_cast<int>(text.size()), text.data());
+    log::warn("scheduler", text, {.replica = owner});
+}
+
+void scheduler_engine::log_failure(std::string_view text) {
+  store_errors.fetch_add(1, std::memory_order_relaxed);
+  // No task: nobody waits for this backend (a bot without tasks still
+  // renews the leader lease every tick).
+  if (tasks.load() == 0)
+    return;
+  std::uint64_t held = 0;
+  if (!failures_.allow(held))
+    return;
+  if (held == 0)
+    this->log(text);
+  else
+    this->log(fmt::format("{} ({} similar failures not logged in the last "
+                          "30s)",
+                          text, held));
+}
+
+void scheduler_engine::failure_ended() {
+  if (failures_.reset() && tasks.load() != 0)
+    this->log("store and lease calls succeed again");
 }
 
 void scheduler_engine::run_started() {
@@ -170,7 +191,9 @@ struct scheduler::impl final : task_owner,
       {
         std::lock_guard guard{mtx};
         st->handle = next_handle++;
+        in_memory.insert(st->handle);
       }
+      ++eng->tasks;
       if (eng->timers.add(st->handle, std::make_shared<task>(std::move(t))))
         caf::anon_send(timers, timer_add_atom::value);
       return scheduled_task{st};
@@ -205,6 +228,7 @@ struct scheduler::impl final : task_owner,
       std::lock_guard guard{mtx};
       durable[st->handle] = actor;
     }
+    ++eng->tasks;
     if (eng->started.load())
       caf::anon_send(actor, task_resume_atom::value);
     return scheduled_task{st};
@@ -227,6 +251,9 @@ struct scheduler::impl final : task_owner,
             by_id.erase(j);
             break;
           }
+        --eng->tasks;
+      } else if (in_memory.erase(handle) != 0) {
+        --eng->tasks;
       }
     }
     if (!actor)
@@ -350,6 +377,7 @@ struct scheduler::impl final : task_owner,
 
   std::mutex mtx; // the registry below
   std::map<std::uint64_t, caf::actor> durable;
+  std::set<std::uint64_t> in_memory; // handles of in-memory tasks not cancelled
   std::map<std::string, std::uint64_t> by_id;
   std::uint64_t next_handle = 1;
 };
@@ -451,6 +479,13 @@ void scheduler::poll() {
 
 std::chrono::milliseconds scheduler::grace() const noexcept {
   return impl_->eng->grace();
+}
+
+scheduler::counters scheduler::stats() const noexcept {
+  auto& e = *impl_->eng;
+  constexpr auto r = std::memory_order_relaxed;
+  return {e.runs.load(r), e.missed.load(r), e.failed.load(r),
+          e.store_errors.load(r), e.tasks.load(r)};
 }
 
 } // namespace botmesh

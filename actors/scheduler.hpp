@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string_view>
@@ -78,6 +79,16 @@ class scheduler {
   /// The grace period: a slot claimed later than this after it fell due is
   /// missed.
   std::chrono::milliseconds grace() const noexcept;
+
+  /// Counters since construction (relaxed reads; for metrics).
+  struct counters {
+    std::uint64_t runs = 0;   ///< task handler calls
+    std::uint64_t missed = 0; ///< durable claims that found their slot missed
+    std::uint64_t failed = 0; ///< handler calls that threw
+    std::uint64_t store_errors = 0; ///< failed schedule store / lease calls
+    std::uint64_t tasks = 0;  ///< tasks registered now
+  };
+  counters stats() const noexcept;
 
   struct impl;
 

@@ -129,7 +129,7 @@ void renew(task_actor* self) {
         return;
       if (!failure.empty()) {
         // Try again next tick; the lease may still hold.
-        eng->log(fmt::format("renewing the lease of {} failed: {}", id, failure));
+        eng->log_failure(fmt::format("renewing the lease of {} failed: {}", id, failure));
         st.next_renew = now + eng->opts.tick.ms();
       } else if (*ok) {
         st.next_renew = now + lease / 3;
@@ -202,7 +202,7 @@ void run_ended(task_actor* self, std::size_t ran) {
     [=](const std::string& failure) {
       auto& st = self->state;
       if (!failure.empty()) {
-        eng->log(fmt::format("committing {} failed: {}", id, failure));
+        eng->log_failure(fmt::format("committing {} failed: {}", id, failure));
       } else if (!*committed) {
         eng->log(fmt::format("commit of {} with token {} rejected: a newer claim "
                              "exists (this executor was stale)",
@@ -242,12 +242,15 @@ void start_run(task_actor* self) {
       run.fencing_token = token;
       run.missed = plan.missed;
       run.stop = stop->get_token();
+      eng->runs.fetch_add(1, std::memory_order_relaxed);
       try {
         t->fn(run);
       } catch (const std::exception& e) {
+        eng->failed.fetch_add(1, std::memory_order_relaxed);
         eng->log(fmt::format("durable task {} failed: {}", run.occurrence_key,
                              e.what()));
       } catch (...) {
+        eng->failed.fetch_add(1, std::memory_order_relaxed);
         eng->log(fmt::format("durable task {} failed", run.occurrence_key));
       }
       ++ran;
@@ -295,6 +298,8 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
   st.claim = std::move(*claim);
   std::size_t skipped = 0;
   st.plan = plan_claim(t, st.claim, now, eng->grace(), skipped);
+  if (st.plan.missed)
+    eng->missed.fetch_add(1, std::memory_order_relaxed);
   if (skipped > 0)
     eng->log(fmt::format("{}: catch-up runs the {} oldest missed slots and "
                          "skips {} more (max_catch_up)",
@@ -323,7 +328,7 @@ void claim(task_actor* self, time_point now) {
     },
     [=](const std::string& failure) {
       if (!failure.empty()) {
-        eng->log(fmt::format("claiming {} failed: {}", id, failure));
+        eng->log_failure(fmt::format("claiming {} failed: {}", id, failure));
         auto& st = self->state;
         st.ph = phase::idle;
         eng->run_finished();
@@ -331,6 +336,7 @@ void claim(task_actor* self, time_point now) {
         reply_if_idle(self);
         return;
       }
+      eng->failure_ended();
       claimed(self, std::move(*got), std::move(*current), now);
     });
 }

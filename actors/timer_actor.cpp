@@ -100,11 +100,14 @@ void fire_due(timer_actor* self) {
     run.stop = e.stop->get_token();
     st.eng->execute([me, t = e.t, run = std::move(run), eng = st.eng,
                      handle = item.handle] {
+      eng->runs.fetch_add(1, std::memory_order_relaxed);
       try {
         t->fn(run);
       } catch (const std::exception& ex) {
+        eng->failed.fetch_add(1, std::memory_order_relaxed);
         eng->log(fmt::format("task run failed: {}", ex.what()));
       } catch (...) {
+        eng->failed.fetch_add(1, std::memory_order_relaxed);
         eng->log("task run failed");
       }
       if (eng->timers.end(handle))
@@ -139,7 +142,9 @@ void refresh_leadership(timer_actor* self, bool fire = false) {
   self->request(eng->io, caf::infinite, io_atom::value, call)
     .then([=](io_atom, std::shared_ptr<store_call>& c) {
       if (!c->failure.empty())
-        eng->log(fmt::format("leader lease failed: {}", c->failure));
+        eng->log_failure(fmt::format("leader lease failed: {}", c->failure));
+      else
+        eng->failure_ended();
       eng->leader = c->failure.empty() && *won;
       self->state.leading_in_flight = false;
       if (self->state.fire_pending) {
@@ -165,7 +170,7 @@ void check_orphans(timer_actor* self, std::vector<std::string> registered) {
       self->state.listing_in_flight = false;
       reply_if_idle(self);
       if (!c->failure.empty()) {
-        eng->log(fmt::format("listing schedules failed: {}", c->failure));
+        eng->log_failure(fmt::format("listing schedules failed: {}", c->failure));
         return;
       }
       std::set<std::string> mine(registered.begin(), registered.end());

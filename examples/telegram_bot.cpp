@@ -8,18 +8,29 @@
 //   PORT               where POST /telegram listens (default 8080; 0: any
 //                      free port, printed in the "ready" line)
 //   LISTEN_ADDRESS     default 0.0.0.0
+//   REDIS_URL          when set (redis://host:6379), replicas share a Redis
+//                      (Redis >= 7): store, coordination and durable
+//                      processing; each replica names itself by HOSTNAME
+//   BOTMESH_*          bot options (README: Configuration), e.g.
+//                      BOTMESH_LOG_LEVEL=info, BOTMESH_STOP_TIMEOUT=30s
+//
+// GET /metrics, /healthz and /readyz are served on PORT in both modes (on
+// the webhook's server, or on a listener of their own when polling).
 //
 // SIGTERM or SIGINT: stops taking updates, drains what is queued, exits 0.
 
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include <botmesh/providers/telegram/telegram_polling.hpp>
 #include <botmesh/providers/telegram/telegram_webhook.hpp>
 #include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/stores/redis/redis_durable_backend.hpp>
+#include <botmesh/stores/redis/redis_store.hpp>
 
 namespace {
 
@@ -70,14 +81,57 @@ int main() {
     return 2;
   }
 
-  botmesh::bot bot{{.provider = provider}};
+  botmesh::bot_options opts;
+  try {
+    opts = botmesh::bot_options::from_env();
+  } catch (const botmesh::invalid_argument_error& e) {
+    std::fprintf(stderr, "telegram_bot: %s\n", e.what());
+    return 2;
+  }
+  opts.provider = provider;
+  if (auto url = env("REDIS_URL"); !url.empty()) try {
+    // Several replicas behind one webhook URL (or one polling leader).
+    auto replica = env("HOSTNAME");
+    auto client = std::make_shared<botmesh::redis_client>(
+      botmesh::redis_options{.url = url});
+    auto store = std::make_shared<botmesh::redis_store>(
+      botmesh::redis_store_options{.client = client, .prefix = "telegram_bot"});
+    botmesh::coordination_options co =
+      opts.coordination.value_or(botmesh::coordination_options{});
+    co.coordinator = store->coordinator(replica);
+    botmesh::durability_options du =
+      opts.durability.value_or(botmesh::durability_options{});
+    du.backend = std::make_shared<botmesh::redis_durable_backend>(
+      botmesh::redis_durable_options{.client = client, .prefix = "telegram_bot"});
+    if (du.instance_id.empty())
+      du.instance_id = replica;
+    opts.store = store;
+    opts.coordination = std::move(co);
+    opts.durability = std::move(du);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "telegram_bot: REDIS_URL: %s\n", e.what());
+    return 2;
+  }
+  botmesh::bot bot{std::move(opts)};
   bot.on_message([](botmesh::context& c) {
     if (c.message().type == botmesh::message_type::text)
       c.reply("Dijiste: " + c.text());
   });
-  bot.on<botmesh::events::error>([](const botmesh::events::error& e) {
-    std::fprintf(stderr, "telegram_bot: %s\n", e.what.c_str());
-  });
+  // No error listener: the library logs every error event to stderr.
+  std::optional<botmesh::observability_server> probes;
+  try {
+    if (webhook) {
+      botmesh::serve_observability(webhook->server(), bot);
+    } else {
+      probes.emplace(bot, botmesh::http::server_options{
+                            .address = env("LISTEN_ADDRESS", "0.0.0.0"),
+                            .port = static_cast<std::uint16_t>(
+                              std::atoi(env("PORT", "8080").c_str()))});
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "telegram_bot: %s\n", e.what());
+    return 1;
+  }
   std::thread waiter{[&] {
     int sig = 0;
     sigwait(&signals, &sig);
@@ -94,7 +148,8 @@ int main() {
     std::fprintf(stderr, "telegram_bot: webhook mode on port %u, ready\n",
                  static_cast<unsigned>(webhook->server().port()));
   else
-    std::fprintf(stderr, "telegram_bot: polling mode, ready\n");
+    std::fprintf(stderr, "telegram_bot: polling mode, probes on port %u, ready\n",
+                 static_cast<unsigned>(probes->port()));
   auto rc = bot.run(); // until stop()
   waiter.join();
   return rc;

@@ -8,6 +8,9 @@
 //   GRAPH_API_URL              Graph API base URL (default https://graph.facebook.com)
 //   PORT                       where GET|POST /whatsapp listens (default 8080)
 //   LISTEN_ADDRESS             default 0.0.0.0
+//   BOTMESH_*                  bot options (README: Configuration)
+//
+// GET /metrics, /healthz and /readyz are served on PORT too.
 //
 // SIGTERM or SIGINT: stops taking messages, drains what is queued, exits 0.
 
@@ -56,14 +59,21 @@ int main() {
     return 2;
   }
 
-  botmesh::bot bot{{.provider = provider}};
+  botmesh::bot_options opts;
+  try {
+    opts = botmesh::bot_options::from_env();
+  } catch (const botmesh::invalid_argument_error& e) {
+    std::fprintf(stderr, "whatsapp_bot: %s\n", e.what());
+    return 2;
+  }
+  opts.provider = provider;
+  botmesh::bot bot{std::move(opts)};
   bot.on_message([](botmesh::context& c) {
     if (c.message().type == botmesh::message_type::text)
       c.reply("Dijiste: " + c.text());
   });
-  bot.on<botmesh::events::error>([](const botmesh::events::error& e) {
-    std::fprintf(stderr, "whatsapp_bot: %s\n", e.what.c_str());
-  });
+  // No error listener: the library logs every error event to stderr.
+  botmesh::serve_observability(provider->server(), bot);
   std::thread waiter{[&] {
     int sig = 0;
     sigwait(&signals, &sig);

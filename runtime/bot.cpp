@@ -3,7 +3,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
-#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -22,6 +21,8 @@
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
+#include <botmesh/runtime/core/log.hpp>
+#include <botmesh/runtime/core/metrics.hpp>
 #include <botmesh/runtime/internal/dedupe_set.hpp>
 #include <botmesh/runtime/internal/durable_intake.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
@@ -52,9 +53,9 @@ void emit(const listeners<Event>& ls, const Event& ev) {
     try {
       f(ev);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "botmesh: an event listener threw: %s\n", e.what());
+      log::error("bot", fmt::format("an event listener threw: {}", e.what()));
     } catch (...) {
-      std::fprintf(stderr, "botmesh: an event listener threw\n");
+      log::error("bot", "an event listener threw");
     }
   }
 }
@@ -79,6 +80,10 @@ struct bot::impl final : chat_services,
     if (opts.passivate_after.count() <= 0)
       throw invalid_argument_error("passivate_after",
                                    "bot_options.passivate_after must be > 0");
+    if (opts.log_level)
+      log::set_level(*opts.log_level);
+    if (opts.log_message_text)
+      log::set_log_text(true);
     provider_id = opts.provider->id();
     retry_window = opts.retry_window ? opts.retry_window->ms()
                                      : opts.provider->capabilities().retry_window;
@@ -248,6 +253,7 @@ struct bot::impl final : chat_services,
 
   void turn_lost(const std::string& key, std::uint64_t,
                  turn_end why) override {
+    lease_losses.inc();
     post_event([this, key, reason = std::string{to_string(why)}] {
       emit(on_lost, events::lease_lost{key, reason});
     });
@@ -305,8 +311,11 @@ struct bot::impl final : chat_services,
   // for the next holder).
   void coordinated_turn(const std::string& key, chat_event& ev, bool first,
                         const std::shared_ptr<turn_token>& token) {
-    if (held_elsewhere(*token))
+    if (held_elsewhere(*token)) {
       flows.drop(key);
+      if (token->previous_holder())
+        handoffs.inc(); // the chat's last turn ran on another replica
+    }
     // A bot stop stops the turn's step too.
     std::stop_callback forward{stop_source.get_token(),
                                [t = token] { t->request_stop(); }};
@@ -319,6 +328,7 @@ struct bot::impl final : chat_services,
               key, std::nullopt);
       }
     } else {
+      dequeued(ev, true);
       record(key, ev.message, first);
       internal::durable_turn dt{&ev.journal, &key, token->fence(), ev.attempt};
       turn_outcome outcome;
@@ -407,6 +417,7 @@ struct bot::impl final : chat_services,
   }
 
   void run_uncoordinated(const std::string& key, chat_event& ev, bool first) {
+    dequeued(ev, true);
     record(key, ev.message, first);
     internal::durable_turn dt{&ev.journal, &key, 0, ev.attempt};
     turn_outcome outcome;
@@ -428,6 +439,7 @@ struct bot::impl final : chat_services,
   }
 
   void reinject(chat_event ev) override {
+    enqueued(ev);
     caf::anon_send(router_handle, std::move(ev));
   }
 
@@ -449,6 +461,7 @@ struct bot::impl final : chat_services,
   void turn_failed(const std::string& key, chat_event ev,
                    std::string why) override {
     ++turn_failures;
+    dequeued(ev, false);
     if (ev.is_timer()) {
       raise(errc::coordination_unavailable,
             fmt::format("chat {}: a flow timer got no turn {}", key, why), key,
@@ -479,6 +492,7 @@ struct bot::impl final : chat_services,
       ++refused_overload;
     else
       ++refused_stopped;
+    dequeued(ev, false);
     // Journaled: released, so another replica (or this one, restarted)
     // handles it.
     settle_record(key, ev, false);
@@ -551,11 +565,10 @@ struct bot::impl final : chat_services,
     ++received;
     if (cb.accepted)
       cb.accepted(errc::none);
+    enqueued(ev);
     ev.on_end = std::move(cb.turn_ended);
-    if (ev.on_end || !ev.journal.empty())
-      caf::anon_send(router_handle, std::move(ev));
-    else
-      caf::anon_send(router_handle, std::move(ev.message));
+    // The whole event: its queue time travels with it too.
+    caf::anon_send(router_handle, std::move(ev));
   }
 
   void duplicate(delivery_callbacks cb) override {
@@ -580,6 +593,7 @@ struct bot::impl final : chat_services,
     {
       std::lock_guard guard{run_mtx};
       transport = s;
+      transport_open->store(s == provider_state::open);
       if (s == provider_state::closed)
         closed_since = std::chrono::steady_clock::now();
       run_cv.notify_all();
@@ -657,6 +671,15 @@ struct bot::impl final : chat_services,
                             bool first, const turn_token* turn,
                             bool* answer_saved = nullptr) {
     auto outcome = turn_outcome::failed;
+    auto began = std::chrono::steady_clock::now();
+    // Every way out of this function (handled, failed) is one observation.
+    struct observe_latency {
+      metrics::histogram& h;
+      std::chrono::steady_clock::time_point t0;
+      ~observe_latency() {
+        h.observe(std::chrono::steady_clock::now() - t0);
+      }
+    } latency_guard{handler_latency, began};
     emit(on_in, events::message_in{key, msg});
     try {
       if (!flows.on_message(key, msg, first, turn, answer_saved))
@@ -776,6 +799,101 @@ struct bot::impl final : chat_services,
     emit(on_out, events::message_out{msg});
   }
 
+  // -- metrics ---------------------------------------------------------------
+
+  // An accepted message waits for its turn from here: it counts in the
+  // queue depth until its turn starts or it is refused.
+  void enqueued(chat_event& ev) {
+    if (ev.is_timer())
+      return;
+    ev.queued_at = std::chrono::steady_clock::now();
+    queued.add();
+  }
+
+  // It left the queue: `ran` when its turn started (its wait is observed).
+  void dequeued(chat_event& ev, bool ran) {
+    if (ev.queued_at == std::chrono::steady_clock::time_point{})
+      return;
+    if (ran)
+      turn_wait.observe(std::chrono::steady_clock::now() - ev.queued_at);
+    ev.queued_at = {};
+    queued.sub();
+  }
+
+  // Writes this bot's figures into a scrape (any thread).
+  void collect(metrics::exposition& e) {
+    std::string_view replica = replica_id();
+    metrics::labels ls{{"bot", opts.bot_id}, {"replica", replica}};
+    auto s = self.stats();
+    e.counter("botmesh_messages_received_total",
+              "Inbound messages accepted by intake.", ls, s.received);
+    e.counter("botmesh_messages_handled_total",
+              "Turns completed (handlers returned or threw).", ls, s.handled);
+    e.counter("botmesh_messages_sent_total", "Messages sent by the provider.",
+              ls, s.sent);
+    auto refused = [&](std::string_view reason, std::uint64_t v) {
+      metrics::labels r = ls;
+      r.emplace_back("reason", reason);
+      e.counter("botmesh_messages_refused_total",
+                "Inbound messages refused, by reason.", r, v);
+    };
+    refused("invalid", s.refused_invalid);
+    refused("overloaded", s.refused_overload);
+    refused("stopped", s.refused_stopped);
+    refused("no_turn", s.turn_failures);
+    e.counter("botmesh_duplicates_total", "Redeliveries dropped at intake.",
+              ls, s.duplicates);
+    e.counter("botmesh_handler_errors_total", "Handlers that threw.", ls,
+              s.handler_errors);
+    e.counter("botmesh_send_errors_total", "Sends the provider failed.", ls,
+              s.send_errors);
+    e.histogram("botmesh_handler_seconds",
+                "Time a message's handlers and flows ran.", ls,
+                handler_latency.read());
+    e.histogram("botmesh_turn_wait_seconds",
+                "Time from intake until a message's turn started.", ls,
+                turn_wait.read());
+    e.counter("botmesh_lease_losses_total",
+              "Chat turns this replica lost (expired, frozen, settle).", ls,
+              lease_losses.value());
+    e.counter("botmesh_handoffs_total",
+              "Turns granted here whose chat last ran on another replica.", ls,
+              handoffs.value());
+    e.gauge("botmesh_queue_depth",
+            "Messages of this replica waiting for their turn.", ls,
+            static_cast<double>(std::max<std::int64_t>(0, queued.value())));
+    e.gauge("botmesh_live_chats", "Chat actors alive now.", ls,
+            static_cast<double>(s.live_chats));
+    e.gauge("botmesh_conversations", "Flows and conversations in memory.", ls,
+            static_cast<double>(s.conversations));
+    e.counter("botmesh_reprocessed_total",
+              "Journal records claimed and handled again.", ls, s.reprocessed);
+    e.counter("botmesh_journal_errors_total", "Failed journal writes.", ls,
+              s.journal_errors);
+    if (tasks) {
+      auto t = tasks->stats();
+      e.counter("botmesh_scheduler_runs_total", "Scheduled task runs.", ls,
+                t.runs);
+      e.counter("botmesh_scheduler_missed_total",
+                "Durable task claims that found their slot missed.", ls,
+                t.missed);
+      e.counter("botmesh_scheduler_failures_total",
+                "Scheduled task runs that threw.", ls, t.failed);
+      e.counter("botmesh_scheduler_store_errors_total",
+                "Failed schedule store and leader lease calls.", ls,
+                t.store_errors);
+    }
+    e.gauge("botmesh_transport_up", "1 while the provider's transport is open.",
+            ls, transport_open->load() ? 1 : 0);
+    e.gauge("botmesh_ready",
+            "1 while this replica runs the open transport (what /readyz says).",
+            ls, ready_now() ? 1 : 0);
+  }
+
+  bool ready_now() const {
+    return transport_open->load() && (!exclusive() || leading());
+  }
+
   void raise(errc code, std::string what, std::string key,
              std::optional<inbound_message> msg) {
     // An effect of the journaled turn on this thread was not kept: its
@@ -785,8 +903,40 @@ struct bot::impl final : chat_services,
         && (code == errc::lease_lost || code == errc::store_error
             || code == errc::timeout))
       t->lost = true;
+    // Nobody listens: the event is logged (once, here), so no failure is
+    // silent. A listener takes the event over, logging included.
+    if (on_error.empty())
+      log_error_event(code, what, key, msg ? &*msg : nullptr);
     emit(on_error, events::error{code, std::move(what), std::move(key),
                                  std::move(msg)});
+  }
+
+  void log_error_event(errc code, const std::string& what,
+                       const std::string& key, const inbound_message* msg) {
+    // Refusals are the bot protecting itself (or stopping): warnings.
+    auto lvl = code == errc::stopped || code == errc::overloaded
+                   || code == errc::invalid_argument
+                 ? log::level::warn
+                 : log::level::error;
+    if (!log::enabled(lvl))
+      return;
+    log::fields f{.bot = opts.bot_id, .chat = key, .replica = replica_id()};
+    f.code = to_string(code);
+    if (msg)
+      f.message_id = msg->id;
+    if (auto* t = internal::current_durable_turn(); t)
+      f.fence = t->fence;
+    if (msg && log::log_text())
+      log::write(lvl, "bot", fmt::format("{} text=\"{}\"", what, msg->text), f);
+    else
+      log::write(lvl, "bot", what, f);
+  }
+
+  // This replica's name in logs: the coordinator's replica id, else empty.
+  std::string_view replica_id() const {
+    if (opts.coordination && opts.coordination->coordinator)
+      return opts.coordination->coordinator->replica_id();
+    return {};
   }
 
   void check_not_started() const {
@@ -856,6 +1006,17 @@ struct bot::impl final : chat_services,
   std::atomic<std::uint64_t> received{0}, handled{0}, refused_invalid{0},
     refused_overload{0}, refused_stopped{0}, handler_errors{0}, sent{0},
     send_errors{0}, activations{0}, passivations{0}, turn_failures{0};
+
+  // Metrics (owned here, updated with relaxed atomics; read by scrapes).
+  metrics::histogram handler_latency;
+  metrics::histogram turn_wait;
+  metrics::counter lease_losses;
+  metrics::counter handoffs;
+  metrics::gauge queued;
+  // Shared with readiness probes, which may outlive the bot.
+  std::shared_ptr<std::atomic<bool>> transport_open =
+    std::make_shared<std::atomic<bool>>(false);
+  metrics::registry::registration metrics_reg; // last: removed first
 };
 
 // -- context ------------------------------------------------------------------
@@ -885,15 +1046,21 @@ std::uint64_t context::fence() const noexcept {
 bot::bot(bot_options opts) : impl_(std::make_unique<impl>(*this, std::move(opts))) {
   impl_->own_system();
   impl_->make_tasks();
+  impl_->metrics_reg = metrics::global_registry().add(
+    [i = impl_.get()](metrics::exposition& e) { i->collect(e); });
 }
 
 bot::bot(caf::actor_system& sys, bot_options opts)
   : impl_(std::make_unique<impl>(*this, std::move(opts))) {
   impl_->sys = &sys;
   impl_->make_tasks();
+  impl_->metrics_reg = metrics::global_registry().add(
+    [i = impl_.get()](metrics::exposition& e) { i->collect(e); });
 }
 
 bot::~bot() {
+  // Off the scrapes first: a scrape reads the scheduler and the counters.
+  impl_->metrics_reg = {};
   stop();
   impl_->tasks.reset(); // its actors leave before an owned system goes
   // An owned system waits for its actors in its destructor; the router exits
@@ -1046,8 +1213,9 @@ void bot::start() {
       throw invalid_argument_error("coordination.coordinator",
                                    "coordination needs a coordinator");
     if (!impl_->opts.store->supports_compare_and_set())
-      std::fprintf(stderr, "botmesh: the store has no compare-and-set: "
-                           "checkpoints of replicas are fenced only locally\n");
+      log::warn("bot", "the store has no compare-and-set: checkpoints of "
+                       "replicas are fenced only locally",
+                {.bot = impl_->opts.bot_id});
   }
   // Half the cores: the CAF workers that route and order messages need the
   // rest. Blocking handlers still get more threads (the pool grows when all
@@ -1224,9 +1392,12 @@ int bot::run() {
     std::unique_lock guard{impl_->run_mtx};
     while (!impl_->input_done && !impl_->stop_requested) {
       if (auto sig = stop_signal.load()) {
-        std::fprintf(stderr, "botmesh: %s: stopping (up to stop_timeout for "
-                             "the turns in progress)\n",
-                     sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        // A warning so the default level shows why the process stops.
+        log::warn("bot",
+                  fmt::format("{}: stopping (up to stop_timeout for the "
+                              "turns in progress)",
+                              sig == SIGTERM ? "SIGTERM" : "SIGINT"),
+                  {.bot = impl_->opts.bot_id});
         break;
       }
       impl_->run_cv.wait_for(guard, std::chrono::milliseconds{50});
@@ -1234,6 +1405,18 @@ int bot::run() {
   }
   stop();
   return 0;
+}
+
+bool bot::is_ready() const {
+  return impl_->ready_now();
+}
+
+std::function<bool()> bot::readiness() const {
+  // Holds the flags, not the bot: valid after the bot is gone.
+  return [open = impl_->transport_open, leading = impl_->leading_flag,
+          exclusive = impl_->exclusive()] {
+    return open->load() && (!exclusive || leading->load());
+  };
 }
 
 bool bot::ready(std::chrono::milliseconds timeout) {

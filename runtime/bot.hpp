@@ -17,6 +17,7 @@
 
 #include <botmesh/providers/provider.hpp>
 #include <botmesh/runtime/core/duration.hpp>
+#include <botmesh/runtime/core/log.hpp>
 #include <botmesh/runtime/core/message.hpp>
 #include <botmesh/runtime/core/pattern.hpp>
 #include <botmesh/runtime/events.hpp>
@@ -279,8 +280,18 @@ struct bot_options {
   std::size_t handler_threads = 64;
   /// How long `stop()` waits for queued and running turns.
   duration stop_timeout = "10s";
-  /// Record chats and every inbound/outbound message in the store.
+  /// Record chats and every inbound/outbound message (with its text) in the
+  /// store: the conversation history the store keeps. Turn it off when the
+  /// store must hold no message content (see the README's privacy notes).
   bool log_messages = true;
+  /// The process's log level (see log.hpp), applied when the bot is
+  /// constructed; unset leaves it as it is (`warn` by default: errors and
+  /// warnings to stderr).
+  std::optional<log::level> log_level{};
+  /// Lets user message text appear in log lines (error events logged with
+  /// their message). Off by default: lines name the chat and the message id
+  /// only. `true` turns it on for the whole process.
+  bool log_message_text = false;
   /// Only when the bot owns its actor system: CAF worker threads (0 = one
   /// per core) and messages an actor may handle before yielding its worker
   /// (finite, so one busy chat cannot starve the others).
@@ -313,7 +324,45 @@ struct bot_options {
   /// namespace as orphans: kept, never run, removable with `forget_task`
   /// only from a bot with the old namespace.
   std::string bot_id{};
+
+  /// `base` with every option set in the environment applied: the option
+  /// `stop_timeout` is read from `BOTMESH_STOP_TIMEOUT`, `coordination.
+  /// turn_wait` from `BOTMESH_COORDINATION_TURN_WAIT` (the README's table
+  /// lists them all, with defaults and units). Variables not set leave
+  /// `base` as it is. A `coordination.*` or `durability.*` variable creates
+  /// that section when `base` has none (its coordinator or backend is still
+  /// the application's to set). Throws `invalid_argument_error` whose
+  /// `field()` is the option's name and whose text names the variable and
+  /// the value, for a value that does not parse.
+  static bot_options from_env(bot_options base);
+  static bot_options from_env(); ///< from_env(bot_options{})
+
+  /// `base` with the options of an INI file applied:
+  ///
+  ///   stop_timeout = 30s          ; top level, or under [bot]
+  ///   [coordination]
+  ///   turn_wait = 1m
+  ///
+  /// Keys as in the README's table; `;` and `#` start comments; values may
+  /// be quoted. Throws `invalid_argument_error` naming the file, the line
+  /// and the option for a malformed line, an unknown option or a bad value,
+  /// and `botmesh::error` (`errc::invalid_argument`) when the file cannot be
+  /// read.
+  static bot_options from_file(const std::string& path, bot_options base);
+  static bot_options from_file(const std::string& path); ///< with bot_options{}
 };
+
+/// One option `bot_options::from_env` and `from_file` read.
+struct option_info {
+  std::string_view key;     ///< "stop_timeout", "coordination.turn_wait"
+  std::string_view env;     ///< "BOTMESH_STOP_TIMEOUT"
+  std::string_view unit;    ///< "duration", "count", "bool", "text"...
+  std::string_view fallback; ///< the default, as text
+  std::string_view help;
+};
+
+/// Every option of the configuration, in the README table's order.
+const std::vector<option_info>& configuration_options();
 
 /// Counters since construction.
 struct bot_stats {
@@ -437,6 +486,15 @@ class bot {
   /// Waits until the provider's transport is open; false on timeout. On a
   /// standby replica of an exclusive transport it stays false.
   bool ready(std::chrono::milliseconds timeout);
+
+  /// Without waiting: true while the provider's transport is open and this
+  /// replica runs it (it leads an exclusive transport, or shares it). What
+  /// `/readyz` answers. Cost: two atomic loads.
+  bool is_ready() const;
+
+  /// The same test as a function that stays valid (and false) after the
+  /// bot is gone: for HTTP routes that may outlive it.
+  std::function<bool()> readiness() const;
 
   /// Sends `text` to `chat` (a chat id of this bot's provider). Throws
   /// `botmesh::error` (`errc::provider_error`) when the provider fails,

@@ -10,6 +10,7 @@
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/events.hpp>
 #include <botmesh/runtime/flow.hpp>
+#include <botmesh/runtime/observability.hpp>
 #include <botmesh/runtime/texts.hpp>
 #include <botmesh/scheduler/cron.hpp>
 #include <botmesh/actors/scheduler.hpp>

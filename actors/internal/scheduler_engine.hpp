@@ -26,6 +26,7 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include <botmesh/runtime/core/log.hpp>
 #include <botmesh/scheduler/internal/task.hpp>
 #include <botmesh/scheduler/scheduler.hpp>
 #include <botmesh/stores/schedule_store.hpp>
@@ -92,7 +93,26 @@ struct scheduler_engine {
     return opts.ns.empty() ? "scheduler:leader" : opts.ns + ":scheduler:leader";
   }
 
+  /// A warning (orphans, skipped catch-up slots, failed runs): to
+  /// `opts.log` when set, else to the botmesh logger.
   void log(std::string_view text) const;
+
+  /// A store or lease call failed. It repeats every tick while a backend is
+  /// down, so it is written only while the scheduler has work (a task
+  /// registered) and at most once per 30 s, with the count held back.
+  void log_failure(std::string_view text);
+
+  /// A store or lease call succeeded: after failures, one "recovered" line.
+  void failure_ended();
+
+  /// Tasks registered (in-memory and durable): failures matter only then.
+  std::atomic<std::size_t> tasks{0};
+
+  /// Counters for metrics (relaxed: read by scrapes only).
+  std::atomic<std::uint64_t> runs{0};     ///< task handler calls
+  std::atomic<std::uint64_t> missed{0};   ///< claims that found their slot missed
+  std::atomic<std::uint64_t> failed{0};   ///< handler calls that threw
+  std::atomic<std::uint64_t> store_errors{0}; ///< failed store/lease calls
 
   /// Runs between a claim (or an in-memory run) and its end; stop() waits
   /// for none to be left. The mutex guards this counter only.
@@ -103,6 +123,7 @@ struct scheduler_engine {
  private:
   std::mutex mtx_;
   std::condition_variable idle_cv_;
+  log::limiter failures_{std::chrono::seconds{30}};
   std::size_t in_flight_ = 0;
 };
 

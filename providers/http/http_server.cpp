@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/log.hpp>
 
 namespace botmesh::http {
 
@@ -265,8 +266,8 @@ class session : public std::enable_shared_from_this<session> {
       (*it->second)(req, r);
     } catch (const std::exception& e) {
       r.respond(response{500, "internal error", "text/plain; charset=utf-8", {}});
-      std::fprintf(stderr, "botmesh http: handler for %s %s threw: %s\n",
-                   req.method.c_str(), req.target.c_str(), e.what());
+      log::error("http", fmt::format("handler for {} {} threw: {}", req.method,
+                                     req.path(), e.what()));
     } catch (...) {
       r.respond(500);
     }

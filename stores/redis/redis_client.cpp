@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/metrics.hpp>
 #include <botmesh/stores/redis/internal/cluster.hpp>
 #include <botmesh/stores/redis/internal/protocol.hpp>
 #include <botmesh/stores/redis/internal/sha1.hpp>
@@ -121,10 +122,48 @@ struct request {
   /// Instead of `done`: also gets the command back (the cluster router
   /// keeps it for a resend without copying it).
   redis_client::keep_callback keep{};
+  /// When the caller queued it: latency counts the queue too, as the
+  /// caller sees it.
+  std::chrono::steady_clock::time_point queued = std::chrono::steady_clock::now();
 };
+
+// Process-wide Redis figures for /metrics: every client adds to the same
+// atomics (no lock), registered once with the global registry.
+struct redis_metrics {
+  metrics::histogram latency;
+  metrics::counter failed;       // no reply: connection down, timeout
+  metrics::counter error_replies; // the server answered with an error
+  metrics::registry::registration reg;
+
+  redis_metrics() {
+    reg = metrics::global_registry().add([this](metrics::exposition& e) {
+      e.histogram("botmesh_redis_command_seconds",
+                  "Redis command latency, from queueing to reply.", {},
+                  latency.read());
+      e.counter("botmesh_redis_errors_total",
+                "Redis commands that failed, by kind.", {{"kind", "connection"}},
+                failed.value());
+      e.counter("botmesh_redis_errors_total",
+                "Redis commands that failed, by kind.", {{"kind", "reply"}},
+                error_replies.value());
+    });
+  }
+};
+
+redis_metrics& figures() {
+  // Never destroyed: connection threads may complete during exit.
+  static auto* m = new redis_metrics;
+  return *m;
+}
 
 // Completes `r` once, with its command handed back when it asked for it.
 void complete(request& r, redis_reply reply, std::exception_ptr e) {
+  auto& m = figures();
+  m.latency.observe(std::chrono::steady_clock::now() - r.queued);
+  if (e)
+    m.failed.inc();
+  else if (reply.type == redis_reply::kind::error)
+    m.error_replies.inc();
   if (r.keep)
     r.keep(std::move(reply), std::move(e), std::move(r.cmd));
   else

@@ -11,6 +11,7 @@
 #include <conformance/store_conformance.hpp>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/metrics.hpp>
 #include <botmesh/stores/redis/redis_store.hpp>
 
 #include "redis_server.hpp"
@@ -392,4 +393,36 @@ TEST_CASE("an actor gets a Redis reply as a message, never waiting on the "
   CHECK(got == "hola");
   self->send_exit(asker, caf::exit_reason::user_shutdown);
   client->call({"DEL", key});
+}
+
+namespace {
+
+// The value of a sample line "<series> <value>" in a scrape, or -1.
+double scraped(const std::string& series) {
+  auto text = "\n" + botmesh::metrics::global_registry().scrape();
+  auto pos = text.find("\n" + series + " ");
+  if (pos == std::string::npos)
+    return -1;
+  auto start = pos + series.size() + 2;
+  return std::stod(text.substr(start, text.find('\n', start) - start));
+}
+
+} // namespace
+
+TEST_CASE("Redis command latency and errors are exported as botmesh_ metrics") {
+  auto c = shared_client();
+  auto count0 = std::max(0.0, scraped("botmesh_redis_command_seconds_count"));
+  auto replies0 = std::max(0.0, scraped("botmesh_redis_errors_total{kind=\"reply\"}"));
+  auto down0 = std::max(0.0, scraped("botmesh_redis_errors_total{kind=\"connection\"}"));
+  c->call({"PING"});
+  c->call_raw({"NOSUCHCOMMAND"});
+  CHECK(scraped("botmesh_redis_command_seconds_count") >= count0 + 2);
+  CHECK(scraped("botmesh_redis_errors_total{kind=\"reply\"}") >= replies0 + 1);
+  // Nothing listens there: the command fails without a reply.
+  botmesh::redis_client nobody{botmesh::redis_options{
+    .url = "redis://127.0.0.1:" + std::to_string(test::free_port()),
+    .command_timeout = "2s",
+    .connect_timeout = "1s"}};
+  CHECK_THROWS(nobody.call({"PING"}));
+  CHECK(scraped("botmesh_redis_errors_total{kind=\"connection\"}") >= down0 + 1);
 }

@@ -59,6 +59,9 @@ TEST_CASE("telegram_bot drains on SIGTERM: a reply in progress and the "
                     {{"TELEGRAM_TOKEN", test::telegram_token},
                      {"TELEGRAM_API_URL", api->url()},
                      {"TELEGRAM_MODE", std::nullopt},
+                     // One process, in memory (scripts/test exports a
+                     // REDIS_URL the example would otherwise share).
+                     {"REDIS_URL", std::nullopt},
                      {"WEBHOOK_SECRET", "s3cret"},
                      {"LISTEN_ADDRESS", "127.0.0.1"},
                      {"PORT", "0"}}};
@@ -74,6 +77,15 @@ TEST_CASE("telegram_bot drains on SIGTERM: a reply in progress and the "
                 .headers = {{"X-Telegram-Bot-Api-Secret-Token", "s3cret"}}})
       .status;
   };
+  // The probes share the webhook's port.
+  auto get = [&](const std::string& path) {
+    botmesh::http::client_request req;
+    req.method = "GET";
+    req.url = "http://127.0.0.1:" + ready_port(bot.err()) + path;
+    return client.request(req);
+  };
+  CHECK(get("/healthz").status == 200);
+  CHECK(get("/readyz").status == 200);
   CHECK(post(1, "primero") == 200);
   CHECK(post(2, "segundo") == 200); // queued behind the first, same chat
   {
@@ -81,6 +93,11 @@ TEST_CASE("telegram_bot drains on SIGTERM: a reply in progress and the "
     REQUIRE(cv.wait_for(guard, std::chrono::seconds(30),
                         [&] { return held.has_value(); }));
   }
+  // Both accepted; the second waits for its turn behind the held send.
+  auto scrape = get("/metrics");
+  CHECK(scrape.status == 200);
+  CHECK(contains(scrape.body, "\nbotmesh_messages_received_total 2\n"));
+  CHECK(contains(scrape.body, "# TYPE botmesh_turn_wait_seconds histogram"));
   bot.signal(SIGTERM);
   REQUIRE(bot.wait_for_stderr("signal 15, draining"));
   {
