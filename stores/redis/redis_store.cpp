@@ -1,10 +1,10 @@
 #include <botmesh/stores/redis/redis_store.hpp>
 
-#include <cstdio>
 
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/log.hpp>
 #include <botmesh/stores/redis/internal/schedule_store.hpp>
 #include <botmesh/stores/redis/internal/store_impl.hpp>
 #include <botmesh/stores/redis/redis_cluster_layout.hpp>
@@ -110,7 +110,7 @@ void redis_store::start() {
       if (opts_.warn)
         opts_.warn(text);
       else
-        std::fprintf(stderr, "%s\n", text.c_str());
+        log::warn("redis store", text);
     }
     return;
   }
