@@ -219,13 +219,14 @@ TEST_CASE_TEMPLATE_DEFINE("an ephemeral checkpoint expires", F,
   auto cp = conformance::sample_checkpoint("test:eph");
   cp.ephemeral = true;
   // Backends read expiry against wall-clock time (the factory's clock starts
-  // at the system's now), so stamp it relative to that.
+  // at the system's now), so stamp it relative to that; a second, so a
+  // loaded machine (CI, sanitizers) still reads it back before it expires.
   cp.expires_at = std::chrono::time_point_cast<std::chrono::milliseconds>(
                     std::chrono::system_clock::now())
-                  + 150ms;
+                  + 1s;
   auto rev = s->set_checkpoint(cp);
   REQUIRE(s->get_checkpoint("test:eph").has_value());
-  f.advance(300ms);
+  f.advance(1500ms);
   CHECK_FALSE(s->get_checkpoint("test:eph").has_value());
   // Expiry behaves like a clear: the revision chain goes on.
   CHECK_FALSE(s->set_checkpoint_if(cp, rev).has_value());
