@@ -701,6 +701,15 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       auto h = st.holds.find(key);
       if (h == st.holds.end() || h->second.token->fence() != fence)
         return; // lost and passed on already
+      auto t = now(self);
+      if (h->second.settle_at <= t || h->second.valid_until <= t) {
+        // The step ended after its turn ran out, before the timer that
+        // would have noticed (a freeze resumes both at once): its writes
+        // since were refused, so the turn was lost, and says so.
+        lose(self, key,
+             h->second.settle_at <= t ? turn_end::settle : turn_end::frozen);
+        return;
+      }
       h->second.token->end(turn_end::released);
       st.holds.erase(h);
       send_release(self, turn_ref{key, fence});
