@@ -32,6 +32,7 @@
 #include <botmesh/actors/lease_actor.hpp>
 #include <botmesh/actors/messages.hpp>
 #include <botmesh/actors/router.hpp>
+#include <botmesh/stores/forwarding_coordinator.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
 #include <botmesh/stores/redis/redis_coordinator.hpp>
 
@@ -117,57 +118,15 @@ caf::behavior saturating(caf::event_based_actor* self, caf::actor lease,
 }
 
 // The coordinator without its push: grants are found by polling only.
-class no_push final : public botmesh::coordinator {
+class no_push final : public botmesh::forwarding_coordinator {
  public:
-  explicit no_push(std::shared_ptr<botmesh::coordinator> c) : c_(std::move(c)) {
-    // nop
-  }
-  const std::string& replica_id() const noexcept override {
-    return c_->replica_id();
-  }
-  const std::string& incarnation() const noexcept override {
-    return c_->incarnation();
-  }
-  std::chrono::milliseconds lease() const noexcept override {
-    return c_->lease();
-  }
-  void enter(std::string_view k, std::uint64_t r, bool retry,
-             completion<botmesh::turn_state> d) override {
-    c_->enter(k, r, retry, std::move(d));
-  }
-  void poll(std::string_view k, std::uint64_t r,
-            completion<botmesh::turn_state> d) override {
-    c_->poll(k, r, std::move(d));
-  }
-  void release(botmesh::turn_ref t,
-               completion<botmesh::release_result> d) override {
-    c_->release(std::move(t), std::move(d));
-  }
-  void leave(std::string_view k, std::uint64_t r,
-             completion<bool> d) override {
-    c_->leave(k, r, std::move(d));
-  }
-  void skip_if_dead(std::string_view k, std::string_view i,
-                    completion<bool> d) override {
-    c_->skip_if_dead(k, i, std::move(d));
-  }
-  void renew(botmesh::renewal r,
-             completion<botmesh::renewal_result> d) override {
-    c_->renew(std::move(r), std::move(d));
-  }
-  void unlead(std::string_view n, std::uint64_t f,
-              completion<bool> d) override {
-    c_->unlead(n, f, std::move(d));
-  }
+  using forwarding_coordinator::forwarding_coordinator;
   void on_grant(grant_listener) override {
     c_->on_grant([](botmesh::turn_state) {}); // dropped: polling finds it
   }
   std::uint64_t push_epoch() const noexcept override {
     return 0;
   }
-
- private:
-  std::shared_ptr<botmesh::coordinator> c_;
 };
 
 struct replica {

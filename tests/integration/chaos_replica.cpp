@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/stores/forwarding_coordinator.hpp>
 #include <botmesh/stores/redis/redis_store.hpp>
 
 namespace {
@@ -126,58 +127,23 @@ class chaos_provider final : public botmesh::provider {
 // The replica's coordinator, watched: a renewal that fails or takes longer
 // than a third of the lease is reported as "diag renew <ms> <error>" (the
 // runtime retries it silently; the driver keeps the line in <replica>.out).
-class watched_coordinator final : public botmesh::coordinator {
+class watched_coordinator final : public botmesh::forwarding_coordinator {
  public:
-  explicit watched_coordinator(std::shared_ptr<botmesh::coordinator> c)
-    : c_(std::move(c)) {
-    // nop
-  }
+  using forwarding_coordinator::forwarding_coordinator;
 
-  const std::string& replica_id() const noexcept override {
-    return c_->replica_id();
-  }
-  const std::string& incarnation() const noexcept override {
-    return c_->incarnation();
-  }
-  std::chrono::milliseconds lease() const noexcept override {
-    return c_->lease();
-  }
-  void enter(std::string_view key, std::uint64_t req, bool retry,
-             completion<botmesh::turn_state> done) override {
-    c_->enter(key, req, retry, std::move(done));
-  }
-  void poll(std::string_view key, std::uint64_t req,
-            completion<botmesh::turn_state> done) override {
-    c_->poll(key, req, std::move(done));
-  }
-  void release(botmesh::turn_ref t,
-               completion<botmesh::release_result> done) override {
-    c_->release(std::move(t), std::move(done));
-  }
-  void leave(std::string_view key, std::uint64_t req,
-             completion<bool> done) override {
-    c_->leave(key, req, std::move(done));
-  }
-  void skip_if_dead(std::string_view key, std::string_view incarnation,
-                    completion<bool> done) override {
-    c_->skip_if_dead(key, incarnation, std::move(done));
-  }
-  // The lease actor's own renewals (no leaderships in this bot: the
-  // scheduler's leader lease renews one name, with no turns).
+  // Renewal batches (all the lease actor's: heartbeat, turns and the
+  // scheduler's leadership).
   std::atomic<std::uint64_t> started{0}, finished{0};
 
   void renew(botmesh::renewal r,
              completion<botmesh::renewal_result> done) override {
     auto t0 = std::chrono::steady_clock::now();
-    bool mine = r.leads.empty();
-    if (mine)
-      ++started;
+    ++started;
     auto slow = lease() / 3;
     auto n = r.turns.size();
-    c_->renew(std::move(r), [this, mine, t0, slow, n, done = std::move(done)](
+    c_->renew(std::move(r), [this, t0, slow, n, done = std::move(done)](
                               botmesh::renewal_result res, std::exception_ptr e) {
-      if (mine)
-        ++finished;
+      ++finished;
       auto took = std::chrono::steady_clock::now() - t0;
       if (e || took > slow) {
         std::string what = "ok";
@@ -197,19 +163,6 @@ class watched_coordinator final : public botmesh::coordinator {
       done(std::move(res), e);
     });
   }
-  void unlead(std::string_view name, std::uint64_t fence,
-              completion<bool> done) override {
-    c_->unlead(name, fence, std::move(done));
-  }
-  void on_grant(grant_listener fn) override {
-    c_->on_grant(std::move(fn));
-  }
-  std::uint64_t push_epoch() const noexcept override {
-    return c_->push_epoch();
-  }
-
- private:
-  std::shared_ptr<botmesh::coordinator> c_;
 };
 
 std::string one_line(std::string s) {

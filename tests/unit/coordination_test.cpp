@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/stores/forwarding_coordinator.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
 
-#include "forwarding_coordinator.hpp"
 #include "test_util.hpp"
 
 using namespace std::chrono_literals;
@@ -258,7 +258,7 @@ namespace {
 // A memory coordinator whose first enter is lost before it ran (as a
 // command failed with its connection): the lease actor retries it, after
 // the chat's next request took its ticket.
-class first_enter_lost final : public test::forwarding_coordinator {
+class first_enter_lost final : public botmesh::forwarding_coordinator {
  public:
   using forwarding_coordinator::forwarding_coordinator;
 
@@ -500,7 +500,7 @@ TEST_CASE("with coordination the scheduler's leadership uses the coordinator") {
 namespace {
 
 // Records the names each renewal batch asks to lead.
-class renewal_recorder final : public test::forwarding_coordinator {
+class renewal_recorder final : public botmesh::forwarding_coordinator {
  public:
   using forwarding_coordinator::forwarding_coordinator;
 

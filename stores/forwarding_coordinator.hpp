@@ -5,13 +5,14 @@
 
 #include <botmesh/stores/coordinator.hpp>
 
-namespace test {
+namespace botmesh {
 
-/// A coordinator that hands every call to another one: tests derive from it
-/// and override the calls whose faults or traffic they need to see.
-class forwarding_coordinator : public botmesh::coordinator {
+/// A coordinator that hands every call to another one: derive from it and
+/// override the calls to watch, count or fault (diagnostics, tests). Costs
+/// one virtual call per call.
+class forwarding_coordinator : public coordinator {
  public:
-  explicit forwarding_coordinator(std::shared_ptr<botmesh::coordinator> c)
+  explicit forwarding_coordinator(std::shared_ptr<coordinator> c)
     : c_(std::move(c)) {
     // nop
   }
@@ -26,15 +27,15 @@ class forwarding_coordinator : public botmesh::coordinator {
     return c_->lease();
   }
   void enter(std::string_view key, std::uint64_t req, bool retry,
-             completion<botmesh::turn_state> done) override {
+             completion<turn_state> done) override {
     c_->enter(key, req, retry, std::move(done));
   }
   void poll(std::string_view key, std::uint64_t req,
-            completion<botmesh::turn_state> done) override {
+            completion<turn_state> done) override {
     c_->poll(key, req, std::move(done));
   }
-  void release(botmesh::turn_ref t,
-               completion<botmesh::release_result> done) override {
+  void release(turn_ref t,
+               completion<release_result> done) override {
     c_->release(std::move(t), std::move(done));
   }
   void leave(std::string_view key, std::uint64_t req,
@@ -45,8 +46,8 @@ class forwarding_coordinator : public botmesh::coordinator {
                     completion<bool> done) override {
     c_->skip_if_dead(key, inc, std::move(done));
   }
-  void renew(botmesh::renewal r,
-             completion<botmesh::renewal_result> done) override {
+  void renew(renewal r,
+             completion<renewal_result> done) override {
     c_->renew(std::move(r), std::move(done));
   }
   void unlead(std::string_view name, std::uint64_t fence,
@@ -61,7 +62,7 @@ class forwarding_coordinator : public botmesh::coordinator {
   }
 
  protected:
-  std::shared_ptr<botmesh::coordinator> c_;
+  std::shared_ptr<coordinator> c_;
 };
 
-} // namespace test
+} // namespace botmesh
