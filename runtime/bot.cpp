@@ -453,9 +453,9 @@ struct bot::impl final : chat_services,
     pool->post(std::move(job));
   }
 
+  // Only a replica that can send takes records over (ready_now).
   bool may_claim() override {
-    std::lock_guard guard{run_mtx};
-    return transport == provider_state::open && (!exclusive() || leading());
+    return ready_now();
   }
 
   void turn_failed(const std::string& key, chat_event ev,
@@ -600,8 +600,8 @@ struct bot::impl final : chat_services,
     }
     // Records are taken over only while the transport is open: look for
     // them now rather than a period later.
-    if (s == provider_state::open && beat_handle)
-      caf::anon_send(beat_handle, beat_now_atom::value);
+    if (s == provider_state::open && journal_handle)
+      caf::anon_send(journal_handle, beat_now_atom::value);
   }
 
   // -- exclusive transports ------------------------------------------------
@@ -890,8 +890,15 @@ struct bot::impl final : chat_services,
             ls, ready_now() ? 1 : 0);
   }
 
+  // This replica runs the open transport: it leads an exclusive one, or
+  // shares it. What /readyz, ready() and the journal's claims go by.
+  static bool ready_test(const std::atomic<bool>& open,
+                         const std::atomic<bool>& leading, bool exclusive) {
+    return open.load() && (!exclusive || leading.load());
+  }
+
   bool ready_now() const {
-    return transport_open->load() && (!exclusive() || leading());
+    return ready_test(*transport_open, *leading_flag, exclusive());
   }
 
   void raise(errc code, std::string what, std::string key,
@@ -997,11 +1004,10 @@ struct bot::impl final : chat_services,
   std::chrono::milliseconds retry_window{};
   std::unique_ptr<internal::durable_intake> durable; // with durability
   std::unique_ptr<internal::dedupe_set> dedupe;      // without durability
+  /// Also read by the transport's threads (state_changed): set before the
+  /// transport starts, cleared only once it stopped (a send to the actor
+  /// once it exited is dropped).
   caf::actor journal_handle;
-  /// The journal actor, for the transport's threads: set before the
-  /// transport starts and cleared only once it stopped (a send to it once
-  /// it exited is dropped).
-  caf::actor beat_handle;
   std::atomic<std::uint64_t> duplicates{0};
   std::atomic<std::uint64_t> received{0}, handled{0}, refused_invalid{0},
     refused_overload{0}, refused_stopped{0}, handler_errors{0}, sent{0},
@@ -1223,9 +1229,6 @@ void bot::start() {
   auto core = std::max(1u, std::thread::hardware_concurrency() / 2);
   impl_->pool = std::make_unique<internal::worker_pool>(
     core, std::max<std::size_t>(1, impl_->opts.handler_threads));
-  // Turns queue but none runs before the provider can send: the first
-  // journal beat below may already hand over a dead replica's messages.
-  impl_->pool->hold();
   router_config rc;
   rc.services = impl_.get();
   rc.max_pending_per_chat = impl_->opts.max_pending_per_chat;
@@ -1251,22 +1254,13 @@ void bot::start() {
     jc.beat = [d](std::function<void()> done) { d->beat(std::move(done)); };
     jc.retire = [d](std::function<void()> done) { d->retire(std::move(done)); };
     impl_->journal_handle = spawn_journal_actor(*impl_->sys, std::move(jc));
-    impl_->beat_handle = impl_->journal_handle;
   }
   impl_->started = true;
   impl_->accepting = true;
-  try {
-    if (impl_->exclusive())
-      impl_->start_session();
-    else
-      impl_->opts.provider->start(*impl_);
-  } catch (...) {
-    // Nothing may stay queued for good behind a transport that failed to
-    // start: stop() drains what was accepted (its sends are refused).
-    impl_->pool->open();
-    throw;
-  }
-  impl_->pool->open();
+  if (impl_->exclusive())
+    impl_->start_session();
+  else
+    impl_->opts.provider->start(*impl_);
   impl_->tasks->start();
 }
 
@@ -1322,13 +1316,12 @@ void bot::stop() {
     self->request(impl_->journal_handle, std::chrono::seconds(10),
                   shutdown_atom::value)
       .receive([](bool) {}, [](caf::error&) {});
-    impl_->journal_handle = nullptr;
   }
   impl_->pool->shutdown();
   if (impl_->durable)
     impl_->durable->wait_idle(std::chrono::seconds(10));
   impl_->opts.provider->stop();
-  impl_->beat_handle = nullptr; // the transport reports nothing more
+  impl_->journal_handle = nullptr; // the transport reports nothing more
   caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
 }
 
@@ -1407,24 +1400,19 @@ int bot::run() {
   return 0;
 }
 
-bool bot::is_ready() const {
-  return impl_->ready_now();
-}
-
 std::function<bool()> bot::readiness() const {
   // Holds the flags, not the bot: valid after the bot is gone.
   return [open = impl_->transport_open, leading = impl_->leading_flag,
           exclusive = impl_->exclusive()] {
-    return open->load() && (!exclusive || leading->load());
+    return impl::ready_test(*open, *leading, exclusive);
   };
 }
 
 bool bot::ready(std::chrono::milliseconds timeout) {
+  // transport_open is written under run_mtx, with the notify.
   std::unique_lock guard{impl_->run_mtx};
-  return impl_->run_cv.wait_for(guard, timeout, [this] {
-    return impl_->transport == provider_state::open
-           && (!impl_->exclusive() || impl_->leading());
-  });
+  return impl_->run_cv.wait_for(guard, timeout,
+                                [this] { return impl_->ready_now(); });
 }
 
 void bot::send(std::string_view chat, std::string_view text) {

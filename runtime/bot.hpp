@@ -487,13 +487,11 @@ class bot {
   /// standby replica of an exclusive transport it stays false.
   bool ready(std::chrono::milliseconds timeout);
 
-  /// Without waiting: true while the provider's transport is open and this
-  /// replica runs it (it leads an exclusive transport, or shares it). What
-  /// `/readyz` answers. Cost: two atomic loads.
-  bool is_ready() const;
-
-  /// The same test as a function that stays valid (and false) after the
-  /// bot is gone: for HTTP routes that may outlive it.
+  /// Without waiting, as a function: true while the provider's transport
+  /// is open and this replica runs it (it leads an exclusive transport, or
+  /// shares it). What `/readyz` answers. Stays valid (and false) after the
+  /// bot is gone, for HTTP routes that may outlive it. Cost per call: two
+  /// atomic loads.
   std::function<bool()> readiness() const;
 
   /// Sends `text` to `chat` (a chat id of this bot's provider). Throws

@@ -39,29 +39,12 @@ void worker_pool::post(std::function<void()> job) {
   job();
 }
 
-void worker_pool::hold() {
-  std::lock_guard guard{mtx_};
-  held_ = true;
-}
-
-void worker_pool::open() {
-  {
-    std::lock_guard guard{mtx_};
-    if (!held_)
-      return;
-    held_ = false;
-  }
-  cv_.notify_all();
-  sup_cv_.notify_all();
-}
-
 void worker_pool::shutdown() {
   {
     std::lock_guard guard{mtx_};
     if (closed_ && workers_.empty())
       return;
     closed_ = true;
-    held_ = false; // what is queued still runs
   }
   cv_.notify_all();
   sup_cv_.notify_all();
@@ -93,17 +76,18 @@ void worker_pool::spawn_worker(bool extra) {
 void worker_pool::loop(worker* self, bool extra) {
   std::unique_lock guard{mtx_};
   for (;;) {
-    if ((jobs_.empty() || held_) && !closed_) {
+    if (jobs_.empty() && !closed_) {
       ++idle_;
-      auto ready = [this] { return closed_ || (!jobs_.empty() && !held_); };
       if (extra) {
-        bool got = cv_.wait_for(guard, retire_after_, ready);
+        bool got = cv_.wait_for(guard, retire_after_, [this] {
+          return closed_ || !jobs_.empty();
+        });
         if (!got) {
           --idle_;
           break; // retire: no work for a while
         }
       } else {
-        cv_.wait(guard, ready);
+        cv_.wait(guard, [this] { return closed_ || !jobs_.empty(); });
       }
       --idle_;
     }
@@ -124,9 +108,8 @@ void worker_pool::supervise() {
   std::unique_lock guard{mtx_};
   auto last_started = started_jobs_;
   while (!closed_) {
-    if (jobs_.empty() || held_) {
-      sup_cv_.wait(guard,
-                   [this] { return closed_ || (!jobs_.empty() && !held_); });
+    if (jobs_.empty()) {
+      sup_cv_.wait(guard, [this] { return closed_ || !jobs_.empty(); });
       last_started = started_jobs_;
       continue;
     }

@@ -37,12 +37,6 @@ class worker_pool {
   /// so a late turn still completes and reports done.
   void post(std::function<void()> job);
 
-  /// While held, jobs queue and none starts; open() starts them in order.
-  /// A bot holds its pool until its provider can send, so work queued at
-  /// start (records taken over from a dead replica) does not run first.
-  void hold();
-  void open();
-
   void shutdown();
 
  private:
@@ -69,7 +63,6 @@ class worker_pool {
   std::size_t idle_ = 0; // workers waiting on cv_
   std::uint64_t started_jobs_ = 0;
   bool closed_ = false;
-  bool held_ = false;
 };
 
 } // namespace botmesh::internal
