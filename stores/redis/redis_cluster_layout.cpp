@@ -42,8 +42,12 @@ std::string_view redis_cluster_layout::tag(record_kind k) noexcept {
   return "ch";
 }
 
+std::string redis_cluster_layout::marker_key(std::string_view prefix) {
+  return std::string{prefix} + ":{meta}:layout";
+}
+
 std::string redis_cluster_layout::marker() const {
-  return prefix_ + ":{meta}:layout";
+  return marker_key(prefix_);
 }
 
 std::string redis_cluster_layout::message_log(std::string_view chat) const {

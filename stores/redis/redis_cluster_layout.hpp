@@ -63,6 +63,8 @@ class redis_cluster_layout {
   /// The tag of a kind: "ch", "ct", "cp" or "sc".
   static std::string_view tag(record_kind k) noexcept;
 
+  /// The marker's key under any prefix (a legacy one may hold braces).
+  static std::string marker_key(std::string_view prefix);
   std::string marker() const;
 
   std::string message_log(std::string_view chat) const;

@@ -9,6 +9,7 @@
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/store.hpp>
+#include <botmesh/stores/redis/internal/keyspace.hpp>
 #include <botmesh/stores/redis/internal/scripts.hpp>
 
 namespace botmesh {
@@ -294,7 +295,7 @@ redis_coordinator::redis_coordinator(redis_coordinator_options opts)
                            : std::make_shared<redis_client>(
                                redis_options{.url = opts.url});
   }
-  resolve_layout(opts.layout, i.client->is_cluster(), opts.prefix,
+  internal::resolve_layout(opts.layout, i.client->is_cluster(), opts.prefix,
                  "redis coordinator");
   i.replica = opts.replica_id.empty() ? detail::random_uuid() : opts.replica_id;
   i.incarnation = detail::random_uuid();

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/redis/internal/keyspace.hpp>
 
 namespace botmesh {
 
@@ -113,6 +114,8 @@ class legacy_layout final : public redis_layout {
 
 } // namespace
 
+namespace internal {
+
 std::optional<std::string_view> legacy_data_kind(std::string_view prefix,
                                                  std::string_view key) {
   if (key.size() <= prefix.size() || !key.starts_with(prefix)
@@ -148,18 +151,6 @@ std::string escape_glob(std::string_view s) {
   return out;
 }
 
-std::string_view to_string(redis_layout_kind k) noexcept {
-  switch (k) {
-    case redis_layout_kind::automatic:
-      return "automatic";
-    case redis_layout_kind::legacy:
-      return "legacy";
-    case redis_layout_kind::cluster:
-      return "cluster";
-  }
-  return "automatic";
-}
-
 redis_layout_kind resolve_layout(redis_layout_kind asked, bool cluster_client,
                                  std::string_view prefix,
                                  std::string_view component) {
@@ -183,6 +174,8 @@ redis_layout_kind resolve_layout(redis_layout_kind asked, bool cluster_client,
                             component, prefix));
   return k;
 }
+
+} // namespace internal
 
 std::shared_ptr<const redis_layout> make_legacy_layout(std::string prefix) {
   if (prefix.empty())

@@ -18,18 +18,6 @@ namespace botmesh {
 /// locks stop excluding each other.
 enum class redis_layout_kind : std::uint8_t { automatic, legacy, cluster };
 
-/// "automatic", "legacy" or "cluster".
-std::string_view to_string(redis_layout_kind k) noexcept;
-
-/// The layout a component uses: `asked` with `automatic` resolved for the
-/// kind of client. Throws `invalid_argument_error`, field "layout", for
-/// `legacy` on a cluster client, and field "prefix" for an empty prefix or,
-/// in the cluster layout, one holding `{` or `}`. `component` names the
-/// caller in the message.
-redis_layout_kind resolve_layout(redis_layout_kind asked, bool cluster_client,
-                                 std::string_view prefix,
-                                 std::string_view component);
-
 /// Every Redis key name of the stores, built in one place. A layout maps
 /// each kind of data to keys; `legacy` is the default single-node layout
 /// (the cluster layout, with hash tags per script, plugs in here).
@@ -111,17 +99,6 @@ class redis_layout {
 
 /// Percent-encodes the characters that must not appear in a key segment.
 std::string encode_key_segment(std::string_view s);
-
-/// The kind of legacy data `key` holds under `prefix` ("chats", "contacts",
-/// "messages", "checkpoints", "user_data", "locks", "schedules"), or
-/// nothing for a key the layouts share or one not under the prefix (leases,
-/// coordinator, conversation, cursor and durable keys are the same in both
-/// layouts).
-std::optional<std::string_view> legacy_data_kind(std::string_view prefix,
-                                                 std::string_view key);
-
-/// `s` with the glob characters of SCAN MATCH escaped.
-std::string escape_glob(std::string_view s);
 
 /// The legacy layout under `prefix` (throws `invalid_argument_error`, field
 /// "prefix", for an empty prefix).

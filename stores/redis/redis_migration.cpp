@@ -22,9 +22,8 @@ using kind = redis_reply::kind;
 
 // -- scanning -------------------------------------------------------------------
 
-// Every key matching `match` on one node.
-static void scan_node(redis_client& c, const std::string& match,
-               std::vector<std::string>& out) {
+void scan_node(redis_client& c, const std::string& match,
+               const std::function<bool(const std::string&)>& visit) {
   std::string cursor = "0";
   do {
     auto r = c.call({"SCAN", cursor, "MATCH", match, "COUNT", "10000"});
@@ -36,7 +35,8 @@ static void scan_node(redis_client& c, const std::string& match,
                               c.endpoint()));
     cursor = r.elements[0].str;
     for (auto& k : r.elements[1].elements)
-      out.push_back(k.str);
+      if (!visit(k.str))
+        return;
   } while (cursor != "0");
 }
 
@@ -46,8 +46,12 @@ std::vector<std::string> scan_prefix(redis_client& c,
                                      const std::string& prefix) {
   std::vector<std::string> out;
   auto match = escape_glob(prefix) + ":*";
+  auto keep = [&out](const std::string& k) {
+    out.push_back(k);
+    return true;
+  };
   if (!c.is_cluster()) {
-    scan_node(c, match, out);
+    scan_node(c, match, keep);
   } else {
     auto text = c.call({"CLUSTER", "NODES"}).str;
     std::istringstream lines{text};
@@ -61,7 +65,7 @@ std::vector<std::string> scan_prefix(redis_client& c,
         continue;
       redis_client node{redis_options{
         .url = "redis://" + addr.substr(0, addr.find('@')), .connections = 1}};
-      scan_node(node, match, out);
+      scan_node(node, match, keep);
     }
   }
   std::sort(out.begin(), out.end());
@@ -212,7 +216,7 @@ redis_keyspace_report inspect_keyspace(redis_client& client,
   rep.prefix = prefix;
   auto keys = internal::scan_prefix(client, prefix);
   for (auto& k : keys) {
-    if (auto lk = legacy_data_kind(prefix, k)) {
+    if (auto lk = internal::legacy_data_kind(prefix, k)) {
       ++rep.legacy[std::string{*lk}];
     } else if (auto ck = internal::parse_cluster_key(prefix, k)) {
       if (ck->kind != "marker")
@@ -222,7 +226,7 @@ redis_keyspace_report inspect_keyspace(redis_client& client,
       ++rep.unchanged[std::string{rest.substr(0, rest.find(':'))}];
     }
   }
-  auto m = client.call({"GET", prefix + ":{meta}:layout"});
+  auto m = client.call({"GET", redis_cluster_layout::marker_key(prefix)});
   if (!m.is_nil())
     rep.marker = m.str;
   std::tie(rep.heartbeats, rep.pending_turns) = internal::live_state(client, prefix, keys);

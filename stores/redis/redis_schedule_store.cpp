@@ -10,16 +10,13 @@
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/internal/schedule_transitions.hpp>
 #include <botmesh/stores/redis/internal/scripts.hpp>
+#include <botmesh/stores/redis/internal/store_codec.hpp>
 
 namespace botmesh::internal {
 
 namespace {
 
 using kind = redis_reply::kind;
-
-std::string ms(time_point t) {
-  return std::to_string(to_unix_ms(t));
-}
 
 // Decodes a schedule hash given as a flat field/value array from `offset`.
 schedule_record read_record(std::string_view id, std::string_view key,
@@ -59,11 +56,6 @@ schedule_record read_record(std::string_view id, std::string_view key,
   rec.updated_at = from_unix_ms(num("updated"));
   check_record_times(rec, fmt::format("redis schedule {}", key));
   return rec;
-}
-
-bool flag(std::string_view what, const redis_reply& r) {
-  expect_reply(what, r, kind::integer);
-  return r.integer != 0;
 }
 
 class redis_schedule_store final : public schedule_store {

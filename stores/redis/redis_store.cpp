@@ -5,6 +5,7 @@
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/log.hpp>
+#include <botmesh/stores/redis/internal/keyspace.hpp>
 #include <botmesh/stores/redis/internal/schedule_store.hpp>
 #include <botmesh/stores/redis/internal/store_impl.hpp>
 #include <botmesh/stores/redis/redis_cluster_layout.hpp>
@@ -21,26 +22,15 @@ constexpr std::size_t legacy_scan_limit = 10'000;
 // prefix, if any.
 std::optional<std::string> find_legacy_key(redis_client& c,
                                            const std::string& prefix) {
-  auto match = escape_glob(prefix) + ":*";
-  std::string cursor = "0";
+  std::optional<std::string> found;
   std::size_t seen = 0;
-  do {
-    auto r = c.call({"SCAN", cursor, "MATCH", match, "COUNT", "10000"});
-    if (r.type != redis_reply::kind::array || r.elements.size() != 2
-        || r.elements[1].type != redis_reply::kind::array)
-      throw error(errc::store_error,
-                  fmt::format("redis {}: SCAN answered something else than "
-                              "[cursor, keys]",
-                              c.endpoint()));
-    cursor = r.elements[0].str;
-    for (auto& k : r.elements[1].elements) {
-      if (legacy_data_kind(prefix, k.str))
-        return k.str;
-      if (++seen >= legacy_scan_limit)
-        return std::nullopt;
-    }
-  } while (cursor != "0");
-  return std::nullopt;
+  internal::scan_node(c, internal::escape_glob(prefix) + ":*",
+                      [&](const std::string& k) {
+                        if (internal::legacy_data_kind(prefix, k))
+                          found = k;
+                        return !found && ++seen < legacy_scan_limit;
+                      });
+  return found;
 }
 
 } // namespace
@@ -58,7 +48,7 @@ redis_store::redis_store(redis_store_options opts) : opts_(std::move(opts)) {
   // Options are checked before a connection is made.
   bool cluster_client = opts_.cluster || (opts_.client
                                           && opts_.client->is_cluster());
-  layout_ = resolve_layout(opts_.layout, cluster_client, opts_.prefix,
+  layout_ = internal::resolve_layout(opts_.layout, cluster_client, opts_.prefix,
                            "redis store");
   if (opts_.cluster) {
     client_ = std::make_shared<redis_client>(std::move(*opts_.cluster));
@@ -95,11 +85,9 @@ void redis_store::start() {
     throw error(errc::store_error,
                 fmt::format("redis {}: PING answered \"{}\"",
                             client_->endpoint(), r.str));
-  // p:{meta}:layout (redis_cluster_layout::marker(), spelled out because a
-  // legacy prefix may hold braces).
-  auto marker_key = opts_.prefix + ":{meta}:layout";
+  auto marker_key = redis_cluster_layout::marker_key(opts_.prefix);
+  auto m = client_->call({"GET", marker_key});
   if (layout_ == redis_layout_kind::legacy) {
-    auto m = client_->call({"GET", marker_key});
     if (!m.is_nil()) {
       auto text = fmt::format(
         "botmesh: redis store {}: the prefix \"{}\" holds the layout marker "
@@ -114,7 +102,6 @@ void redis_store::start() {
     }
     return;
   }
-  auto m = client_->call({"GET", marker_key});
   if (!m.is_nil()) {
     if (m.str != redis_cluster_layout::marker_value)
       throw invalid_argument_error(

@@ -13,6 +13,7 @@
 #include <conformance/store_conformance.hpp>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/redis/internal/keyspace.hpp>
 #include <botmesh/stores/redis/redis_cluster_layout.hpp>
 #include <botmesh/stores/redis/redis_durable_backend.hpp>
 #include <botmesh/stores/redis/redis_store.hpp>
@@ -370,7 +371,7 @@ TEST_CASE("cluster: a chat deleted while messages are appended leaves every "
     listed.insert(m.str);
   std::set<std::string> items;
   std::string cursor = "0";
-  auto match = botmesh::escape_glob(L.message_item("tg:1", "")) + "*";
+  auto match = botmesh::internal::escape_glob(L.message_item("tg:1", "")) + "*";
   do {
     auto r = c->call({"SCAN", cursor, "MATCH", match, "COUNT", "1000"});
     cursor = r.elements[0].str;

@@ -186,8 +186,8 @@ class cluster_store final : public store {
 
   bool clear_checkpoint_if(std::string_view key,
                            std::uint64_t expected_revision) override {
-    return flag("script cl_checkpoint_clear_if",
-                client_->eval(lua().cl_checkpoint_clear_if,
+    return flag("script checkpoint_clear_if",
+                client_->eval(lua().checkpoint_clear_if,
                               {L_.record(rk::checkpoint, key),
                                L_.record_index_of(rk::checkpoint, key)},
                               {std::to_string(expected_revision),
@@ -321,14 +321,14 @@ class cluster_store final : public store {
     auto body = cp;
     body.updated_at = now;
     auto created = cp.created_at == time_point{} ? now : cp.created_at;
-    auto r = client_->eval(lua().cl_checkpoint_set,
+    auto r = client_->eval(lua().checkpoint_set,
                            {L_.record(rk::checkpoint, cp.key),
                             L_.checkpoint_revision(cp.key),
                             L_.record_index_of(rk::checkpoint, cp.key)},
                            {std::move(expected), to_json(body, SIZE_MAX),
                             ms(created),
                             cp.ephemeral ? ms(cp.expires_at) : "0", cp.key});
-    return rev_or_nil("script cl_checkpoint_set", r);
+    return rev_or_nil("script checkpoint_set", r);
   }
 
   // Every index of a kind in one pipeline, then every hash in another;

@@ -1,8 +1,10 @@
 #pragma once
 
-// Internal: reading a whole keyspace under a prefix, for the inspection
-// and the migration (redis_migration.hpp).
+// Internal: which layout a Redis component uses, and reading a whole
+// keyspace under a prefix (the store's start check, the inspection and the
+// migration of redis_migration.hpp).
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -10,8 +12,34 @@
 #include <vector>
 
 #include <botmesh/stores/redis/redis_client.hpp>
+#include <botmesh/stores/redis/redis_layout.hpp>
 
 namespace botmesh::internal {
+
+/// The layout a component uses: `asked` with `automatic` resolved for the
+/// kind of client. Throws `invalid_argument_error`, field "layout", for
+/// `legacy` on a cluster client, and field "prefix" for an empty prefix or,
+/// in the cluster layout, one holding `{` or `}`. `component` names the
+/// caller in the message.
+redis_layout_kind resolve_layout(redis_layout_kind asked, bool cluster_client,
+                                 std::string_view prefix,
+                                 std::string_view component);
+
+/// The kind of legacy data `key` holds under `prefix` ("chats", "contacts",
+/// "messages", "checkpoints", "user_data", "locks", "schedules"), or
+/// nothing for a key the layouts share or one not under the prefix (leases,
+/// coordinator, conversation, cursor and durable keys are the same in both
+/// layouts).
+std::optional<std::string_view> legacy_data_kind(std::string_view prefix,
+                                                 std::string_view key);
+
+/// `s` with the glob characters of SCAN MATCH escaped.
+std::string escape_glob(std::string_view s);
+
+/// SCANs one node for keys matching `match`, handing each to `visit` until
+/// it returns false. Throws `store_error` for a malformed reply.
+void scan_node(redis_client& c, const std::string& match,
+               const std::function<bool(const std::string&)>& visit);
 
 /// Every key under `prefix` (SCAN), on one node or on every master of a
 /// cluster client; sorted.

@@ -157,9 +157,9 @@ class migration {
                  std::int64_t ttl, const std::string& value) {
     if (o_.dry_run)
       return m == "replace" || dst_.call({"EXISTS", key}).integer == 0;
-    return internal::flag("script mig_put_value",
-                          dst_.eval(lua().mig_put_value, {key, index},
-                                    {m, member, std::to_string(ttl), value}));
+    return internal::flag("script user_data_set",
+                          dst_.eval(lua().user_data_set, {key, index},
+                                    {member, value, std::to_string(ttl), m}));
   }
 
   // -- legacy -> cluster ------------------------------------------------------
@@ -178,7 +178,7 @@ class migration {
       return k.substr(p.size() + 1 + pre.size());
     };
     for (auto& k : keys) {
-      auto lk = legacy_data_kind(p, k);
+      auto lk = internal::legacy_data_kind(p, k);
       if (!lk || !wanted(std::string{*lk}))
         continue;
       std::string kn{*lk};
@@ -515,7 +515,7 @@ class migration {
     auto dst_keys = internal::scan_prefix(dst_, p);
     auto pre = [&](const std::string& s) { return p + ":" + s; };
     for (auto& k : dst_keys) {
-      auto lk = legacy_data_kind(p, k);
+      auto lk = internal::legacy_data_kind(p, k);
       if (!lk || !wanted(std::string{*lk}) || damaged_.count(std::string{*lk}))
         continue;
       std::string kn{*lk};
@@ -604,7 +604,7 @@ class migration {
   // -- marker and source deletion --------------------------------------------
 
   void marker(bool forward) {
-    auto key = o_.prefix + ":{meta}:layout";
+    auto key = redis_cluster_layout::marker_key(o_.prefix);
     std::string why;
     if (!include_.empty())
       why = "a pass limited by include";
@@ -670,7 +670,8 @@ redis_migration_report migrate_redis_layout(const redis_migration_options& o) {
         "include", fmt::format("unknown kind \"{}\" (one of {})", k,
                                fmt::join(redis_data_kinds(), ", ")));
   // The cluster:v1 names need a prefix without braces.
-  resolve_layout(redis_layout_kind::cluster, false, o.prefix, "migration");
+  internal::resolve_layout(redis_layout_kind::cluster, false, o.prefix,
+                           "migration");
   auto& src = *o.source;
   auto& dst = o.target ? *o.target : *o.source;
   if (o.direction == redis_migration_direction::cluster_to_legacy && !o.target

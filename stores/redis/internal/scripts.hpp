@@ -41,12 +41,9 @@ struct scripts {
   redis_script cl_log_append;
   redis_script cl_log_range;
   redis_script cl_log_delete;
-  redis_script cl_checkpoint_set;
-  redis_script cl_checkpoint_clear_if;
   redis_script cl_index_live;
   // The migration's.
   redis_script mig_put_hash;
-  redis_script mig_put_value;
   redis_script mig_raise;
   redis_script mig_put_log;
   redis_script mig_put_legacy_log;

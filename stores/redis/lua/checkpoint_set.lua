@@ -6,11 +6,14 @@
 --                    revision is never handed out twice for a key
 --
 -- KEYS[1] checkpoint hash  KEYS[2] revision key
+-- KEYS[3] (cluster:v1 layout only) bucket index (zset: member = checkpoint
+--   key, score = expiry in Unix ms or +inf)
 -- ARGV[1] "any", or the expected live revision (0 = no live checkpoint)
 -- ARGV[2] body  ARGV[3] created_at for a new conversation (Unix ms)
 -- ARGV[4] absolute expiry in Unix ms (ephemeral), or 0
+-- ARGV[5] (with KEYS[3]) the checkpoint key
 -- Returns the new revision, or nil when the expected revision differs.
--- Cost: O(1).
+-- Cost: O(1); O(log n) with the index.
 local live = redis.call('EXISTS', KEYS[1]) == 1
 local current = 0
 if live then current = tonumber(redis.call('HGET', KEYS[1], 'rev')) or 0 end
@@ -24,4 +27,9 @@ if live then created = redis.call('HGET', KEYS[1], 'created') or created end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'rev', rev, 'body', ARGV[2], 'created', created)
 if tonumber(ARGV[4]) > 0 then redis.call('PEXPIREAT', KEYS[1], ARGV[4]) end
+if KEYS[3] then
+  local score = '+inf'
+  if tonumber(ARGV[4]) > 0 then score = ARGV[4] end
+  redis.call('ZADD', KEYS[3], score, ARGV[5])
+end
 return rev
