@@ -485,7 +485,7 @@ scheduler::counters scheduler::stats() const noexcept {
   auto& e = *impl_->eng;
   constexpr auto r = std::memory_order_relaxed;
   return {e.runs.load(r), e.missed.load(r), e.failed.load(r),
-          e.store_errors.load(r), e.tasks.load(r)};
+          e.store_errors.load(r)};
 }
 
 } // namespace botmesh

@@ -86,7 +86,6 @@ class scheduler {
     std::uint64_t missed = 0; ///< durable claims that found their slot missed
     std::uint64_t failed = 0; ///< handler calls that threw
     std::uint64_t store_errors = 0; ///< failed schedule store / lease calls
-    std::uint64_t tasks = 0;  ///< tasks registered now
   };
   counters stats() const noexcept;
 

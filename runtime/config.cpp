@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 
 namespace botmesh {
 
@@ -54,12 +55,10 @@ std::size_t to_positive(std::string_view v) {
 }
 
 bool to_bool(std::string_view v) {
-  std::string low;
-  for (char c : v)
-    low += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-  if (low == "true" || low == "1" || low == "yes" || low == "on")
+  auto is = [v](std::string_view w) { return internal::ascii_iequals(v, w); };
+  if (is("true") || is("1") || is("yes") || is("on"))
     return true;
-  if (low == "false" || low == "0" || low == "no" || low == "off")
+  if (is("false") || is("0") || is("no") || is("off"))
     return false;
   throw bad_value{"not a boolean (true/false, 1/0, yes/no, on/off)"};
 }
@@ -229,14 +228,7 @@ const option_entry* find_entry(std::string_view key) {
   return nullptr;
 }
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
-    s.remove_prefix(1);
-  while (!s.empty()
-         && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
-    s.remove_suffix(1);
-  return s;
-}
+using internal::trim;
 
 } // namespace
 

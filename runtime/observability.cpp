@@ -36,9 +36,8 @@ observability_server::observability_server(const bot& b,
   server_->start();
 }
 
-observability_server::~observability_server() {
-  server_->stop();
-}
+// http::server's destructor stops listening.
+observability_server::~observability_server() = default;
 
 std::uint16_t observability_server::port() const noexcept {
   return server_->port();

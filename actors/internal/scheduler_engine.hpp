@@ -27,6 +27,7 @@
 #include <caf/fwd.hpp>
 
 #include <botmesh/runtime/core/log.hpp>
+#include <botmesh/runtime/core/internal/log_limiter.hpp>
 #include <botmesh/scheduler/internal/task.hpp>
 #include <botmesh/scheduler/scheduler.hpp>
 #include <botmesh/stores/schedule_store.hpp>
@@ -123,7 +124,7 @@ struct scheduler_engine {
  private:
   std::mutex mtx_;
   std::condition_variable idle_cv_;
-  log::limiter failures_{std::chrono::seconds{30}};
+  log_limiter failures_{std::chrono::seconds{30}};
   std::size_t in_flight_ = 0;
 };
 

@@ -1,11 +1,15 @@
 #include <botmesh/runtime/core/log.hpp>
 
 #include <memory>
+#include <utility>
 
 #include <fmt/format.h>
 #include <spdlog/logger.h>
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_sinks.h>
+
+#include <botmesh/runtime/core/internal/log_limiter.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 
 namespace botmesh::log {
 
@@ -112,21 +116,13 @@ std::string_view to_string(level l) noexcept {
 }
 
 std::optional<level> parse_level(std::string_view s) noexcept {
-  std::string low;
-  for (char c : s)
-    low += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-  if (low == "trace")
-    return level::trace;
-  if (low == "debug")
-    return level::debug;
-  if (low == "info")
-    return level::info;
-  if (low == "warn" || low == "warning")
-    return level::warn;
-  if (low == "error")
-    return level::error;
-  if (low == "off")
-    return level::off;
+  static constexpr std::pair<std::string_view, level> names[] = {
+    {"trace", level::trace}, {"debug", level::debug}, {"info", level::info},
+    {"warn", level::warn},   {"warning", level::warn}, {"error", level::error},
+    {"off", level::off}};
+  for (auto [name, l] : names)
+    if (internal::ascii_iequals(s, name))
+      return l;
   return std::nullopt;
 }
 
@@ -191,9 +187,11 @@ void write(level l, std::string_view component, std::string_view text,
   }
 }
 
-// -- limiter ------------------------------------------------------------------
+} // namespace botmesh::log
 
-bool limiter::allow(std::uint64_t& suppressed,
+namespace botmesh::internal {
+
+bool log_limiter::allow(std::uint64_t& suppressed,
                     std::chrono::steady_clock::time_point now) {
   std::lock_guard guard{mtx_};
   if (last_ && now - *last_ < interval_) {
@@ -206,7 +204,7 @@ bool limiter::allow(std::uint64_t& suppressed,
   return true;
 }
 
-bool limiter::reset() {
+bool log_limiter::reset() {
   std::lock_guard guard{mtx_};
   bool was = last_.has_value();
   last_.reset();
@@ -214,4 +212,4 @@ bool limiter::reset() {
   return was;
 }
 
-} // namespace botmesh::log
+} // namespace botmesh::internal

@@ -680,10 +680,7 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
 bool flow_engine::fallback(const std::string& key, const inbound_message& msg,
                            const turn_token* turn, handover_info info) {
   using fk = handover_config::fallback_kind;
-  // Without coordination there are no markers; a changed persistent flow
-  // is told to the user as before handover settings existed.
-  auto kind = cfg_.coordinated ? cfg_.fallback : fk::notify;
-  switch (kind) {
+  switch (cfg_.fallback) {
     case fk::drop:
       break;
     case fk::notify: {

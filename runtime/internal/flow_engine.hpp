@@ -71,7 +71,9 @@ struct handover_config {
   /// without persistent flows; markers are written only then.
   bool coordinated = false;
   bool forward = false;
-  fallback_kind fallback = fallback_kind::drop;
+  /// Without coordination (no markers) only a changed persistent flow
+  /// falls back: the user is told, as before handover settings existed.
+  fallback_kind fallback = fallback_kind::notify;
   std::chrono::milliseconds ttl{std::chrono::minutes{5}};
   std::string notify_message{}; // empty: the localized default
   std::size_t max_answer_bytes = default_max_answer_bytes;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/runtime/core/internal/log_limiter.hpp>
 #include <botmesh/runtime/core/log.hpp>
 #include <botmesh/stores/schedule_store.hpp>
 
@@ -125,7 +126,7 @@ TEST_CASE("message text is redacted unless asked for") {
 
 TEST_CASE("the limiter lets the first occurrence through, then one per "
           "interval with the count held back") {
-  log::limiter lim{30s};
+  botmesh::internal::log_limiter lim{30s};
   auto t0 = std::chrono::steady_clock::time_point{} + 1h;
   std::uint64_t held = 99;
   CHECK(lim.allow(held, t0));
