@@ -5,6 +5,8 @@
 //   TELEGRAM_MODE      webhook (default) | polling
 //   WEBHOOK_SECRET     the secret_token given to setWebhook (webhook mode; required)
 //   TELEGRAM_API_URL   Bot API base URL (default https://api.telegram.org)
+//   TELEGRAM_USERNAME  the bot's @name without '@': group commands for other
+//                      bots are then left to them
 //   PORT               where POST /telegram listens (default 8080; 0: any
 //                      free port, printed in the "ready" line)
 //   LISTEN_ADDRESS     default 0.0.0.0
@@ -63,11 +65,13 @@ int main() {
       botmesh::telegram::polling_options o;
       o.token = token;
       o.api_url = api_url;
+      o.username = env("TELEGRAM_USERNAME");
       provider = std::make_shared<botmesh::telegram::polling_provider>(o);
     } else if (mode == "webhook") {
       botmesh::telegram::webhook_options o;
       o.token = token;
       o.api_url = api_url;
+      o.username = env("TELEGRAM_USERNAME");
       o.secret_token = env("WEBHOOK_SECRET");
       o.listen.address = env("LISTEN_ADDRESS", "0.0.0.0");
       o.listen.port = static_cast<std::uint16_t>(std::atoi(env("PORT", "8080").c_str()));
@@ -113,6 +117,11 @@ int main() {
     return 2;
   }
   botmesh::bot bot{std::move(opts)};
+  // "/start ref-42" (a deep link t.me/<bot>?start=ref-42).
+  bot.command("start", [](botmesh::context& c) {
+    c.reply(c.payload().empty() ? std::string{"¡Hola!"}
+                                : "¡Hola! Vienes de " + std::string{c.payload()});
+  });
   bot.on_message([](botmesh::context& c) {
     if (c.message().type == botmesh::message_type::text)
       c.reply("Dijiste: " + c.text());

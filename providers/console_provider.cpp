@@ -77,6 +77,7 @@ struct console_provider::impl {
     msg.chat = opts.chat;
     msg.sender = opts.sender;
     msg.text = std::string{raw};
+    msg.command = command_in(msg.text);
     delivery_callbacks cb;
     cb.accepted = [f](errc code) {
       if (code == errc::none)

@@ -122,6 +122,7 @@ void testing_provider::inject(std::string chat, std::string text) {
   msg.sender = chat;
   msg.chat = std::move(chat);
   msg.text = std::move(text);
+  msg.command = command_in(msg.text);
   inject(std::move(msg));
 }
 

@@ -1,5 +1,6 @@
 #include <botmesh/runtime/bot.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
@@ -38,11 +39,69 @@ using internal::trim;
 namespace {
 
 struct route {
-  enum kind_t { any, keywords, regex } kind;
-  std::vector<std::string> words;
+  enum kind_t { any, keywords, regex, command, filtered } kind;
+  std::vector<std::string> words; // the keywords, or the command's name
   std::optional<botmesh::pattern> re;
+  filter pred;
   handler fn;
+
+  // How the registration reads, for the shadowing warning.
+  std::string describe() const {
+    switch (kind) {
+      case any:
+        return "on_message";
+      case keywords:
+        return fmt::format("hears(\"{}\")", fmt::join(words, "\", \""));
+      case regex:
+        return "hears(pattern)";
+      case command:
+        return fmt::format("command(\"{}\")", words.front());
+      case filtered:
+        return "when(filter)";
+    }
+    return {};
+  }
 };
+
+// The warning of issue "a second handler with the same keyword is silently
+// ignored": what of `r` the routes before it already take.
+void warn_if_shadowed(const std::vector<route>& before, const route& r,
+                      std::string_view bot_id) {
+  log::fields f{.bot = bot_id};
+  auto never = [&](const route& e) {
+    log::warn("bot",
+              fmt::format("handler {} (#{}) can never run: the earlier {} "
+                          "takes every message it would match",
+                          r.describe(), before.size() + 1, e.describe()),
+              f);
+  };
+  std::vector<std::string> open = r.words; // keywords no earlier route takes
+  for (auto& e : before) {
+    if (e.kind == route::any) {
+      never(e);
+      return;
+    }
+    if (e.kind != r.kind || (r.kind != route::keywords && r.kind != route::command))
+      continue;
+    std::erase_if(open, [&](const std::string& w) {
+      for (auto& x : e.words)
+        if (ascii_iequals(x, w)) {
+          if (r.words.size() > 1)
+            log::warn("bot",
+                      fmt::format("keyword \"{}\" of handler {} is taken "
+                                  "by the earlier {}",
+                                  w, r.describe(), e.describe()),
+                      f);
+          return true;
+        }
+      return false;
+    });
+    if (open.empty()) {
+      never(e);
+      return;
+    }
+  }
+}
 
 template <class Event>
 using listeners = std::vector<std::function<void(const Event&)>>;
@@ -682,14 +741,18 @@ struct bot::impl final : chat_services,
     } latency_guard{handler_latency, began};
     emit(on_in, events::message_in{key, msg});
     try {
-      if (!flows.on_message(key, msg, first, turn, answer_saved))
-        dispatch(key, msg, turn);
+      if (middlewares.empty()) {
+        route_message(key, msg, first, turn, answer_saved);
+      } else {
+        auto copy = msg;
+        run_middleware(0, key, copy, first, turn, answer_saved);
+      }
       outcome = turn_outcome::handled;
     } catch (const lease_lost_error& e) {
       // The turn was lost while the handler ran: its write was refused.
       raise(errc::lease_lost,
             fmt::format("chat {}: message {}: {}", key, msg.id, e.what()), key,
-            msg);
+            msg, turn ? turn->fence() : 0);
     } catch (const error& e) {
       // A store that failed under the handler keeps its code: with
       // durability the message is then handled again.
@@ -700,18 +763,18 @@ struct bot::impl final : chat_services,
       raise(code,
             fmt::format("chat {}: handler failed on message {}: {}", key,
                         msg.id, e.what()),
-            key, msg);
+            key, msg, turn ? turn->fence() : 0);
     } catch (const std::exception& e) {
       ++handler_errors;
       raise(errc::handler_failed,
             fmt::format("chat {}: handler failed on message {}: {}", key,
                         msg.id, e.what()),
-            key, msg);
+            key, msg, turn ? turn->fence() : 0);
     } catch (...) {
       ++handler_errors;
       raise(errc::handler_failed,
             fmt::format("chat {}: handler failed on message {}", key, msg.id),
-            key, msg);
+            key, msg, turn ? turn->fence() : 0);
     }
     ++handled;
     return outcome;
@@ -754,8 +817,53 @@ struct bot::impl final : chat_services,
             return;
           }
           break;
+        case route::command:
+          if (!msg.command.empty() && ascii_iequals(msg.command, r.words[0])) {
+            r.fn(ctx);
+            return;
+          }
+          break;
+        case route::filtered:
+          if (r.pred(msg)) {
+            r.fn(ctx);
+            return;
+          }
+          break;
       }
     }
+  }
+
+  void add_route(route r) {
+    check_not_started();
+    warn_if_shadowed(routes, r, opts.bot_id);
+    routes.push_back(std::move(r));
+  }
+
+  // The conversation or flow waiting in the chat, the flow triggers, then
+  // the handlers.
+  void route_message(const std::string& key, const inbound_message& msg,
+                     bool first, const turn_token* turn, bool* answer_saved) {
+    if (!flows.on_message(key, msg, first, turn, answer_saved))
+      dispatch(key, msg, turn);
+  }
+
+  // Middleware `i` onwards, around route_message; `msg` is the turn's own
+  // copy, which the middleware may change.
+  void run_middleware(std::size_t i, const std::string& key,
+                      inbound_message& msg, bool first,
+                      const turn_token* turn, bool* answer_saved) {
+    if (i == middlewares.size()) {
+      route_message(key, msg, first, turn, answer_saved);
+      return;
+    }
+    context ctx{self, key, msg, turn, &msg};
+    bool called = false;
+    std::function<void()> next = [&] {
+      if (std::exchange(called, true))
+        return;
+      run_middleware(i + 1, key, msg, first, turn, answer_saved);
+    };
+    middlewares[i](ctx, next);
   }
 
   void send(outgoing_message msg, const std::string* key,
@@ -901,8 +1009,10 @@ struct bot::impl final : chat_services,
     return ready_test(*transport_open, *leading_flag, exclusive());
   }
 
+  // `fence`: the turn's, for the log line (0: none, or the journaled
+  // turn's on this thread).
   void raise(errc code, std::string what, std::string key,
-             std::optional<inbound_message> msg) {
+             std::optional<inbound_message> msg, std::uint64_t fence = 0) {
     // An effect of the journaled turn on this thread was not kept: its
     // record is released and handled again.
     if (auto* t = internal::current_durable_turn();
@@ -913,13 +1023,14 @@ struct bot::impl final : chat_services,
     // Nobody listens: the event is logged (once, here), so no failure is
     // silent. A listener takes the event over, logging included.
     if (on_error.empty())
-      log_error_event(code, what, key, msg ? &*msg : nullptr);
+      log_error_event(code, what, key, msg ? &*msg : nullptr, fence);
     emit(on_error, events::error{code, std::move(what), std::move(key),
                                  std::move(msg)});
   }
 
   void log_error_event(errc code, const std::string& what,
-                       const std::string& key, const inbound_message* msg) {
+                       const std::string& key, const inbound_message* msg,
+                       std::uint64_t fence) {
     // Refusals are the bot protecting itself (or stopping): warnings.
     auto lvl = code == errc::stopped || code == errc::overloaded
                    || code == errc::invalid_argument
@@ -931,6 +1042,7 @@ struct bot::impl final : chat_services,
     f.code = to_string(code);
     if (msg)
       f.message_id = msg->id;
+    f.fence = fence;
     if (auto* t = internal::current_durable_turn(); t)
       f.fence = t->fence;
     if (msg && log::log_text())
@@ -968,6 +1080,7 @@ struct bot::impl final : chat_services,
   std::stop_source stop_source;
 
   std::vector<route> routes;
+  std::vector<middleware> middlewares;
   internal::flow_engine flows{*this};
   listeners<events::error> on_error;
   listeners<events::message_in> on_in;
@@ -1047,6 +1160,73 @@ std::uint64_t context::fence() const noexcept {
   return turn_ ? turn_->fence() : 0;
 }
 
+std::string_view context::payload() const noexcept {
+  if (msg_.command.empty())
+    return {};
+  std::string_view t = msg_.text;
+  auto blank = t.find_first_of(" \t\r\n");
+  return blank == std::string_view::npos ? std::string_view{}
+                                         : trim(t.substr(blank));
+}
+
+inbound_message& context::edit_message() {
+  if (!editable_)
+    throw invalid_argument_error(
+      "message", "edit_message: only middleware may change the message");
+  return *editable_;
+}
+
+namespace filters {
+
+filter type(message_type t) {
+  return [t](const inbound_message& m) { return m.type == t; };
+}
+
+filter media() {
+  return [](const inbound_message& m) {
+    switch (m.type) {
+      case message_type::image:
+      case message_type::audio:
+      case message_type::video:
+      case message_type::document:
+      case message_type::sticker:
+        return true;
+      default:
+        return false;
+    }
+  };
+}
+
+filter button(std::string data) {
+  return [data = std::move(data)](const inbound_message& m) {
+    return m.type == message_type::button && (data.empty() || m.data == data);
+  };
+}
+
+filter location() {
+  return type(message_type::location);
+}
+
+filter edited() {
+  return [](const inbound_message& m) { return m.edited; };
+}
+
+filter all(std::vector<filter> fs) {
+  return [fs = std::move(fs)](const inbound_message& m) {
+    return std::all_of(fs.begin(), fs.end(),
+                       [&](const filter& f) { return f && f(m); });
+  };
+}
+
+filter any(std::vector<filter> fs) {
+  return [fs = std::move(fs)](const inbound_message& m) {
+    return std::any_of(fs.begin(), fs.end(),
+                       [&](const filter& f) { return f && f(m); });
+  };
+}
+
+} // namespace filters
+
 // -- bot ----------------------------------------------------------------------
 
 bot::bot(bot_options opts) : impl_(std::make_unique<impl>(*this, std::move(opts))) {
@@ -1075,8 +1255,35 @@ bot::~bot() {
 }
 
 bot& bot::on_message(handler h) {
+  impl_->add_route(route{route::any, {}, {}, {}, std::move(h)});
+  return *this;
+}
+
+bot& bot::command(std::string name, handler h) {
+  if (!name.empty() && name.front() == '/')
+    name.erase(0, 1);
+  if (name.empty() || command_in("/" + name) != name)
+    throw invalid_argument_error(
+      "command",
+      fmt::format("command: \"{}\" is not a command name (1-32 of A-Z, a-z, "
+                  "0-9 and '_')",
+                  name));
+  impl_->add_route(route{route::command, {std::move(name)}, {}, {}, std::move(h)});
+  return *this;
+}
+
+bot& bot::when(filter f, handler h) {
+  if (!f)
+    throw invalid_argument_error("filter", "when: the filter is empty");
+  impl_->add_route(route{route::filtered, {}, {}, std::move(f), std::move(h)});
+  return *this;
+}
+
+bot& bot::use(middleware m) {
   impl_->check_not_started();
-  impl_->routes.push_back(route{route::any, {}, {}, std::move(h)});
+  if (!m)
+    throw invalid_argument_error("middleware", "use: the middleware is empty");
+  impl_->middlewares.push_back(std::move(m));
   return *this;
 }
 
@@ -1085,7 +1292,6 @@ bot& bot::hears(std::string keyword, handler h) {
 }
 
 bot& bot::hears(std::vector<std::string> keywords, handler h) {
-  impl_->check_not_started();
   if (keywords.empty())
     throw invalid_argument_error("keywords", "hears: no keyword given");
   for (auto& k : keywords) {
@@ -1094,8 +1300,8 @@ bot& bot::hears(std::vector<std::string> keywords, handler h) {
       throw invalid_argument_error("keywords", "hears: empty keyword");
     k = std::string{t};
   }
-  impl_->routes.push_back(
-    route{route::keywords, std::move(keywords), {}, std::move(h)});
+  impl_->add_route(
+    route{route::keywords, std::move(keywords), {}, {}, std::move(h)});
   return *this;
 }
 
@@ -1105,8 +1311,7 @@ bot& bot::hears(std::initializer_list<const char*> keywords, handler h) {
 }
 
 bot& bot::hears(botmesh::pattern p, handler h) {
-  impl_->check_not_started();
-  impl_->routes.push_back(route{route::regex, {}, std::move(p), std::move(h)});
+  impl_->add_route(route{route::regex, {}, std::move(p), {}, std::move(h)});
   return *this;
 }
 

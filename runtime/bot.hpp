@@ -53,6 +53,15 @@ class context {
     return matches_;
   }
 
+  /// For a command: what follows it, trimmed ("ref-42" for
+  /// "/start@my_bot ref-42"); empty for other messages.
+  std::string_view payload() const noexcept;
+
+  /// In middleware (see `bot::use`): the message, to change before the
+  /// rest of the chain sees it. Throws `invalid_argument_error` (field
+  /// "message") in handlers, where the message is read-only.
+  inbound_message& edit_message();
+
   /// Sends `text` to this message's chat. Throws `botmesh::error`
   /// (`errc::provider_error`) when the provider fails, and
   /// `lease_lost_error` when, with coordination, this turn no longer holds
@@ -80,8 +89,8 @@ class context {
   friend class bot;
 
   context(botmesh::bot& b, const std::string& key, const inbound_message& msg,
-          const turn_token* turn)
-    : bot_(b), key_(key), msg_(msg), turn_(turn) {
+          const turn_token* turn, inbound_message* editable = nullptr)
+    : bot_(b), key_(key), msg_(msg), turn_(turn), editable_(editable) {
     // nop
   }
 
@@ -89,6 +98,7 @@ class context {
   const std::string& key_;
   const inbound_message& msg_;
   const turn_token* turn_; // with coordination: this message's turn
+  inbound_message* editable_; // == &msg_ in middleware, else null
   std::vector<std::string> matches_;
 };
 
@@ -96,6 +106,41 @@ class context {
 /// threads, never on a CAF worker. An exception it throws becomes an
 /// `events::error` with `errc::handler_failed`; the chat goes on.
 using handler = std::function<void(context&)>;
+
+/// Which messages a handler takes (see `bot::when`). It runs on the turn's
+/// thread and should be cheap; an exception it throws fails the message
+/// like a handler's (`errc::handler_failed`).
+using filter = std::function<bool(const inbound_message&)>;
+
+/// Ready-made filters.
+namespace filters {
+/// Messages of type `t` (text, button, image, location...).
+filter type(message_type t);
+/// Image, audio, video, document or sticker.
+filter media();
+/// A pressed button; with `data`, only a button whose data equals it.
+filter button(std::string data = {});
+/// A shared location.
+filter location();
+/// An edit of an earlier message.
+filter edited();
+/// Every filter holds.
+filter all(std::vector<filter> fs);
+/// Some filter holds.
+filter any(std::vector<filter> fs);
+} // namespace filters
+
+/// Runs around what a message reaches: the conversation waiting in its
+/// chat, the flow triggers and the handlers. Call `next()` to go on (at
+/// most once: later calls do nothing); return without calling it to
+/// consume the message. Before `next()` a middleware may change the message
+/// through `ctx.edit_message()` (a voice note's transcript in `text`, a
+/// detected `language`): the rest of the chain sees the change, and it
+/// travels with an answer a cut step saved for handover (the replica that
+/// resumes the step does not run middleware on that answer again). An
+/// exception fails the message like a handler's.
+using middleware = std::function<void(context& ctx,
+                                      const std::function<void()>& next)>;
 
 /// Which replicas start the provider's transport.
 enum class provider_session {
@@ -410,8 +455,26 @@ class bot {
   bot(const bot&) = delete;
   bot& operator=(const bot&) = delete;
 
+  /// Handlers are tried in registration order; the first that matches a
+  /// message takes it, so one registered after a handler that takes all its
+  /// messages can never run: registering it logs a warning naming both.
+
   /// Handles every message no earlier-registered handler matched.
   bot& on_message(handler h);
+
+  /// Handles the command `name` (without '/', ASCII case ignored): "/start",
+  /// "/start ref-42", "/start@my_bot ref-42" in a group (see the provider's
+  /// `username` to refuse commands for other bots). `context::payload()`
+  /// holds what follows the command. Empty name: field "command".
+  bot& command(std::string name, handler h);
+
+  /// Handles a message `f` accepts: `bot.when(filters::media(), h)`. Null
+  /// filter: field "filter".
+  bot& when(filter f, handler h);
+
+  /// Adds a middleware (see `middleware`); they run in registration order,
+  /// the first outermost. Before `start()` only (field "handler").
+  bot& use(middleware m);
 
   /// Handles a message whose trimmed text equals `keyword`, ignoring ASCII case.
   bot& hears(std::string keyword, handler h);

@@ -122,7 +122,7 @@ struct polling_provider::impl {
       set_state(h, provider_state::open);
       std::vector<internal::parsed_update> updates;
       try {
-        updates = internal::parse_updates(result, opts.id);
+        updates = internal::parse_updates(result, opts.id, opts.username);
       } catch (const invalid_argument_error&) {
         ++n_errors;
         if (!pause(backoff))

@@ -20,6 +20,10 @@ struct polling_options {
   /// The bot's token. Required.
   std::string token{};
   std::string api_url = "https://api.telegram.org";
+  /// The bot's username without '@' (from getMe). When set, a command
+  /// addressed to another bot in a group ("/start@other_bot") is routed as
+  /// text, not as a command; when empty, any "@name" is accepted.
+  std::string username{};
   /// getUpdates' long-poll timeout (the request's own bound is 10 s more).
   duration poll_timeout = "25s";
   /// Where the next offset is kept (user data "provider:<id>" / "botmesh" /

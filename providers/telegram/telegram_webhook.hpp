@@ -23,6 +23,10 @@ struct webhook_options {
   std::string token{};
   /// The Bot API's base URL (tests: a local fake over plain HTTP).
   std::string api_url = "https://api.telegram.org";
+  /// The bot's username without '@' (from getMe). When set, a command
+  /// addressed to another bot in a group ("/start@other_bot") is routed as
+  /// text, not as a command; when empty, any "@name" is accepted.
+  std::string username{};
   /// Expected in X-Telegram-Bot-Api-Secret-Token (the `secret_token` given
   /// to setWebhook); compared in constant time, wrong or missing -> 401.
   /// Required unless `allow_unauthenticated`.

@@ -61,6 +61,24 @@ std::string chat_key(const inbound_message& msg) {
   return chat_key(msg.provider, msg.chat, msg.participant);
 }
 
+std::string command_in(std::string_view text) {
+  if (text.size() < 2 || text[0] != '/')
+    return {};
+  std::size_t n = 1;
+  auto word = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+           || (c >= '0' && c <= '9') || c == '_';
+  };
+  while (n < text.size() && word(text[n]))
+    ++n;
+  if (n == 1 || n > 33)
+    return {};
+  if (n < text.size() && text[n] != '@' && text[n] != ' ' && text[n] != '\t'
+      && text[n] != '\n' && text[n] != '\r')
+    return {};
+  return std::string{text.substr(1, n - 1)};
+}
+
 void validate(const inbound_message& msg, const message_limits& limits) {
   // Every field travels through JSON (message log, saved answers): bytes
   // that are not UTF-8 would come back rewritten, so they are refused here.
@@ -95,6 +113,7 @@ void validate(const inbound_message& msg, const message_limits& limits) {
   id_field("command", msg.command);
   id_field("media_id", msg.media_id);
   id_field("mime_type", msg.mime_type);
+  id_field("language", msg.language);
   if (msg.media_url.size() > limits.max_text_bytes)
     throw invalid_argument_error(
       "media_url", fmt::format("inbound message media_url is {} bytes, over "
@@ -149,6 +168,7 @@ std::string to_json(const inbound_message& msg) {
     out += fmt::format(",\"lat\":{},\"lon\":{}", msg.latitude, msg.longitude);
   if (msg.edited)
     out += ",\"edited\":true";
+  optional("lang", msg.language);
   out.push_back('}');
   return out;
 }
@@ -228,6 +248,7 @@ inbound_message read_inbound_message(const json_reader& r) {
     msg.longitude = r.number("lon");
   if (r.has("edited"))
     msg.edited = r.boolean("edited");
+  optional("lang", msg.language);
   return msg;
 }
 

@@ -73,6 +73,10 @@ struct inbound_message {
   double longitude = 0;
   /// True when this is an edit of an earlier message (same `id`).
   bool edited = false;
+  /// The language of the text as a BCP 47 tag ("es", "pt-BR"), empty when
+  /// unknown. Telegram fills it from the sender's app language; middleware
+  /// may set it (a detector, a voice transcript).
+  std::string language{};
 
   bool is_group() const noexcept {
     return !participant.empty();
@@ -145,6 +149,13 @@ struct outgoing_message {
 /// neither `media_url` nor `media_id`).
 void validate(const outgoing_message& msg);
 
+/// The bot command `text` starts with, without '/' and "@botname":
+/// "start" for "/start", "/start ref-42" or "/start@my_bot ref-42"; empty
+/// when it starts with none (a name is 1-32 of A-Z, a-z, 0-9 and '_',
+/// followed by the end, a blank or '@'). Providers without command
+/// entities (console, testing) fill `inbound_message::command` with it.
+std::string command_in(std::string_view text);
+
 /// The key that orders a conversation: `provider:chat`, and
 /// `provider:chat:participant` in groups (conversations are per participant).
 /// `%` and `:` inside a segment are percent-encoded, so keys never collide.
@@ -165,7 +176,7 @@ struct message_limits {
 /// Checks an inbound message; throws `invalid_argument_error` naming the
 /// field: "chat" (empty), "provider" (empty), "text" (over `max_text_bytes`),
 /// "provider"/"chat"/"participant"/"sender"/"id"/"data"/"command"/
-/// "media_id"/"mime_type" (over `max_id_bytes`), "media_url" (over
+/// "media_id"/"mime_type"/"language" (over `max_id_bytes`), "media_url" (over
 /// `max_text_bytes`), and any of those, "text" or "raw" when it is not
 /// valid UTF-8 (every field round-trips through JSON, which would rewrite
 /// bad bytes).
@@ -175,7 +186,7 @@ void validate(const inbound_message& msg, const message_limits& limits);
 /// checkpoint's saved answer): an object with fields id, provider, chat,
 /// participant, sender, text, type, ts (Unix ms) and raw; then, only when
 /// they are not empty/zero/false, data, command, media_id, media_url,
-/// mime_type, lat, lon and edited.
+/// mime_type, lat, lon, edited and lang (the language).
 std::string to_json(const inbound_message& msg);
 
 /// Decodes `to_json` output (the optional fields may be absent, as in
@@ -214,7 +225,8 @@ typename Inspector::result_type inspect(Inspector& f, inbound_message& x) {
     },
     caf::meta::type_name("botmesh.inbound_message"), x.id, x.provider, x.chat,
     x.participant, x.sender, x.text, type, ts, x.raw, x.data, x.command,
-    x.media_id, x.media_url, x.mime_type, x.latitude, x.longitude, x.edited);
+    x.media_id, x.media_url, x.mime_type, x.latitude, x.longitude, x.edited,
+    x.language);
 }
 
 template <class Inspector>

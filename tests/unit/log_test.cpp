@@ -9,66 +9,16 @@
 #include <botmesh/runtime/botmesh.hpp>
 #include <botmesh/runtime/core/internal/log_limiter.hpp>
 #include <botmesh/runtime/core/log.hpp>
+#include <botmesh/stores/memory_coordinator.hpp>
 #include <botmesh/stores/schedule_store.hpp>
 
+#include "log_capture.hpp"
 #include "test_util.hpp"
 
 using namespace std::chrono_literals;
 namespace log = botmesh::log;
 
 namespace {
-
-struct captured {
-  log::level severity;
-  std::string component, text, bot, chat, replica, message_id, code;
-  std::uint64_t fence;
-};
-
-// Captures every record for the life of the object, then restores the
-// default sink and level.
-class capture {
- public:
-  capture() {
-    log::set_sink([this](const log::record& r) {
-      std::lock_guard guard{mtx_};
-      captured c{r.severity, std::string{r.component}, std::string{r.text},
-                 {}, {}, {}, {}, {}, 0};
-      if (r.f) {
-        c.bot = r.f->bot;
-        c.chat = r.f->chat;
-        c.replica = r.f->replica;
-        c.message_id = r.f->message_id;
-        c.code = r.f->code;
-        c.fence = r.f->fence;
-      }
-      all_.push_back(std::move(c));
-    });
-  }
-
-  ~capture() {
-    log::set_sink({});
-    log::set_level(log::level::warn);
-    log::set_log_text(false);
-  }
-
-  std::vector<captured> all() const {
-    std::lock_guard guard{mtx_};
-    return all_;
-  }
-
-  std::size_t count(std::string_view component, std::string_view needle) const {
-    std::lock_guard guard{mtx_};
-    std::size_t n = 0;
-    for (auto& c : all_)
-      if (c.component == component && c.text.find(needle) != std::string::npos)
-        ++n;
-    return n;
-  }
-
- private:
-  mutable std::mutex mtx_;
-  std::vector<captured> all_;
-};
 
 // A leader lease whose backend is down until told otherwise.
 class flaky_lease final : public botmesh::lease_provider {
@@ -92,7 +42,7 @@ class flaky_lease final : public botmesh::lease_provider {
 } // namespace
 
 TEST_CASE("the default level writes errors and warnings only") {
-  capture cap;
+  test::log_capture cap;
   CHECK(log::current_level() == log::level::warn);
   CHECK(log::enabled(log::level::error));
   CHECK(log::enabled(log::level::warn));
@@ -118,7 +68,7 @@ TEST_CASE("log levels parse by name and reject anything else") {
 }
 
 TEST_CASE("message text is redacted unless asked for") {
-  capture cap;
+  test::log_capture cap;
   CHECK(log::redact("hola") == "<redacted 4 bytes>");
   log::set_log_text(true);
   CHECK(log::redact("hola") == "hola");
@@ -142,7 +92,7 @@ TEST_CASE("the limiter lets the first occurrence through, then one per "
 
 TEST_CASE("an error event with no listener is logged once with its fields, "
           "the text redacted") {
-  capture cap;
+  test::log_capture cap;
   auto p = std::make_shared<botmesh::testing_provider>();
   botmesh::bot b{{.provider = p, .bot_id = "shop"}};
   b.on_message([](botmesh::context&) { throw std::runtime_error("boom"); });
@@ -165,7 +115,7 @@ TEST_CASE("an error event with no listener is logged once with its fields, "
 }
 
 TEST_CASE("message text appears in an error's log line only when asked for") {
-  capture cap;
+  test::log_capture cap;
   log::set_log_text(true);
   auto p = std::make_shared<botmesh::testing_provider>();
   botmesh::bot b{{.provider = p}};
@@ -177,7 +127,7 @@ TEST_CASE("message text appears in an error's log line only when asked for") {
 }
 
 TEST_CASE("an error event taken by a listener is not logged") {
-  capture cap;
+  test::log_capture cap;
   auto p = std::make_shared<botmesh::testing_provider>();
   test::error_log errors;
   botmesh::bot b{{.provider = p}};
@@ -193,7 +143,7 @@ TEST_CASE("an error event taken by a listener is not logged") {
 
 TEST_CASE("the scheduler's lease failures are logged only with tasks, "
           "rate-limited, and their end once") {
-  capture cap;
+  test::log_capture cap;
   auto lease = std::make_shared<flaky_lease>();
   botmesh::scheduler_options o;
   o.lease = lease;
@@ -218,4 +168,31 @@ TEST_CASE("the scheduler's lease failures are logged only with tasks, "
   CHECK(cap.count("scheduler", "succeed again") == 1);
   CHECK(cap.count("scheduler", "leader lease failed") == 1);
   s.stop();
+}
+
+TEST_CASE("the log line of a coordinated turn's error carries its fence") {
+  test::log_capture cap;
+  botmesh::memory_coordination_hub hub;
+  auto coord = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "r1"});
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::coordination_options co;
+  co.coordinator = coord;
+  botmesh::bot_options o{.provider = p, .coordination = co};
+  o.bot_id = "shop";
+  botmesh::bot b{std::move(o)};
+  std::atomic<std::uint64_t> seen{0};
+  b.on_message([&](botmesh::context& c) {
+    seen = c.fence();
+    throw std::runtime_error("boom");
+  });
+  b.start();
+  p->inject("ana", "x");
+  REQUIRE(test::eventually([&] { return cap.count("bot", "boom") == 1; }));
+  REQUIRE(seen.load() > 0);
+  for (auto& c : cap.all())
+    if (c.text.find("boom") != std::string::npos) {
+      CHECK(c.fence == seen.load());
+      CHECK(c.replica == "r1");
+    }
 }

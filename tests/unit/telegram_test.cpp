@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include <future>
 #include <latch>
 
@@ -69,6 +71,34 @@ TEST_CASE("a Telegram update is parsed into a message with its command, "
   CHECK(u.message.command == "start");
   CHECK(u.message.text == "/start@my_bot ref");
   CHECK(botmesh::to_unix_ms(u.message.timestamp) == 1700000000000);
+}
+
+TEST_CASE("with the bot's username a command for another bot is no command; "
+          "the sender's language is kept") {
+  auto update = [](std::string_view text, std::size_t len) {
+    return fmt::format(
+      R"({{"update_id":7,"message":{{"message_id":3,"from":{{"id":42,"language_code":"pt-BR"}},"chat":{{"id":-1,"type":"group"}},"text":"{}","entities":[{{"type":"bot_command","offset":0,"length":{}}}]}}}})",
+      text, len);
+  };
+  auto mine = tg::internal::parse_update(update("/start@My_Bot x", 13),
+                                         "telegram", true, "my_bot");
+  CHECK(mine.message.command == "start");
+  CHECK(mine.message.language == "pt-BR");
+  auto other = tg::internal::parse_update(update("/start@other_bot x", 16),
+                                          "telegram", true, "my_bot");
+  CHECK(other.message.command.empty());
+  CHECK(other.message.text == "/start@other_bot x");
+  auto bare = tg::internal::parse_update(update("/start x", 6), "telegram",
+                                         true, "my_bot");
+  CHECK(bare.message.command == "start");
+  // Without a username any @name is taken (the bot cannot tell).
+  auto unknown = tg::internal::parse_update(update("/start@other_bot x", 16),
+                                            "telegram");
+  CHECK(unknown.message.command == "start");
+  auto cq = tg::internal::parse_update(
+    R"({"update_id":3,"callback_query":{"id":"cq1","from":{"id":5,"language_code":"es"},"message":{"message_id":9,"from":{"id":1,"language_code":"en"},"chat":{"id":5,"type":"private"}},"data":"yes"}})",
+    "telegram");
+  CHECK(cq.message.language == "es"); // the presser's, not the message author's
 }
 
 TEST_CASE("Telegram media, location, edits and button presses are parsed; "

@@ -6,6 +6,7 @@
 #include <simdjson.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 
 namespace botmesh::telegram::internal {
 
@@ -40,7 +41,10 @@ bool has(object o, std::string_view key) {
 }
 
 // "/start@my_bot payload" -> "start" when a bot_command entity starts at 0.
-std::string command_of(object msg, std::string_view text) {
+// A command addressed to another bot ("/start@other_bot" in a group) is no
+// command of this one when `username` (this bot's, without '@') is known.
+std::string command_of(object msg, std::string_view text,
+                       std::string_view username) {
   simdjson::dom::array entities;
   if (msg["entities"].get(entities) != simdjson::SUCCESS)
     return {};
@@ -54,7 +58,12 @@ std::string command_of(object msg, std::string_view text) {
         || static_cast<std::size_t>(length) > text.size())
       continue;
     auto cmd = text.substr(1, static_cast<std::size_t>(length) - 1);
-    cmd = cmd.substr(0, cmd.find('@'));
+    if (auto at = cmd.find('@'); at != std::string_view::npos) {
+      if (!username.empty()
+          && !botmesh::internal::ascii_iequals(cmd.substr(at + 1), username))
+        return {};
+      cmd = cmd.substr(0, at);
+    }
     for (char c : cmd)
       if (static_cast<unsigned char>(c) >= 0x80)
         return {};
@@ -63,8 +72,15 @@ std::string command_of(object msg, std::string_view text) {
   return {};
 }
 
+// The sender's app language (an IETF tag); ignored when it could not be one.
+void read_language(object from, inbound_message& m) {
+  auto lang = str(from, "language_code");
+  if (lang.size() <= 35)
+    m.language = std::string{lang};
+}
+
 // Fills `m` from a Telegram Message object.
-void read_message(object msg, inbound_message& m) {
+void read_message(object msg, inbound_message& m, std::string_view username) {
   object chat;
   if (msg["chat"].get(chat) != simdjson::SUCCESS)
     throw invalid_argument_error("message.chat",
@@ -82,6 +98,7 @@ void read_message(object msg, inbound_message& m) {
     element fid;
     if (from["id"].get(fid) == simdjson::SUCCESS)
       m.sender = number_text(fid);
+    read_language(from, m);
   }
   auto type = str(chat, "type");
   if ((type == "group" || type == "supergroup") && !m.sender.empty())
@@ -92,7 +109,7 @@ void read_message(object msg, inbound_message& m) {
   m.type = message_type::text;
   if (has(msg, "text")) {
     m.text = std::string{str(msg, "text")};
-    m.command = command_of(msg, m.text);
+    m.command = command_of(msg, m.text, username);
   } else {
     m.text = std::string{str(msg, "caption")};
   }
@@ -139,7 +156,7 @@ void read_message(object msg, inbound_message& m) {
 }
 
 parsed_update read_update(object u, std::string_view provider,
-                          std::string_view raw) {
+                          std::string_view raw, std::string_view username) {
   parsed_update out;
   if (u["update_id"].get(out.update_id) != simdjson::SUCCESS)
     throw invalid_argument_error("update_id",
@@ -149,10 +166,10 @@ parsed_update read_update(object u, std::string_view provider,
   object msg;
   if (u["message"].get(msg) == simdjson::SUCCESS) {
     out.kind = update_kind::message;
-    read_message(msg, m);
+    read_message(msg, m, username);
   } else if (u["edited_message"].get(msg) == simdjson::SUCCESS) {
     out.kind = update_kind::edited_message;
-    read_message(msg, m);
+    read_message(msg, m, username);
     m.edited = true;
   } else if (object cq; u["callback_query"].get(cq) == simdjson::SUCCESS) {
     out.kind = update_kind::callback_query;
@@ -167,12 +184,14 @@ parsed_update read_update(object u, std::string_view provider,
         m.sender = number_text(fid);
     }
     if (cq["message"].get(msg) == simdjson::SUCCESS) {
-      read_message(msg, m);
+      read_message(msg, m, username);
       m.sender.clear();
+      m.language.clear();
       if (cq["from"].get(from) == simdjson::SUCCESS) {
         element fid;
         if (from["id"].get(fid) == simdjson::SUCCESS)
           m.sender = number_text(fid);
+        read_language(from, m);
       }
       if (!m.participant.empty())
         m.participant = m.sender;
@@ -210,7 +229,7 @@ simdjson::dom::parser& parser() {
 } // namespace
 
 parsed_update parse_update(std::string_view json, std::string_view provider,
-                           bool keep_raw) {
+                           bool keep_raw, std::string_view username) {
   element doc;
   if (auto err = parser().parse(json.data(), json.size(), true).get(doc))
     throw invalid_argument_error(
@@ -220,11 +239,13 @@ parsed_update parse_update(std::string_view json, std::string_view provider,
   if (doc.get(u) != simdjson::SUCCESS)
     throw invalid_argument_error("body",
                                  "telegram update is not a JSON object");
-  return read_update(u, provider, keep_raw ? json : std::string_view{});
+  return read_update(u, provider, keep_raw ? json : std::string_view{},
+                     username);
 }
 
 std::vector<parsed_update> parse_updates(std::string_view result_json,
-                                         std::string_view provider) {
+                                         std::string_view provider,
+                                         std::string_view username) {
   element doc;
   if (auto err = parser().parse(result_json.data(), result_json.size(), true)
                    .get(doc))
@@ -240,7 +261,7 @@ std::vector<parsed_update> parse_updates(std::string_view result_json,
     if (e.get(u) != simdjson::SUCCESS)
       throw invalid_argument_error("result",
                                    "getUpdates result holds a non-object");
-    out.push_back(read_update(u, provider, simdjson::minify(e)));
+    out.push_back(read_update(u, provider, simdjson::minify(e), username));
   }
   return out;
 }

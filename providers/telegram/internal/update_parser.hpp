@@ -33,16 +33,20 @@ struct parsed_update {
 };
 
 /// Parses one update object. `provider` fills `message.provider`; the raw
-/// update goes to `message.raw` when `keep_raw`. Throws
+/// update goes to `message.raw` when `keep_raw`. With `username` (the bot's
+/// @name without '@'), a command addressed to another bot ("/start@other")
+/// leaves `message.command` empty. Throws
 /// `invalid_argument_error` (field "body") for anything that is not a JSON
 /// object with an integer update_id, and (field named after the JSON path)
 /// for a known kind missing what it needs (a message without chat.id).
 parsed_update parse_update(std::string_view json, std::string_view provider,
-                           bool keep_raw = true);
+                           bool keep_raw = true,
+                           std::string_view username = {});
 
 /// Parses a getUpdates answer's `result` array (the raw JSON of the array).
 /// Throws like `parse_update` (field "result").
 std::vector<parsed_update> parse_updates(std::string_view result_json,
-                                         std::string_view provider);
+                                         std::string_view provider,
+                                         std::string_view username = {});
 
 } // namespace botmesh::telegram::internal
