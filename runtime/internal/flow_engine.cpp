@@ -654,11 +654,17 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
   bool kept_used = true;
   if (cp->saved_answer) {
     // A cut step: its answer was saved, so it is not asked again; the
-    // message that woke the conversation answers the next question.
+    // message that woke the conversation answers the next question --
+    // unless it is the saved answer itself (a journaled message handled
+    // again after its first holder died), which must not answer twice.
+    bool same = cp->saved_answer->id == msg.id
+                && cp->saved_answer->provider == msg.provider;
     c.preloaded = std::move(*cp->saved_answer);
-    c.kept = msg;
-    kept_used = false;
-    c.kept_used = &kept_used;
+    if (!same) {
+      c.kept = msg;
+      kept_used = false;
+      c.kept_used = &kept_used;
+    }
   } else if (cp->waiting && cp->question == 0) {
     // Waiting at the step's first question: this message is its answer.
     // Otherwise the step starts over and asks its first question.

@@ -217,6 +217,46 @@ inline botmesh::time_point now() {
   return botmesh::clock::system().now();
 }
 
+/// Two replicas running `order_flow`; a's first answer handler outlives its
+/// settle, so `cut` leaves the step cut (its answer saved when it fits)
+/// for b to take.
+template <class Env>
+struct cut_step {
+  Env env;
+  std::atomic<bool> slow{true};
+  std::atomic<bool> never{false};
+  replica a;
+  replica b;
+
+  explicit cut_step(bool persistent = false,
+                    botmesh::handover_options h = forward())
+    : a{env, "a", h, "300ms"}, b{env, "b", h} {
+    a.bot->add_flow(order_flow(persistent, &slow));
+    b.bot->add_flow(order_flow(persistent, &never));
+  }
+
+  /// Starts both (middleware goes before), starts the order on a and
+  /// answers its first question with `answer`; returns the checkpoint the
+  /// cut left.
+  std::optional<botmesh::flow_checkpoint> cut(botmesh::inbound_message answer) {
+    a.bot->start();
+    b.bot->start();
+    if (!a.say("pedido", 1))
+      return std::nullopt;
+    answer.chat = answer.sender = "x";
+    a.provider->inject(std::move(answer));
+    if (!soon([&] { return a.errors_with(botmesh::errc::lease_lost) >= 1; }))
+      return std::nullopt;
+    return env.store->get_checkpoint("test:x");
+  }
+
+  std::optional<botmesh::flow_checkpoint> cut(std::string text) {
+    botmesh::inbound_message m;
+    m.text = std::move(text);
+    return cut(std::move(m));
+  }
+};
+
 } // namespace test::handover
 
 TEST_CASE_TEMPLATE_DEFINE("handover: forward carries a non-persistent flow "
@@ -562,19 +602,10 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a step cut by settle keeps its answer; "
   SUBCASE("persistent flow") {
     persistent = true;
   }
-  Env env;
-  std::atomic<bool> slow{true};
-  std::atomic<bool> never{false};
-  replica a{env, "a", forward(), "300ms"};
-  replica b{env, "b", forward()};
-  a.bot->add_flow(order_flow(persistent, &slow));
-  b.bot->add_flow(order_flow(persistent, &never));
-  a.bot->start();
-  b.bot->start();
-  REQUIRE(a.say("pedido", 1));
-  a.provider->inject("x", "café"); // its answer handler outlives settle
-  REQUIRE(soon([&] { return a.errors_with(botmesh::errc::lease_lost) >= 1; }));
-  auto cp = env.store->get_checkpoint("test:x");
+  cut_step<Env> t{persistent};
+  replica& a = t.a;
+  replica& b = t.b;
+  auto cp = t.cut("café");
   REQUIRE(cp);
   REQUIRE(cp->saved_answer);
   CHECK(cp->saved_answer->text == "café");
@@ -587,25 +618,80 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a step cut by settle keeps its answer; "
   CHECK(a.provider->sent().size() == 1); // a's late steps never answered
 }
 
+TEST_CASE_TEMPLATE_DEFINE("handover: what middleware did to a saved answer "
+                          "travels with it, and the taker does not run "
+                          "middleware on it again",
+                          Env, handover_16) {
+  using namespace test::handover;
+  cut_step<Env> t;
+  replica& a = t.a;
+  replica& b = t.b;
+  // A voice note becomes its transcript, with the detected language.
+  std::atomic<int> a_runs{0}, b_runs{0};
+  auto transcribe = [](std::atomic<int>& runs) {
+    return [&runs](botmesh::context& c, const std::function<void()>& next) {
+      ++runs;
+      if (c.message().type == botmesh::message_type::audio) {
+        auto& m = c.edit_message();
+        m.text = "café (" + m.media_id + ")";
+        m.language = "es";
+      }
+      next();
+    };
+  };
+  a.bot->use(transcribe(a_runs));
+  b.bot->use(transcribe(b_runs));
+  botmesh::inbound_message voice;
+  voice.type = botmesh::message_type::audio;
+  voice.media_id = "nota-1";
+  auto cp = t.cut(voice);
+  CHECK(a_runs.load() == 2);
+  REQUIRE(cp);
+  REQUIRE(cp->saved_answer);
+  CHECK(cp->saved_answer->text == "café (nota-1)");
+  CHECK(cp->saved_answer->language == "es");
+  CHECK(cp->saved_answer->type == botmesh::message_type::audio);
+  REQUIRE(b.say("3", 1));
+  CHECK(b.last() == "¿Dirección?");
+  REQUIRE(b.say("Calle 1", 2));
+  CHECK(b.last() == "3 x café (nota-1) a Calle 1");
+  CHECK(b_runs.load() == 2); // "3" and "Calle 1": not the saved answer
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: the saved answer handled again (its "
+                          "message replayed) answers once, not also the next "
+                          "question",
+                          Env, handover_17) {
+  using namespace test::handover;
+  cut_step<Env> t;
+  replica& b = t.b;
+  botmesh::inbound_message cafe;
+  cafe.id = "m-cafe";
+  cafe.text = "café";
+  auto cp = t.cut(cafe);
+  REQUIRE(cp);
+  cafe.chat = cafe.sender = "x";
+  REQUIRE(cp->saved_answer);
+  REQUIRE(cp->saved_answer->id == "m-cafe");
+  // The same message reaches b (as a journal record is handled again).
+  b.provider->inject(cafe);
+  REQUIRE(b.provider->wait_for_sent(1, 10s));
+  CHECK(b.last() == "¿Cantidad?"); // not taken as the quantity
+  REQUIRE(b.say("3", 2));
+  CHECK(b.last() == "¿Dirección?");
+  REQUIRE(b.say("Calle 1", 3));
+  CHECK(b.last() == "3 x café a Calle 1");
+}
+
 TEST_CASE_TEMPLATE_DEFINE("handover: an answer over max_answer_bytes is not "
                           "embedded and the cut step takes the next message",
                           Env, handover_12) {
   using namespace test::handover;
-  Env env;
-  std::atomic<bool> slow{true};
-  std::atomic<bool> never{false};
   botmesh::handover_options h = forward();
   h.max_answer_bytes = 256;
-  replica a{env, "a", h, "300ms"};
-  replica b{env, "b", h};
-  a.bot->add_flow(order_flow(false, &slow));
-  b.bot->add_flow(order_flow(false, &never));
-  a.bot->start();
-  b.bot->start();
-  REQUIRE(a.say("pedido", 1));
-  a.provider->inject("x", std::string(400, 'c'));
-  REQUIRE(soon([&] { return a.errors_with(botmesh::errc::lease_lost) >= 1; }));
-  auto cp = env.store->get_checkpoint("test:x");
+  cut_step<Env> t{false, h};
+  replica& b = t.b;
+  auto cp = t.cut(std::string(400, 'c'));
   REQUIRE(cp);
   CHECK_FALSE(cp->saved_answer);
   CHECK(cp->step == "producto");
@@ -716,4 +802,6 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a first answer its validator refused is "
   TEST_CASE_TEMPLATE_INVOKE(handover_12, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_13, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_14, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_15, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_15, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_16, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_17, Env);
