@@ -132,6 +132,9 @@ struct scheduler::impl final : task_owner,
     caf::anon_send_exit(timers, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(eng->io, caf::exit_reason::user_shutdown);
     timers = nullptr;
+    // The timer and task actors hold their own copy of the handle: clearing
+    // this one races with nobody, and the detached I/O actor can end (a
+    // system of our own waits for that) once they are gone.
     eng->io = nullptr;
     own_sys.reset(); // waits for the actors
     if (pool)

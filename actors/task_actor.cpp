@@ -27,6 +27,9 @@ enum class phase { idle, claiming, running, committing };
 
 struct task_state {
   std::shared_ptr<scheduler_engine> eng;
+  // The store-I/O actor, copied at spawn: the scheduler clears the engine's
+  // handle when it goes, while this actor may still be running.
+  caf::actor io;
   std::shared_ptr<task> t;
   phase ph = phase::idle;
   // The current claim and its plan.
@@ -67,7 +70,7 @@ void store_io(task_actor* self, Fn fn, Then then) {
   }
   auto call = std::make_shared<store_call>();
   call->fn = std::move(fn);
-  self->request(self->state.eng->io, caf::infinite, io_atom::value, call)
+  self->request(self->state.io, caf::infinite, io_atom::value, call)
     .then([then = std::move(then)](io_atom, std::shared_ptr<store_call>& c) {
       then(c->failure);
     });
@@ -362,7 +365,8 @@ void evaluate(task_actor* self) {
 
 caf::behavior task_behavior(task_actor* self,
                             std::shared_ptr<scheduler_engine> eng,
-                            std::shared_ptr<task> t) {
+                            std::shared_ptr<task> t, caf::actor io) {
+  self->state.io = std::move(io);
   self->state.eng = std::move(eng);
   self->state.t = std::move(t);
   return {
@@ -415,7 +419,8 @@ caf::behavior task_behavior(task_actor* self,
 caf::actor spawn_task_actor(caf::actor_system& sys,
                             std::shared_ptr<scheduler_engine> eng,
                             std::shared_ptr<task> t) {
-  return sys.spawn(task_behavior, std::move(eng), std::move(t));
+  auto io = eng->io; // read here, on the scheduler's thread
+  return sys.spawn(task_behavior, std::move(eng), std::move(t), std::move(io));
 }
 
 } // namespace botmesh::internal

@@ -38,6 +38,9 @@ struct due_item {
 
 struct timer_state {
   std::shared_ptr<scheduler_engine> eng;
+  // The store-I/O actor, copied at spawn: the scheduler clears the engine's
+  // handle when it goes, while this actor may still be running.
+  caf::actor io;
   std::unordered_map<std::uint64_t, entry> tasks;
   std::priority_queue<due_item, std::vector<due_item>, std::greater<>> due;
   std::size_t running = 0;
@@ -139,7 +142,7 @@ void refresh_leadership(timer_actor* self, bool fire = false) {
                            eng->opts.leader_ttl.ms())
              .has_value();
   };
-  self->request(eng->io, caf::infinite, io_atom::value, call)
+  self->request(self->state.io, caf::infinite, io_atom::value, call)
     .then([=](io_atom, std::shared_ptr<store_call>& c) {
       if (!c->failure.empty())
         eng->log_failure(fmt::format("leader lease failed: {}", c->failure));
@@ -165,7 +168,7 @@ void check_orphans(timer_actor* self, std::vector<std::string> registered) {
   st.listing_in_flight = true;
   auto call = std::make_shared<store_call>();
   call->fn = [=] { *all = eng->store->list(); };
-  self->request(eng->io, caf::infinite, io_atom::value, call)
+  self->request(self->state.io, caf::infinite, io_atom::value, call)
     .then([=](io_atom, std::shared_ptr<store_call>& c) {
       self->state.listing_in_flight = false;
       reply_if_idle(self);
@@ -230,7 +233,9 @@ void take_ended(timer_actor* self) {
 }
 
 caf::behavior timer_behavior(timer_actor* self,
-                             std::shared_ptr<scheduler_engine> eng) {
+                             std::shared_ptr<scheduler_engine> eng,
+                             caf::actor io) {
+  self->state.io = std::move(io);
   self->state.eng = std::move(eng);
   return {
     [=](timer_add_atom) {
@@ -289,7 +294,8 @@ caf::behavior timer_behavior(timer_actor* self,
 
 caf::actor spawn_timer_actor(caf::actor_system& sys,
                              std::shared_ptr<scheduler_engine> eng) {
-  return sys.spawn(timer_behavior, std::move(eng));
+  auto io = eng->io; // read here, on the scheduler's thread
+  return sys.spawn(timer_behavior, std::move(eng), std::move(io));
 }
 
 } // namespace botmesh::internal
