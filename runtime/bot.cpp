@@ -388,14 +388,14 @@ struct bot::impl final : chat_services,
       }
     } else {
       dequeued(ev, true);
-      record(key, ev.message, first);
       internal::durable_turn dt{&ev.journal, &key, token->fence(), ev.attempt};
-      turn_outcome outcome;
+      turn_outcome outcome = turn_outcome::failed;
       bool answer_saved = false;
       {
         internal::durable_turn_scope scope{ev.journal.empty() ? nullptr : &dt};
-        outcome = run_handlers(key, ev.message, first, token.get(),
-                               &answer_saved);
+        if (record(key, ev.message, first, token->fence()))
+          outcome = run_handlers(key, ev.message, first, token.get(),
+                                 &answer_saved);
       }
       // Acks follow the checkpoint: a cut step whose answer (this message)
       // a landed checkpoint keeps has kept its effect.
@@ -477,12 +477,12 @@ struct bot::impl final : chat_services,
 
   void run_uncoordinated(const std::string& key, chat_event& ev, bool first) {
     dequeued(ev, true);
-    record(key, ev.message, first);
     internal::durable_turn dt{&ev.journal, &key, 0, ev.attempt};
-    turn_outcome outcome;
+    turn_outcome outcome = turn_outcome::failed;
     {
       internal::durable_turn_scope scope{ev.journal.empty() ? nullptr : &dt};
-      outcome = run_handlers(key, ev.message, first, nullptr);
+      if (record(key, ev.message, first, 0))
+        outcome = run_handlers(key, ev.message, first, nullptr);
     }
     settle_record(key, ev, !dt.lost);
     ev.end(outcome);
@@ -709,20 +709,28 @@ struct bot::impl final : chat_services,
 
   // -- turns -----------------------------------------------------------------
 
-  void record(const std::string& key, const inbound_message& msg, bool first) {
-    if (opts.log_messages) {
-      try {
-        if (first)
-          record_chat(key, msg);
-        opts.store->append_message(
-          key, logged_message{0, direction::in, msg.id, msg.sender, msg.text,
-                              msg.type, msg.timestamp});
-      } catch (const std::exception& e) {
-        raise(errc::store_error,
-              fmt::format("chat {}: recording message {} failed: {}", key,
-                          msg.id, e.what()),
-              key, msg);
-      }
+  // Writes the message into the chat's log. False when that failed: the
+  // message is then not handled (an error event says so; with durability
+  // its journal record is released and the message handled again), so the
+  // log never misses a message the bot answered.
+  bool record(const std::string& key, const inbound_message& msg, bool first,
+              std::uint64_t fence) {
+    if (!opts.log_messages)
+      return true;
+    try {
+      if (first)
+        record_chat(key, msg);
+      opts.store->append_message(
+        key, logged_message{0, direction::in, msg.id, msg.sender, msg.text,
+                            msg.type, msg.timestamp});
+      return true;
+    } catch (const std::exception& e) {
+      raise(errc::store_error,
+            fmt::format("chat {}: recording message {} failed, so it is not "
+                        "handled: {}",
+                        key, msg.id, e.what()),
+            key, msg, fence);
+      return false;
     }
   }
 

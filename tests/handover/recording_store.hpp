@@ -23,6 +23,8 @@ class recording_store final : public botmesh::store {
   std::atomic<int> checkpoint_clears{0}; ///< clears among them
   std::atomic<int> checkpoint_reads{0};
   std::atomic<bool> fail_writes{false};
+  /// Message-log appends fail while set (this many more times: < 0 forever).
+  std::atomic<int> fail_log{0};
   std::atomic<bool> corrupt_reads{false};
 
   botmesh::store& inner() noexcept {
@@ -62,6 +64,12 @@ class recording_store final : public botmesh::store {
   }
   std::uint64_t append_message(std::string_view k,
                                const botmesh::logged_message& m) override {
+    if (fail_log.load() != 0) {
+      if (fail_log.load() > 0)
+        --fail_log;
+      throw botmesh::error(botmesh::errc::store_error,
+                           "message log append failed: the test store is down");
+    }
     return inner_->append_message(k, m);
   }
   std::vector<botmesh::logged_message> messages(std::string_view k,

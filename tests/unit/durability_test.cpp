@@ -15,6 +15,7 @@
 #include <botmesh/stores/memory_durable_backend.hpp>
 
 #include "gated_backend.hpp"
+#include "handover/recording_store.hpp"
 #include "test_util.hpp"
 
 using namespace std::chrono_literals;
@@ -618,4 +619,60 @@ TEST_CASE("with durability a journal record whose message cannot be decoded "
   backend->beat_and_claim("other/1", 1s, 100, 5,
                           [&](auto r, std::exception_ptr) { pr.set_value(r); });
   CHECK(pr.get_future().get().records.empty());
+}
+
+TEST_CASE("a message the bot could not record in the chat's log is not "
+          "handled: an error event names it; with durability it is handled "
+          "again once the store answers") {
+  auto store = std::make_shared<test::recording_store>(
+    std::make_shared<botmesh::memory_store>());
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  std::shared_ptr<botmesh::memory_durable_backend> backend;
+  bool with_durability = false;
+  SUBCASE("without durability") {
+    with_durability = false;
+  }
+  SUBCASE("with durability") {
+    with_durability = true;
+    backend = std::make_shared<botmesh::memory_durable_backend>();
+  }
+  botmesh::bot_options o{.provider = p, .store = store};
+  if (with_durability)
+    o.durability = durable(backend);
+  botmesh::bot b{std::move(o)};
+  errors.attach(b);
+  std::atomic<int> runs{0};
+  b.on_message([&](botmesh::context& c) {
+    ++runs;
+    c.reply("eco: " + c.text());
+  });
+  b.start();
+  store->fail_log = 1; // the next append fails, later ones land
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(test::eventually(
+    [&] { return errors.count(errc::store_error) == 1; }));
+  auto all = errors.all();
+  CHECK(all.at(0).what.find("recording message m1 failed, so it is not "
+                            "handled")
+        != std::string::npos);
+  if (with_durability) {
+    // Released and handled again: answered once, logged once.
+    REQUIRE(p->wait_for_sent(1, 10s));
+    CHECK(texts(*p) == std::vector<std::string>{"eco: hola"});
+    CHECK(runs.load() == 1);
+    CHECK(b.stats().reprocessed == 1);
+  } else {
+    p->inject(msg("ana", "m2", "otra"));
+    REQUIRE(p->wait_for_sent(1, 5s));
+    CHECK(texts(*p) == std::vector<std::string>{"eco: otra"});
+    CHECK(runs.load() == 1);
+    CHECK(b.stats().handled == 1);
+  }
+  b.stop();
+  auto logged = store->messages("test:ana", 10);
+  std::size_t in = 0;
+  for (auto& m : logged)
+    in += m.dir == botmesh::direction::in ? 1 : 0;
+  CHECK(in == 1); // the message answered is the one logged
 }
