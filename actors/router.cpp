@@ -75,7 +75,6 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
                               self->state.cfg->passivate_after / 4);
   self->delayed_send(self, sweep_every, sweep_atom::value);
   return {
-    [=](inbound_message& msg) { forward(chat_event{std::move(msg), 0, {}}); },
     [=](chat_event& ev) { forward(std::move(ev)); },
     [=](timer_atom, const std::string& key, std::uint64_t id) {
       auto& st = self->state;

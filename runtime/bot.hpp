@@ -517,7 +517,9 @@ class bot {
   /// refused with `errc::stopped`.
   bot_actor actor() const;
 
-  /// The router actor (see actors/router.hpp). Valid after `start()`.
+  /// Internal: the router actor, which takes only the runtime's own
+  /// (already validated) chat events. Deliver through `actor()`.
+  [[deprecated("internal: deliver messages through bot::actor()")]]
   caf::actor router() const;
 
   botmesh::store& store() noexcept;

@@ -443,3 +443,26 @@ TEST_CASE("requests before start() and after stop() are refused as stopped; "
              [&](caf::error& e) { err = std::move(e); });
   CHECK(err == caf::sec::request_receiver_down);
 }
+
+TEST_CASE("a bare inbound_message sent to the router is not taken: only the "
+          "bot's validated intake reaches the handlers") {
+  app a;
+  auto p = std::make_shared<botmesh::testing_provider>();
+  std::atomic<int> handled{0};
+  botmesh::bot b{a.sys, {.provider = p}};
+  b.on_message([&](botmesh::context&) { ++handled; });
+  b.start();
+  caf::scoped_actor self{a.sys};
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  auto router = b.router();
+#pragma GCC diagnostic pop
+  caf::error err;
+  self->request(router, 5s, msg("", "sin chat"))
+    .receive([](bool) {},
+             [&](caf::error& e) { err = std::move(e); });
+  CHECK(err == caf::sec::unexpected_message);
+  b.stop();
+  CHECK(handled == 0);
+  CHECK(b.stats().received == 0);
+}
