@@ -10,8 +10,6 @@
 
 #include <botmesh/actors/chat_actor.hpp>
 #include <botmesh/actors/messages.hpp>
-#include <botmesh/runtime/core/caf_error.hpp>
-#include <botmesh/runtime/core/checkpoint.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::chat_event)
 
@@ -77,7 +75,6 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
                               self->state.cfg->passivate_after / 4);
   self->delayed_send(self, sweep_every, sweep_atom::value);
   return {
-    [=](inbound_message& msg) { forward(chat_event{std::move(msg), 0, {}}); },
     [=](chat_event& ev) { forward(std::move(ev)); },
     [=](timer_atom, const std::string& key, std::uint64_t id) {
       auto& st = self->state;
@@ -158,23 +155,6 @@ void configure_scheduler(caf::actor_system_config& cfg, std::size_t threads,
   cfg.set("scheduler.max-threads", threads);
   cfg.set("scheduler.max-throughput", std::max<std::size_t>(1, max_throughput));
   cfg.set("work-stealing.moderate-poll-attempts", std::size_t{0});
-}
-
-void configure_actor_system(caf::actor_system_config& cfg) {
-  cfg.add_message_type<inbound_message>("botmesh.inbound_message");
-  cfg.add_message_type<outgoing_message>("botmesh.outgoing_message");
-  cfg.add_message_type<flow_checkpoint>("botmesh.flow_checkpoint");
-  cfg.add_error_category(error_category::value,
-                         [](uint8_t code, caf::atom_value,
-                            const caf::message& msg) {
-                           auto name = to_string(static_cast<errc>(code));
-                           std::string ctx;
-                           if (msg.match_elements<std::string>())
-                             ctx = msg.get_as<std::string>(0);
-                           return ctx.empty()
-                                    ? fmt::format("botmesh.{}", name)
-                                    : fmt::format("botmesh.{}: {}", name, ctx);
-                         });
 }
 
 } // namespace botmesh

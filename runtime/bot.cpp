@@ -24,6 +24,7 @@
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/runtime/core/log.hpp>
 #include <botmesh/runtime/core/metrics.hpp>
+#include <botmesh/runtime/internal/bot_actor_link.hpp>
 #include <botmesh/runtime/internal/dedupe_set.hpp>
 #include <botmesh/runtime/internal/durable_intake.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
@@ -234,6 +235,23 @@ struct bot::impl final : chat_services,
   void make_tasks() {
     pending_sched_opts.system = sys;
     tasks = std::make_unique<botmesh::scheduler>(std::move(pending_sched_opts));
+  }
+
+  // The bot's actor (bot_actor.hpp), made with the bot so an application
+  // can subscribe before start(). It takes messages through deliver() and
+  // gets the events from listeners registered here, before any of the
+  // application's (they cost an atomic load while nobody subscribed).
+  void make_actor() {
+    actor_link = std::make_unique<internal::bot_actor_link>(*sys, *this);
+    auto* l = actor_link.get();
+    on_in.push_back(
+      [l](const events::message_in& e) { l->message_in(e.key, e.message); });
+    on_out.push_back(
+      [l](const events::message_out& e) { l->outgoing(e.message); });
+    on_lost.push_back([l](const events::lease_lost& e) { l->lease_lost(e); });
+    on_leader.push_back([l](const events::leader& e) { l->leader(e); });
+    on_follower.push_back([l](const events::follower& e) { l->follower(e); });
+    on_handover.push_back([l](const events::handover& e) { l->handover(e); });
   }
 
   // -- flow_host -------------------------------------------------------------
@@ -574,7 +592,9 @@ struct bot::impl final : chat_services,
   }
 
   void deliver(inbound_message msg, delivery_callbacks cb) override {
-    auto refuse = [&](errc code) {
+    auto refuse = [&](errc code, const std::string& why) {
+      if (auto* note = internal::receipt_of(cb))
+        note->why = why; // the bot's actor answers with it
       if (cb.accepted)
         cb.accepted(code);
     };
@@ -593,17 +613,16 @@ struct bot::impl final : chat_services,
       ++refused_invalid;
       auto key = msg.chat.empty() ? std::string{} : chat_key(msg);
       raise(errc::invalid_argument, e.what(), std::move(key), std::move(msg));
-      refuse(errc::invalid_argument);
+      refuse(errc::invalid_argument, e.what());
       return;
     }
     if (!accepting.load()) {
       ++refused_stopped;
       auto key = chat_key(msg);
-      raise(errc::stopped,
-            fmt::format("chat {}: message arrived while the bot is stopped",
-                        key),
-            key, std::move(msg));
-      refuse(errc::stopped);
+      auto why = fmt::format(
+        "chat {}: message arrived while the bot is stopped", key);
+      raise(errc::stopped, why, key, std::move(msg));
+      refuse(errc::stopped, why);
       return;
     }
     auto key = chat_key(msg);
@@ -622,6 +641,8 @@ struct bot::impl final : chat_services,
   // notice travels with it, through the chat actor to the end of its turn.
   void accept(chat_event ev, delivery_callbacks cb) override {
     ++received;
+    if (auto* note = internal::receipt_of(cb))
+      note->id = ev.message.id; // stamped when it came without one
     if (cb.accepted)
       cb.accepted(errc::none);
     enqueued(ev);
@@ -632,6 +653,8 @@ struct bot::impl final : chat_services,
 
   void duplicate(delivery_callbacks cb) override {
     ++duplicates;
+    if (auto* note = internal::receipt_of(cb))
+      note->duplicate = true;
     if (cb.accepted)
       cb.accepted(errc::none);
     if (cb.turn_ended)
@@ -1028,6 +1051,10 @@ struct bot::impl final : chat_services,
         && (code == errc::lease_lost || code == errc::store_error
             || code == errc::timeout))
       t->lost = true;
+    // Subscribed actors get it too; they do not take the logging over
+    // (they are not listeners the application registered on the bot).
+    if (actor_link)
+      actor_link->error(code, what, key, msg);
     // Nobody listens: the event is logged (once, here), so no failure is
     // silent. A listener takes the event over, logging included.
     if (on_error.empty())
@@ -1143,6 +1170,9 @@ struct bot::impl final : chat_services,
   // Shared with readiness probes, which may outlive the bot.
   std::shared_ptr<std::atomic<bool>> transport_open =
     std::make_shared<std::atomic<bool>>(false);
+  /// The bot's actor; closed by ~bot before an owned system goes (and,
+  /// declared after it, destroyed before it in any case).
+  std::unique_ptr<internal::bot_actor_link> actor_link;
   metrics::registry::registration metrics_reg; // last: removed first
 };
 
@@ -1240,6 +1270,7 @@ filter any(std::vector<filter> fs) {
 bot::bot(bot_options opts) : impl_(std::make_unique<impl>(*this, std::move(opts))) {
   impl_->own_system();
   impl_->make_tasks();
+  impl_->make_actor();
   impl_->metrics_reg = metrics::global_registry().add(
     [i = impl_.get()](metrics::exposition& e) { i->collect(e); });
 }
@@ -1248,6 +1279,7 @@ bot::bot(caf::actor_system& sys, bot_options opts)
   : impl_(std::make_unique<impl>(*this, std::move(opts))) {
   impl_->sys = &sys;
   impl_->make_tasks();
+  impl_->make_actor();
   impl_->metrics_reg = metrics::global_registry().add(
     [i = impl_.get()](metrics::exposition& e) { i->collect(e); });
 }
@@ -1256,6 +1288,8 @@ bot::~bot() {
   // Off the scrapes first: a scrape reads the scheduler and the counters.
   impl_->metrics_reg = {};
   stop();
+  // The bot's actor lets go of the bot (later requests: receiver down).
+  impl_->actor_link->close();
   impl_->tasks.reset(); // its actors leave before an owned system goes
   // An owned system waits for its actors in its destructor; the router exits
   // in stop(), taking its linked chat actors along.
@@ -1667,6 +1701,10 @@ bot_stats bot::stats() const {
 
 caf::actor_system& bot::system() noexcept {
   return *impl_->sys;
+}
+
+bot_actor bot::actor() const {
+  return impl_->actor_link->handle();
 }
 
 caf::actor bot::router() const {

@@ -20,6 +20,7 @@
 #include <botmesh/runtime/core/log.hpp>
 #include <botmesh/runtime/core/message.hpp>
 #include <botmesh/runtime/core/pattern.hpp>
+#include <botmesh/runtime/bot_actor.hpp>
 #include <botmesh/runtime/events.hpp>
 #include <botmesh/runtime/flow.hpp>
 #include <botmesh/actors/scheduler.hpp>
@@ -571,8 +572,17 @@ class bot {
   /// The actor system the bot runs in.
   caf::actor_system& system() noexcept;
 
-  /// The router actor (see actors/router.hpp), for applications that talk
-  /// to the bot through CAF. Valid after `start()`.
+  /// The bot as a typed actor (see bot_actor.hpp): how an application's
+  /// actors deliver messages to the bot (validated, stamped and counted
+  /// like a provider's, answered once accepted) and subscribe to what it
+  /// sends and the events it raises. Valid from construction until the bot
+  /// is destroyed; before `start()` and after `stop()` deliveries are
+  /// refused with `errc::stopped`.
+  bot_actor actor() const;
+
+  /// Internal: the router actor, which takes only the runtime's own
+  /// (already validated) chat events. Deliver through `actor()`.
+  [[deprecated("internal: deliver messages through bot::actor()")]]
   caf::actor router() const;
 
   botmesh::store& store() noexcept;

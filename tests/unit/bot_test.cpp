@@ -10,7 +10,6 @@
 
 #include <caf/all.hpp>
 
-#include <botmesh/actors/router.hpp>
 #include <botmesh/runtime/botmesh.hpp>
 #include <botmesh/runtime/core/caf_error.hpp>
 
@@ -308,11 +307,15 @@ TEST_CASE("a bot embeds in an application's actor system and takes messages "
     b.start();
     CHECK(&b.system() == &sys);
     botmesh::inbound_message m;
-    m.provider = "test";
     m.chat = "from-caf";
     m.id = "x1";
     m.text = "hola";
-    caf::anon_send(b.router(), m);
+    caf::scoped_actor self{sys};
+    std::string id;
+    self->request(b.actor(), 5s, m)
+      .receive([&](const botmesh::delivery_receipt& r) { id = r.id; },
+               [&](caf::error& e) { FAIL(sys.render(e)); });
+    CHECK(id == "x1");
     REQUIRE(p->wait_for_sent(1, 5s));
     CHECK(p->sent()[0].chat == "from-caf");
     CHECK(sys.render(botmesh::make_error(errc::lease_lost, "superseded"))

@@ -16,6 +16,8 @@
 
 #include "lease_test_kit.hpp"
 
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::chat_event)
+
 using namespace std::chrono_literals;
 using namespace lease_kit;
 using botmesh::turn_end;
@@ -728,7 +730,8 @@ struct chat_fixture : lease_fixture {
     m.chat = "x";
     m.sender = "x";
     m.text = text;
-    caf::anon_send(router, std::move(m));
+    // What the bot sends its router: a chat event (it validated the message).
+    caf::anon_send(router, botmesh::chat_event{std::move(m), 0, {}});
     vs.run();
   }
 };
