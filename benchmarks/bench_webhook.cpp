@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <utility>
 #include <atomic>
+#include <cctype>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -197,6 +199,56 @@ class load_generator {
     steady::time_point sent;
   };
 
+  // Whether `in` holds one whole HTTP/1.1 response: a Content-Length body
+  // (header names in any case) or a chunked body (Node's http server sends
+  // one when the handler writes its head before the body).
+  static bool response_complete(const std::string& in) {
+    auto end = in.find("\r\n\r\n");
+    if (end == std::string::npos)
+      return false;
+    std::string_view head{in.data(), end + 2};
+    auto header = [&](std::string_view name) -> std::optional<std::string_view> {
+      for (std::size_t at = head.find("\r\n"); at != std::string_view::npos;) {
+        auto line_end = head.find("\r\n", at + 2);
+        if (line_end == std::string_view::npos)
+          break;
+        auto line = head.substr(at + 2, line_end - at - 2);
+        if (line.size() > name.size() && line[name.size()] == ':' &&
+            std::equal(name.begin(), name.end(), line.begin(), [](char a, char b) {
+              return std::tolower(static_cast<unsigned char>(a)) ==
+                     std::tolower(static_cast<unsigned char>(b));
+            })) {
+          auto v = line.substr(name.size() + 1);
+          while (!v.empty() && v.front() == ' ')
+            v.remove_prefix(1);
+          return v;
+        }
+        at = line_end;
+      }
+      return std::nullopt;
+    };
+    auto body = end + 4;
+    if (auto te = header("transfer-encoding"); te && te->find("chunked") != std::string_view::npos) {
+      // Chunks: hex size line, data, CRLF; a zero-size chunk and CRLF end it
+      // (no trailers here).
+      for (auto at = body;;) {
+        auto line_end = in.find("\r\n", at);
+        if (line_end == std::string::npos)
+          return false;
+        auto size = std::strtoul(in.c_str() + at, nullptr, 16);
+        if (size == 0)
+          return in.size() >= line_end + 4;
+        at = line_end + 2 + size + 2;
+        if (in.size() < at)
+          return false;
+      }
+    }
+    std::size_t len = 0;
+    if (auto cl = header("content-length"))
+      std::from_chars(cl->data(), cl->data() + cl->size(), len);
+    return in.size() >= body + len;
+  }
+
   void send(const std::shared_ptr<conn>& c) {
     if (stop_) {
       beast::error_code ec;
@@ -232,16 +284,7 @@ class load_generator {
           return;
         }
         c->in.resize(old + n);
-        auto end = c->in.find("\r\n\r\n");
-        if (end == std::string::npos)
-          return read(c);
-        auto cl = c->in.find("Content-Length: ");
-        if (cl == std::string::npos)
-          cl = c->in.find("content-length: ");
-        std::size_t len = cl == std::string::npos
-                            ? 0
-                            : std::strtoul(c->in.c_str() + cl + 16, nullptr, 10);
-        if (c->in.size() < end + 4 + len)
+        if (!response_complete(c->in))
           return read(c);
         if (!c->in.starts_with("HTTP/1.1 200"))
           ++errors_;
