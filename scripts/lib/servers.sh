@@ -5,8 +5,12 @@
 #                        port and exports REDIS_URL; starts a 6-node Redis
 #                        Cluster (3 masters + 3 replicas) on free loopback
 #                        ports and exports REDIS_CLUSTER_URL (one seed
-#                        node); installs an EXIT trap that stops them all
-#                        and removes their files
+#                        node) and REDIS_CLUSTER_DIR (each node's files in
+#                        cluster-<port>/: `start` starts the node again
+#                        with its command line and nodes.conf, as a
+#                        chaos test does after killing it; redis.pid);
+#                        installs an EXIT trap that stops them all (also
+#                        nodes started again) and removes their files
 #
 # Needs redis-server and redis-cli (scripts/setup-deps installs them).
 
@@ -20,6 +24,17 @@ servers_stop() {
     [ -n "$pid" ] || continue
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
+  done
+  # Nodes a test started again (cluster-<port>/start) are not our children:
+  # their pid files name them.
+  local f
+  for f in "$servers_run_dir"/cluster-*/redis.pid; do
+    [ -n "$servers_run_dir" ] && [ -f "$f" ] || continue
+    pid="$(cat "$f" 2>/dev/null)" || continue
+    [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null \
+      | grep -q "redis-server.*:$(basename "$(dirname "$f")" | cut -d- -f2)" \
+      || continue
+    kill "$pid" 2>/dev/null || true
   done
   servers_redis_pid=""
   servers_cluster_pids=()
@@ -76,10 +91,16 @@ servers_start_cluster_node() {
     servers_port_free "$port" && servers_port_free $((port + 10000)) || continue
     dir="$servers_run_dir/cluster-$port"
     mkdir -p "$dir"
-    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-      --dir "$dir" --cluster-enabled yes --cluster-config-file nodes.conf \
-      --cluster-node-timeout 2000 --enable-debug-command local \
-      --loglevel warning >"$dir/redis.log" 2>&1 &
+    # The command line, kept so a test can start a killed node again (it
+    # rejoins from nodes.conf); the process is not the caller's child then.
+    printf '%s\n' '#!/bin/sh' \
+      "exec redis-server --port $port --bind 127.0.0.1 --save '' --appendonly no \\" \
+      "  --dir '$dir' --cluster-enabled yes --cluster-config-file nodes.conf \\" \
+      "  --cluster-node-timeout 2000 --enable-debug-command local \\" \
+      "  --pidfile '$dir/redis.pid' --loglevel warning >>'$dir/redis.log' 2>&1" \
+      >"$dir/start"
+    chmod +x "$dir/start"
+    "$dir/start" &
     pid=$!
     for _ in $(seq 1 100); do
       if redis-cli -p "$port" ping >/dev/null 2>&1; then
@@ -137,6 +158,7 @@ servers_start_cluster() {
     done
     if [ "$ready" = 1 ]; then
       export REDIS_CLUSTER_URL="redis://127.0.0.1:${servers_cluster_ports[0]}"
+      export REDIS_CLUSTER_DIR="$servers_run_dir"
       echo "test: redis cluster (3 masters + 3 replicas) on ports" \
         "${servers_cluster_ports[*]}, seed $REDIS_CLUSTER_URL" >&2
       return 0

@@ -249,3 +249,69 @@ inline cluster_node synced_replica_of(const cluster_node& master) {
 }
 
 } // namespace test
+
+#include <csignal>
+#include <cstdio>
+#include <sys/types.h>
+#include <unistd.h>
+
+namespace test {
+
+/// SIGKILLs the node at `address` (its pid from INFO server), as a crash.
+/// Returns the pid.
+inline long kill_node(const std::string& address) {
+  auto info = node_client(address)->call({"INFO", "server"}).str;
+  auto at = info.find("process_id:");
+  if (at == std::string::npos)
+    throw std::runtime_error("INFO server of " + address + " has no process_id");
+  auto pid = std::stol(info.substr(at + 11));
+  if (::kill(static_cast<pid_t>(pid), SIGKILL) != 0)
+    throw std::runtime_error("cannot kill the node at " + address);
+  return pid;
+}
+
+/// Starts the node at `address` again with the command line scripts/test
+/// used (REDIS_CLUSTER_DIR/cluster-<port>/start): it reads its nodes.conf
+/// and rejoins the cluster. The server is not this process's child.
+inline void restart_node(const std::string& address) {
+  auto dir = std::getenv("REDIS_CLUSTER_DIR");
+  if (!dir || !*dir)
+    throw std::runtime_error(
+      "REDIS_CLUSTER_DIR is not set: run the tests with scripts/test, whose "
+      "scripts/lib/servers.sh keeps each cluster node's command line there");
+  auto start = std::string{dir} + "/cluster-"
+               + address.substr(address.rfind(':') + 1) + "/start";
+  if (::access(start.c_str(), X_OK) != 0)
+    throw std::runtime_error("no start script for " + address + ": " + start);
+  // Detached: the shell exits at once, the server is adopted by init.
+  auto cmd = "setsid '" + start + "' </dev/null >/dev/null 2>&1 &";
+  if (std::system(cmd.c_str()) != 0)
+    throw std::runtime_error("could not run " + start);
+}
+
+/// True when the node at `address` answers and says the cluster is whole:
+/// cluster_state:ok, every slot served, `nodes` nodes known, none failing,
+/// and, for a replica, its link to the master up.
+inline bool node_sees_whole_cluster(const std::string& address, int nodes = 6) {
+  try {
+    auto c = node_client(address, "1s");
+    auto info = c->call({"CLUSTER", "INFO"}).str;
+    if (info.find("cluster_state:ok") == std::string::npos
+        || info.find("cluster_slots_ok:16384") == std::string::npos
+        || info.find("cluster_slots_pfail:0") == std::string::npos
+        || info.find("cluster_slots_fail:0") == std::string::npos
+        || info.find("cluster_known_nodes:" + std::to_string(nodes))
+             == std::string::npos)
+      return false;
+    // No node flagged fail or fail? (a replica is in no slot count).
+    if (c->call({"CLUSTER", "NODES"}).str.find("fail") != std::string::npos)
+      return false;
+    auto repl = c->call({"INFO", "replication"}).str;
+    return repl.find("role:master") != std::string::npos
+           || repl.find("master_link_status:up") != std::string::npos;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+} // namespace test

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <mutex>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -71,13 +73,16 @@ class cluster_store final : public store {
     if (last.elements.size() == 2) {
       auto upto = last.elements[1].str;
       for (;;) {
-        auto r = client_->eval(lua().cl_log_delete, {z},
-                               {upto, std::to_string(cluster_delete_batch)});
-        expect_reply("script cl_log_delete", r, kind::integer);
-        if (r.integer == 0)
+        auto batch = client_->call(
+          {"ZRANGEBYSCORE", z, "-inf", upto, "LIMIT", "0",
+           std::to_string(cluster_delete_batch)});
+        expect_reply("ZRANGEBYSCORE " + z, batch, kind::array);
+        if (batch.elements.empty()
+            || delete_entries(key, z, upto, batch.elements) == 0)
           break;
       }
     }
+    forget_seq(z);
     return flag("script record_delete",
                 client_->eval(lua().record_delete,
                               {L_.record(rk::chat, key),
@@ -123,21 +128,70 @@ class cluster_store final : public store {
 
   // -- message log ------------------------------------------------------------
 
+  // The script names the item key of the seq it expects (every key a
+  // script touches is declared, so a slot move answers ASK or TRYAGAIN
+  // before anything runs): the seq after the last one this store appended
+  // to the chat, else 1; when another writer took it, the script says
+  // which seq is next and nothing was written. Trimming follows, as a
+  // call of its own: the log may hold a few entries over the maximum
+  // until it ends (a failed trim is done by the next append).
   std::uint64_t append_message(std::string_view chat_key,
                                const logged_message& msg) override {
     detail::check_key(chat_key, "chat_key");
-    auto r = client_->eval(lua().cl_log_append, {L_.message_log(chat_key)},
-                           {encode_entry(msg), std::to_string(max_log_)});
-    expect_reply("script cl_log_append", r, kind::integer);
-    return static_cast<std::uint64_t>(r.integer);
+    auto z = L_.message_log(chat_key);
+    auto entry = encode_entry(msg);
+    auto seq = expected_seq(z);
+    for (int attempt = 1;; ++attempt) {
+      auto r = client_->eval(lua().cl_log_append,
+                             {z, L_.message_item(chat_key, std::to_string(seq))},
+                             {entry, std::to_string(seq)});
+      expect_reply("script cl_log_append", r, kind::array);
+      if (r.elements.size() < 2 || r.elements[0].type != kind::integer
+          || r.elements[1].type != kind::integer || r.elements[1].integer < 1)
+        throw error(errc::store_error,
+                    fmt::format("redis store: script cl_log_append on {}: "
+                                "unexpected reply",
+                                z));
+      auto got = static_cast<std::uint64_t>(r.elements[1].integer);
+      if (r.elements[0].integer == 1) {
+        remember_seq(z, got + 1);
+        if (r.elements.size() > 2 && r.elements[2].type == kind::integer
+            && static_cast<std::uint64_t>(r.elements[2].integer) > max_log_)
+          trim(chat_key, z, static_cast<std::uint64_t>(r.elements[2].integer)
+                              - max_log_);
+        return got;
+      }
+      if (attempt == max_append_attempts)
+        throw error(errc::store_error,
+                    fmt::format("redis store: script cl_log_append on {}: "
+                                "other writers took the next seq {} times "
+                                "in a row",
+                                z, attempt));
+      seq = got;
+    }
   }
 
+  // The members first (one key), then their items in a script that names
+  // them all and skips the ones deleted in between.
   std::vector<logged_message> messages(std::string_view chat_key,
                                        std::size_t limit) override {
     if (limit == 0)
       return {};
     auto z = L_.message_log(chat_key);
-    auto r = client_->eval(lua().cl_log_range, {z}, {std::to_string(limit)});
+    auto n = std::min<std::size_t>(limit, std::size_t{1} << 62);
+    auto members = client_->call(
+      {"ZRANGE", z, "-" + std::to_string(n), "-1"});
+    expect_reply("ZRANGE " + z, members, kind::array);
+    if (members.elements.empty())
+      return {};
+    std::vector<std::string> keys{z}, args;
+    keys.reserve(members.elements.size() + 1);
+    args.reserve(members.elements.size());
+    for (auto& m : members.elements) {
+      keys.push_back(L_.message_item(chat_key, m.str));
+      args.push_back(m.str);
+    }
+    auto r = client_->eval(lua().cl_log_range, keys, args);
     expect_reply("script cl_log_range", r, kind::array);
     std::vector<logged_message> out;
     out.reserve(r.elements.size() / 2);
@@ -331,6 +385,54 @@ class cluster_store final : public store {
     return rev_or_nil("script checkpoint_set", r);
   }
 
+  // Deletes the log entries `members` (and their items) of `chat`; returns
+  // how many entries up to `upto` remain.
+  long long delete_entries(std::string_view chat, const std::string& z,
+                           const std::string& upto,
+                           const std::vector<redis_reply>& members) {
+    std::vector<std::string> keys{z}, args{upto};
+    keys.reserve(members.size() + 1);
+    args.reserve(members.size() + 1);
+    for (auto& m : members) {
+      keys.push_back(L_.message_item(chat, m.str));
+      args.push_back(m.str);
+    }
+    auto r = client_->eval(lua().cl_log_delete, keys, args);
+    expect_reply("script cl_log_delete", r, kind::integer);
+    return r.integer;
+  }
+
+  // Drops the `over` oldest entries of a log past max_log_. A failure is
+  // left to the next append, which trims what is over the maximum then.
+  void trim(std::string_view chat, const std::string& z, std::uint64_t over) {
+    try {
+      auto old = client_->call({"ZRANGE", z, "0", std::to_string(over - 1)});
+      expect_reply("ZRANGE " + z, old, kind::array);
+      if (!old.elements.empty())
+        delete_entries(chat, z, "0", old.elements);
+    } catch (const error&) {
+      // nop: the log stays a little longer than its maximum until then
+    }
+  }
+
+  std::uint64_t expected_seq(const std::string& z) {
+    std::lock_guard guard{seq_mtx_};
+    auto i = next_seq_.find(z);
+    return i == next_seq_.end() ? 1 : i->second;
+  }
+
+  void remember_seq(const std::string& z, std::uint64_t next) {
+    std::lock_guard guard{seq_mtx_};
+    if (next_seq_.size() >= max_remembered_logs && !next_seq_.contains(z))
+      next_seq_.clear(); // a guess only: forgetting costs one more call
+    next_seq_[z] = next;
+  }
+
+  void forget_seq(const std::string& z) {
+    std::lock_guard guard{seq_mtx_};
+    next_seq_.erase(z);
+  }
+
   // Every index of a kind in one pipeline, then every hash in another;
   // ordered by id like the legacy single index.
   template <class Record, class Read>
@@ -362,9 +464,16 @@ class cluster_store final : public store {
     return out;
   }
 
+  static constexpr int max_append_attempts = 100;
+  static constexpr std::size_t max_remembered_logs = 4096;
+
   std::shared_ptr<redis_client> client_;
   redis_cluster_layout L_;
   std::size_t max_log_;
+  // The next seq of the logs this store appended to (a guess that saves
+  // a call per append; another writer's appends make it stale).
+  std::mutex seq_mtx_;
+  std::unordered_map<std::string, std::uint64_t> next_seq_;
 };
 
 } // namespace

@@ -1,26 +1,26 @@
 #!lua
--- Appends to a chat's message log in the cluster:v1 layout and trims it.
+-- Appends to a chat's message log in the cluster:v1 layout.
 --
 --   p:{m:<chat>}:z        zset    member = seq (decimal), score = seq
 --   p:{m:<chat>}:i:<seq>  string  the entry, {"seq":N,...} JSON
 --
--- KEYS[1] the log zset. The item keys are built from KEYS[1] (its name
--- without the trailing "z", then "i:<seq>"): they carry the same hash tag,
--- so they live in its slot, but cannot be declared because the seq is
--- chosen here.
--- ARGV[1] the entry as a JSON object without "seq" ("{...}")  ARGV[2] max length
--- Returns the new seq: one more than the newest entry (1 for an empty log).
--- Cost: O(log n), plus one DEL per trimmed entry.
-local base = string.sub(KEYS[1], 1, -2) .. 'i:'
+-- Every key is declared, so while the slot moves Redis answers ASK or
+-- TRYAGAIN before anything runs (a key built inside a script would fail
+-- with "non local key" half-way through a move). The caller names the
+-- item key of the seq it expects to get; when another append took that
+-- seq first, nothing is written and the caller tries again with the seq
+-- returned.
+-- KEYS[1] the log zset  KEYS[2] the item key of seq ARGV[2]
+-- ARGV[1] the entry as a JSON object without "seq" ("{...}")
+-- ARGV[2] the expected seq: one more than the newest entry (1 when empty)
+-- Returns {1, seq, length} when appended (length: entries now in the log,
+-- for the caller's trimming, see cl_log_delete.lua); {0, seq} when the next
+-- seq is not ARGV[2] (nothing written; seq is the one to ask for).
+-- Cost: O(log n).
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 local seq = 1
 if last[2] then seq = tonumber(last[2]) + 1 end
-redis.call('SET', base .. seq, '{"seq":' .. seq .. ',' .. string.sub(ARGV[1], 2))
+if seq ~= tonumber(ARGV[2]) then return {0, seq} end
+redis.call('SET', KEYS[2], '{"seq":' .. seq .. ',' .. string.sub(ARGV[1], 2))
 redis.call('ZADD', KEYS[1], seq, seq)
-local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[2])
-if over > 0 then
-  local old = redis.call('ZRANGE', KEYS[1], 0, over - 1)
-  for _, m in ipairs(old) do redis.call('DEL', base .. m) end
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, over - 1)
-end
-return seq
+return {1, seq, redis.call('ZCARD', KEYS[1])}

@@ -1,15 +1,21 @@
 #!lua
--- Reads the newest entries of a chat's log in the cluster:v1 layout.
--- KEYS[1] the log zset (items as in cl_log_append.lua, same slot)
--- ARGV[1] how many (> 0)
--- Returns a flat array member, item, member, item... oldest first; an item
--- is false when its key is missing (damage the caller reports).
--- Cost: O(log n + limit).
-local base = string.sub(KEYS[1], 1, -2) .. 'i:'
-local ms = redis.call('ZRANGE', KEYS[1], -tonumber(ARGV[1]), -1)
+-- Reads entries of a chat's log in the cluster:v1 layout (see
+-- cl_log_append.lua), every key declared: the caller read the members with
+-- ZRANGE first and names them with their item keys, so while the slot
+-- moves Redis answers ASK or TRYAGAIN instead of a script reading half of
+-- them on each node.
+-- KEYS[1] the log zset  KEYS[2..n+1] the item keys of ARGV[1..n]
+-- ARGV[1..n] members of the log, oldest first
+-- Returns a flat array member, item, member, item... for the members still
+-- in the log (one deleted since the caller's ZRANGE is left out); an item
+-- is false when its key is missing while its entry is there (damage the
+-- caller reports).
+-- Cost: O(n log n).
 local out = {}
-for _, m in ipairs(ms) do
-  out[#out + 1] = m
-  out[#out + 1] = redis.call('GET', base .. m)
+for i, m in ipairs(ARGV) do
+  if redis.call('ZSCORE', KEYS[1], m) then
+    out[#out + 1] = m
+    out[#out + 1] = redis.call('GET', KEYS[i + 1])
+  end
 end
 return out
