@@ -180,6 +180,38 @@ double store_steps_per_s(botmesh::store& s, int round) {
   return store_threads * store_steps / secs;
 }
 
+constexpr int turn_threads = 16;
+constexpr int turns_per_thread = 300; // per round
+
+// Uncontended turns (enter, granted at once, release) per second with
+// `turn_threads` threads, each on chats of its own.
+double turns_per_s(botmesh::coordinator& co, int round) {
+  std::vector<std::thread> pool;
+  std::atomic<long> granted{0};
+  auto t0 = clk::now();
+  for (int t = 0; t < turn_threads; ++t)
+    pool.emplace_back([&, t] {
+      botmesh::blocking_coordinator bc{co};
+      for (int i = 0; i < turns_per_thread; ++i) {
+        auto key = "tg:turn-" + std::to_string(round) + "-" + std::to_string(t)
+                   + "-" + std::to_string(i % 8);
+        auto st = bc.enter(key, static_cast<std::uint64_t>(
+                                  (t + 1) * 1'000'000 + round * 10'000 + i));
+        if (!st.granted())
+          continue;
+        granted.fetch_add(1);
+        bc.release({key, st.fence});
+      }
+    });
+  for (auto& th : pool)
+    th.join();
+  auto secs = std::chrono::duration<double>(clk::now() - t0).count();
+  if (granted.load() != turn_threads * turns_per_thread)
+    std::printf("# turns: %ld of %d granted at once\n", granted.load(),
+                turn_threads * turns_per_thread);
+  return static_cast<double>(granted.load()) / secs;
+}
+
 } // namespace
 
 int main() {
@@ -270,6 +302,23 @@ int main() {
     n_st.push_back(n);
     r_st.push_back(c / n);
   }
+  // Turns: the coordinator of each store.
+  auto cc = cs.coordinator("bench-c");
+  auto nc = ns.coordinator("bench-n");
+  std::vector<double> c_tu, n_tu, r_tu;
+  for (int r = 0; r < store_rounds; ++r) {
+    double c = 0, n = 0;
+    if (r % 2 == 0) {
+      c = turns_per_s(*cc, r);
+      n = turns_per_s(*nc, r);
+    } else {
+      n = turns_per_s(*nc, r);
+      c = turns_per_s(*cc, r);
+    }
+    c_tu.push_back(c);
+    n_tu.push_back(n);
+    r_tu.push_back(c / n);
+  }
   // The benchmark's keys go (they live under the two prefixes only).
   for (int r = 0; r < store_rounds; ++r)
     for (int th = 0; th < store_threads; ++th) {
@@ -297,4 +346,7 @@ int main() {
   std::printf("bench cluster_store_steps_per_s %.0f steps/s\n", median(c_st));
   std::printf("bench node_store_steps_per_s %.0f steps/s\n", median(n_st));
   std::printf("ratio cluster_store_vs_node_steps %.3f\n", median(r_st));
+  std::printf("bench cluster_turns_per_s %.0f turns/s\n", median(c_tu));
+  std::printf("bench node_turns_per_s %.0f turns/s\n", median(n_tu));
+  std::printf("ratio cluster_turns_vs_node %.3f\n", median(r_tu));
 }
