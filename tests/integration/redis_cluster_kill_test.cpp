@@ -431,7 +431,8 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
   std::map<std::string, int> codes;
   for (auto& [id, es] : j.errors)
     for (auto& [code, what] : es) {
-      CAPTURE(what);
+      const auto& what_ = what; // (clang 14: no binding in a lambda)
+      CAPTURE(what_);
       CHECK(code != botmesh::errc::none);
       ++codes[std::string{botmesh::to_string(code)}];
     }
@@ -443,7 +444,8 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
     (o == botmesh::turn_outcome::failed    ? failed
      : o == botmesh::turn_outcome::refused ? refused
                                            : other)++;
-    CAPTURE(id);
+    const auto& id_ = id; // (clang 14: no binding in a lambda)
+    CAPTURE(id_);
     auto e = j.errors.find(id);
     REQUIRE(e != j.errors.end());
     for (auto& [code, what] : e->second)
@@ -453,7 +455,8 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
   CHECK(static_cast<long long>(j.outcomes.size()) == j.injected);
   CHECK(handled + failed + refused == j.injected);
   for (auto& [code, what] : j.other_errors) {
-    CAPTURE(what);
+    const auto& what_ = what; // (clang 14: no binding in a lambda)
+    CAPTURE(what_);
     CHECK(code != botmesh::errc::none);
     ++codes["(no message) " + std::string{botmesh::to_string(code)}];
   }
@@ -475,8 +478,10 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
   // Exclusion: of two handlers of one chat that ran at once, at most one
   // turn completed.
   for (auto& [x, y] : j.overlaps) {
-    CAPTURE(x);
-    CAPTURE(y);
+    const auto& x_ = x; // (clang 14: no binding in a lambda)
+    CAPTURE(x_);
+    const auto& y_ = y; // (clang 14: no binding in a lambda)
+    CAPTURE(y_);
     auto ox = j.outcomes[x], oy = j.outcomes[y];
     CHECK((ox != botmesh::turn_outcome::handled
            || oy != botmesh::turn_outcome::handled));
@@ -491,7 +496,8 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
     for (auto& [id, o] : j.outcomes)
       if (id.starts_with("ping-") && o == botmesh::turn_outcome::handled
           && id.ends_with(r == &a ? "-a" : "-b")) {
-        CAPTURE(id);
+        const auto& id_ = id; // (clang 14: no binding in a lambda)
+        CAPTURE(id_);
         CHECK(sent.contains("pong " + id));
       }
   }
@@ -520,7 +526,8 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
       // may too).
       for (auto& [code, what] : j.errors[id])
         if (what.find("superseded") != std::string::npos) {
-          CAPTURE(what);
+          const auto& what_ = what; // (clang 14: no binding in a lambda)
+          CAPTURE(what_);
           CHECK(o.began < killed_by);
           CHECK(o.ended > killed_at);
         }

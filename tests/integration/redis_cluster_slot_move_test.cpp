@@ -384,7 +384,10 @@ TEST_CASE("cluster chaos: a slot moved key by key under load keeps chat "
   for (auto& c : chats)
     listed[c.key] = std::stoi(c.data.substr(5));
   CHECK(listed.size() == chats.size());
-  for (auto& [id, v] : led.acked) {
+  // (No structured bindings: CAPTURE's lambda cannot take one in clang 14.)
+  for (auto& entry : led.acked) {
+    const auto& id = entry.first;
+    auto v = entry.second;
     CAPTURE(id);
     REQUIRE(listed.contains(id));
     CHECK(listed[id] >= v);
@@ -397,7 +400,9 @@ TEST_CASE("cluster chaos: a slot moved key by key under load keeps chat "
   for (auto& m : log)
     logged[m.text] = m.seq;
   CHECK(logged.size() == log.size());
-  for (auto& [text, seq] : led.appended) {
+  for (auto& entry : led.appended) {
+    const auto& text = entry.first;
+    auto seq = entry.second;
     CAPTURE(text);
     REQUIRE(logged.contains(text));
     CHECK(logged[text] == seq);
