@@ -285,7 +285,10 @@ class migration {
         std::vector<std::string> args{mode()};
         args.insert(args.end(), pairs.begin() + static_cast<long>(at),
                     pairs.begin() + static_cast<long>(end));
-        auto w = dst_.eval(lua().mig_put_log, {z}, args);
+        std::vector<std::string> keys{z};
+        for (auto i = at; i < end; i += 2)
+          keys.push_back(L_.message_item(chat, pairs[i]));
+        auto w = dst_.eval(lua().mig_put_log, keys, args);
         expect_reply("script mig_put_log", w, kind::integer);
         written = static_cast<std::size_t>(w.integer);
       }
