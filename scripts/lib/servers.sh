@@ -18,12 +18,23 @@ servers_run_dir=""
 servers_redis_pid=""
 servers_cluster_pids=()
 
+# Waits (at most 5 s) until process $1 is gone. The nodes are disowned (a
+# test may SIGKILL one, and bash would print "Killed" for a job), so `wait`
+# cannot be used.
+servers_await_exit() {
+  local i
+  for i in $(seq 1 100); do
+    kill -0 "$1" 2>/dev/null || return 0
+    sleep 0.05
+  done
+}
+
 servers_stop() {
   local pid
   for pid in "$servers_redis_pid" "${servers_cluster_pids[@]}"; do
     [ -n "$pid" ] || continue
     kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+    servers_await_exit "$pid"
   done
   # Nodes a test started again (cluster-<port>/start) are not our children:
   # their pid files name them.
@@ -31,7 +42,7 @@ servers_stop() {
   for f in "$servers_run_dir"/cluster-*/redis.pid; do
     [ -n "$servers_run_dir" ] && [ -f "$f" ] || continue
     pid="$(cat "$f" 2>/dev/null)" || continue
-    [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null \
+    [ -n "$pid" ] && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" \
       | grep -q "redis-server.*:$(basename "$(dirname "$f")" | cut -d- -f2)" \
       || continue
     kill "$pid" 2>/dev/null || true
@@ -102,6 +113,7 @@ servers_start_cluster_node() {
     chmod +x "$dir/start"
     "$dir/start" &
     pid=$!
+    disown "$pid"
     for _ in $(seq 1 100); do
       if redis-cli -p "$port" ping >/dev/null 2>&1; then
         servers_cluster_pids+=("$pid")
