@@ -308,19 +308,10 @@ class cluster_store final : public store {
     for (auto& m : live.elements)
       keys.push_back(decode_key_segment(
         std::string_view{m.str}.substr(pre.size())));
-    std::sort(keys.begin(), keys.end());
-    std::vector<std::pair<std::string, std::string>> out;
-    if (keys.empty())
-      return out;
-    redis_client::command mget{"MGET"};
-    for (auto& k : keys)
-      mget.push_back(L_.user_data(user, ns, k));
-    auto values = client_->call(std::move(mget));
-    expect_reply("MGET user data", values, kind::array);
-    for (size_t i = 0; i < keys.size() && i < values.elements.size(); ++i)
-      if (!values.elements[i].is_nil())
-        out.emplace_back(keys[i], values.elements[i].str);
-    return out;
+    return read_user_values(*client_, std::move(keys),
+                            [&](const std::string& k) {
+                              return L_.user_data(user, ns, k);
+                            });
   }
 
   // -- locks ------------------------------------------------------------------

@@ -325,19 +325,10 @@ legacy_store::list_user_data(std::string_view user, std::string_view ns) {
   std::vector<std::string> members;
   for (auto& m : replies[1].elements)
     members.push_back(m.str);
-  std::sort(members.begin(), members.end());
-  std::vector<std::pair<std::string, std::string>> out;
-  if (members.empty())
-    return out;
-  redis_client::command mget{"MGET"};
-  for (auto& m : members)
-    mget.push_back(L.user_data(user, ns, m));
-  auto values = client_->call(std::move(mget));
-  expect_reply("MGET user data", values, kind::array);
-  for (size_t i = 0; i < members.size() && i < values.elements.size(); ++i)
-    if (!values.elements[i].is_nil())
-      out.emplace_back(members[i], values.elements[i].str);
-  return out;
+  return read_user_values(*client_, std::move(members),
+                          [&](const std::string& m) {
+                            return L.user_data(user, ns, m);
+                          });
 }
 
 // -- locks --------------------------------------------------------------------

@@ -1,5 +1,7 @@
 #include <botmesh/stores/redis/internal/store_codec.hpp>
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/internal/json_reader.hpp>
@@ -12,6 +14,24 @@ using kind = redis_reply::kind;
 void corrupted(std::string_view key, std::string_view why) {
   throw error(errc::corrupted_record,
               fmt::format("redis store: record {}: {}", key, why));
+}
+
+std::vector<std::pair<std::string, std::string>>
+read_user_values(redis_client& c, std::vector<std::string> names,
+                 const std::function<std::string(const std::string&)>& key_of) {
+  std::sort(names.begin(), names.end());
+  std::vector<std::pair<std::string, std::string>> out;
+  if (names.empty())
+    return out;
+  redis_client::command mget{"MGET"};
+  for (auto& n : names)
+    mget.push_back(key_of(n));
+  auto values = c.call(std::move(mget));
+  expect_reply("MGET user data", values, kind::array);
+  for (size_t i = 0; i < names.size() && i < values.elements.size(); ++i)
+    if (!values.elements[i].is_nil())
+      out.emplace_back(names[i], values.elements[i].str);
+  return out;
 }
 
 fields to_fields(std::string_view what, const redis_reply& r) {

@@ -6,10 +6,13 @@
 
 #include <charconv>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/redis/redis_client.hpp>
@@ -43,6 +46,12 @@ std::optional<std::uint64_t> rev_or_nil(std::string_view what,
                                         const redis_reply& r);
 /// An integer reply as a yes/no.
 bool flag(std::string_view what, const redis_reply& r);
+
+/// The values of the user-data entries `names` (sorted here), read with
+/// one MGET of `key_of(name)`; a name whose key is gone is left out.
+std::vector<std::pair<std::string, std::string>>
+read_user_values(redis_client& c, std::vector<std::string> names,
+                 const std::function<std::string(const std::string&)>& key_of);
 
 chat_record read_chat(std::string_view key, const fields& f);
 contact_record read_contact(std::string_view key, const fields& f);
