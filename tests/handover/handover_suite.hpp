@@ -23,6 +23,7 @@
 #include <botmesh/runtime/botmesh.hpp>
 
 #include "handover/recording_store.hpp"
+#include "unit/test_util.hpp"
 
 namespace test::handover {
 
@@ -35,17 +36,7 @@ inline std::vector<std::string> texts(const botmesh::testing_provider& p) {
   return out;
 }
 
-/// Waits until `pred` holds (every millisecond, up to `timeout`).
-inline bool soon(const std::function<bool()>& pred,
-                 std::chrono::milliseconds timeout = 10s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline)
-      return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+using test::eventually;
 
 /// One bot replica of the suite: a testing provider, the Env's coordinator
 /// and store, and what its events said.
@@ -200,7 +191,7 @@ template <class Env>
 std::optional<botmesh::flow_checkpoint> waiting_at(Env& env,
                                                    const std::string& step) {
   std::optional<botmesh::flow_checkpoint> cp;
-  soon([&] {
+  eventually([&] {
     cp = env.store->get_checkpoint("test:x");
     return cp && cp->waiting && cp->step == step;
   });
@@ -210,7 +201,7 @@ std::optional<botmesh::flow_checkpoint> waiting_at(Env& env,
 /// Waits until chat "x" has no stored checkpoint.
 template <class Env>
 bool no_checkpoint(Env& env) {
-  return soon([&] { return !env.store->get_checkpoint("test:x"); });
+  return eventually([&] { return !env.store->get_checkpoint("test:x"); });
 }
 
 inline botmesh::time_point now() {
@@ -245,7 +236,7 @@ struct cut_step {
       return std::nullopt;
     answer.chat = answer.sender = "x";
     a.provider->inject(std::move(answer));
-    if (!soon([&] { return a.errors_with(botmesh::errc::lease_lost) >= 1; }))
+    if (!eventually([&] { return a.errors_with(botmesh::errc::lease_lost) >= 1; }))
       return std::nullopt;
     return env.store->get_checkpoint("test:x");
   }
@@ -290,7 +281,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: forward carries a non-persistent flow "
   REQUIRE(a.say("Calle 1", 2));
   CHECK(a.last() == "3 x café a Calle 1");
   CHECK(no_checkpoint(env));
-  CHECK(soon([&] { return b.saw("resumed", "") && c.saw("resumed", ""); }));
+  CHECK(eventually([&] { return b.saw("resumed", "") && c.saw("resumed", ""); }));
   for (auto* r : {&a, &b, &c})
     CHECK(r->error_count() == 0);
 }
@@ -354,7 +345,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: an expired ephemeral checkpoint is not "
     r->bot->start();
   }
   REQUIRE(a.say("pedido", 1));
-  REQUIRE(soon([&] { return !env.store->get_checkpoint("test:x"); }));
+  REQUIRE(eventually([&] { return !env.store->get_checkpoint("test:x"); }));
   REQUIRE(b.say("café", 1));
   CHECK(b.last() == "nuevo: café");
 }
@@ -425,14 +416,14 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a forwarded state that is not plain JSON "
   REQUIRE(a.say("café", 2));
   CHECK(a.last() == "¿Cantidad?");
   std::optional<botmesh::flow_checkpoint> cp;
-  REQUIRE(soon([&] {
+  REQUIRE(eventually([&] {
     cp = env.store->get_checkpoint("test:x");
     return cp && cp->marker;
   }));
   CHECK(cp->ephemeral);
   REQUIRE(b.say("3", 1));
   CHECK(b.last() == botmesh::text("en", "core.conversation.interrupted"));
-  CHECK(soon([&] { return b.saw("notified", "state"); }));
+  CHECK(eventually([&] { return b.saw("notified", "state"); }));
   CHECK(no_checkpoint(env));
 }
 
@@ -483,7 +474,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a flow changed between replicas goes to "
   REQUIRE(waiting_at(env, "producto"));
   REQUIRE(b.say("café", 1));
   CHECK(b.last() == want_last);
-  CHECK(soon([&] { return b.saw(want_outcome, "changed"); }));
+  CHECK(eventually([&] { return b.saw(want_outcome, "changed"); }));
   if (want_outcome == "handled") {
     std::lock_guard guard{seen_mtx};
     CHECK(seen.key == "test:x");
@@ -553,7 +544,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a coroutine conversation taken by "
   REQUIRE(b.say("Ana", 1));
   CHECK(texts(*b.provider) == want_b);
   if (!want_outcome.empty())
-    CHECK(soon([&] { return b.saw(want_outcome, "conversation"); }));
+    CHECK(eventually([&] { return b.saw(want_outcome, "conversation"); }));
   if (want_outcome == "restarted") {
     // The restarted conversation lives on b (with its own marker), and a
     // third replica applies the fallback again.
@@ -578,14 +569,14 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a coroutine conversation's marker costs "
   add_greeting(*a.bot);
   a.bot->start();
   REQUIRE(a.say("hola", 1));
-  REQUIRE(soon([&] { return env.store->checkpoint_writes.load() == 1; }));
+  REQUIRE(eventually([&] { return env.store->checkpoint_writes.load() == 1; }));
   REQUIRE(a.say("Ana", 2));
   CHECK(a.last() == "¿De dónde eres?");
   REQUIRE(a.say("Lima", 3));
   CHECK(a.last() == "Hola, Ana de Lima");
   // The removal is the last write of the conversation: once it is counted
   // every earlier one is, and the second wait wrote nothing.
-  REQUIRE(soon([&] { return env.store->checkpoint_clears.load() == 1; }));
+  REQUIRE(eventually([&] { return env.store->checkpoint_clears.load() == 1; }));
   CHECK(env.store->checkpoint_writes.load() == 2);
   CHECK_FALSE(env.store->get_checkpoint("test:x"));
 }
@@ -710,10 +701,10 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write that fails is an "
   env.store->fail_writes = true;
   REQUIRE(a.say("hola", 1)); // not a flow: no write, answered
   a.provider->inject("x", "pedido");
-  REQUIRE(soon([&] { return a.errors_with(botmesh::errc::store_error) == 1; }));
+  REQUIRE(eventually([&] { return a.errors_with(botmesh::errc::store_error) == 1; }));
   CHECK(a.error_text(botmesh::errc::store_error).find("checkpoint write failed")
         != std::string::npos);
-  CHECK(soon([&] { return a.bot->stats().conversations == 0; }));
+  CHECK(eventually([&] { return a.bot->stats().conversations == 0; }));
   env.store->fail_writes = false;
   REQUIRE(a.say("pedido", 2));
   CHECK(a.last() == "¿Producto?");
@@ -778,7 +769,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a first answer its validator refused is "
   CHECK(texts(*a.provider)
         == std::vector<std::string>{"¿Producto?", "Elige un producto",
                                     "¿Producto?"});
-  REQUIRE(soon([&] {
+  REQUIRE(eventually([&] {
     auto cp = env.store->get_checkpoint("test:x");
     return cp && cp->waiting && cp->step == "producto" && !cp->saved_answer;
   }));
