@@ -4,6 +4,7 @@
 // topology as CLUSTER NODES reports it, a client per node, and slot moves
 // step by step (MIGRATING/IMPORTING, key by key, then the new owner).
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -12,11 +13,45 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <botmesh/stores/redis/redis_client.hpp>
 
 namespace test {
+
+/// The load threads of a test, which run until `stop` is set. Leaving the
+/// scope (also through a failed REQUIRE) sets it and joins them.
+class load_threads {
+ public:
+  explicit load_threads(std::atomic<bool>& stop) : stop_(stop) {
+    // nop
+  }
+
+  load_threads(const load_threads&) = delete;
+  load_threads& operator=(const load_threads&) = delete;
+
+  ~load_threads() {
+    stop_all();
+  }
+
+  template <class F, class... Args>
+  void run(F&& f, Args&&... args) {
+    threads_.emplace_back(std::forward<F>(f), std::forward<Args>(args)...);
+  }
+
+  /// Sets `stop` and joins every thread. Idempotent.
+  void stop_all() {
+    stop_ = true;
+    for (auto& t : threads_)
+      if (t.joinable())
+        t.join();
+  }
+
+ private:
+  std::atomic<bool>& stop_;
+  std::vector<std::thread> threads_;
+};
 
 /// REDIS_CLUSTER_URL from the environment. Cluster tests run, never skip:
 /// a missing URL is an error telling how to run them.

@@ -359,21 +359,9 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
     pinger.join();
   };
 
-  std::vector<std::thread> threads;
+  test::load_threads threads{stop};
   for (int n = 0; n < lanes; ++n)
-    threads.emplace_back(lane, n);
-  auto stop_all = [&] {
-    stop = true;
-    for (auto& t : threads)
-      if (t.joinable())
-        t.join();
-  };
-  struct joiner {
-    std::function<void()> f;
-    ~joiner() {
-      f();
-    }
-  } join_on_exit{stop_all};
+    threads.run(lane, n);
   auto more_rounds = [&](int k) {
     int at[lanes];
     for (int n = 0; n < lanes; ++n)
@@ -413,7 +401,7 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
     return false;
   });
   bool after = whole && more_rounds(1);
-  stop_all();
+  threads.stop_all();
   a.bot->stop();
   b.bot->stop();
 

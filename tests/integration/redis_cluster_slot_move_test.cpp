@@ -289,24 +289,12 @@ TEST_CASE("cluster chaos: a slot moved key by key under load keeps chat "
     }
   } restore{slot, from, to};
 
-  std::vector<std::thread> threads;
-  threads.emplace_back(chat_writer, 0);
-  threads.emplace_back(chat_writer, 1);
-  threads.emplace_back(log_writer);
-  threads.emplace_back(chat_reader);
-  threads.emplace_back(log_reader);
-  auto stop_all = [&] {
-    stop = true;
-    for (auto& t : threads)
-      if (t.joinable())
-        t.join();
-  };
-  struct joiner {
-    std::function<void()> f;
-    ~joiner() {
-      f();
-    }
-  } join_on_exit{stop_all};
+  test::load_threads threads{stop};
+  threads.run(chat_writer, 0);
+  threads.run(chat_writer, 1);
+  threads.run(log_writer);
+  threads.run(chat_reader);
+  threads.run(log_reader);
 
   // Moves the slot key by key: after each key one more chat listing ran,
   // so listings see the slot split at every stage; then progress of every
@@ -324,7 +312,7 @@ TEST_CASE("cluster chaos: a slot moved key by key under load keeps chat "
       ++moved;
       auto n = chat_listings.load();
       if (!eventually([&] { return chat_listings.load() > n; })) {
-        stop_all();
+        threads.stop_all();
         FAIL("no chat listing ended within 60 s while the slot moved");
       }
     }
@@ -340,7 +328,7 @@ TEST_CASE("cluster chaos: a slot moved key by key under load keeps chat "
           return led.chat_ok.load() >= c0 + chats && led.log_ok.load() >= l0 + logs
                  && chat_listings.load() > r0 + 2 && log_listings.load() > m0 + 2;
         })) {
-      stop_all();
+      threads.stop_all();
       FAIL("the writers or the reader made no progress within 60 s");
     }
   };
@@ -350,7 +338,7 @@ TEST_CASE("cluster chaos: a slot moved key by key under load keeps chat "
   progress(40, 30);
   move(to, from);
   progress(40, 30);
-  stop_all();
+  threads.stop_all();
   restore.armed = false;
 
   auto tryagain = errors_at("TRYAGAIN") - tryagain_before;
