@@ -55,11 +55,7 @@ class cluster_store final : public store {
   }
 
   std::optional<chat_record> get_chat(std::string_view key) override {
-    auto k = L_.record(rk::chat, key);
-    auto f = to_fields("HGETALL " + k, client_->call({"HGETALL", k}));
-    if (f.empty())
-      return std::nullopt;
-    return read_chat(k, f);
+    return get_record<chat_record>(rk::chat, key, read_chat);
   }
 
   // The log lives in the chat's slot, the record in its bucket's: no single
@@ -83,11 +79,7 @@ class cluster_store final : public store {
       }
     }
     forget_seq(z);
-    return flag("script record_delete",
-                client_->eval(lua().record_delete,
-                              {L_.record(rk::chat, key),
-                               L_.record_index_of(rk::chat, key)},
-                              {std::string{key}}));
+    return delete_record(rk::chat, key);
   }
 
   std::vector<chat_record> list_chats() override {
@@ -107,19 +99,11 @@ class cluster_store final : public store {
   }
 
   std::optional<contact_record> get_contact(std::string_view id) override {
-    auto k = L_.record(rk::contact, id);
-    auto f = to_fields("HGETALL " + k, client_->call({"HGETALL", k}));
-    if (f.empty())
-      return std::nullopt;
-    return read_contact(k, f);
+    return get_record<contact_record>(rk::contact, id, read_contact);
   }
 
   bool delete_contact(std::string_view id) override {
-    return flag("script record_delete",
-                client_->eval(lua().record_delete,
-                              {L_.record(rk::contact, id),
-                               L_.record_index_of(rk::contact, id)},
-                              {std::string{id}}));
+    return delete_record(rk::contact, id);
   }
 
   std::vector<contact_record> list_contacts() override {
@@ -215,11 +199,7 @@ class cluster_store final : public store {
 
   std::optional<flow_checkpoint>
   get_checkpoint(std::string_view key) override {
-    auto k = L_.record(rk::checkpoint, key);
-    auto f = to_fields("HGETALL " + k, client_->call({"HGETALL", k}));
-    if (f.empty())
-      return std::nullopt;
-    return read_checkpoint(k, f);
+    return get_record<flow_checkpoint>(rk::checkpoint, key, read_checkpoint);
   }
 
   std::uint64_t set_checkpoint(const flow_checkpoint& cp) override {
@@ -422,6 +402,24 @@ class cluster_store final : public store {
   void forget_seq(const std::string& z) {
     std::lock_guard guard{seq_mtx_};
     next_seq_.erase(z);
+  }
+
+  // One record's hash; nothing when it does not exist.
+  template <class Record, class Read>
+  std::optional<Record> get_record(rk k, std::string_view id, Read read) {
+    auto key = L_.record(k, id);
+    auto f = to_fields("HGETALL " + key, client_->call({"HGETALL", key}));
+    if (f.empty())
+      return std::nullopt;
+    return read(key, f);
+  }
+
+  // A record and its index entry, in one script; false when it was gone.
+  bool delete_record(rk k, std::string_view id) {
+    return flag("script record_delete",
+                client_->eval(lua().record_delete,
+                              {L_.record(k, id), L_.record_index_of(k, id)},
+                              {std::string{id}}));
   }
 
   // Every index of a kind in one pipeline, then every hash in another;
