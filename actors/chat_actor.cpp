@@ -445,7 +445,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
         auto& head = st.queue.front();
         if (head.token)
           self->send(st.cfg().lease, release_atom::value, st.key,
-                     head.token->fence());
+                     head.token->fence(), head.token->take_handoff());
         st.queue.pop_front();
       }
       next_turn(self);

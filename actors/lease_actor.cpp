@@ -308,12 +308,16 @@ void send_poll(lease_actor_t* self, std::uint64_t req, waiting& w) {
                            });
 }
 
-void send_release(lease_actor_t* self, turn_ref ref) {
+// `handoff`: what the chat hands to the next holder (see
+// coordinator::release); a repeated release goes without it.
+void send_release(lease_actor_t* self, turn_ref ref,
+                  std::string_view handoff = {}) {
   auto& st = self->state;
   auto sent = now(self);
   ++st.in_flight;
-  st.cfg.coordinator->release(ref, [g = st.g, ref, sent](release_result r,
-                                                         std::exception_ptr e) {
+  st.cfg.coordinator->release(ref, handoff,
+                              [g = st.g, ref, sent](release_result r,
+                                                    std::exception_ptr e) {
     g->send(release_done{ref, sent, std::move(r),
                          e ? what_of(e) : std::string{}});
   });
@@ -436,6 +440,7 @@ void grant(lease_actor_t* self, const turn_state& s,
   auto token = std::make_shared<turn_token>(
     s.key, s.fence, s.req, s.previous_holder, *valid_until,
     [&c = self->clock()] { return c.now(); });
+  token->set_handed(s.handed);
   // A weak handle: the token may outlive this actor.
   token->on_step_start([addr = self->address(), key = s.key, fence = s.fence] {
     if (auto me = caf::actor_cast<caf::actor>(addr))
@@ -445,6 +450,27 @@ void grant(lease_actor_t* self, const turn_state& s,
                          clk::time_point::max()};
   arm(self, *valid_until);
   self->send(chat, granted_atom::value, s.req, std::move(token));
+}
+
+// A chat's turn is over: release it, handing `handoff` to the next holder.
+void end_turn(lease_actor_t* self, const std::string& key, std::uint64_t fence,
+              std::string_view handoff) {
+  auto& st = self->state;
+  auto h = st.holds.find(key);
+  if (h == st.holds.end() || h->second.token->fence() != fence)
+    return; // lost and passed on already
+  auto t = now(self);
+  if (h->second.settle_at <= t || h->second.valid_until <= t) {
+    // The step ended after its turn ran out, before the timer that
+    // would have noticed (a freeze resumes both at once): its writes
+    // since were refused, so the turn was lost, and says so.
+    lose(self, key,
+         h->second.settle_at <= t ? turn_end::settle : turn_end::frozen);
+    return;
+  }
+  h->second.token->end(turn_end::released);
+  st.holds.erase(h);
+  send_release(self, turn_ref{key, fence}, handoff);
 }
 
 void answer_waiting(lease_actor_t* self, std::uint64_t req, waiting& w,
@@ -697,22 +723,11 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       arm(self, h->second.settle_at);
     },
     [=](release_atom, const std::string& key, std::uint64_t fence) {
-      auto& st = self->state;
-      auto h = st.holds.find(key);
-      if (h == st.holds.end() || h->second.token->fence() != fence)
-        return; // lost and passed on already
-      auto t = now(self);
-      if (h->second.settle_at <= t || h->second.valid_until <= t) {
-        // The step ended after its turn ran out, before the timer that
-        // would have noticed (a freeze resumes both at once): its writes
-        // since were refused, so the turn was lost, and says so.
-        lose(self, key,
-             h->second.settle_at <= t ? turn_end::settle : turn_end::frozen);
-        return;
-      }
-      h->second.token->end(turn_end::released);
-      st.holds.erase(h);
-      send_release(self, turn_ref{key, fence});
+      end_turn(self, key, fence, {});
+    },
+    [=](release_atom, const std::string& key, std::uint64_t fence,
+        const std::string& handoff) {
+      end_turn(self, key, fence, handoff);
     },
     [=](leave_atom, const std::string& key, std::uint64_t req) {
       leave_request(self, key, req);

@@ -86,6 +86,25 @@ class turn_token {
   /// settle bound passed "settle".
   void check() const;
 
+  /// What the previous holder handed over with the release that granted
+  /// this turn (`turn_state::handed`), or empty.
+  const std::string& handed() const noexcept {
+    return handed_;
+  }
+
+  /// Called by whoever runs the step, on its thread, before the turn is
+  /// reported done: what to hand to the next holder with the release
+  /// (empty: nothing). The chat actor takes it once the step's thread told
+  /// it the turn is done (that message orders the write before the read).
+  void hand_over(std::string what) const {
+    handoff_ = std::move(what);
+  }
+
+  /// The chat actor's side of `hand_over`.
+  std::string take_handoff() const noexcept {
+    return std::move(handoff_);
+  }
+
   /// Fires when the turn ends (settle, loss, bot stop).
   std::stop_token stop_token() const noexcept {
     return stop_.get_token();
@@ -111,6 +130,11 @@ class turn_token {
     on_step_start_ = std::move(fn);
   }
 
+  /// Sets `handed()`; before the token is handed out.
+  void set_handed(std::string what) {
+    handed_ = std::move(what);
+  }
+
   /// Ends the turn once (later calls do nothing) and fires the stop token.
   /// Returns false when it had ended already.
   bool end(turn_end why) noexcept;
@@ -132,6 +156,8 @@ class turn_token {
   std::optional<std::string> previous_;
   time_source now_;
   std::function<void()> on_step_start_;
+  std::string handed_;
+  mutable std::string handoff_;
   std::atomic<std::int64_t> valid_until_;
   std::atomic<std::int64_t> settle_at_;
   std::atomic<std::uint8_t> end_{0};

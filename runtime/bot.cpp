@@ -227,6 +227,7 @@ struct bot::impl final : chat_services,
                                    "handover.max_answer_bytes must be > 0");
     cfg.max_answer_bytes = h.max_answer_bytes;
     cfg.notify_message = h.notify_message;
+    cfg.hand_over = h.message;
     return cfg;
   }
 
@@ -389,7 +390,12 @@ struct bot::impl final : chat_services,
   void coordinated_turn(const std::string& key, chat_event& ev, bool first,
                         const std::shared_ptr<turn_token>& token) {
     if (held_elsewhere(*token)) {
-      flows.drop(key);
+      // What the previous holder handed over with its release spares the
+      // store read of the chat's checkpoint.
+      if (token->handed().empty())
+        flows.drop(key);
+      else
+        flows.hand(key, token->handed());
       if (token->previous_holder())
         handoffs.inc(); // the chat's last turn ran on another replica
     }

@@ -217,6 +217,16 @@ struct handover_options {
   /// 16 KiB; a larger one is not saved (the step asks again). Must be > 0
   /// (field "handover.max_answer_bytes").
   std::size_t max_answer_bytes = default_max_answer_bytes;
+  /// Handover messages: a replica releasing a chat whose next turn is
+  /// already waiting hands that next holder the chat's checkpoint (or "no
+  /// checkpoint") with the grant, so a conversation changing replica
+  /// resumes without reading the store. Used only when it provably is the
+  /// latest: it is written by the release that grants the turn, in the
+  /// same atomic step, so nobody held the chat in between; a grant found
+  /// otherwise (a poll, an expired holder, a lost push) reads the store,
+  /// which stays the truth. Costs the checkpoint's JSON once more per such
+  /// release. Off: every change of replica reads the store.
+  bool message = true;
 };
 
 /// Several replicas of one bot coordinating through a shared backend.

@@ -41,9 +41,10 @@ turn_state blocking_coordinator::poll(std::string_view key, std::uint64_t req) {
     [&](auto done) { c_.poll(key, req, std::move(done)); });
 }
 
-release_result blocking_coordinator::release(turn_ref t) {
+release_result blocking_coordinator::release(turn_ref t,
+                                             std::string_view handoff) {
   return wait_for<release_result>(
-    [&](auto done) { c_.release(std::move(t), std::move(done)); });
+    [&](auto done) { c_.release(std::move(t), handoff, std::move(done)); });
 }
 
 bool blocking_coordinator::leave(std::string_view key, std::uint64_t req) {

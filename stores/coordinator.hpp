@@ -49,6 +49,12 @@ struct turn_state {
   std::int64_t deadline_ms = 0;
   std::int64_t now_ms = 0;
   std::string blocker{};
+  /// What the previous holder handed over with its release (see
+  /// `coordinator::release`), or empty. Set only on a grant made by that
+  /// release itself, in the same atomic step: nobody held the chat between
+  /// the two turns. Grants found by `poll`, made by an expiry or a `leave`,
+  /// never carry it.
+  std::string handed{};
 
   bool granted() const noexcept {
     return state == status::granted;
@@ -156,7 +162,15 @@ class coordinator {
     = 0;
 
   /// Ends the turn `t` of this incarnation and grants the next ticket.
-  virtual void release(turn_ref t, completion<release_result> done) = 0;
+  /// `handoff` (opaque, may be empty) travels to that next holder in
+  /// `turn_state::handed` of the grant's push, only when this release is
+  /// valid (the turn was still held at `t.fence`) and grants in the same
+  /// step. A push can be lost: a holder that got no `handed` must find
+  /// what it needs elsewhere (the store stays the truth). Cost: the bytes
+  /// are sent to the backend and, on a grant, pushed once more.
+  virtual void release(turn_ref t, std::string_view handoff,
+                       completion<release_result> done)
+    = 0;
 
   /// Gives up request `req`: its queued ticket, or its turn when it was
   /// granted meanwhile (then released as by `release`). True when something
@@ -206,7 +220,7 @@ class blocking_coordinator {
 
   turn_state enter(std::string_view key, std::uint64_t req, bool retry = false);
   turn_state poll(std::string_view key, std::uint64_t req);
-  release_result release(turn_ref t);
+  release_result release(turn_ref t, std::string_view handoff = {});
   bool leave(std::string_view key, std::uint64_t req);
   bool skip_if_dead(std::string_view key, std::string_view incarnation);
   renewal_result renew(renewal r);

@@ -34,9 +34,9 @@ class forwarding_coordinator : public coordinator {
             completion<turn_state> done) override {
     c_->poll(key, req, std::move(done));
   }
-  void release(turn_ref t,
+  void release(turn_ref t, std::string_view handoff,
                completion<release_result> done) override {
-    c_->release(std::move(t), std::move(done));
+    c_->release(std::move(t), handoff, std::move(done));
   }
   void leave(std::string_view key, std::uint64_t req,
              completion<bool> done) override {

@@ -99,8 +99,10 @@ struct memory_coordination_hub::impl {
 
   // Grants the turn to the first queued ticket (not of `skip`), pushing the
   // grant to the replica that owns it.
+  // `handed` goes with that grant (see coordinator::release).
   void grant_next(const std::string& key, chat_state& c, time_point now,
-                  const std::string& skip, pushes& out) {
+                  const std::string& skip, pushes& out,
+                  std::string_view handed = {}) {
     while (!c.owner && !c.queue.empty()) {
       auto e = std::move(c.queue.front());
       c.queue.pop_front();
@@ -111,8 +113,10 @@ struct memory_coordination_hub::impl {
                                       : std::chrono::milliseconds{15'000};
       c.owner = holder{e.incarnation, e.req, e.ticket, ++fences, c.last,
                        now + lease};
-      if (m != members.end())
+      if (m != members.end()) {
         out.push_back(push{m->second.listener, granted(key, *c.owner, now)});
+        out.back().grant.handed = handed;
+      }
     }
   }
 
@@ -337,7 +341,8 @@ void memory_coordinator::poll(std::string_view key, std::uint64_t req,
   done(std::move(out), nullptr);
 }
 
-void memory_coordinator::release(turn_ref t, completion<release_result> done) {
+void memory_coordinator::release(turn_ref t, std::string_view handoff,
+                                 completion<release_result> done) {
   std::exception_ptr err;
   if (crashed(err))
     return done({}, err);
@@ -355,6 +360,7 @@ void memory_coordinator::release(turn_ref t, completion<release_result> done) {
         c.last = replica_id_;
         c.owner.reset();
         out.released = true;
+        h.grant_next(t.key, c, now, {}, ps, handoff);
       }
       h.expire(t.key, c, now, ps);
       h.grant_next(t.key, c, now, {}, ps);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <exception>
+#include <limits>
 #include <condition_variable>
 #include <thread>
 
@@ -319,8 +321,92 @@ void flow_engine::drop(const std::string& key) {
   erase(key);
   if (looks_for_checkpoints()) {
     std::lock_guard guard{mtx_};
+    handed_.erase(key);
     dropped_.insert(key);
   }
+}
+
+// A handover message: "0" (no live checkpoint) or "1" and the checkpoint's
+// JSON (with its revision).
+namespace {
+
+constexpr std::string_view no_checkpoint = "0";
+
+std::string encode_handoff(const conversation* c) {
+  if (!c || c->revision == 0)
+    return std::string{no_checkpoint};
+  try {
+    return "1" + to_json(c->stored, std::numeric_limits<std::size_t>::max());
+  } catch (const std::exception&) {
+    return {}; // it was written, so it encodes; if not, hand nothing over
+  }
+}
+
+// Nothing when the payload is not usable: the store is read instead.
+std::optional<std::optional<flow_checkpoint>>
+decode_handoff(std::string_view p) {
+  if (p == no_checkpoint)
+    return std::optional<flow_checkpoint>{};
+  if (p.size() < 2 || p[0] != '1')
+    return std::nullopt;
+  try {
+    auto cp = checkpoint_from_json(p.substr(1));
+    // An ephemeral checkpoint close to its expiry may be gone from the
+    // store by the time it is used (the writer's clock set it): the store
+    // decides.
+    if (cp.ephemeral
+        && cp.expires_at <= clock::system().now() + std::chrono::seconds{1})
+      return std::nullopt;
+    return std::optional<flow_checkpoint>{std::move(cp)};
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+} // namespace
+
+void flow_engine::hand(const std::string& key, std::string_view handed) {
+  if (flows_.empty())
+    return;
+  if (!cfg_.hand_over || !looks_for_checkpoints()) {
+    drop(key);
+    return;
+  }
+  auto known = decode_handoff(handed);
+  if (!known) {
+    drop(key);
+    return;
+  }
+  erase(key);
+  std::lock_guard guard{mtx_};
+  dropped_.erase(key);
+  handed_[key] = std::move(*known);
+}
+
+void flow_engine::note_handoff(const std::string& key,
+                               const turn_token* turn) noexcept {
+  if (!turn || !cfg_.hand_over || !looks_for_checkpoints())
+    return;
+  std::string out;
+  try {
+    std::lock_guard guard{mtx_};
+    if (dropped_.count(key) == 0) {
+      if (auto h = handed_.find(key); h != handed_.end()) {
+        // Handed to this turn and not used: it is still what the store
+        // holds.
+        out = h->second ? "1" + to_json(*h->second,
+                                        std::numeric_limits<std::size_t>::max())
+                        : std::string{no_checkpoint};
+      } else {
+        auto c = convs_.find(key);
+        if (c == convs_.end() || !c->second->superseded)
+          out = encode_handoff(c == convs_.end() ? nullptr : c->second.get());
+      }
+    }
+  } catch (const std::exception&) {
+    out.clear(); // hand nothing over: the next holder reads the store
+  }
+  turn->hand_over(std::move(out));
 }
 
 // Without coordination only persistent flows leave checkpoints; with it,
@@ -442,6 +528,10 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
   auto rev = host_.flow_store().set_checkpoint_if(cp, c.revision);
   if (!rev) {
     c.superseded = true;
+    if (looks_for_checkpoints()) {
+      std::lock_guard guard{mtx_};
+      dropped_.insert(c.key); // the store holds someone else's checkpoint
+    }
     host_.raise_error(errc::lease_lost,
                       fmt::format("lease lost for {}: superseded (checkpoint "
                                   "of flow {} moved on past revision {})",
@@ -453,6 +543,10 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
   c.marker = mode == cp_mode::marker;
   if (cp.saved_answer && c.answer_saved && cp.saved_answer->id == c.current.id)
     *c.answer_saved = true;
+  if (cfg_.hand_over && cfg_.coordinated) {
+    cp.revision = *rev;
+    c.stored = std::move(cp);
+  }
 }
 
 flow_task flow_engine::run_ask_step(flow_context& c,
@@ -584,10 +678,18 @@ void flow_engine::drive(conversation& c) {
 void flow_engine::finish(conversation& c, bool clear) {
   // A step whose turn ended (settle, lost lease) never clears: the
   // checkpoint belongs to whoever holds the chat now.
+  bool left = looks_for_checkpoints() && (c.revision != 0 || c.superseded);
   if (clear && c.revision != 0 && !c.superseded
       && (!c.turn || c.turn->valid()))
-    host_.flow_store().clear_checkpoint_if(c.key, c.revision);
-  erase(c.key);
+    left = !host_.flow_store().clear_checkpoint_if(c.key, c.revision);
+  auto key = c.key;
+  erase(key);
+  if (left) {
+    // A checkpoint stays that this process no longer holds in memory: the
+    // chat's next message reads it.
+    std::lock_guard guard{mtx_};
+    dropped_.insert(key);
+  }
 }
 
 void flow_engine::deliver(conversation& c, answer a) {
@@ -599,10 +701,11 @@ void flow_engine::deliver(conversation& c, answer a) {
 }
 
 bool flow_engine::restore(const std::string& key, const inbound_message& msg,
-                          const turn_token* turn, bool* answer_saved) {
+                          const turn_token* turn, bool* answer_saved,
+                          const std::optional<flow_checkpoint>* known) {
   std::optional<flow_checkpoint> cp;
   try {
-    cp = host_.flow_store().get_checkpoint(key);
+    cp = known ? *known : host_.flow_store().get_checkpoint(key);
   } catch (const error& e) {
     if (e.code() != errc::corrupted_record)
       throw;
@@ -645,6 +748,8 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
   c.step = *step;
   c.current = msg;
   c.revision = cp->revision;
+  if (cfg_.hand_over && cfg_.coordinated)
+    c.stored = *cp;
   c.created = cp->created_at;
   try {
     c.state = nlohmann::json::parse(cp->state);
@@ -722,7 +827,9 @@ bool flow_engine::on_message(const std::string& key,
   if (flows_.empty())
     return false; // a bot without flows pays nothing per message
   try {
-    return offer(key, msg, first, turn, answer_saved);
+    auto consumed = offer(key, msg, first, turn, answer_saved);
+    note_handoff(key, turn);
+    return consumed;
   } catch (...) {
     // A write that failed or was fenced left the conversation in memory at
     // an unknown point: it goes, and the next message reads the store.
@@ -737,11 +844,18 @@ bool flow_engine::offer(const std::string& key, const inbound_message& msg,
   auto c = find(key);
   if (!c && looks_for_checkpoints()) {
     bool look = first;
+    std::optional<std::optional<flow_checkpoint>> known;
     {
       std::lock_guard guard{mtx_};
       look = dropped_.erase(key) > 0 || look;
+      if (auto h = handed_.find(key); h != handed_.end()) {
+        known = std::move(h->second); // newer than anything read at `first`
+        handed_.erase(h);
+        look = true;
+      }
     }
-    if (look && restore(key, msg, turn, answer_saved))
+    if (look
+        && restore(key, msg, turn, answer_saved, known ? &*known : nullptr))
       return true;
   }
   if (c) {
@@ -790,6 +904,18 @@ bool flow_engine::offer(const std::string& key, const inbound_message& msg,
 
 void flow_engine::on_timer(const std::string& key, std::uint64_t id,
                            const turn_token* turn) {
+  // On every way out but an exception, what the store holds now goes to
+  // the next holder.
+  struct noter {
+    flow_engine& e;
+    const std::string& key;
+    const turn_token* turn;
+    int pending = std::uncaught_exceptions();
+    ~noter() {
+      if (std::uncaught_exceptions() == pending)
+        e.note_handoff(key, turn);
+    }
+  } note{*this, key, turn};
   auto c = find(key);
   if (!c)
     return; // the conversation ended: a stale timer

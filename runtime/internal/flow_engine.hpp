@@ -77,6 +77,9 @@ struct handover_config {
   std::chrono::milliseconds ttl{std::chrono::minutes{5}};
   std::string notify_message{}; // empty: the localized default
   std::size_t max_answer_bytes = default_max_answer_bytes;
+  /// Hand the chat's checkpoint to the next holder with the release (see
+  /// `flow_engine::hand`).
+  bool hand_over = true;
 };
 
 /// What the engine needs from the bot. `turn` is the chat's current turn
@@ -144,6 +147,9 @@ struct conversation {
   /// The live checkpoint at `revision` is a waiting marker.
   bool marker = false;
   std::uint64_t revision = 0;
+  /// The checkpoint at `revision` as written or read (what a handover
+  /// message carries); meaningful while `revision != 0`.
+  flow_checkpoint stored;
   time_point created{};
   std::uint64_t wait_timer = 0;
   std::vector<idle_watch> idles;
@@ -185,6 +191,13 @@ class flow_engine {
   /// its next message reads the checkpoint. Called from the chat's turn.
   void drop(const std::string& key);
 
+  /// As `drop`, but the previous holder handed the chat's checkpoint over
+  /// with the release that granted this turn (`turn_token::handed`, made by
+  /// `on_message` / `on_timer` there): the next message resumes from it
+  /// without reading the store. A payload that cannot be decoded, or an
+  /// ephemeral checkpoint about to expire, is ignored (the store is read).
+  void hand(const std::string& key, std::string_view handed);
+
   /// Conversations in memory (for statistics and tests).
   std::size_t active() const;
 
@@ -206,8 +219,14 @@ class flow_engine {
   void erase(const std::string& key);
   bool offer(const std::string& key, const inbound_message& msg, bool first,
              const turn_token* turn, bool* answer_saved);
+  /// `known`: the live checkpoint handed over (see `hand`); read from the
+  /// store when null.
   bool restore(const std::string& key, const inbound_message& msg,
-               const turn_token* turn, bool* answer_saved);
+               const turn_token* turn, bool* answer_saved,
+               const std::optional<flow_checkpoint>* known = nullptr);
+  /// Leaves on `turn` what the engine knows the store holds for `key` now,
+  /// for the next holder (see `hand`); nothing when it does not know.
+  void note_handoff(const std::string& key, const turn_token* turn) noexcept;
   void fence(const conversation& c) const;
   void start(const flow::definition& def, const std::string& key,
              const inbound_message& msg, const turn_token* turn);
@@ -236,6 +255,8 @@ class flow_engine {
   mutable std::mutex mtx_;
   std::unordered_map<std::string, std::unique_ptr<conversation>> convs_;
   std::unordered_set<std::string> dropped_; // see on_message
+  /// Handed checkpoints (nothing: none) not yet used by a message.
+  std::unordered_map<std::string, std::optional<flow_checkpoint>> handed_;
   std::atomic<std::uint64_t> next_timer_{1};
 };
 

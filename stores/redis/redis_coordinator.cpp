@@ -37,11 +37,22 @@ std::string str_at(const redis_reply& r, std::size_t i, std::string_view what) {
 }
 
 // Parses a grant published by co_common.lua:
+//   ["h<#handed> <handed>"]
 //   "<req> <ticket> <fence> <deadline> <now> <#prev> <prev><chat key>"
 std::optional<turn_state> parse_grant(std::string_view p) {
   std::int64_t v[6];
   const char* at = p.data();
   const char* end = p.data() + p.size();
+  std::string_view handed;
+  if (at != end && *at == 'h') {
+    std::size_t n = 0;
+    auto [next, ec] = std::from_chars(at + 1, end, n);
+    if (ec != std::errc{} || next == end || *next != ' '
+        || static_cast<std::size_t>(end - next - 1) < n)
+      return std::nullopt;
+    handed = std::string_view{next + 1, n};
+    at = next + 1 + n;
+  }
   for (auto& x : v) {
     auto [next, ec] = std::from_chars(at, end, x);
     if (ec != std::errc{} || next == end || *next != ' ' || x < 0)
@@ -63,6 +74,7 @@ std::optional<turn_state> parse_grant(std::string_view p) {
   s.key = std::string{at + prev_len, end};
   if (s.key.empty())
     return std::nullopt;
+  s.handed = std::string{handed};
   return s;
 }
 
@@ -392,12 +404,14 @@ void redis_coordinator::poll(std::string_view key, std::uint64_t req,
     std::move(done));
 }
 
-void redis_coordinator::release(turn_ref t, completion<release_result> done) {
+void redis_coordinator::release(turn_ref t, std::string_view handoff,
+                                completion<release_result> done) {
   auto& i = *impl_;
   auto k = t.key;
   i.run<release_result>(
     k, internal::lua().co_release,
-    {i.incarnation, std::to_string(t.fence), i.ttl_arg, i.channel_prefix, k},
+    {i.incarnation, std::to_string(t.fence), i.ttl_arg, i.channel_prefix, k,
+     std::string{handoff}},
     [k](const redis_reply& r) {
       release_result out;
       out.released = int_at(r, 0, "co_release") == 1;

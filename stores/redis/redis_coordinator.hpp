@@ -65,7 +65,8 @@ class redis_coordinator final : public coordinator {
              completion<turn_state> done) override;
   void poll(std::string_view key, std::uint64_t req,
             completion<turn_state> done) override;
-  void release(turn_ref t, completion<release_result> done) override;
+  void release(turn_ref t, std::string_view handoff,
+               completion<release_result> done) override;
   void leave(std::string_view key, std::uint64_t req,
              completion<bool> done) override;
   void skip_if_dead(std::string_view key, std::string_view incarnation,

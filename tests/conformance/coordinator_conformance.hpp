@@ -205,6 +205,53 @@ TEST_CASE_TEMPLATE_DEFINE("leave gives up a queued ticket or a granted turn",
   CHECK_FALSE(a->sync().leave("chat", 99));
 }
 
+TEST_CASE_TEMPLATE_DEFINE("a release hands what its holder gives to the "
+                          "grant it makes, and to no other grant",
+                          F, cc_handed) {
+  using namespace std::string_literals;
+  F f;
+  auto a = cc::make(f, "a");
+  auto b = cc::make(f, "b");
+  for (auto* r : {a.get(), b.get()})
+    cc::await_push_channel(*r);
+  auto ga = a->sync().enter("chat", 1);
+  REQUIRE(ga.granted());
+  CHECK(ga.handed.empty()); // nobody released before
+  REQUIRE(b->sync().enter("chat", 1).state == cc::status::waiting);
+  // Any bytes travel unchanged: spaces, digits, the push format's own
+  // separators, a newline, a NUL.
+  auto payload = "1{\"k\":\"a b\"} 12 h3 x\n\0y"s;
+  REQUIRE(a->sync().release({"chat", ga.fence}, payload).released);
+  auto gb = b->push();
+  REQUIRE(gb);
+  CHECK(gb->handed == payload);
+  CHECK(gb->previous_holder == "a");
+  // A poll finds the same grant without it: only the release's own push
+  // carries it.
+  auto pb = b->sync().poll("chat", 1);
+  REQUIRE(pb.granted());
+  CHECK(pb.fence == gb->fence);
+  CHECK(pb.handed.empty());
+  // A stale release (that turn is over) hands nothing and grants nothing.
+  REQUIRE(a->sync().enter("chat", 2).state == cc::status::waiting);
+  CHECK_FALSE(a->sync().release({"chat", ga.fence}, "stale").released);
+  CHECK(a->pushes() == 0);
+  // A release without a payload: the grant carries none.
+  REQUIRE(b->sync().release({"chat", gb->fence}).released);
+  auto ga2 = a->push();
+  REQUIRE(ga2);
+  CHECK(ga2->handed.empty());
+  // A turn that expired passes on without what its late release says.
+  REQUIRE(b->sync().enter("chat", 2).state == cc::status::waiting);
+  f.advance(F::lease + F::lease / 3);
+  CHECK_FALSE(a->sync().release({"chat", ga2->fence}, "late").released);
+  auto gb2 = b->sync().poll("chat", 2);
+  REQUIRE(gb2.granted());
+  CHECK(gb2.handed.empty());
+  if (auto pushed = b->push(2))
+    CHECK(pushed->handed.empty());
+}
+
 TEST_CASE_TEMPLATE_DEFINE("a turn not renewed expires with its replica's "
                           "queued tickets; renewals keep it",
                           F, cc_expire) {
@@ -413,6 +460,7 @@ TEST_CASE_TEMPLATE_DEFINE("racing replicas serve one chat in ticket order, "
   TEST_CASE_TEMPLATE_INVOKE(cc_retry, F);                                      \
   TEST_CASE_TEMPLATE_INVOKE(cc_self, F);                                       \
   TEST_CASE_TEMPLATE_INVOKE(cc_leave, F);                                      \
+  TEST_CASE_TEMPLATE_INVOKE(cc_handed, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(cc_expire, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(cc_fence, F);                                      \
   TEST_CASE_TEMPLATE_INVOKE(cc_dead, F);                                       \

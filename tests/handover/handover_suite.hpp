@@ -248,6 +248,53 @@ struct cut_step {
   }
 };
 
+/// Holds a replica's turn for one message text on chat "x", after its
+/// handlers ran, until `open`: a message for another replica waits for
+/// that turn meanwhile.
+struct turn_gate {
+  std::mutex mtx;
+  std::string text; // the message whose turn holds; empty: none
+  std::atomic<bool> open{false};
+
+  void arm(const std::string& t) {
+    std::lock_guard guard{mtx};
+    text = t;
+    open = false;
+  }
+
+  botmesh::middleware hold() {
+    return [this](botmesh::context& c, const std::function<void()>& next) {
+      next();
+      {
+        std::lock_guard guard{mtx};
+        if (text.empty() || c.text() != text)
+          return;
+        text.clear();
+      }
+      auto until = std::chrono::steady_clock::now() + 10s;
+      while (!open.load() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(1ms);
+    };
+  }
+};
+
+/// Runs `text` on `holder` under `gate` and injects `next` into `taker`
+/// while that turn holds, so the taker's turn is granted by the holder's
+/// release; returns once the taker sent its `n`-th message.
+inline bool relay(replica& holder, turn_gate& gate, const std::string& text,
+                  std::size_t holder_sends, replica& taker,
+                  const std::string& next, std::size_t n) {
+  gate.arm(text);
+  if (!holder.say(text, holder_sends))
+    return false;
+  taker.provider->inject("x", next);
+  // The taker's ticket reaches the backend in about a millisecond; this
+  // leaves it far more.
+  std::this_thread::sleep_for(300ms);
+  gate.open = true;
+  return taker.provider->wait_for_sent(n, 10s);
+}
+
 } // namespace test::handover
 
 TEST_CASE_TEMPLATE_DEFINE("handover: forward carries a non-persistent flow "
@@ -716,8 +763,12 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a corrupted checkpoint is an error event "
                           Env, handover_14) {
   using namespace test::handover;
   Env env;
-  replica a{env, "a", forward()};
-  replica b{env, "b", forward()};
+  // b reads the store: a handover message from a's release (b's message
+  // may still find a's turn held) would spare it that read.
+  auto h = forward();
+  h.message = false;
+  replica a{env, "a", h};
+  replica b{env, "b", h};
   for (auto* r : {&a, &b}) {
     r->bot->add_flow(order_flow());
     r->bot->start();
@@ -777,6 +828,62 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a first answer its validator refused is "
   CHECK(b.last() == "¿Cantidad?");
 }
 
+TEST_CASE_TEMPLATE_DEFINE("handover: a release hands the chat's checkpoint "
+                          "to the replica its grant goes to, which resumes "
+                          "without reading the store",
+                          Env, handover_18) {
+  using namespace test::handover;
+  bool message = true;
+  SUBCASE("handover messages on (the default)") {
+    message = true;
+  }
+  SUBCASE("handover messages off: the store is read") {
+    message = false;
+  }
+  Env env;
+  auto h = forward();
+  h.message = message;
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  turn_gate gate_a, gate_b;
+  a.bot->use(gate_a.hold());
+  b.bot->use(gate_b.hold());
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  // a answers the product and holds its turn; b's message waits for it.
+  auto reads = env.store->checkpoint_reads.load();
+  REQUIRE(relay(a, gate_a, "café", 2, b, "3", 1));
+  CHECK(b.last() == "¿Dirección?");
+  if (message)
+    CHECK(env.store->checkpoint_reads.load() == reads);
+  else
+    CHECK(env.store->checkpoint_reads.load() > reads);
+  // b finishes the order (clearing its checkpoint) and hands "none" to a:
+  // a, whose copy in memory is stale, reads nothing either.
+  reads = env.store->checkpoint_reads.load();
+  REQUIRE(relay(b, gate_b, "Calle 1", 2, a, "hola", 3));
+  CHECK(texts(*b.provider).back() == "3 x café a Calle 1");
+  CHECK(a.last() == "nuevo: hola");
+  if (message)
+    CHECK(env.store->checkpoint_reads.load() == reads);
+  else
+    CHECK(env.store->checkpoint_reads.load() > reads);
+  CHECK(no_checkpoint(env));
+  // A chat without a conversation keeps handing "none" over.
+  reads = env.store->checkpoint_reads.load();
+  REQUIRE(relay(a, gate_a, "otra", 4, b, "adiós", 3));
+  CHECK(b.last() == "nuevo: adiós");
+  if (message)
+    CHECK(env.store->checkpoint_reads.load() == reads);
+  else
+    CHECK(env.store->checkpoint_reads.load() > reads);
+  for (auto* r : {&a, &b})
+    CHECK(r->error_count() == 0);
+}
+
 /// Runs every case of the suite on `Env`.
 #define BOTMESH_HANDOVER_SUITE(Env) \
   TEST_CASE_TEMPLATE_INVOKE(handover_1, Env); \
@@ -795,4 +902,5 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a first answer its validator refused is "
   TEST_CASE_TEMPLATE_INVOKE(handover_14, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_15, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_16, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_17, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_17, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_18, Env);

@@ -1,7 +1,11 @@
 #include <doctest/doctest.h>
 
+#include <functional>
+#include <string>
+
 #include <botmesh/runtime/core/checkpoint.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
+#include <botmesh/stores/forwarding_coordinator.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
 #include <botmesh/stores/memory_durable_backend.hpp>
 #include <botmesh/stores/memory_store.hpp>
@@ -174,4 +178,116 @@ TEST_CASE("with durability a step cut by settle whose answer landed in the "
   b.stop();
   CHECK(b.stats().reprocessed == 0);
   CHECK(texts(*p).size() == 3);
+}
+
+namespace {
+
+// Rewrites what each release hands over, as a fault between the replicas.
+class rewriting_coordinator final : public botmesh::forwarding_coordinator {
+ public:
+  using rewrite_fn = std::function<std::string(std::string_view)>;
+
+  rewriting_coordinator(std::shared_ptr<botmesh::coordinator> c,
+                        std::shared_ptr<rewrite_fn> fn)
+    : forwarding_coordinator(std::move(c)), fn_(std::move(fn)) {
+    // nop
+  }
+
+  void release(botmesh::turn_ref t, std::string_view handoff,
+               completion<botmesh::release_result> done) override {
+    auto out = *fn_ ? (*fn_)(handoff) : std::string{handoff};
+    forwarding_coordinator::release(std::move(t), out, std::move(done));
+  }
+
+ private:
+  std::shared_ptr<rewrite_fn> fn_;
+};
+
+struct rewriting_env : memory_env {
+  std::shared_ptr<rewriting_coordinator::rewrite_fn> rewrite =
+    std::make_shared<rewriting_coordinator::rewrite_fn>();
+
+  std::shared_ptr<botmesh::coordinator> coordinator(std::string id) {
+    return std::make_shared<rewriting_coordinator>(
+      memory_env::coordinator(std::move(id)), rewrite);
+  }
+};
+
+// A handed checkpoint changed by `fn` (the payload is "1" and its JSON).
+rewriting_coordinator::rewrite_fn
+change_checkpoint(std::function<void(botmesh::flow_checkpoint&)> fn) {
+  return [fn](std::string_view h) -> std::string {
+    if (h.size() < 2 || h[0] != '1')
+      return std::string{h};
+    auto cp = botmesh::checkpoint_from_json(h.substr(1));
+    fn(cp);
+    return "1" + botmesh::to_json(cp);
+  };
+}
+
+} // namespace
+
+TEST_CASE("a handover message that cannot be used (garbled, or an ephemeral "
+          "checkpoint about to expire) is ignored: the taker reads the "
+          "store") {
+  using namespace test::handover;
+  rewriting_env env;
+  SUBCASE("garbled JSON") {
+    *env.rewrite = [](std::string_view) { return std::string{"1{\"v\":"}; };
+  }
+  SUBCASE("an unknown kind") {
+    *env.rewrite = [](std::string_view) { return std::string{"2"}; };
+  }
+  SUBCASE("an ephemeral checkpoint expiring within a second") {
+    *env.rewrite = change_checkpoint([](botmesh::flow_checkpoint& cp) {
+      cp.expires_at = botmesh::clock::system().now() + 500ms;
+    });
+  }
+  replica a{env, "a", forward()};
+  replica b{env, "b", forward()};
+  turn_gate gate;
+  a.bot->use(gate.hold());
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  auto reads = env.store->checkpoint_reads.load();
+  REQUIRE(relay(a, gate, "café", 2, b, "3", 1));
+  CHECK(b.last() == "¿Dirección?");
+  CHECK(env.store->checkpoint_reads.load() > reads);
+  CHECK(b.error_count() == 0);
+}
+
+TEST_CASE("a handed checkpoint that is not the store's latest cannot write "
+          "over it: the taker's first write is refused (superseded) and "
+          "nothing of the stale position is sent") {
+  using namespace test::handover;
+  rewriting_env env;
+  // The releasing replica hands an older revision than it wrote.
+  *env.rewrite = change_checkpoint(
+    [](botmesh::flow_checkpoint& cp) { cp.revision -= 1; });
+  replica a{env, "a", forward()};
+  replica b{env, "b", forward()};
+  turn_gate gate;
+  a.bot->use(gate.hold());
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  gate.arm("café");
+  REQUIRE(a.say("café", 2));
+  b.provider->inject("x", "3");
+  std::this_thread::sleep_for(300ms);
+  gate.open = true;
+  REQUIRE(eventually([&] { return b.errors_with(botmesh::errc::lease_lost) > 0; }));
+  CHECK(b.error_text(botmesh::errc::lease_lost).find("superseded")
+        != std::string::npos);
+  CHECK(b.provider->sent().empty());
+  // The store still waits at the quantity, as a left it.
+  auto cp = env.store->get_checkpoint("test:x");
+  REQUIRE(cp);
+  CHECK(cp->step == "cantidad");
+  CHECK(cp->waiting);
 }

@@ -65,6 +65,7 @@ struct call {
   std::uint64_t req = 0;     // enter, poll, leave
   bool retry = false;        // enter
   std::uint64_t fence = 0;   // release, unlead
+  std::string handoff{};     // release
   std::string incarnation;   // skip_if_dead
   botmesh::renewal renewal;  // renew
   std::int64_t sent_ms = 0;  // backend clock when the call was made
@@ -117,10 +118,11 @@ class scripted_coordinator final : public botmesh::coordinator {
     apply(c);
   }
 
-  void release(botmesh::turn_ref t,
+  void release(botmesh::turn_ref t, std::string_view handoff,
                completion<botmesh::release_result> done) override {
     auto& c = add(op::release, t.key);
     c.fence = t.fence;
+    c.handoff = std::string{handoff};
     c.on_release = std::move(done);
     apply(c);
   }

@@ -6,6 +6,8 @@
 -- KEYS[1] H  KEYS[2] Q
 -- ARGV[1] incarnation  ARGV[2] fence  ARGV[3] ttl ms
 -- ARGV[4] grant channel prefix  ARGV[5] chat key
+-- ARGV[6] what the holder hands to the next one ('' = nothing): pushed
+--         with the grant this valid release makes, never with another
 -- Returns {released (1/0), now} and, when the next holder is this same
 -- incarnation, its grant after them: {.., req, ticket, fence, previous
 -- holder, deadline}. Releasing a turn no longer held (expired, released
@@ -17,7 +19,8 @@ local released, g = 0, nil
 if o[1] == ARGV[1] and o[2] == ARGV[2] and tonumber(o[3]) > now then
   released = 1
   local queued
-  g, queued = co_pass(now, o[4] or '', tonumber(o[2]), ARGV[4], ARGV[5])
+  g, queued = co_pass(now, o[4] or '', tonumber(o[2]), ARGV[4], ARGV[5],
+                      ARGV[6])
   if not queued then
     -- Nobody waits: the queue does not exist, only H keeps an expiry.
     redis.call('PEXPIRE', KEYS[1], ARGV[3])

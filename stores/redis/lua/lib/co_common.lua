@@ -21,6 +21,9 @@
 --
 -- A grant is pushed: PUBLISH on "<channel prefix><incarnation>" with
 --   "<req> <ticket> <fence> <deadline> <now> <#prev> <prev><chat key>"
+-- and, when a release grants with something handed over (co_pass), that
+-- prefixed with "h<#handed> <handed>" (a reader that predates it fails to
+-- parse the push and finds the grant by polling).
 
 local function co_now()
   local t = redis.call('TIME')
@@ -78,9 +81,10 @@ local function co_clear(rep)
 end
 
 -- Ends a valid holding by replica `rep` at `fence` and grants the next
--- queued ticket in the same write (pushed to its replica). Returns that
--- grant and true, or nil and false when nobody waits (the turn is free).
-local function co_pass(now, rep, fence, chan, key)
+-- queued ticket in the same write (pushed to its replica, with `handed`
+-- when not empty). Returns that grant and true, or nil and false when
+-- nobody waits (the turn is free).
+local function co_pass(now, rep, fence, chan, key, handed)
   local e = redis.call('LPOP', KEYS[2])
   while e do
     local tk, inc, req, lease, r = co_parse(e)
@@ -90,9 +94,12 @@ local function co_pass(now, rep, fence, chan, key)
       redis.call('HSET', KEYS[1], 'last', rep, 'fence', co_int(nf),
                  'o_inc', inc, 'o_rep', r, 'o_req', req, 'o_tk', tk,
                  'o_dl', co_int(dl), 'o_prev', rep)
-      redis.call('PUBLISH', chan .. inc,
-                 req .. ' ' .. tk .. ' ' .. co_int(nf) .. ' ' .. co_int(dl)
-                 .. ' ' .. co_int(now) .. ' ' .. #rep .. ' ' .. rep .. key)
+      local msg = req .. ' ' .. tk .. ' ' .. co_int(nf) .. ' ' .. co_int(dl)
+                  .. ' ' .. co_int(now) .. ' ' .. #rep .. ' ' .. rep .. key
+      if handed and #handed > 0 then
+        msg = 'h' .. #handed .. ' ' .. handed .. msg
+      end
+      redis.call('PUBLISH', chan .. inc, msg)
       return {inc, req, tk, nf, rep, dl}, true
     end
     e = redis.call('LPOP', KEYS[2])
