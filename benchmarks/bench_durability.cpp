@@ -6,13 +6,22 @@
 //   bench durable_turns_per_s   the same with durability on the same Redis
 //                               (journal write, outbox claim, confirm)
 //   ratio durable_vs_plain_turns   median durable / median plain
+//   bench handover_message_p50 us   a flow waiting on replica A is answered
+//   bench handover_store_read_p50 us on replica B while A's turn holds: from
+//                               the end of A's turn until B's step has the
+//                               answer, with the checkpoint handed over
+//                               with B's grant (handover messages), and
+//                               with them off (B reads the store)
+//   ratio handover_message_vs_store_read   median over interleaved rounds of
+//                               the per-round ratio of the two p50s
 //
 // Each round sends `messages` messages over `chats` chats to a fresh bot
 // and waits until every reply is out; rounds alternate plain and durable.
 // Redis from REDIS_URL. Options: --rounds N (5), --messages N (4000),
-// --chats N (200).
+// --chats N (200), --handoffs N (hand-offs per variant and round, 40).
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +29,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <botmesh/runtime/botmesh.hpp>
@@ -85,10 +95,115 @@ double round_turns(const std::string& url, bool durable, int messages,
   return messages / secs;
 }
 
+// Two replicas on Redis (store and coordination, forwarded flows). A's turn
+// for the answer "café" holds after its handlers ran until the benchmark
+// opens it; B's message waits for that turn meanwhile, so B's turn is
+// granted by A's release.
+struct handover_pair {
+  struct replica {
+    std::shared_ptr<botmesh::redis_client> client;
+    std::shared_ptr<botmesh::testing_provider> provider =
+      std::make_shared<botmesh::testing_provider>();
+    std::unique_ptr<botmesh::bot> bot;
+  };
+
+  std::string prefix = fresh_prefix();
+  replica a, b;
+  std::atomic<bool> held{false};
+  std::atomic<bool> open{false};
+  std::atomic<std::int64_t> released_at{0}; // ns, steady clock
+  std::atomic<std::int64_t> resumed_at{0};
+
+  static std::int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             clk::now().time_since_epoch())
+      .count();
+  }
+
+  handover_pair(const std::string& url, bool message) {
+    for (auto* r : {&a, &b}) {
+      r->client = std::make_shared<botmesh::redis_client>(
+        botmesh::redis_options{.url = url});
+      auto store = std::make_shared<botmesh::redis_store>(
+        botmesh::redis_store_options{.client = r->client, .prefix = prefix});
+      botmesh::coordination_options co;
+      co.coordinator = store->coordinator(r == &a ? "a" : "b");
+      co.handover.flows = botmesh::handover_flows::forward;
+      co.handover.message = message;
+      r->bot = std::make_unique<botmesh::bot>(botmesh::bot_options{
+        .provider = r->provider, .store = store, .log_messages = false,
+        .coordination = co});
+      botmesh::flow f{"pedido"};
+      f.hears({"pedido"})
+        .ask("producto", "¿Producto?",
+             [](botmesh::flow_context&, const botmesh::answer&) {})
+        .ask("cantidad", "¿Cantidad?",
+             [this](botmesh::flow_context&, const botmesh::answer&) {
+               resumed_at.store(now_ns());
+             });
+      r->bot->add_flow(std::move(f));
+    }
+    a.bot->use([this](botmesh::context& c, const std::function<void()>& next) {
+      next();
+      if (c.text() != "café")
+        return;
+      held.store(true);
+      while (!open.exchange(false))
+        std::this_thread::yield();
+      released_at.store(now_ns());
+    });
+    a.bot->start();
+    b.bot->start();
+  }
+
+  ~handover_pair() {
+    a.bot->stop();
+    b.bot->stop();
+    auto keys = a.client->call({"KEYS", prefix + ":*"});
+    for (auto& k : keys.elements)
+      a.client->call({"DEL", k.str});
+  }
+
+  static bool wait(const std::function<bool()>& fn) {
+    auto until = clk::now() + std::chrono::seconds(10);
+    while (!fn())
+      if (clk::now() > until)
+        return false;
+    return true;
+  }
+
+  // One hand-off on a fresh chat: microseconds from the end of A's turn
+  // until B's step has the answer.
+  double once(int i) {
+    auto chat = "h" + std::to_string(i);
+    auto sent_a = a.provider->sent().size();
+    a.provider->inject(chat, "pedido");
+    if (!a.provider->wait_for_sent(sent_a + 1, std::chrono::seconds(10)))
+      fail("A did not ask");
+    held.store(false);
+    resumed_at.store(0);
+    a.provider->inject(chat, "café");
+    if (!wait([&] { return held.load(); }))
+      fail("A's turn did not hold");
+    b.provider->inject(chat, "3");
+    // B's ticket reaches Redis in well under a millisecond.
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    open.store(true);
+    if (!wait([&] { return resumed_at.load() != 0; }))
+      fail("B did not resume the flow");
+    return (resumed_at.load() - released_at.load()) / 1000.0;
+  }
+
+  [[noreturn]] static void fail(const char* what) {
+    std::fprintf(stderr, "bench_durability: hand-off: %s\n", what);
+    std::exit(1);
+  }
+};
+
 } // namespace
 
 int main(int argc, char** argv) {
-  int rounds = 5, messages = 4000, chats = 200;
+  int rounds = 5, messages = 4000, chats = 200, handoffs = 40;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--rounds"))
       rounds = std::max(1, std::atoi(argv[i + 1]));
@@ -96,6 +211,8 @@ int main(int argc, char** argv) {
       messages = std::max(1, std::atoi(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--chats"))
       chats = std::max(1, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--handoffs"))
+      handoffs = std::max(1, std::atoi(argv[i + 1]));
   }
   auto url = std::getenv("REDIS_URL");
   if (!url || !*url) {
@@ -122,5 +239,35 @@ int main(int argc, char** argv) {
   std::printf("bench durable_turns_per_s %.1f turns/s\n", median(durable));
   std::printf("ratio durable_vs_plain_turns %.3f\n",
               median(durable) / median(plain));
+
+  // Hand-offs: both pairs live through all rounds; rounds alternate which
+  // variant goes first.
+  handover_pair with{url, true};
+  handover_pair without{url, false};
+  int next_chat = 0;
+  auto p50 = [&](handover_pair& p) {
+    std::vector<double> us;
+    for (int i = 0; i < handoffs; ++i)
+      us.push_back(p.once(next_chat++));
+    return median(us);
+  };
+  p50(with); // warm-up
+  p50(without);
+  std::vector<double> msg, read, ratios;
+  for (int r = 0; r < std::max(rounds, 5); ++r) {
+    if (r % 2 == 0) {
+      msg.push_back(p50(with));
+      read.push_back(p50(without));
+    } else {
+      read.push_back(p50(without));
+      msg.push_back(p50(with));
+    }
+    ratios.push_back(msg.back() / read.back());
+    std::printf("  hand-off round %d: message %.0f us, store read %.0f us\n",
+                r, msg.back(), read.back());
+  }
+  std::printf("bench handover_message_p50 %.1f us\n", median(msg));
+  std::printf("bench handover_store_read_p50 %.1f us\n", median(read));
+  std::printf("ratio handover_message_vs_store_read %.3f\n", median(ratios));
   return 0;
 }
