@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -884,6 +885,201 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a release hands the chat's checkpoint "
     CHECK(r->error_count() == 0);
 }
 
+/// A middleware that answers `text` itself ("ok") without calling next():
+/// the turn of that message never reaches the flow engine.
+inline botmesh::middleware answers_itself(std::string text) {
+  return [text](botmesh::context& c, const std::function<void()>& next) {
+    if (c.text() == text) {
+      c.reply("ok");
+      return;
+    }
+    next();
+  };
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a handed checkpoint that its turn did not "
+                          "use is not used by a later turn of the same "
+                          "replica once the store's copy expired",
+                          Env, handover_19) {
+  using namespace test::handover;
+  bool message = true;
+  SUBCASE("handover messages on (the default)") {
+    message = true;
+  }
+  SUBCASE("handover messages off: the store is read") {
+    message = false;
+  }
+  bool marker = false;
+  SUBCASE("an ephemeral checkpoint (forward)") {
+    marker = false;
+  }
+  SUBCASE("a waiting marker (fallback notify)") {
+    marker = true;
+  }
+  CAPTURE(message);
+  CAPTURE(marker);
+  Env env;
+  auto h = marker ? botmesh::handover_options{} : forward();
+  if (marker)
+    h.fallback = botmesh::handover_fallback::notify;
+  h.message = message;
+  h.ttl = botmesh::duration{2s};
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  turn_gate gate;
+  a.bot->use(gate.hold());
+  // b's middleware answers "saltar" itself (an admin command, a filter).
+  b.bot->use(answers_itself("saltar"));
+  for (auto* r : {&a, &b}) {
+    if (marker)
+      add_greeting(*r->bot);
+    else
+      r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  // a's turn writes the checkpoint (expiring 2 s later) and holds while
+  // b's "saltar" waits: a's release hands it to b, whose turn does not
+  // reach the flow engine.
+  if (marker) {
+    REQUIRE(relay(a, gate, "hola", 1, b, "saltar", 1));
+  } else {
+    REQUIRE(a.say("pedido", 1));
+    REQUIRE(relay(a, gate, "café", 2, b, "saltar", 1));
+  }
+  CHECK(b.last() == "ok");
+  // The store's copy expires: the chat has no conversation any more.
+  REQUIRE(eventually([&] { return !env.store->get_checkpoint("test:x"); }));
+  // b's next turn (b held the chat last) must see what the store holds:
+  // nothing, so the message is routed as a new one.
+  b.provider->inject("x", "Ana");
+  CHECK(b.provider->wait_for_sent(2, 5s));
+  CHECK(texts(*b.provider).size() == 2);
+  CHECK(b.last() == "nuevo: Ana");
+  CHECK(b.error_text(botmesh::errc::lease_lost) == "");
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a replica restarted with the same id "
+                          "whose first turn did not reach the flow engine "
+                          "never hands \"no checkpoint\" while the store "
+                          "holds one",
+                          Env, handover_20) {
+  using namespace test::handover;
+  bool message = true;
+  SUBCASE("handover messages on (the default)") {
+    message = true;
+  }
+  SUBCASE("handover messages off: the store is read") {
+    message = false;
+  }
+  Env env;
+  botmesh::handover_options h;
+  h.message = message;
+  auto a = std::make_unique<replica>(env, "a", h);
+  replica b{env, "b", h};
+  a->bot->add_flow(order_flow(true));
+  b.bot->add_flow(order_flow(true));
+  a->bot->start();
+  b.bot->start();
+  REQUIRE(a->say("pedido", 1));
+  REQUIRE(waiting_at(env, "producto"));
+  // a restarts with the same replica id: the chat's last holder is "a".
+  a.reset();
+  replica a2{env, "a", h};
+  turn_gate gate;
+  a2.bot->use(answers_itself("saltar"));
+  a2.bot->use(gate.hold());
+  a2.bot->add_flow(order_flow(true));
+  a2.bot->start();
+  // The first turn of the chat on a2 is answered by a middleware.
+  REQUIRE(a2.say("saltar", 1));
+  REQUIRE(waiting_at(env, "producto"));
+  // a2's next turn holds while b's message waits; its release grants b.
+  REQUIRE(relay(a2, gate, "hola", 2, b, "café", 1));
+  // The store waited at the product all along (nobody wrote meanwhile):
+  // "café" answers it.
+  CHECK(b.last() == "¿Cantidad?");
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a handed ephemeral checkpoint that "
+                          "expires while its turn's middleware runs is not "
+                          "resumed",
+                          Env, handover_21) {
+  using namespace test::handover;
+  bool message = true;
+  SUBCASE("handover messages on (the default)") {
+    message = true;
+  }
+  SUBCASE("handover messages off: the store is read") {
+    message = false;
+  }
+  CAPTURE(message);
+  Env env;
+  auto h = forward();
+  h.message = message;
+  h.ttl = botmesh::duration{2s};
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  turn_gate gate;
+  a.bot->use(gate.hold());
+  // b's middleware takes its time (an external lookup) before next().
+  b.bot->use([&env](botmesh::context&, const std::function<void()>& next) {
+    eventually([&] { return !env.store->get_checkpoint("test:x"); }, 5s);
+    next();
+  });
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  // a writes the checkpoint at the quantity (expiring 2 s later) and its
+  // release grants b's "3", handing it over with 1.7 s to live.
+  CHECK(relay(a, gate, "café", 2, b, "3", 1));
+  // By the time "3" reaches the flows the store holds nothing: it is a new
+  // message.
+  CHECK(b.last() == "nuevo: 3");
+  CHECK(b.error_text(botmesh::errc::lease_lost) == "");
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a conversation whose timer turn failed "
+                          "after its clear landed is not handed over",
+                          Env, handover_22) {
+  using namespace test::handover;
+  bool message = true;
+  SUBCASE("handover messages on (the default)") {
+    message = true;
+  }
+  SUBCASE("handover messages off: the store is read") {
+    message = false;
+  }
+  CAPTURE(message);
+  Env env;
+  botmesh::handover_options h;
+  h.message = message;
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  turn_gate gate;
+  a.bot->use(gate.hold());
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow(true, nullptr, botmesh::duration{1s}));
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  REQUIRE(a.say("café", 2));
+  REQUIRE(waiting_at(env, "cantidad"));
+  // The quantity times out on a: its timer turn says so and ends the
+  // conversation; the clear lands, its reply is lost.
+  env.store->lose_write_replies = 1;
+  REQUIRE(a.provider->wait_for_sent(3, 10s));
+  REQUIRE(no_checkpoint(env));
+  REQUIRE(eventually([&] { return a.error_count() >= 1; }));
+  // a's next turn holds while b's message waits; its release grants b.
+  CHECK(relay(a, gate, "hola", 4, b, "Ana", 1));
+  CHECK(a.last() == "nuevo: hola");
+  // The store holds nothing: "Ana" is a new message on b.
+  CHECK(b.last() == "nuevo: Ana");
+  CHECK(b.error_text(botmesh::errc::lease_lost) == "");
+}
+
 /// Runs every case of the suite on `Env`.
 #define BOTMESH_HANDOVER_SUITE(Env) \
   TEST_CASE_TEMPLATE_INVOKE(handover_1, Env); \
@@ -903,4 +1099,8 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a release hands the chat's checkpoint "
   TEST_CASE_TEMPLATE_INVOKE(handover_15, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_16, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_17, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_18, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_18, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_19, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_20, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_21, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_22, Env);

@@ -26,6 +26,10 @@ class recording_store final : public botmesh::store {
   /// Message-log appends fail while set (this many more times: < 0 forever).
   std::atomic<int> fail_log{0};
   std::atomic<bool> corrupt_reads{false};
+  /// The next this many conditional checkpoint writes (set_checkpoint_if,
+  /// clear_checkpoint_if) land but report a timeout, as when the reply is
+  /// lost.
+  std::atomic<int> lose_write_replies{0};
 
   botmesh::store& inner() noexcept {
     return *inner_;
@@ -98,6 +102,7 @@ class recording_store final : public botmesh::store {
     auto out = inner_->set_checkpoint_if(c, r);
     if (out)
       ++checkpoint_writes;
+    lost_reply();
     return out;
   }
   bool clear_checkpoint_if(std::string_view k, std::uint64_t r) override {
@@ -107,6 +112,7 @@ class recording_store final : public botmesh::store {
       ++checkpoint_writes;
       ++checkpoint_clears;
     }
+    lost_reply();
     return out;
   }
   void clear_checkpoint(std::string_view k) override {
@@ -151,6 +157,13 @@ class recording_store final : public botmesh::store {
     if (fail_writes)
       throw botmesh::error(botmesh::errc::store_error,
                            "checkpoint write failed: the test store is down");
+  }
+
+  void lost_reply() {
+    for (auto n = lose_write_replies.load(); n > 0;)
+      if (lose_write_replies.compare_exchange_weak(n, n - 1))
+        throw botmesh::error(botmesh::errc::timeout,
+                             "checkpoint write: no reply (it landed)");
   }
 
   std::shared_ptr<botmesh::store> inner_;
