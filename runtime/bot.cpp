@@ -420,12 +420,15 @@ struct bot::impl final : chat_services,
         if (record(key, ev.message, first, token->fence()))
           outcome = run_handlers(key, ev.message, first, token.get(),
                                  &answer_saved);
+        else if (first)
+          flows.drop(key); // the activation's first look at the store
       }
       // Acks follow the checkpoint: a cut step whose answer (this message)
       // a landed checkpoint keeps has kept its effect.
       settle_record(key, ev, (!dt.lost && token->valid()) || answer_saved);
       ev.end(outcome);
     }
+    flows.end_turn(key);
     if (!token->valid())
       flows.drop(key);
   }
@@ -507,6 +510,8 @@ struct bot::impl final : chat_services,
       internal::durable_turn_scope scope{ev.journal.empty() ? nullptr : &dt};
       if (record(key, ev.message, first, 0))
         outcome = run_handlers(key, ev.message, first, nullptr);
+      else if (first)
+        flows.drop(key); // the activation's first look at the store
     }
     settle_record(key, ev, !dt.lost);
     ev.end(outcome);
@@ -777,12 +782,25 @@ struct bot::impl final : chat_services,
       }
     } latency_guard{handler_latency, began};
     emit(on_in, events::message_in{key, msg});
+    // The activation's first message makes the flows look at the store; a
+    // middleware that answered it itself leaves that look to the next one.
+    bool routed = false;
+    struct first_look {
+      internal::flow_engine& flows;
+      const std::string& key;
+      bool first;
+      const bool& routed;
+      ~first_look() {
+        if (first && !routed)
+          flows.drop(key);
+      }
+    } look_guard{flows, key, first, routed};
     try {
       if (middlewares.empty()) {
-        route_message(key, msg, first, turn, answer_saved);
+        route_message(key, msg, first, turn, answer_saved, &routed);
       } else {
         auto copy = msg;
-        run_middleware(0, key, copy, first, turn, answer_saved);
+        run_middleware(0, key, copy, first, turn, answer_saved, &routed);
       }
       outcome = turn_outcome::handled;
     } catch (const lease_lost_error& e) {
@@ -879,7 +897,9 @@ struct bot::impl final : chat_services,
   // The conversation or flow waiting in the chat, the flow triggers, then
   // the handlers.
   void route_message(const std::string& key, const inbound_message& msg,
-                     bool first, const turn_token* turn, bool* answer_saved) {
+                     bool first, const turn_token* turn, bool* answer_saved,
+                     bool* routed) {
+    *routed = true;
     if (!flows.on_message(key, msg, first, turn, answer_saved))
       dispatch(key, msg, turn);
   }
@@ -888,9 +908,10 @@ struct bot::impl final : chat_services,
   // copy, which the middleware may change.
   void run_middleware(std::size_t i, const std::string& key,
                       inbound_message& msg, bool first,
-                      const turn_token* turn, bool* answer_saved) {
+                      const turn_token* turn, bool* answer_saved,
+                      bool* routed) {
     if (i == middlewares.size()) {
-      route_message(key, msg, first, turn, answer_saved);
+      route_message(key, msg, first, turn, answer_saved, routed);
       return;
     }
     context ctx{self, key, msg, turn, &msg};
@@ -898,7 +919,7 @@ struct bot::impl final : chat_services,
     std::function<void()> next = [&] {
       if (std::exchange(called, true))
         return;
-      run_middleware(i + 1, key, msg, first, turn, answer_saved);
+      run_middleware(i + 1, key, msg, first, turn, answer_saved, routed);
     };
     middlewares[i](ctx, next);
   }

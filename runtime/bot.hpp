@@ -225,7 +225,8 @@ struct handover_options {
   /// same atomic step, so nobody held the chat in between; a grant found
   /// otherwise (a poll, an expired holder, a lost push) reads the store,
   /// which stays the truth. Costs the checkpoint's JSON once more per such
-  /// release. Off: every change of replica reads the store.
+  /// release; a checkpoint over 64 KiB is not handed (the store is read).
+  /// Off: every change of replica reads the store.
   bool message = true;
 };
 

@@ -331,6 +331,7 @@ void flow_engine::drop(const std::string& key) {
 namespace {
 
 constexpr std::string_view no_checkpoint = "0";
+constexpr std::size_t max_handoff_bytes = 64 * 1024;
 
 std::string encode_handoff(const conversation* c) {
   if (!c || c->revision == 0)
@@ -342,25 +343,30 @@ std::string encode_handoff(const conversation* c) {
   }
 }
 
+// An ephemeral checkpoint close to its expiry may be gone from the store
+// by the time it is written again (the writer's clock set it): the store
+// decides.
+bool usable(const std::optional<flow_checkpoint>& cp) {
+  return !cp || !cp->ephemeral
+         || cp->expires_at > clock::system().now() + std::chrono::seconds{1};
+}
+
 // Nothing when the payload is not usable: the store is read instead.
 std::optional<std::optional<flow_checkpoint>>
 decode_handoff(std::string_view p) {
-  if (p == no_checkpoint)
-    return std::optional<flow_checkpoint>{};
-  if (p.size() < 2 || p[0] != '1')
-    return std::nullopt;
-  try {
-    auto cp = checkpoint_from_json(p.substr(1));
-    // An ephemeral checkpoint close to its expiry may be gone from the
-    // store by the time it is used (the writer's clock set it): the store
-    // decides.
-    if (cp.ephemeral
-        && cp.expires_at <= clock::system().now() + std::chrono::seconds{1})
+  std::optional<flow_checkpoint> out;
+  if (p != no_checkpoint) {
+    if (p.size() < 2 || p[0] != '1')
       return std::nullopt;
-    return std::optional<flow_checkpoint>{std::move(cp)};
-  } catch (const std::exception&) {
-    return std::nullopt;
+    try {
+      out = checkpoint_from_json(p.substr(1));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
   }
+  if (!usable(out))
+    return std::nullopt;
+  return out;
 }
 
 } // namespace
@@ -391,13 +397,9 @@ void flow_engine::note_handoff(const std::string& key,
   try {
     std::lock_guard guard{mtx_};
     if (dropped_.count(key) == 0) {
-      if (auto h = handed_.find(key); h != handed_.end()) {
-        // Handed to this turn and not used: it is still what the store
-        // holds.
-        out = h->second ? "1" + to_json(*h->second,
-                                        std::numeric_limits<std::size_t>::max())
-                        : std::string{no_checkpoint};
-      } else {
+      // Handed to this turn and not used (a timer turn): an ephemeral copy
+      // may expire meanwhile, so the next holder reads the store.
+      if (handed_.count(key) == 0) {
         auto c = convs_.find(key);
         if (c == convs_.end() || !c->second->superseded)
           out = encode_handoff(c == convs_.end() ? nullptr : c->second.get());
@@ -406,6 +408,10 @@ void flow_engine::note_handoff(const std::string& key,
   } catch (const std::exception&) {
     out.clear(); // hand nothing over: the next holder reads the store
   }
+  // A large conversation state is read from the store rather than sent
+  // through the coordinator once more on every release.
+  if (out.size() > max_handoff_bytes)
+    out.clear();
   turn->hand_over(std::move(out));
 }
 
@@ -482,7 +488,12 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     // a fallback): what is stored would resume a stale position.
     if (c.revision != 0) {
       fence(c);
-      host_.flow_store().clear_checkpoint_if(c.key, c.revision);
+      try {
+        host_.flow_store().clear_checkpoint_if(c.key, c.revision);
+      } catch (...) {
+        uncertain(c.key);
+        throw;
+      }
       c.revision = 0;
       c.marker = false;
     }
@@ -525,12 +536,22 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     cp.ephemeral = true;
     cp.expires_at = ephemeral_expiry(clock::system().now(), cfg_.ttl, wait);
   }
-  auto rev = host_.flow_store().set_checkpoint_if(cp, c.revision);
+  std::optional<std::uint64_t> rev;
+  try {
+    rev = host_.flow_store().set_checkpoint_if(cp, c.revision);
+  } catch (...) {
+    uncertain(c.key); // it may have landed
+    throw;
+  }
   if (!rev) {
     c.superseded = true;
-    if (looks_for_checkpoints()) {
-      std::lock_guard guard{mtx_};
-      dropped_.insert(c.key); // the store holds someone else's checkpoint
+    uncertain(c.key); // the store holds someone else's checkpoint
+    if (c.from_handed) {
+      // Resumed from a handed copy the store has moved past (it expired
+      // there, say): nothing of it was visible yet; restore() reads the
+      // store instead.
+      c.handed_refused = true;
+      return;
     }
     host_.raise_error(errc::lease_lost,
                       fmt::format("lease lost for {}: superseded (checkpoint "
@@ -540,6 +561,7 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     return;
   }
   c.revision = *rev;
+  c.from_handed = false;
   c.marker = mode == cp_mode::marker;
   if (cp.saved_answer && c.answer_saved && cp.saved_answer->id == c.current.id)
     *c.answer_saved = true;
@@ -680,16 +702,33 @@ void flow_engine::finish(conversation& c, bool clear) {
   // checkpoint belongs to whoever holds the chat now.
   bool left = looks_for_checkpoints() && (c.revision != 0 || c.superseded);
   if (clear && c.revision != 0 && !c.superseded
-      && (!c.turn || c.turn->valid()))
-    left = !host_.flow_store().clear_checkpoint_if(c.key, c.revision);
+      && (!c.turn || c.turn->valid())) {
+    try {
+      left = !host_.flow_store().clear_checkpoint_if(c.key, c.revision);
+    } catch (...) {
+      uncertain(c.key); // it may have landed
+      throw;
+    }
+  }
   auto key = c.key;
   erase(key);
-  if (left) {
-    // A checkpoint stays that this process no longer holds in memory: the
-    // chat's next message reads it.
-    std::lock_guard guard{mtx_};
-    dropped_.insert(key);
-  }
+  if (left)
+    uncertain(key); // a checkpoint stays that no conversation in memory has
+}
+
+void flow_engine::uncertain(const std::string& key) {
+  if (!looks_for_checkpoints())
+    return;
+  std::lock_guard guard{mtx_};
+  dropped_.insert(key);
+}
+
+void flow_engine::end_turn(const std::string& key) {
+  if (flows_.empty() || !looks_for_checkpoints())
+    return;
+  std::lock_guard guard{mtx_};
+  if (handed_.erase(key) > 0)
+    dropped_.insert(key); // handed to this turn and not used: read later
 }
 
 void flow_engine::deliver(conversation& c, answer a) {
@@ -730,7 +769,8 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
     // the fallback decides what the message does.
     if (turn)
       turn->check();
-    host_.flow_store().clear_checkpoint_if(key, cp->revision);
+    if (!host_.flow_store().clear_checkpoint_if(key, cp->revision) && known)
+      return restore(key, msg, turn, answer_saved); // the store moved on
     handover_info info;
     info.key = key;
     info.name = cp->flow;
@@ -748,6 +788,7 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
   c.step = *step;
   c.current = msg;
   c.revision = cp->revision;
+  c.from_handed = known != nullptr;
   if (cfg_.hand_over && cfg_.coordinated)
     c.stored = *cp;
   c.created = cp->created_at;
@@ -775,9 +816,19 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
     // Otherwise the step starts over and asks its first question.
     c.preloaded = msg;
   }
-  host_.handover_event(key, def->name, "resumed", "");
   c.answer_saved = answer_saved;
   begin_step(c);
+  if (c.handed_refused) {
+    // The handed copy was not the store's latest: start over from the
+    // store (nothing was sent), which makes memory authoritative again.
+    erase(key);
+    {
+      std::lock_guard guard{mtx_};
+      dropped_.erase(key);
+    }
+    return restore(key, msg, turn, answer_saved);
+  }
+  host_.handover_event(key, def->name, "resumed", "");
   drive(c);
   if (auto* still = find(key)) {
     still->kept_used = nullptr;
@@ -849,7 +900,10 @@ bool flow_engine::offer(const std::string& key, const inbound_message& msg,
       std::lock_guard guard{mtx_};
       look = dropped_.erase(key) > 0 || look;
       if (auto h = handed_.find(key); h != handed_.end()) {
-        known = std::move(h->second); // newer than anything read at `first`
+        // Newer than anything read at `first`, unless about to expire in
+        // the store (checked now, when it is used).
+        if (usable(h->second))
+          known = std::move(h->second);
         handed_.erase(h);
         look = true;
       }
@@ -904,6 +958,17 @@ bool flow_engine::offer(const std::string& key, const inbound_message& msg,
 
 void flow_engine::on_timer(const std::string& key, std::uint64_t id,
                            const turn_token* turn) {
+  try {
+    fire(key, id, turn);
+  } catch (...) {
+    // As in on_message: the conversation is at an unknown point.
+    drop(key);
+    throw;
+  }
+}
+
+void flow_engine::fire(const std::string& key, std::uint64_t id,
+                       const turn_token* turn) {
   // On every way out but an exception, what the store holds now goes to
   // the next holder.
   struct noter {

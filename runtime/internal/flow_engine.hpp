@@ -157,6 +157,10 @@ struct conversation {
   std::string goto_flow;
   std::string goto_step;
   bool superseded = false;
+  /// Resumed from a handed checkpoint, not yet written since; its first
+  /// write was refused (the store moved past that copy).
+  bool from_handed = false;
+  bool handed_refused = false;
   flow_context ctx{*this};
 };
 
@@ -198,6 +202,10 @@ class flow_engine {
   /// ephemeral checkpoint about to expire, is ignored (the store is read).
   void hand(const std::string& key, std::string_view handed);
 
+  /// The chat's coordinated turn is over: what was handed to it and not
+  /// used is forgotten (the next message reads the store).
+  void end_turn(const std::string& key);
+
   /// Conversations in memory (for statistics and tests).
   std::size_t active() const;
 
@@ -227,6 +235,11 @@ class flow_engine {
   /// Leaves on `turn` what the engine knows the store holds for `key` now,
   /// for the next holder (see `hand`); nothing when it does not know.
   void note_handoff(const std::string& key, const turn_token* turn) noexcept;
+  /// What the store holds for `key` may differ from memory (a write that
+  /// failed or was refused): nothing is handed over and the next message
+  /// without a conversation reads the store.
+  void uncertain(const std::string& key);
+  void fire(const std::string& key, std::uint64_t id, const turn_token* turn);
   void fence(const conversation& c) const;
   void start(const flow::definition& def, const std::string& key,
              const inbound_message& msg, const turn_token* turn);

@@ -995,9 +995,11 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a replica restarted with the same id "
   REQUIRE(waiting_at(env, "producto"));
   // a2's next turn holds while b's message waits; its release grants b.
   REQUIRE(relay(a2, gate, "hola", 2, b, "café", 1));
-  // The store waited at the product all along (nobody wrote meanwhile):
-  // "café" answers it.
-  CHECK(b.last() == "¿Cantidad?");
+  // a2's next message still looked at the store (the first turn's look was
+  // not lost to the middleware): "hola" answered the product.
+  CHECK(a2.last() == "¿Cantidad?");
+  // And b went on from where a2 left the order: "café" is the quantity.
+  CHECK(b.last() == "¿Dirección?");
 }
 
 TEST_CASE_TEMPLATE_DEFINE("handover: a handed ephemeral checkpoint that "

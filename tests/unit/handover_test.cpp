@@ -259,9 +259,9 @@ TEST_CASE("a handover message that cannot be used (garbled, or an ephemeral "
   CHECK(b.error_count() == 0);
 }
 
-TEST_CASE("a handed checkpoint that is not the store's latest cannot write "
-          "over it: the taker's first write is refused (superseded) and "
-          "nothing of the stale position is sent") {
+TEST_CASE("a handed checkpoint that is not the store's latest never writes "
+          "over it: the taker's first write is refused and it resumes from "
+          "the store instead, sending nothing of the stale position") {
   using namespace test::handover;
   rewriting_env env;
   // The releasing replica hands an older revision than it wrote.
@@ -276,18 +276,48 @@ TEST_CASE("a handed checkpoint that is not the store's latest cannot write "
     r->bot->start();
   }
   REQUIRE(a.say("pedido", 1));
-  gate.arm("café");
-  REQUIRE(a.say("café", 2));
-  b.provider->inject("x", "3");
-  std::this_thread::sleep_for(300ms);
-  gate.open = true;
-  REQUIRE(eventually([&] { return b.errors_with(botmesh::errc::lease_lost) > 0; }));
-  CHECK(b.error_text(botmesh::errc::lease_lost).find("superseded")
-        != std::string::npos);
-  CHECK(b.provider->sent().empty());
-  // The store still waits at the quantity, as a left it.
+  auto reads = env.store->checkpoint_reads.load();
+  auto writes = env.store->checkpoint_writes.load();
+  REQUIRE(relay(a, gate, "café", 2, b, "3", 1));
+  CHECK(texts(*b.provider) == std::vector<std::string>{"¿Dirección?"});
+  CHECK(env.store->checkpoint_reads.load() > reads);
+  CHECK(b.error_count() == 0);
+  // a's checkpoint at the quantity, then b's answer and its wait at the
+  // address: the refused write left nothing.
+  CHECK(env.store->checkpoint_writes.load() > writes);
   auto cp = env.store->get_checkpoint("test:x");
   REQUIRE(cp);
-  CHECK(cp->step == "cantidad");
-  CHECK(cp->waiting);
+  CHECK(cp->step == "direccion");
+  CHECK(cp->state.find("\"cantidad\":\"3\"") != std::string::npos);
+}
+
+TEST_CASE("a checkpoint over 64 KiB is not handed over: the taker reads the "
+          "store") {
+  using namespace test::handover;
+  memory_env env;
+  replica a{env, "a", forward()};
+  replica b{env, "b", forward()};
+  turn_gate gate;
+  a.bot->use(gate.hold());
+  for (auto* r : {&a, &b}) {
+    botmesh::flow f{"pedido"};
+    f.hears({"pedido"})
+      .ask("producto", "¿Producto?",
+           [](botmesh::flow_context& c, const botmesh::answer&) {
+             c.state()["notas"] = std::string(70 * 1024, 'n');
+           })
+      .ask("cantidad", "¿Cantidad?",
+           [](botmesh::flow_context& c, const botmesh::answer& a) {
+             c.send("ok " + a.text() + " "
+                    + std::to_string(c.state()["notas"].get<std::string>().size()));
+           });
+    r->bot->add_flow(std::move(f));
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  auto reads = env.store->checkpoint_reads.load();
+  REQUIRE(relay(a, gate, "café", 2, b, "3", 1));
+  CHECK(b.last() == "ok 3 71680");
+  CHECK(env.store->checkpoint_reads.load() > reads);
+  CHECK(b.error_count() == 0);
 }
