@@ -1082,6 +1082,78 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a conversation whose timer turn failed "
   CHECK(b.error_text(botmesh::errc::lease_lost) == "");
 }
 
+TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write that lands after "
+                          "settle cut its turn is not hidden from the next "
+                          "holder by a handed \"no checkpoint\"",
+                          Env, handover_23) {
+  using namespace test::handover;
+  bool message = true;
+  bool marker = true;
+  auto kinds = [&marker] {
+    SUBCASE("a coroutine conversation's marker (fallback notify)") {
+      marker = true;
+    }
+    SUBCASE("a persistent flow's first checkpoint") {
+      marker = false;
+    }
+  };
+  SUBCASE("handover messages on (the default)") {
+    message = true;
+    kinds();
+  }
+  SUBCASE("handover messages off: the store is read") {
+    message = false;
+    kinds();
+  }
+  CAPTURE(message);
+  CAPTURE(marker);
+  Env env;
+  botmesh::handover_options h;
+  h.message = message;
+  h.fallback = botmesh::handover_fallback::notify;
+  replica a{env, "a", h, "300ms"};
+  replica b{env, "b", h};
+  turn_gate gate;
+  b.bot->use(gate.hold());
+  for (auto* r : {&a, &b}) {
+    if (marker)
+      add_greeting(*r->bot);
+    else
+      r->bot->add_flow(order_flow(true));
+    r->bot->start();
+  }
+  // a starts the conversation; its first checkpoint write (the marker at
+  // the first wait, the persistent flow's first step) passed its turn
+  // check and freezes before it reaches the store.
+  env.store->hold_writes = true;
+  a.provider->inject("x", marker ? "hola" : "pedido");
+  REQUIRE(eventually([&] { return env.store->write_held.load(); }));
+  // settle cuts a's turn (released without a handover message): b's
+  // message is granted, reads the store (nothing yet) and is new; b holds
+  // its turn.
+  gate.arm("b1");
+  REQUIRE(b.say("b1", 1));
+  CHECK(b.last() == "nuevo: b1");
+  // a's write lands now, after its turn ended: the store holds a
+  // checkpoint of the chat that b never saw.
+  env.store->hold_writes = false;
+  REQUIRE(eventually([&] {
+    return static_cast<bool>(env.store->get_checkpoint("test:x"));
+  }));
+  // a's next message waits for b's turn; b's release grants it.
+  a.provider->inject("x", "Ana");
+  std::this_thread::sleep_for(300ms);
+  gate.open = true;
+  REQUIRE(a.provider->wait_for_sent(marker ? 2 : 1, 10s));
+  // The store holds a's checkpoint: "Ana" must not be routed as a new
+  // message (as it is when b hands over "no checkpoint").
+  CHECK(a.last() != "nuevo: Ana");
+  if (marker)
+    CHECK(eventually([&] { return a.saw("notified", "conversation"); }));
+  else
+    CHECK(a.last() == "¿Producto?");
+}
+
 /// Runs every case of the suite on `Env`.
 #define BOTMESH_HANDOVER_SUITE(Env) \
   TEST_CASE_TEMPLATE_INVOKE(handover_1, Env); \
@@ -1105,4 +1177,5 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a conversation whose timer turn failed "
   TEST_CASE_TEMPLATE_INVOKE(handover_19, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_20, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_21, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_22, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_22, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_23, Env);

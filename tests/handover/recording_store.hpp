@@ -5,7 +5,9 @@
 // handover suite runs over it on every backend.
 
 #include <atomic>
+#include <chrono>
 #include <memory>
+#include <thread>
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/store.hpp>
@@ -30,6 +32,11 @@ class recording_store final : public botmesh::store {
   /// clear_checkpoint_if) land but report a timeout, as when the reply is
   /// lost.
   std::atomic<int> lose_write_replies{0};
+  /// While set, set_checkpoint_if waits before it reaches the inner store
+  /// (a replica frozen in the middle of the write); `write_held` says one
+  /// waits. Cleared, the held write lands.
+  std::atomic<bool> hold_writes{false};
+  std::atomic<bool> write_held{false};
 
   botmesh::store& inner() noexcept {
     return *inner_;
@@ -99,6 +106,12 @@ class recording_store final : public botmesh::store {
   set_checkpoint_if(const botmesh::flow_checkpoint& c,
                     std::uint64_t r) override {
     check_write();
+    if (hold_writes.load()) {
+      write_held = true;
+      while (hold_writes.load())
+        std::this_thread::sleep_for(std::chrono::milliseconds{1});
+      write_held = false;
+    }
     auto out = inner_->set_checkpoint_if(c, r);
     if (out)
       ++checkpoint_writes;
