@@ -1154,6 +1154,76 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write that lands after "
     CHECK(a.last() == "¿Producto?");
 }
 
+TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write whose reply timed "
+                          "out and that lands later is not hidden from the "
+                          "next holder by a handed \"no checkpoint\"",
+                          Env, handover_24) {
+  using namespace test::handover;
+  bool message = true;
+  bool marker = true;
+  auto kinds = [&marker] {
+    SUBCASE("a coroutine conversation's marker (fallback notify)") {
+      marker = true;
+    }
+    SUBCASE("a persistent flow's first checkpoint") {
+      marker = false;
+    }
+  };
+  SUBCASE("handover messages on (the default)") {
+    message = true;
+    kinds();
+  }
+  SUBCASE("handover messages off: the store is read") {
+    message = false;
+    kinds();
+  }
+  CAPTURE(message);
+  CAPTURE(marker);
+  Env env;
+  botmesh::handover_options h;
+  h.message = message;
+  h.fallback = botmesh::handover_fallback::notify;
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  turn_gate gate;
+  b.bot->use(gate.hold());
+  for (auto* r : {&a, &b}) {
+    if (marker)
+      add_greeting(*r->bot);
+    else
+      r->bot->add_flow(order_flow(true));
+    r->bot->start();
+  }
+  // a starts the conversation; its first checkpoint write gets no reply in
+  // time (an error event, the conversation goes) but is still on its way.
+  env.store->hold_writes = true;
+  env.store->defer_next_write = true;
+  a.provider->inject("x", marker ? "hola" : "pedido");
+  REQUIRE(eventually([&] {
+    return a.errors_with(botmesh::errc::timeout) >= 1;
+  }));
+  // a's release hands nothing over (its write is uncertain): b's message
+  // reads the store (nothing yet) and is new; b holds its turn.
+  gate.arm("b1");
+  REQUIRE(b.say("b1", 1));
+  CHECK(b.last() == "nuevo: b1");
+  // a's write lands now: the store holds a checkpoint b never saw.
+  env.store->hold_writes = false;
+  REQUIRE(eventually([&] {
+    return static_cast<bool>(env.store->get_checkpoint("test:x"));
+  }));
+  // a's next message waits for b's turn; b's release grants it.
+  a.provider->inject("x", "Ana");
+  std::this_thread::sleep_for(300ms);
+  gate.open = true;
+  REQUIRE(a.provider->wait_for_sent(marker ? 2 : 1, 10s));
+  CHECK(a.last() != "nuevo: Ana");
+  if (marker)
+    CHECK(eventually([&] { return a.saw("notified", "conversation"); }));
+  else
+    CHECK(a.last() == "¿Producto?");
+}
+
 /// Runs every case of the suite on `Env`.
 #define BOTMESH_HANDOVER_SUITE(Env) \
   TEST_CASE_TEMPLATE_INVOKE(handover_1, Env); \
@@ -1178,4 +1248,5 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write that lands after "
   TEST_CASE_TEMPLATE_INVOKE(handover_20, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_21, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_22, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_23, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_23, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_24, Env);

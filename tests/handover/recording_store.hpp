@@ -37,6 +37,16 @@ class recording_store final : public botmesh::store {
   /// waits. Cleared, the held write lands.
   std::atomic<bool> hold_writes{false};
   std::atomic<bool> write_held{false};
+  /// The next set_checkpoint_if reports a timeout at once but is still on
+  /// its way: it lands (on a thread of its own) once `hold_writes` is
+  /// cleared, as a command whose reply timed out that the server runs late.
+  std::atomic<bool> defer_next_write{false};
+
+  ~recording_store() override {
+    hold_writes = false;
+    if (deferred_.joinable())
+      deferred_.join();
+  }
 
   botmesh::store& inner() noexcept {
     return *inner_;
@@ -106,6 +116,18 @@ class recording_store final : public botmesh::store {
   set_checkpoint_if(const botmesh::flow_checkpoint& c,
                     std::uint64_t r) override {
     check_write();
+    if (defer_next_write.exchange(false)) {
+      write_held = true;
+      deferred_ = std::thread([this, c, r] {
+        while (hold_writes.load())
+          std::this_thread::sleep_for(std::chrono::milliseconds{1});
+        if (inner_->set_checkpoint_if(c, r))
+          ++checkpoint_writes;
+        write_held = false;
+      });
+      throw botmesh::error(botmesh::errc::timeout,
+                           "checkpoint write: no reply yet (it lands later)");
+    }
     if (hold_writes.load()) {
       write_held = true;
       while (hold_writes.load())
@@ -180,6 +202,7 @@ class recording_store final : public botmesh::store {
   }
 
   std::shared_ptr<botmesh::store> inner_;
+  std::thread deferred_;
 };
 
 } // namespace test
