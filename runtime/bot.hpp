@@ -218,15 +218,19 @@ struct handover_options {
   /// (field "handover.max_answer_bytes").
   std::size_t max_answer_bytes = default_max_answer_bytes;
   /// Handover messages: a replica releasing a chat whose next turn is
-  /// already waiting hands that next holder the chat's checkpoint (or "no
-  /// checkpoint") with the grant, so a conversation changing replica
+  /// already waiting hands that next holder the checkpoint of the chat's
+  /// conversation with the grant, so a conversation changing replica
   /// resumes without reading the store. Used only when it provably is the
   /// latest: it is written by the release that grants the turn, in the
-  /// same atomic step, so nobody held the chat in between; a grant found
-  /// otherwise (a poll, an expired holder, a lost push) reads the store,
-  /// which stays the truth. Costs the checkpoint's JSON once more per such
-  /// release; a checkpoint over 64 KiB is not handed (the store is read).
-  /// Off: every change of replica reads the store.
+  /// same atomic step, so nobody held the chat in between, and the taker's
+  /// first write is a compare-and-set on its revision (a copy the store
+  /// moved past is refused, and the store is read instead, before anything
+  /// is sent). A grant found otherwise (a poll, an expired holder, a lost
+  /// push), a chat without a conversation ("none" is never handed: a
+  /// holder's late write could not be told apart), or a checkpoint over
+  /// 64 KiB reads the store, which stays the truth. Costs the checkpoint's
+  /// JSON once more per such release. Off: every change of replica reads
+  /// the store.
   bool message = true;
 };
 

@@ -326,18 +326,21 @@ void flow_engine::drop(const std::string& key) {
   }
 }
 
-// A handover message: "0" (no live checkpoint) or "1" and the checkpoint's
-// JSON (with its revision).
+// A handover message: "1" and the JSON of the conversation's live
+// checkpoint (with its revision). "No checkpoint" is never handed: nothing
+// on the taker's side could check it (a holder's write that landed late,
+// after its turn was cut or its reply timed out, expects exactly "none"),
+// while a handed revision is checked by the taker's first write (a
+// compare-and-set that refuses a copy the store moved past).
 namespace {
 
-constexpr std::string_view no_checkpoint = "0";
 constexpr std::size_t max_handoff_bytes = 64 * 1024;
 
-std::string encode_handoff(const conversation* c) {
-  if (!c || c->revision == 0)
-    return std::string{no_checkpoint};
+std::string encode_handoff(const conversation& c) {
+  if (c.revision == 0 || c.superseded)
+    return {};
   try {
-    return "1" + to_json(c->stored, std::numeric_limits<std::size_t>::max());
+    return "1" + to_json(c.stored, std::numeric_limits<std::size_t>::max());
   } catch (const std::exception&) {
     return {}; // it was written, so it encodes; if not, hand nothing over
   }
@@ -346,27 +349,23 @@ std::string encode_handoff(const conversation* c) {
 // An ephemeral checkpoint close to its expiry may be gone from the store
 // by the time it is written again (the writer's clock set it): the store
 // decides.
-bool usable(const std::optional<flow_checkpoint>& cp) {
-  return !cp || !cp->ephemeral
-         || cp->expires_at > clock::system().now() + std::chrono::seconds{1};
+bool usable(const flow_checkpoint& cp) {
+  return !cp.ephemeral
+         || cp.expires_at > clock::system().now() + std::chrono::seconds{1};
 }
 
 // Nothing when the payload is not usable: the store is read instead.
-std::optional<std::optional<flow_checkpoint>>
-decode_handoff(std::string_view p) {
-  std::optional<flow_checkpoint> out;
-  if (p != no_checkpoint) {
-    if (p.size() < 2 || p[0] != '1')
-      return std::nullopt;
-    try {
-      out = checkpoint_from_json(p.substr(1));
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
-  }
-  if (!usable(out))
+std::optional<flow_checkpoint> decode_handoff(std::string_view p) {
+  if (p.size() < 2 || p[0] != '1')
     return std::nullopt;
-  return out;
+  try {
+    auto cp = checkpoint_from_json(p.substr(1));
+    if (cp.revision == 0 || !usable(cp))
+      return std::nullopt;
+    return cp;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
 }
 
 } // namespace
@@ -374,16 +373,19 @@ decode_handoff(std::string_view p) {
 void flow_engine::hand(const std::string& key, std::string_view handed) {
   if (flows_.empty())
     return;
-  if (!cfg_.hand_over || !looks_for_checkpoints()) {
-    drop(key);
-    return;
+  bool marked = false;
+  {
+    // Marked before this turn (this replica's own write may still land, or
+    // it never looked): the store decides.
+    std::lock_guard guard{mtx_};
+    marked = dropped_.count(key) != 0;
   }
-  auto known = decode_handoff(handed);
-  if (!known) {
-    drop(key);
+  auto known = !marked && cfg_.hand_over && looks_for_checkpoints()
+                 ? decode_handoff(handed)
+                 : std::nullopt;
+  drop(key);
+  if (!known)
     return;
-  }
-  erase(key);
   std::lock_guard guard{mtx_};
   dropped_.erase(key);
   handed_[key] = std::move(*known);
@@ -396,14 +398,11 @@ void flow_engine::note_handoff(const std::string& key,
   std::string out;
   try {
     std::lock_guard guard{mtx_};
-    if (dropped_.count(key) == 0) {
-      // Handed to this turn and not used (a timer turn): an ephemeral copy
-      // may expire meanwhile, so the next holder reads the store.
-      if (handed_.count(key) == 0) {
-        auto c = convs_.find(key);
-        if (c == convs_.end() || !c->second->superseded)
-          out = encode_handoff(c == convs_.end() ? nullptr : c->second.get());
-      }
+    // Handed to this turn and not used (a timer turn): an ephemeral copy
+    // may expire meanwhile, so the next holder reads the store.
+    if (dropped_.count(key) == 0 && handed_.count(key) == 0) {
+      if (auto c = convs_.find(key); c != convs_.end())
+        out = encode_handoff(*c->second);
     }
   } catch (const std::exception&) {
     out.clear(); // hand nothing over: the next holder reads the store
@@ -488,13 +487,23 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     // a fallback): what is stored would resume a stale position.
     if (c.revision != 0) {
       fence(c);
+      bool cleared = false;
       try {
-        host_.flow_store().clear_checkpoint_if(c.key, c.revision);
+        cleared = host_.flow_store().clear_checkpoint_if(c.key, c.revision);
       } catch (...) {
         uncertain(c.key);
         throw;
       }
+      if (!cleared) {
+        uncertain(c.key); // the store holds someone else's checkpoint
+        if (c.from_handed) {
+          c.handed_refused = true; // restore() reads the store instead
+          c.superseded = true;
+          return;
+        }
+      }
       c.revision = 0;
+      c.from_handed = false;
       c.marker = false;
     }
     return;
@@ -741,10 +750,13 @@ void flow_engine::deliver(conversation& c, answer a) {
 
 bool flow_engine::restore(const std::string& key, const inbound_message& msg,
                           const turn_token* turn, bool* answer_saved,
-                          const std::optional<flow_checkpoint>* known) {
+                          const flow_checkpoint* known) {
   std::optional<flow_checkpoint> cp;
   try {
-    cp = known ? *known : host_.flow_store().get_checkpoint(key);
+    if (known)
+      cp = *known;
+    else
+      cp = host_.flow_store().get_checkpoint(key);
   } catch (const error& e) {
     if (e.code() != errc::corrupted_record)
       throw;
@@ -895,7 +907,7 @@ bool flow_engine::offer(const std::string& key, const inbound_message& msg,
   auto c = find(key);
   if (!c && looks_for_checkpoints()) {
     bool look = first;
-    std::optional<std::optional<flow_checkpoint>> known;
+    std::optional<flow_checkpoint> known;
     {
       std::lock_guard guard{mtx_};
       look = dropped_.erase(key) > 0 || look;
@@ -908,8 +920,7 @@ bool flow_engine::offer(const std::string& key, const inbound_message& msg,
         look = true;
       }
     }
-    if (look
-        && restore(key, msg, turn, answer_saved, known ? &*known : nullptr))
+    if (look && restore(key, msg, turn, answer_saved, known ? &*known : nullptr))
       return true;
   }
   if (c) {

@@ -198,8 +198,9 @@ class flow_engine {
   /// As `drop`, but the previous holder handed the chat's checkpoint over
   /// with the release that granted this turn (`turn_token::handed`, made by
   /// `on_message` / `on_timer` there): the next message resumes from it
-  /// without reading the store. A payload that cannot be decoded, or an
-  /// ephemeral checkpoint about to expire, is ignored (the store is read).
+  /// without reading the store. A payload that cannot be decoded, an
+  /// ephemeral checkpoint about to expire, or a chat this replica had
+  /// marked for a store read is ignored (the store is read).
   void hand(const std::string& key, std::string_view handed);
 
   /// The chat's coordinated turn is over: what was handed to it and not
@@ -231,7 +232,7 @@ class flow_engine {
   /// store when null.
   bool restore(const std::string& key, const inbound_message& msg,
                const turn_token* turn, bool* answer_saved,
-               const std::optional<flow_checkpoint>* known = nullptr);
+               const flow_checkpoint* known = nullptr);
   /// Leaves on `turn` what the engine knows the store holds for `key` now,
   /// for the next holder (see `hand`); nothing when it does not know.
   void note_handoff(const std::string& key, const turn_token* turn) noexcept;
@@ -268,8 +269,8 @@ class flow_engine {
   mutable std::mutex mtx_;
   std::unordered_map<std::string, std::unique_ptr<conversation>> convs_;
   std::unordered_set<std::string> dropped_; // see on_message
-  /// Handed checkpoints (nothing: none) not yet used by a message.
-  std::unordered_map<std::string, std::optional<flow_checkpoint>> handed_;
+  /// Handed checkpoints not yet used by a message.
+  std::unordered_map<std::string, flow_checkpoint> handed_;
   std::atomic<std::uint64_t> next_timer_{1};
 };
 
