@@ -9,7 +9,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <thread>
 #include <vector>
 
@@ -194,7 +193,8 @@ struct scheduler::impl final : task_owner,
       {
         std::lock_guard guard{mtx};
         st->handle = next_handle++;
-        in_memory.insert(st->handle);
+        in_memory.resize(st->handle + 1);
+        in_memory[st->handle] = true;
       }
       ++eng->tasks;
       if (eng->timers.add(st->handle, std::make_shared<task>(std::move(t))))
@@ -255,7 +255,8 @@ struct scheduler::impl final : task_owner,
             break;
           }
         --eng->tasks;
-      } else if (in_memory.erase(handle) != 0) {
+      } else if (handle < in_memory.size() && in_memory[handle]) {
+        in_memory[handle] = false;
         --eng->tasks;
       }
     }
@@ -380,7 +381,10 @@ struct scheduler::impl final : task_owner,
 
   std::mutex mtx; // the registry below
   std::map<std::uint64_t, caf::actor> durable;
-  std::set<std::uint64_t> in_memory; // handles of in-memory tasks not cancelled
+  // Bit h: in-memory task h is registered and not cancelled. One bit per
+  // handle ever given (handles only grow) instead of a set node (an
+  // allocation) per task.
+  std::vector<bool> in_memory;
   std::map<std::string, std::uint64_t> by_id;
   std::uint64_t next_handle = 1;
 };
