@@ -393,18 +393,17 @@ struct scheduler::impl final : task_owner,
 
 namespace {
 
-run_handler wrap(scheduler::job fn) {
-  return [fn = std::move(fn)](const scheduled_run&) { fn(); };
-}
-
 void reject_zone(const task_options& o) {
   if (!o.time_zone.empty())
     throw invalid_argument_error(
       "time_zone", "time_zone applies to cron tasks only, not to every/delay");
 }
 
+// A plain job (the overloads without options) is kept as it is, not
+// wrapped into a run handler: such a task is always in memory, and the
+// wrapper would cost an allocation per task.
 task make_task(task_kind kind, std::chrono::milliseconds interval,
-               task_options opts, run_handler fn) {
+               task_options opts, run_handler fn, scheduler::job job = {}) {
   if (kind != task_kind::cron)
     reject_zone(opts);
   task t;
@@ -413,7 +412,34 @@ task make_task(task_kind kind, std::chrono::milliseconds interval,
   t.durable = !opts.id.empty();
   t.opts = std::move(opts);
   t.fn = std::move(fn);
+  t.job = std::move(job);
   return t;
+}
+
+void check_interval(duration interval) {
+  if (interval.count() <= 0)
+    throw invalid_argument_error("interval",
+                                 "every() needs a positive interval, got "
+                                   + format_duration(interval.ms()));
+}
+
+void check_delay(duration d) {
+  if (d.count() < 0)
+    throw invalid_argument_error("delay",
+                                 "delay() needs a non-negative delay, got "
+                                   + format_duration(d.ms()));
+}
+
+scheduled_task schedule_cron(scheduler::impl& impl, std::string_view cron,
+                             task_options opts, run_handler fn,
+                             scheduler::job plain = {}) {
+  auto zone = opts.time_zone.empty() ? impl.eng->opts.time_zone
+                                     : opts.time_zone;
+  cron_schedule parsed{cron, zone, impl.eng->now()};
+  auto t = make_task(task_kind::cron, {}, std::move(opts), std::move(fn),
+                     std::move(plain));
+  t.cron.emplace(std::move(parsed));
+  return impl.add(std::move(t));
 }
 
 } // namespace
@@ -428,42 +454,34 @@ scheduler::~scheduler() {
 }
 
 scheduled_task scheduler::every(duration interval, job fn) {
-  return every(interval, {}, wrap(std::move(fn)));
+  check_interval(interval);
+  return impl_->add(
+    make_task(task_kind::every, interval.ms(), {}, {}, std::move(fn)));
 }
 
 scheduled_task scheduler::every(duration interval, task_options opts,
                                 run_handler fn) {
-  if (interval.count() <= 0)
-    throw invalid_argument_error("interval",
-                                 "every() needs a positive interval, got "
-                                   + format_duration(interval.ms()));
+  check_interval(interval);
   return impl_->add(
     make_task(task_kind::every, interval.ms(), std::move(opts), std::move(fn)));
 }
 
 scheduled_task scheduler::schedule(std::string_view cron, job fn) {
-  return schedule(cron, {}, wrap(std::move(fn)));
+  return schedule_cron(*impl_, cron, {}, {}, std::move(fn));
 }
 
 scheduled_task scheduler::schedule(std::string_view cron, task_options opts,
                                    run_handler fn) {
-  auto zone = opts.time_zone.empty() ? impl_->eng->opts.time_zone
-                                     : opts.time_zone;
-  cron_schedule parsed{cron, zone, impl_->eng->now()};
-  auto t = make_task(task_kind::cron, {}, std::move(opts), std::move(fn));
-  t.cron.emplace(std::move(parsed));
-  return impl_->add(std::move(t));
+  return schedule_cron(*impl_, cron, std::move(opts), std::move(fn));
 }
 
 scheduled_task scheduler::delay(duration d, job fn) {
-  return delay(d, {}, wrap(std::move(fn)));
+  check_delay(d);
+  return impl_->add(make_task(task_kind::delay, d.ms(), {}, {}, std::move(fn)));
 }
 
 scheduled_task scheduler::delay(duration d, task_options opts, run_handler fn) {
-  if (d.count() < 0)
-    throw invalid_argument_error("delay",
-                                 "delay() needs a non-negative delay, got "
-                                   + format_duration(d.ms()));
+  check_delay(d);
   return impl_->add(
     make_task(task_kind::delay, d.ms(), std::move(opts), std::move(fn)));
 }

@@ -105,7 +105,10 @@ void fire_due(timer_actor* self) {
                      handle = item.handle] {
       eng->runs.fetch_add(1, std::memory_order_relaxed);
       try {
-        t->fn(run);
+        if (t->job)
+          t->job();
+        else
+          t->fn(run);
       } catch (const std::exception& ex) {
         eng->failed.fetch_add(1, std::memory_order_relaxed);
         eng->log(fmt::format("task run failed: {}", ex.what()));

@@ -27,6 +27,10 @@ struct task {
   task_options opts;
   std::string stored_id;
   run_handler fn;
+  // In-memory tasks registered with a plain job keep it here instead of in
+  // `fn` (a wrapper around it costs one allocation per task); `fn` is empty
+  // then.
+  std::function<void()> job;
   bool durable = false;
   time_point next{}; // in-memory: next slot; durable: last known stored slot
   bool running = false;
