@@ -59,14 +59,15 @@ void scheduler_engine::failure_ended() {
     this->log("store and lease calls succeed again");
 }
 
-void scheduler_engine::run_started() {
+void scheduler_engine::run_started(std::size_t n) {
   std::lock_guard guard{mtx_};
-  ++in_flight_;
+  in_flight_ += n;
 }
 
-void scheduler_engine::run_finished() {
+void scheduler_engine::run_finished(std::size_t n) {
   std::lock_guard guard{mtx_};
-  if (--in_flight_ == 0)
+  in_flight_ -= n;
+  if (in_flight_ == 0)
     idle_cv_.notify_all();
 }
 
@@ -99,6 +100,9 @@ struct scheduler::impl final : task_owner,
       eng->execute = [p = pool](std::function<void()> job) {
         p->post(std::move(job));
       };
+      eng->execute_batch = [p = pool](std::vector<std::function<void()>>& jobs) {
+        p->post_batch(jobs);
+      };
     }
     if (o.system) {
       sys = o.system;
@@ -115,6 +119,7 @@ struct scheduler::impl final : task_owner,
     eng->opts = std::move(o);
     eng->io = internal::spawn_store_io(*sys);
     timers = internal::spawn_timer_actor(*sys, eng);
+    eng->timers.actor = timers;
   }
 
   ~impl() override {
@@ -131,6 +136,7 @@ struct scheduler::impl final : task_owner,
     caf::anon_send_exit(timers, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(eng->io, caf::exit_reason::user_shutdown);
     timers = nullptr;
+    eng->timers.actor = nullptr; // stop() waited for every run: none sends
     // The timer and task actors hold their own copy of the handle: clearing
     // this one races with nobody, and the detached I/O actor can end (a
     // system of our own waits for that) once they are gone.
@@ -197,7 +203,10 @@ struct scheduler::impl final : task_owner,
         in_memory[st->handle] = true;
       }
       ++eng->tasks;
-      if (eng->timers.add(st->handle, std::make_shared<task>(std::move(t))))
+      auto e = std::make_unique<internal::timer_entry>();
+      e->handle = st->handle;
+      e->t = std::move(t);
+      if (eng->timers.add(std::move(e)))
         caf::anon_send(timers, timer_add_atom::value);
       return scheduled_task{st};
     }

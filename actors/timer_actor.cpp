@@ -3,7 +3,6 @@
 // orphan check. One CAF delayed message is pending at a time.
 
 #include <algorithm>
-#include <queue>
 #include <set>
 #include <stop_token>
 #include <unordered_map>
@@ -23,16 +22,38 @@ namespace {
 
 using ms = std::chrono::milliseconds;
 
-struct entry {
-  std::shared_ptr<task> t;
-  std::shared_ptr<std::stop_source> stop; // set while it runs
-};
-
+// A task's next slot. Every entry not running has exactly one (pushed when
+// it is added and when its run ended, popped when it fires), so the heap
+// holds the entry itself and firing looks nothing up.
 struct due_item {
   time_point at;
-  std::uint64_t handle;
+  timer_entry* e;
   bool operator>(const due_item& other) const {
     return at > other.at;
+  }
+};
+
+// A min-heap of slots (std::push_heap / pop_heap on a vector, so that
+// cancelled slots can be swept out).
+struct due_heap {
+  std::vector<due_item> items;
+
+  bool empty() const {
+    return items.empty();
+  }
+  std::size_t size() const {
+    return items.size();
+  }
+  const due_item& top() const {
+    return items.front();
+  }
+  void push(due_item item) {
+    items.push_back(item);
+    std::push_heap(items.begin(), items.end(), std::greater<>{});
+  }
+  void pop() {
+    std::pop_heap(items.begin(), items.end(), std::greater<>{});
+    items.pop_back();
   }
 };
 
@@ -41,9 +62,17 @@ struct timer_state {
   // The store-I/O actor, copied at spawn: the scheduler clears the engine's
   // handle when it goes, while this actor may still be running.
   caf::actor io;
-  std::unordered_map<std::uint64_t, entry> tasks;
-  std::priority_queue<due_item, std::vector<due_item>, std::greater<>> due;
+  // Owns the entries, by handle for cancel. A cancelled entry stays until
+  // its slot is popped or its run ended (the heap or a job points to it).
+  std::unordered_map<std::uint64_t, std::unique_ptr<timer_entry>> tasks;
+  due_heap due;
+  std::size_t cancelled_due = 0; // cancelled entries whose slot is in `due`
   std::size_t running = 0;
+  // The stop token of every in-memory run: only a pause stops them, and it
+  // stops them all, so one source serves every run since the last pause
+  // (a pause fires it and starts a new one) instead of one per run.
+  std::stop_source stop;
+  std::vector<std::function<void()>> jobs; // reused by fire_due
   std::vector<caf::response_promise> polls;
   std::uint64_t wake_gen = 0;
   time_point armed = time_point::max();
@@ -82,44 +111,66 @@ void reply_if_idle(timer_actor* self) {
   st.polls.clear();
 }
 
+// The job of one run on the handler pool. It captures two pointers, small
+// enough for std::function's inline storage (no allocation per run); both
+// outlive it: the entry stays until its end was taken, the engine until
+// stop() saw every run end.
+void run_job(scheduler_engine* eng, timer_entry* e) {
+  eng->runs.fetch_add(1, std::memory_order_relaxed);
+  try {
+    if (e->t.job) {
+      e->t.job();
+    } else {
+      scheduled_run run;
+      run.scheduled_at = e->t.next;
+      run.stop = e->run_stop;
+      e->t.fn(run);
+    }
+  } catch (const std::exception& ex) {
+    eng->failed.fetch_add(1, std::memory_order_relaxed);
+    eng->log(fmt::format("task run failed: {}", ex.what()));
+  } catch (...) {
+    eng->failed.fetch_add(1, std::memory_order_relaxed);
+    eng->log("task run failed");
+  }
+  // After end() the actor may erase `e`; the engine and its actor handle
+  // stay while this run counts as in flight (see timer_inbox::end).
+  if (eng->timers.end(e))
+    caf::anon_send(eng->timers.actor, task_done_atom::value);
+}
+
 void fire_due(timer_actor* self) {
   auto& st = self->state;
   if (st.eng->paused.load())
     return;
   auto now = st.eng->now();
-  auto me = caf::actor_cast<caf::actor>(self);
+  auto* eng = st.eng.get();
+  // Due runs go to the pool in batches: one lock and only the wake-ups
+  // needed per batch, and the first handlers start while later ones are
+  // still being prepared.
+  constexpr std::size_t batch = 256;
+  auto flush = [&] {
+    if (st.jobs.empty())
+      return;
+    st.running += st.jobs.size();
+    eng->run_started(st.jobs.size());
+    eng->execute_all(st.jobs);
+  };
   while (!st.due.empty() && st.due.top().at <= now) {
-    auto item = st.due.top();
+    auto& e = *st.due.top().e;
     st.due.pop();
-    auto i = st.tasks.find(item.handle);
-    if (i == st.tasks.end() || i->second.stop || i->second.t->next != item.at)
-      continue; // cancelled, running or rescheduled
-    auto& e = i->second;
-    e.stop = std::make_shared<std::stop_source>();
-    ++st.running;
-    st.eng->run_started();
-    scheduled_run run;
-    run.scheduled_at = item.at;
-    run.stop = e.stop->get_token();
-    st.eng->execute([me, t = e.t, run = std::move(run), eng = st.eng,
-                     handle = item.handle] {
-      eng->runs.fetch_add(1, std::memory_order_relaxed);
-      try {
-        if (t->job)
-          t->job();
-        else
-          t->fn(run);
-      } catch (const std::exception& ex) {
-        eng->failed.fetch_add(1, std::memory_order_relaxed);
-        eng->log(fmt::format("task run failed: {}", ex.what()));
-      } catch (...) {
-        eng->failed.fetch_add(1, std::memory_order_relaxed);
-        eng->log("task run failed");
-      }
-      if (eng->timers.end(handle))
-        caf::anon_send(me, task_done_atom::value);
-    });
+    if (e.cancelled) {
+      --st.cancelled_due;
+      st.tasks.erase(e.handle);
+      continue;
+    }
+    e.running = true;
+    e.run_stop = st.stop.get_token();
+    st.jobs.emplace_back([eng, ep = &e] { run_job(eng, ep); });
+    if (st.jobs.size() == batch)
+      flush();
   }
+  flush();
 }
 
 // With a leader lease: take or renew it (on the store-I/O actor), then,
@@ -196,43 +247,79 @@ void check_orphans(timer_actor* self, std::vector<std::string> registered) {
 // Takes the tasks added since the last batch.
 void take_added(timer_actor* self) {
   auto& st = self->state;
-  std::vector<std::pair<std::uint64_t, std::shared_ptr<task>>> batch;
+  std::vector<std::unique_ptr<timer_entry>> batch;
   {
     std::lock_guard guard{st.eng->timers.mtx};
     batch.swap(st.eng->timers.added);
   }
-  for (auto& [handle, t] : batch) {
-    st.due.push({t->next, handle});
-    st.tasks.emplace(handle, entry{std::move(t), nullptr});
+  for (auto& e : batch) {
+    st.due.push({e->t.next, e.get()});
+    auto handle = e->handle;
+    st.tasks.emplace(handle, std::move(e));
   }
 }
 
 // Takes the runs that ended since the last batch: each task goes on with
-// the first slot after now on its grid, a one-shot is done.
+// the first slot after now on its grid, a one-shot is done. Called only on
+// the wake-up the first run of a batch sends (see timer_inbox::end).
 void take_ended(timer_actor* self) {
   auto& st = self->state;
-  std::vector<std::uint64_t> batch;
-  {
-    std::lock_guard guard{st.eng->timers.mtx};
-    batch.swap(st.eng->timers.ended);
-  }
+  auto* n = st.eng->timers.take_ended();
+  if (n == nullptr)
+    return;
   auto now = st.eng->now();
-  for (auto handle : batch) {
-    --st.running;
-    st.eng->run_finished();
-    auto i = st.tasks.find(handle);
-    if (i == st.tasks.end())
+  std::size_t ended = 0;
+  while (n != nullptr) {
+    auto& e = *n;
+    n = n->next_ended;
+    ++ended;
+    e.running = false;
+    if (e.cancelled) {
+      st.tasks.erase(e.handle);
       continue;
-    auto& t = *i->second.t;
-    i->second.stop.reset();
+    }
+    auto& t = e.t;
     if (auto next = t.first_slot_after(t.next, now)) {
       t.next = *next;
-      st.due.push({*next, handle});
+      st.due.push({*next, &e});
     } else {
       t.st->active = false;
-      st.tasks.erase(i);
+      st.tasks.erase(e.handle);
     }
   }
+  st.running -= ended;
+  st.eng->run_finished(ended);
+}
+
+// Ends a task. A running one is erased when its run ended (its job reads
+// the entry). One that waits keeps its slot in the heap, which points to the
+// entry, until that slot is popped, or until cancelled slots are half the
+// heap and are swept out together; what the task holds (its handler and
+// what that captured) is released now, as a cancel always did.
+void cancel(timer_actor* self, std::uint64_t handle) {
+  auto& st = self->state;
+  auto i = st.tasks.find(handle);
+  if (i == st.tasks.end() || i->second->cancelled)
+    return;
+  auto& e = *i->second;
+  e.cancelled = true;
+  if (e.running)
+    return;
+  e.t.fn = nullptr;
+  e.t.job = nullptr;
+  ++st.cancelled_due;
+  if (st.cancelled_due < 64 || st.cancelled_due * 2 < st.due.size())
+    return;
+  auto& items = st.due.items;
+  auto gone = std::remove_if(items.begin(), items.end(), [&](const due_item& d) {
+    if (!d.e->cancelled)
+      return false;
+    st.tasks.erase(d.e->handle);
+    return true;
+  });
+  items.erase(gone, items.end());
+  std::make_heap(items.begin(), items.end(), std::greater<>{});
+  st.cancelled_due = 0;
 }
 
 caf::behavior timer_behavior(timer_actor* self,
@@ -247,7 +334,7 @@ caf::behavior timer_behavior(timer_actor* self,
     },
     [=](timer_cancel_atom, std::uint64_t handle) {
       take_added(self); // it may be in the batch not taken yet
-      self->state.tasks.erase(handle);
+      cancel(self, handle);
     },
     [=](task_tick_atom, std::uint64_t gen) {
       auto& st = self->state;
@@ -270,9 +357,12 @@ caf::behavior timer_behavior(timer_actor* self,
       arm(self);
     },
     [=](task_pause_atom) {
-      for (auto& [h, e] : self->state.tasks)
-        if (e.stop)
-          e.stop->request_stop();
+      // Every run in progress holds a token of this source.
+      auto& st = self->state;
+      if (st.running != 0) {
+        st.stop.request_stop();
+        st.stop = std::stop_source{};
+      }
     },
     [=](task_resume_atom, std::vector<std::string>& registered) {
       auto& st = self->state;

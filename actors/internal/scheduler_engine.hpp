@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,24 +35,63 @@
 
 namespace botmesh::internal {
 
-/// Batches for the timer actor: tasks added and runs ended arrive here
-/// (the mutex guards the vectors only), and a message wakes the actor only
+/// One in-memory task as the timer actor holds it. Allocated once when the
+/// task is added (by the facade) and handed over by pointer; a run's job
+/// refers to it by pointer too, so firing allocates nothing per run.
+struct timer_entry {
+  task t;
+  std::uint64_t handle = 0;
+  // The stop token of the run in progress (its slot is `t.next`): written
+  // by the actor before the job is posted, read by the job; the next run
+  // is prepared only after this one ended.
+  std::stop_token run_stop;
+  bool running = false;
+  bool cancelled = false; // erased when its due slot is popped or its run ended
+  /// The list of ended runs (see timer_inbox::end).
+  timer_entry* next_ended = nullptr;
+};
+
+/// Batches for the timer actor: tasks added (the mutex guards that vector
+/// only) and runs ended arrive here, and a message wakes the actor only
 /// when a batch starts, so 100k timers armed or fired cost a few messages.
 struct timer_inbox {
   std::mutex mtx;
-  std::vector<std::pair<std::uint64_t, std::shared_ptr<task>>> added;
-  std::vector<std::uint64_t> ended;
+  std::vector<std::unique_ptr<timer_entry>> added;
 
   /// True when the batch was empty: the caller sends the wake-up.
-  bool add(std::uint64_t handle, std::shared_ptr<task> t) {
+  bool add(std::unique_ptr<timer_entry> e) {
     std::lock_guard guard{mtx};
-    added.emplace_back(handle, std::move(t));
+    added.push_back(std::move(e));
     return added.size() == 1;
   }
-  bool end(std::uint64_t handle) {
-    std::lock_guard guard{mtx};
-    ended.push_back(handle);
-    return ended.size() == 1;
+
+  /// Runs that ended. A task never overlaps itself, so its entry is the
+  /// node: ending a run allocates nothing and takes no lock; the handler
+  /// pool pushes, the timer actor takes the whole list at once.
+  std::atomic<timer_entry*> ended{nullptr};
+
+  /// The timer actor, woken by the run that starts a batch of ended runs.
+  /// Set once at spawn; cleared by the scheduler when it goes (no run is
+  /// left then), which breaks the engine -> actor -> engine cycle early.
+  caf::actor actor;
+
+  /// True when the list was empty: the caller sends the wake-up. Until the
+  /// actor handled that message it cannot take the entry (it takes the list
+  /// only when woken, and every earlier batch was taken on its own
+  /// wake-up), so the run still counts as in flight and the caller may
+  /// read `actor` after pushing.
+  bool end(timer_entry* e) {
+    auto* head = ended.load(std::memory_order_relaxed);
+    do {
+      e->next_ended = head;
+    } while (!ended.compare_exchange_weak(head, e, std::memory_order_release,
+                                          std::memory_order_relaxed));
+    return head == nullptr;
+  }
+
+  /// The runs ended since the last call (newest first).
+  timer_entry* take_ended() {
+    return ended.exchange(nullptr, std::memory_order_acquire);
   }
 };
 
@@ -68,6 +108,21 @@ struct scheduler_engine {
   timer_inbox timers;
   /// Runs a handler job (the handler pool, or a test's executor).
   std::function<void(std::function<void()>)> execute;
+  /// Runs many handler jobs, each a job of its own (the handler pool's
+  /// `post_batch`); empty with a test's executor, which gets them one by one.
+  std::function<void(std::vector<std::function<void()>>&)> execute_batch;
+
+  /// Hands `jobs` to `execute_batch`, or one by one to `execute`; leaves
+  /// `jobs` empty.
+  void execute_all(std::vector<std::function<void()>>& jobs) {
+    if (execute_batch) {
+      execute_batch(jobs);
+    } else {
+      for (auto& job : jobs)
+        execute(std::move(job));
+    }
+    jobs.clear();
+  }
   /// This scheduler holds the leader lease (always true without one).
   std::atomic<bool> leader{true};
   /// Started: actors arm their own wake-ups (CAF delayed messages).
@@ -116,9 +171,10 @@ struct scheduler_engine {
   std::atomic<std::uint64_t> store_errors{0}; ///< failed store/lease calls
 
   /// Runs between a claim (or an in-memory run) and its end; stop() waits
-  /// for none to be left. The mutex guards this counter only.
-  void run_started();
-  void run_finished();
+  /// for none to be left. The mutex guards this counter only; the timer
+  /// actor counts a whole batch of runs in one call.
+  void run_started(std::size_t n = 1);
+  void run_finished(std::size_t n = 1);
   void wait_idle();
 
  private:
