@@ -3,6 +3,7 @@
 // orphan check. One CAF delayed message is pending at a time.
 
 #include <algorithm>
+#include <array>
 #include <set>
 #include <stop_token>
 #include <unordered_map>
@@ -147,30 +148,38 @@ void fire_due(timer_actor* self) {
   auto* eng = st.eng.get();
   // Due runs go to the pool in batches: one lock and only the wake-ups
   // needed per batch, and the first handlers start while later ones are
-  // still being prepared.
+  // still being prepared. A batch's slots are popped first and their
+  // entries (scattered in memory) prefetched, so their cache misses overlap
+  // instead of stalling the loop one after another.
   constexpr std::size_t batch = 256;
-  auto flush = [&] {
-    if (st.jobs.empty())
-      return;
-    st.running += st.jobs.size();
-    eng->run_started(st.jobs.size());
-    eng->execute_all(st.jobs);
-  };
-  while (!st.due.empty() && st.due.top().at <= now) {
-    auto& e = *st.due.top().e;
-    st.due.pop();
-    if (e.cancelled) {
-      --st.cancelled_due;
-      st.tasks.erase(e.handle);
-      continue;
+  std::array<timer_entry*, batch> popped;
+  for (;;) {
+    std::size_t n = 0;
+    while (n < batch && !st.due.empty() && st.due.top().at <= now) {
+      popped[n] = st.due.top().e;
+      __builtin_prefetch(popped[n], 1);
+      ++n;
+      st.due.pop();
     }
-    e.running = true;
-    e.run_stop = st.stop.get_token();
-    st.jobs.emplace_back([eng, ep = &e] { run_job(eng, ep); });
-    if (st.jobs.size() == batch)
-      flush();
+    if (n == 0)
+      return;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto& e = *popped[i];
+      if (e.cancelled) {
+        --st.cancelled_due;
+        st.tasks.erase(e.handle);
+        continue;
+      }
+      e.running = true;
+      e.run_stop = st.stop.get_token();
+      st.jobs.emplace_back([eng, ep = &e] { run_job(eng, ep); });
+    }
+    if (!st.jobs.empty()) {
+      st.running += st.jobs.size();
+      eng->run_started(st.jobs.size());
+      eng->execute_all(st.jobs);
+    }
   }
-  flush();
 }
 
 // With a leader lease: take or renew it (on the store-I/O actor), then,

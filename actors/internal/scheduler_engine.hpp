@@ -39,16 +39,18 @@ namespace botmesh::internal {
 /// task is added (by the facade) and handed over by pointer; a run's job
 /// refers to it by pointer too, so firing allocates nothing per run.
 struct timer_entry {
-  task t;
+  // What the actor and a run's job touch on every run comes first, in one
+  // cache line with the start of the task.
   std::uint64_t handle = 0;
+  /// The list of ended runs (see timer_inbox::end).
+  timer_entry* next_ended = nullptr;
   // The stop token of the run in progress (its slot is `t.next`): written
   // by the actor before the job is posted, read by the job; the next run
   // is prepared only after this one ended.
   std::stop_token run_stop;
   bool running = false;
   bool cancelled = false; // erased when its due slot is popped or its run ended
-  /// The list of ended runs (see timer_inbox::end).
-  timer_entry* next_ended = nullptr;
+  task t;
 };
 
 /// Batches for the timer actor: tasks added (the mutex guards that vector
