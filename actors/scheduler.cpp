@@ -182,7 +182,16 @@ struct scheduler::impl final : task_owner,
 
   scheduled_task add(task t) {
     auto now = eng->now();
-    auto st = std::make_shared<scheduled_task::state>();
+    // An in-memory task's entry in the timer actor is the state its handles
+    // share: one allocation per task.
+    std::shared_ptr<internal::timer_entry> entry;
+    std::shared_ptr<scheduled_task::state> st;
+    if (t.durable) {
+      st = std::make_shared<scheduled_task::state>();
+    } else {
+      entry = std::make_shared<internal::timer_entry>();
+      st = entry;
+    }
     st->owner = weak_from_this();
     st->id = t.opts.id;
     st->zone = t.cron ? t.cron->zone() : std::string{};
@@ -194,7 +203,6 @@ struct scheduler::impl final : task_owner,
     } else {
       t.next = now + t.interval;
     }
-    t.st = st;
     if (!t.durable) {
       {
         std::lock_guard guard{mtx};
@@ -203,13 +211,12 @@ struct scheduler::impl final : task_owner,
         in_memory[st->handle] = true;
       }
       ++eng->tasks;
-      auto e = std::make_unique<internal::timer_entry>();
-      e->handle = st->handle;
-      e->t = std::move(t);
-      if (eng->timers.add(std::move(e)))
+      entry->t = std::move(t); // its `st` stays empty: the entry is the state
+      if (eng->timers.add(std::move(entry)))
         caf::anon_send(timers, timer_add_atom::value);
       return scheduled_task{st};
     }
+    t.st = st;
     if (t.opts.max_catch_up == 0)
       throw invalid_argument_error("max_catch_up",
                                    "max_catch_up must be at least 1");
@@ -246,12 +253,14 @@ struct scheduler::impl final : task_owner,
     return scheduled_task{st};
   }
 
-  // Ends a registered task: the timer actor drops an in-memory one; a
-  // durable one's actor exits once idle. Returns the stored id of a durable
-  // task ("" otherwise).
-  std::string detach(std::uint64_t handle) {
+  // Ends a registered task: the timer actor drops an in-memory one (given
+  // its state `task`); a durable one's actor exits once idle. Returns the
+  // stored id of a durable task ("" otherwise).
+  std::string detach(std::uint64_t handle,
+                     const std::shared_ptr<scheduled_task::state>* task) {
     std::optional<caf::actor> actor;
     std::string stored;
+    bool in_memory_task = false;
     {
       std::lock_guard guard{mtx};
       if (auto i = durable.find(handle); i != durable.end()) {
@@ -266,18 +275,22 @@ struct scheduler::impl final : task_owner,
         --eng->tasks;
       } else if (handle < in_memory.size() && in_memory[handle]) {
         in_memory[handle] = false;
+        in_memory_task = true;
         --eng->tasks;
       }
     }
-    if (!actor)
-      caf::anon_send(timers, timer_cancel_atom::value, handle);
-    else
+    if (actor) {
       caf::anon_send(*actor, task_cancel_atom::value);
+    } else if (in_memory_task && task != nullptr) {
+      // Every in-memory task's state is its timer entry (see add).
+      if (eng->timers.cancel(std::static_pointer_cast<internal::timer_entry>(*task)))
+        caf::anon_send(timers, timer_add_atom::value);
+    }
     return stored;
   }
 
-  void cancel(std::uint64_t handle) override {
-    auto stored = detach(handle);
+  void cancel(const std::shared_ptr<scheduled_task::state>& task) override {
+    auto stored = detach(task->handle, &task);
     if (stored.empty())
       return;
     try {
@@ -296,7 +309,7 @@ struct scheduler::impl final : task_owner,
         handle = i->second;
     }
     if (handle)
-      detach(*handle);
+      detach(*handle, nullptr); // ids are durable tasks only
     return store().remove(stored, eng->now());
   }
 

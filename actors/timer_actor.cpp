@@ -6,7 +6,6 @@
 #include <array>
 #include <set>
 #include <stop_token>
-#include <unordered_map>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -63,9 +62,6 @@ struct timer_state {
   // The store-I/O actor, copied at spawn: the scheduler clears the engine's
   // handle when it goes, while this actor may still be running.
   caf::actor io;
-  // Owns the entries, by handle for cancel. A cancelled entry stays until
-  // its slot is popped or its run ended (the heap or a job points to it).
-  std::unordered_map<std::uint64_t, std::unique_ptr<timer_entry>> tasks;
   due_heap due;
   std::size_t cancelled_due = 0; // cancelled entries whose slot is in `due`
   std::size_t running = 0;
@@ -74,6 +70,10 @@ struct timer_state {
   // (a pause fires it and starts a new one) instead of one per run.
   std::stop_source stop;
   std::vector<std::function<void()>> jobs; // reused by fire_due
+  // Swapped with the inbox's, so that neither side grows a vector anew for
+  // every batch.
+  std::vector<std::shared_ptr<timer_entry>> added;
+  std::vector<std::shared_ptr<timer_entry>> cancelled;
   std::vector<caf::response_promise> polls;
   std::uint64_t wake_gen = 0;
   time_point armed = time_point::max();
@@ -83,6 +83,13 @@ struct timer_state {
   std::set<std::string> logged_orphans;
 
   static inline const char* name = "botmesh.timers";
+
+  // A waiting entry holds itself (the heap points to it); the actor's end
+  // lets it go. No run is in flight then (the scheduler waited for them).
+  ~timer_state() {
+    for (auto& d : due.items)
+      d.e->self.reset();
+  }
 };
 
 using timer_actor = caf::stateful_actor<timer_state>;
@@ -134,7 +141,7 @@ void run_job(scheduler_engine* eng, timer_entry* e) {
     eng->failed.fetch_add(1, std::memory_order_relaxed);
     eng->log("task run failed");
   }
-  // After end() the actor may erase `e`; the engine and its actor handle
+  // After end() the actor may let `e` go; the engine and its actor handle
   // stay while this run counts as in flight (see timer_inbox::end).
   if (eng->timers.end(e))
     caf::anon_send(eng->timers.actor, task_done_atom::value);
@@ -157,7 +164,7 @@ void fire_due(timer_actor* self) {
     std::size_t n = 0;
     while (n < batch && !st.due.empty() && st.due.top().at <= now) {
       popped[n] = st.due.top().e;
-      __builtin_prefetch(popped[n], 1);
+      __builtin_prefetch(&popped[n]->running, 1);
       ++n;
       st.due.pop();
     }
@@ -167,7 +174,7 @@ void fire_due(timer_actor* self) {
       auto& e = *popped[i];
       if (e.cancelled) {
         --st.cancelled_due;
-        st.tasks.erase(e.handle);
+        e.self.reset(); // nothing points to it any longer
         continue;
       }
       e.running = true;
@@ -253,19 +260,26 @@ void check_orphans(timer_actor* self, std::vector<std::string> registered) {
     });
 }
 
-// Takes the tasks added since the last batch.
-void take_added(timer_actor* self) {
+void cancel(timer_actor* self, timer_entry& e);
+
+// Takes the tasks added and cancelled since the last batch. A task is
+// always added in an earlier batch than its cancel, or in the same one.
+void take_inbox(timer_actor* self) {
   auto& st = self->state;
-  std::vector<std::unique_ptr<timer_entry>> batch;
   {
     std::lock_guard guard{st.eng->timers.mtx};
-    batch.swap(st.eng->timers.added);
+    st.added.swap(st.eng->timers.added);
+    st.cancelled.swap(st.eng->timers.cancelled);
   }
-  for (auto& e : batch) {
-    st.due.push({e->t.next, e.get()});
-    auto handle = e->handle;
-    st.tasks.emplace(handle, std::move(e));
+  for (auto& e : st.added) {
+    auto* p = e.get();
+    st.due.push({p->t.next, p});
+    p->self = std::move(e);
   }
+  st.added.clear();
+  for (auto& e : st.cancelled)
+    cancel(self, *e);
+  st.cancelled.clear();
 }
 
 // Takes the runs that ended since the last batch: each task goes on with
@@ -284,7 +298,7 @@ void take_ended(timer_actor* self) {
     ++ended;
     e.running = false;
     if (e.cancelled) {
-      st.tasks.erase(e.handle);
+      e.self.reset(); // nothing points to it any longer
       continue;
     }
     auto& t = e.t;
@@ -292,25 +306,23 @@ void take_ended(timer_actor* self) {
       t.next = *next;
       st.due.push({*next, &e});
     } else {
-      t.st->active = false;
-      st.tasks.erase(e.handle);
+      e.active = false; // a one-shot that ran
+      e.self.reset();
     }
   }
   st.running -= ended;
   st.eng->run_finished(ended);
 }
 
-// Ends a task. A running one is erased when its run ended (its job reads
-// the entry). One that waits keeps its slot in the heap, which points to the
+// Ends a task. A running one goes when its run ended (its job reads the
+// entry). One that waits keeps its slot in the heap, which points to the
 // entry, until that slot is popped, or until cancelled slots are half the
 // heap and are swept out together; what the task holds (its handler and
 // what that captured) is released now, as a cancel always did.
-void cancel(timer_actor* self, std::uint64_t handle) {
+void cancel(timer_actor* self, timer_entry& e) {
   auto& st = self->state;
-  auto i = st.tasks.find(handle);
-  if (i == st.tasks.end() || i->second->cancelled)
-    return;
-  auto& e = *i->second;
+  if (!e.self || e.cancelled)
+    return; // a one-shot that ran, or cancelled already
   e.cancelled = true;
   if (e.running)
     return;
@@ -320,10 +332,10 @@ void cancel(timer_actor* self, std::uint64_t handle) {
   if (st.cancelled_due < 64 || st.cancelled_due * 2 < st.due.size())
     return;
   auto& items = st.due.items;
-  auto gone = std::remove_if(items.begin(), items.end(), [&](const due_item& d) {
+  auto gone = std::remove_if(items.begin(), items.end(), [](const due_item& d) {
     if (!d.e->cancelled)
       return false;
-    st.tasks.erase(d.e->handle);
+    d.e->self.reset();
     return true;
   });
   items.erase(gone, items.end());
@@ -338,12 +350,8 @@ caf::behavior timer_behavior(timer_actor* self,
   self->state.eng = std::move(eng);
   return {
     [=](timer_add_atom) {
-      take_added(self);
+      take_inbox(self);
       arm(self);
-    },
-    [=](timer_cancel_atom, std::uint64_t handle) {
-      take_added(self); // it may be in the batch not taken yet
-      cancel(self, handle);
     },
     [=](task_tick_atom, std::uint64_t gen) {
       auto& st = self->state;
@@ -356,7 +364,7 @@ caf::behavior timer_behavior(timer_actor* self,
     [=](task_poll_atom) {
       auto& st = self->state;
       st.polls.push_back(self->make_response_promise());
-      take_added(self);
+      take_inbox(self);
       fire_due(self);
       reply_if_idle(self);
     },

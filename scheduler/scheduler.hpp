@@ -64,13 +64,7 @@ struct task_options {
 /// A task's handler.
 using run_handler = std::function<void(const scheduled_run&)>;
 
-/// What a task handle cancels through (the scheduler implements it).
-class task_owner {
- public:
-  virtual ~task_owner();
-  /// Ends the task of `handle` (see `scheduled_task::cancel`).
-  virtual void cancel(std::uint64_t handle) = 0;
-};
+class task_owner;
 
 /// A handle to a registered task. Copyable; all copies control one task.
 class scheduled_task {
@@ -105,6 +99,16 @@ class scheduled_task {
 
  private:
   std::shared_ptr<state> state_;
+};
+
+/// What a task handle cancels through (the scheduler implements it).
+class task_owner {
+ public:
+  virtual ~task_owner();
+  /// Ends the task whose handles share `task` (see `scheduled_task::cancel`).
+  /// The state itself, not only its handle: the scheduler keeps no table
+  /// of in-memory tasks by handle.
+  virtual void cancel(const std::shared_ptr<scheduled_task::state>& task) = 0;
 };
 
 struct scheduler_options {

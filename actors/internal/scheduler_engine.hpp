@@ -35,13 +35,12 @@
 
 namespace botmesh::internal {
 
-/// One in-memory task as the timer actor holds it. Allocated once when the
-/// task is added (by the facade) and handed over by pointer; a run's job
-/// refers to it by pointer too, so firing allocates nothing per run.
-struct timer_entry {
-  // What the actor and a run's job touch on every run comes first, in one
-  // cache line with the start of the task.
-  std::uint64_t handle = 0;
+/// One in-memory task: the state its handles share and what the timer
+/// actor keeps of it, in one allocation made when the task is added. The
+/// actor's heap of slots and a run's job point to it, so the actor needs no
+/// table by handle (a cancel brings the entry itself) and firing allocates
+/// nothing per run.
+struct timer_entry final : scheduled_task::state {
   /// The list of ended runs (see timer_inbox::end).
   timer_entry* next_ended = nullptr;
   // The stop token of the run in progress (its slot is `t.next`): written
@@ -49,22 +48,35 @@ struct timer_entry {
   // is prepared only after this one ended.
   std::stop_token run_stop;
   bool running = false;
-  bool cancelled = false; // erased when its due slot is popped or its run ended
+  bool cancelled = false;
+  /// The timer actor's hold on the entry, from the moment it takes the
+  /// task until the task is done or cancelled and nothing points to it any
+  /// longer (its slot popped or swept, its run ended).
+  std::shared_ptr<timer_entry> self;
+  /// Its `st` stays empty: this entry is the state.
   task t;
 };
 
-/// Batches for the timer actor: tasks added (the mutex guards that vector
-/// only) and runs ended arrive here, and a message wakes the actor only
-/// when a batch starts, so 100k timers armed or fired cost a few messages.
+/// Batches for the timer actor: tasks added and cancelled (the mutex
+/// guards those vectors only) and runs ended arrive here, and a message
+/// wakes the actor only when a batch starts, so 100k timers armed or fired
+/// cost a few messages.
 struct timer_inbox {
   std::mutex mtx;
-  std::vector<std::unique_ptr<timer_entry>> added;
+  std::vector<std::shared_ptr<timer_entry>> added;
+  std::vector<std::shared_ptr<timer_entry>> cancelled;
 
-  /// True when the batch was empty: the caller sends the wake-up.
-  bool add(std::unique_ptr<timer_entry> e) {
+  /// True when the inbox was empty: the caller sends the wake-up
+  /// (timer_add_atom).
+  bool add(std::shared_ptr<timer_entry> e) {
     std::lock_guard guard{mtx};
     added.push_back(std::move(e));
-    return added.size() == 1;
+    return added.size() + cancelled.size() == 1;
+  }
+  bool cancel(std::shared_ptr<timer_entry> e) {
+    std::lock_guard guard{mtx};
+    cancelled.push_back(std::move(e));
+    return added.size() + cancelled.size() == 1;
   }
 
   /// Runs that ended. A task never overlaps itself, so its entry is the
