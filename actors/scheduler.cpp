@@ -211,7 +211,10 @@ struct scheduler::impl final : task_owner,
         in_memory[st->handle] = true;
       }
       ++eng->tasks;
-      entry->t = std::move(t); // its `st` stays empty: the entry is the state
+      entry->grid = std::move(static_cast<internal::task_grid&>(t));
+      entry->next = t.next;
+      entry->fn = std::move(t.fn);
+      entry->job = std::move(t.job);
       if (eng->timers.add(std::move(entry)))
         caf::anon_send(timers, timer_add_atom::value);
       return scheduled_task{st};

@@ -126,13 +126,13 @@ void reply_if_idle(timer_actor* self) {
 void run_job(scheduler_engine* eng, timer_entry* e) {
   eng->runs.fetch_add(1, std::memory_order_relaxed);
   try {
-    if (e->t.job) {
-      e->t.job();
+    if (e->job) {
+      e->job();
     } else {
       scheduled_run run;
-      run.scheduled_at = e->t.next;
+      run.scheduled_at = e->next;
       run.stop = e->run_stop;
-      e->t.fn(run);
+      e->fn(run);
     }
   } catch (const std::exception& ex) {
     eng->failed.fetch_add(1, std::memory_order_relaxed);
@@ -273,7 +273,7 @@ void take_inbox(timer_actor* self) {
   }
   for (auto& e : st.added) {
     auto* p = e.get();
-    st.due.push({p->t.next, p});
+    st.due.push({p->next, p});
     p->self = std::move(e);
   }
   st.added.clear();
@@ -301,9 +301,8 @@ void take_ended(timer_actor* self) {
       e.self.reset(); // nothing points to it any longer
       continue;
     }
-    auto& t = e.t;
-    if (auto next = t.first_slot_after(t.next, now)) {
-      t.next = *next;
+    if (auto next = e.grid.first_slot_after(e.next, now)) {
+      e.next = *next;
       st.due.push({*next, &e});
     } else {
       e.active = false; // a one-shot that ran
@@ -326,8 +325,8 @@ void cancel(timer_actor* self, timer_entry& e) {
   e.cancelled = true;
   if (e.running)
     return;
-  e.t.fn = nullptr;
-  e.t.job = nullptr;
+  e.fn = nullptr;
+  e.job = nullptr;
   ++st.cancelled_due;
   if (st.cancelled_due < 64 || st.cancelled_due * 2 < st.due.size())
     return;

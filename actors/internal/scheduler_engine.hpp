@@ -43,7 +43,7 @@ namespace botmesh::internal {
 struct timer_entry final : scheduled_task::state {
   /// The list of ended runs (see timer_inbox::end).
   timer_entry* next_ended = nullptr;
-  // The stop token of the run in progress (its slot is `t.next`): written
+  // The stop token of the run in progress (its slot is `next`): written
   // by the actor before the job is posted, read by the job; the next run
   // is prepared only after this one ended.
   std::stop_token run_stop;
@@ -53,8 +53,12 @@ struct timer_entry final : scheduled_task::state {
   /// task until the task is done or cancelled and nothing points to it any
   /// longer (its slot popped or swept, its run ended).
   std::shared_ptr<timer_entry> self;
-  /// Its `st` stays empty: this entry is the state.
-  task t;
+  // What the actor needs of the task (not the durable task's fields, which
+  // would make every entry half again as large).
+  task_grid grid;
+  time_point next{}; // the next slot; while running, the run's slot
+  run_handler fn;
+  std::function<void()> job; // instead of `fn` (see task::job)
 };
 
 /// Batches for the timer actor: tasks added and cancelled (the mutex
