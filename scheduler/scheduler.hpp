@@ -54,8 +54,10 @@ struct task_options {
   std::string id{};
   missed_policy missed = missed_policy::skip;
   std::size_t max_catch_up = 10;
-  /// How long a claimed run holds its lease; renewed every third.
-  duration lease = "60s";
+  /// How long a claimed run holds its lease; renewed every third. (The
+  /// default is written as a chrono value, not "60s": task options are
+  /// built for every task armed, and text is parsed each time.)
+  duration lease = std::chrono::seconds{60};
   /// Cron tasks only: the IANA zone of the fields (default: the scheduler's).
   /// `every` and `delay` reject it (field "time_zone").
   std::string time_zone{};
