@@ -85,10 +85,14 @@ struct timer_state {
   static inline const char* name = "botmesh.timers";
 
   // A waiting entry holds itself (the heap points to it); the actor's end
-  // lets it go. No run is in flight then (the scheduler waited for them).
+  // lets it go, with its handler (a handle may keep the entry). No run is
+  // in flight then (the scheduler waited for them).
   ~timer_state() {
-    for (auto& d : due.items)
+    for (auto& d : due.items) {
+      d.e->fn = nullptr;
+      d.e->job = nullptr;
       d.e->self.reset();
+    }
   }
 };
 
@@ -117,6 +121,16 @@ void reply_if_idle(timer_actor* self) {
   for (auto& rp : st.polls)
     rp.deliver(task_poll_atom::value);
   st.polls.clear();
+}
+
+// The actor lets an entry go: the task is done or cancelled and nothing
+// points to it any longer. Its handler (and what that captured) goes now,
+// even while a handle still holds the entry, as it did when the actor kept
+// the task apart from the handle's state.
+void release(timer_entry& e) {
+  e.fn = nullptr;
+  e.job = nullptr;
+  e.self.reset(); // may destroy `e`
 }
 
 // The job of one run on the handler pool. It captures two pointers, small
@@ -174,7 +188,7 @@ void fire_due(timer_actor* self) {
       auto& e = *popped[i];
       if (e.cancelled) {
         --st.cancelled_due;
-        e.self.reset(); // nothing points to it any longer
+        release(e);
         continue;
       }
       e.running = true;
@@ -298,7 +312,7 @@ void take_ended(timer_actor* self) {
     ++ended;
     e.running = false;
     if (e.cancelled) {
-      e.self.reset(); // nothing points to it any longer
+      release(e);
       continue;
     }
     if (auto next = e.grid.first_slot_after(e.next, now)) {
@@ -306,7 +320,7 @@ void take_ended(timer_actor* self) {
       st.due.push({*next, &e});
     } else {
       e.active = false; // a one-shot that ran
-      e.self.reset();
+      release(e);
     }
   }
   st.running -= ended;
@@ -334,7 +348,7 @@ void cancel(timer_actor* self, timer_entry& e) {
   auto gone = std::remove_if(items.begin(), items.end(), [](const due_item& d) {
     if (!d.e->cancelled)
       return false;
-    d.e->self.reset();
+    release(*d.e);
     return true;
   });
   items.erase(gone, items.end());

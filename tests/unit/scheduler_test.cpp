@@ -153,6 +153,20 @@ TEST_CASE("cancelling a waiting in-memory task releases its handler at once") {
   CHECK_FALSE(task.active());
 }
 
+TEST_CASE("an in-memory one-shot releases its handler once it ran, also while "
+          "its handle is kept") {
+  botmesh::manual_clock clk{t0()};
+  botmesh::scheduler s{{.clock = &clk}};
+  auto held = std::make_shared<int>(0);
+  std::weak_ptr<int> weak = held;
+  auto task = s.delay(1s, [held] { ++*held; });
+  held.reset();
+  clk.advance(1s);
+  s.poll();
+  CHECK_FALSE(task.active());
+  CHECK(weak.expired());
+}
+
 TEST_CASE("of many in-memory tasks, the cancelled ones never run and the rest "
           "do") {
   botmesh::manual_clock clk{t0()};
