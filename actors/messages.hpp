@@ -113,7 +113,8 @@ using task_poll_atom = caf::atom_constant<caf::atom("bm_tpoll")>;
 using task_tick_atom = caf::atom_constant<caf::atom("bm_ttick")>;
 
 /// handler thread -> task actor: (token, slots run) the claimed run ended;
-/// -> timer actor: (handle) an in-memory run ended.
+/// -> timer actor: in-memory runs ended (the engine's timer inbox holds
+/// them; the first of a batch sends this).
 using task_done_atom = caf::atom_constant<caf::atom("bm_tdone")>;
 
 /// self -> task actor: (token) renew the claim's lease (every lease/3).
@@ -126,9 +127,9 @@ using task_pause_atom = caf::atom_constant<caf::atom("bm_tpause")>;
 /// stored ids of the registered durable tasks (the orphan check).
 using task_resume_atom = caf::atom_constant<caf::atom("bm_tresume")>;
 
-/// facade -> timer actor: (handle, task) / (handle) an in-memory task.
+/// facade -> timer actor: in-memory tasks were added or cancelled (the
+/// engine's timer inbox holds them; the first of a batch sends this).
 using timer_add_atom = caf::atom_constant<caf::atom("bm_tadd")>;
-using timer_cancel_atom = caf::atom_constant<caf::atom("bm_tcancel")>;
 
 /// facade -> task actor: the task was cancelled: exit once idle.
 using task_cancel_atom = caf::atom_constant<caf::atom("bm_tcncl")>;

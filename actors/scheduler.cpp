@@ -9,7 +9,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <thread>
 #include <vector>
 
@@ -60,14 +59,15 @@ void scheduler_engine::failure_ended() {
     this->log("store and lease calls succeed again");
 }
 
-void scheduler_engine::run_started() {
+void scheduler_engine::run_started(std::size_t n) {
   std::lock_guard guard{mtx_};
-  ++in_flight_;
+  in_flight_ += n;
 }
 
-void scheduler_engine::run_finished() {
+void scheduler_engine::run_finished(std::size_t n) {
   std::lock_guard guard{mtx_};
-  if (--in_flight_ == 0)
+  in_flight_ -= n;
+  if (in_flight_ == 0)
     idle_cv_.notify_all();
 }
 
@@ -100,6 +100,9 @@ struct scheduler::impl final : task_owner,
       eng->execute = [p = pool](std::function<void()> job) {
         p->post(std::move(job));
       };
+      eng->execute_batch = [p = pool](std::vector<std::function<void()>>& jobs) {
+        p->post_batch(jobs);
+      };
     }
     if (o.system) {
       sys = o.system;
@@ -116,6 +119,7 @@ struct scheduler::impl final : task_owner,
     eng->opts = std::move(o);
     eng->io = internal::spawn_store_io(*sys);
     timers = internal::spawn_timer_actor(*sys, eng);
+    eng->timers.actor = timers;
   }
 
   ~impl() override {
@@ -132,6 +136,7 @@ struct scheduler::impl final : task_owner,
     caf::anon_send_exit(timers, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(eng->io, caf::exit_reason::user_shutdown);
     timers = nullptr;
+    eng->timers.actor = nullptr; // stop() waited for every run: none sends
     // The timer and task actors hold their own copy of the handle: clearing
     // this one races with nobody, and the detached I/O actor can end (a
     // system of our own waits for that) once they are gone.
@@ -177,7 +182,16 @@ struct scheduler::impl final : task_owner,
 
   scheduled_task add(task t) {
     auto now = eng->now();
-    auto st = std::make_shared<scheduled_task::state>();
+    // An in-memory task's entry in the timer actor is the state its handles
+    // share: one allocation per task.
+    std::shared_ptr<internal::timer_entry> entry;
+    std::shared_ptr<scheduled_task::state> st;
+    if (t.durable) {
+      st = std::make_shared<scheduled_task::state>();
+    } else {
+      entry = std::make_shared<internal::timer_entry>();
+      st = entry;
+    }
     st->owner = weak_from_this();
     st->id = t.opts.id;
     st->zone = t.cron ? t.cron->zone() : std::string{};
@@ -189,18 +203,23 @@ struct scheduler::impl final : task_owner,
     } else {
       t.next = now + t.interval;
     }
-    t.st = st;
     if (!t.durable) {
       {
         std::lock_guard guard{mtx};
         st->handle = next_handle++;
-        in_memory.insert(st->handle);
+        in_memory.resize(st->handle + 1);
+        in_memory[st->handle] = true;
       }
       ++eng->tasks;
-      if (eng->timers.add(st->handle, std::make_shared<task>(std::move(t))))
+      entry->grid = std::move(static_cast<internal::task_grid&>(t));
+      entry->next = t.next;
+      entry->fn = std::move(t.fn);
+      entry->job = std::move(t.job);
+      if (eng->timers.add(std::move(entry)))
         caf::anon_send(timers, timer_add_atom::value);
       return scheduled_task{st};
     }
+    t.st = st;
     if (t.opts.max_catch_up == 0)
       throw invalid_argument_error("max_catch_up",
                                    "max_catch_up must be at least 1");
@@ -237,12 +256,14 @@ struct scheduler::impl final : task_owner,
     return scheduled_task{st};
   }
 
-  // Ends a registered task: the timer actor drops an in-memory one; a
-  // durable one's actor exits once idle. Returns the stored id of a durable
-  // task ("" otherwise).
-  std::string detach(std::uint64_t handle) {
+  // Ends a registered task: the timer actor drops an in-memory one (given
+  // its state `task`); a durable one's actor exits once idle. Returns the
+  // stored id of a durable task ("" otherwise).
+  std::string detach(std::uint64_t handle,
+                     const std::shared_ptr<scheduled_task::state>* task) {
     std::optional<caf::actor> actor;
     std::string stored;
+    bool in_memory_task = false;
     {
       std::lock_guard guard{mtx};
       if (auto i = durable.find(handle); i != durable.end()) {
@@ -255,19 +276,24 @@ struct scheduler::impl final : task_owner,
             break;
           }
         --eng->tasks;
-      } else if (in_memory.erase(handle) != 0) {
+      } else if (handle < in_memory.size() && in_memory[handle]) {
+        in_memory[handle] = false;
+        in_memory_task = true;
         --eng->tasks;
       }
     }
-    if (!actor)
-      caf::anon_send(timers, timer_cancel_atom::value, handle);
-    else
+    if (actor) {
       caf::anon_send(*actor, task_cancel_atom::value);
+    } else if (in_memory_task && task != nullptr) {
+      // Every in-memory task's state is its timer entry (see add).
+      if (eng->timers.cancel(std::static_pointer_cast<internal::timer_entry>(*task)))
+        caf::anon_send(timers, timer_add_atom::value);
+    }
     return stored;
   }
 
-  void cancel(std::uint64_t handle) override {
-    auto stored = detach(handle);
+  void cancel(const std::shared_ptr<scheduled_task::state>& task) override {
+    auto stored = detach(task->handle, &task);
     if (stored.empty())
       return;
     try {
@@ -286,7 +312,7 @@ struct scheduler::impl final : task_owner,
         handle = i->second;
     }
     if (handle)
-      detach(*handle);
+      detach(*handle, nullptr); // ids are durable tasks only
     return store().remove(stored, eng->now());
   }
 
@@ -380,7 +406,10 @@ struct scheduler::impl final : task_owner,
 
   std::mutex mtx; // the registry below
   std::map<std::uint64_t, caf::actor> durable;
-  std::set<std::uint64_t> in_memory; // handles of in-memory tasks not cancelled
+  // Bit h: in-memory task h is registered and not cancelled. One bit per
+  // handle ever given (handles only grow) instead of a set node (an
+  // allocation) per task.
+  std::vector<bool> in_memory;
   std::map<std::string, std::uint64_t> by_id;
   std::uint64_t next_handle = 1;
 };
@@ -389,18 +418,17 @@ struct scheduler::impl final : task_owner,
 
 namespace {
 
-run_handler wrap(scheduler::job fn) {
-  return [fn = std::move(fn)](const scheduled_run&) { fn(); };
-}
-
 void reject_zone(const task_options& o) {
   if (!o.time_zone.empty())
     throw invalid_argument_error(
       "time_zone", "time_zone applies to cron tasks only, not to every/delay");
 }
 
+// A plain job (the overloads without options) is kept as it is, not
+// wrapped into a run handler: such a task is always in memory, and the
+// wrapper would cost an allocation per task.
 task make_task(task_kind kind, std::chrono::milliseconds interval,
-               task_options opts, run_handler fn) {
+               task_options opts, run_handler fn, scheduler::job job = {}) {
   if (kind != task_kind::cron)
     reject_zone(opts);
   task t;
@@ -409,7 +437,34 @@ task make_task(task_kind kind, std::chrono::milliseconds interval,
   t.durable = !opts.id.empty();
   t.opts = std::move(opts);
   t.fn = std::move(fn);
+  t.job = std::move(job);
   return t;
+}
+
+void check_interval(duration interval) {
+  if (interval.count() <= 0)
+    throw invalid_argument_error("interval",
+                                 "every() needs a positive interval, got "
+                                   + format_duration(interval.ms()));
+}
+
+void check_delay(duration d) {
+  if (d.count() < 0)
+    throw invalid_argument_error("delay",
+                                 "delay() needs a non-negative delay, got "
+                                   + format_duration(d.ms()));
+}
+
+scheduled_task schedule_cron(scheduler::impl& impl, std::string_view cron,
+                             task_options opts, run_handler fn,
+                             scheduler::job plain = {}) {
+  auto zone = opts.time_zone.empty() ? impl.eng->opts.time_zone
+                                     : opts.time_zone;
+  cron_schedule parsed{cron, zone, impl.eng->now()};
+  auto t = make_task(task_kind::cron, {}, std::move(opts), std::move(fn),
+                     std::move(plain));
+  t.cron.emplace(std::move(parsed));
+  return impl.add(std::move(t));
 }
 
 } // namespace
@@ -424,42 +479,34 @@ scheduler::~scheduler() {
 }
 
 scheduled_task scheduler::every(duration interval, job fn) {
-  return every(interval, {}, wrap(std::move(fn)));
+  check_interval(interval);
+  return impl_->add(
+    make_task(task_kind::every, interval.ms(), {}, {}, std::move(fn)));
 }
 
 scheduled_task scheduler::every(duration interval, task_options opts,
                                 run_handler fn) {
-  if (interval.count() <= 0)
-    throw invalid_argument_error("interval",
-                                 "every() needs a positive interval, got "
-                                   + format_duration(interval.ms()));
+  check_interval(interval);
   return impl_->add(
     make_task(task_kind::every, interval.ms(), std::move(opts), std::move(fn)));
 }
 
 scheduled_task scheduler::schedule(std::string_view cron, job fn) {
-  return schedule(cron, {}, wrap(std::move(fn)));
+  return schedule_cron(*impl_, cron, {}, {}, std::move(fn));
 }
 
 scheduled_task scheduler::schedule(std::string_view cron, task_options opts,
                                    run_handler fn) {
-  auto zone = opts.time_zone.empty() ? impl_->eng->opts.time_zone
-                                     : opts.time_zone;
-  cron_schedule parsed{cron, zone, impl_->eng->now()};
-  auto t = make_task(task_kind::cron, {}, std::move(opts), std::move(fn));
-  t.cron.emplace(std::move(parsed));
-  return impl_->add(std::move(t));
+  return schedule_cron(*impl_, cron, std::move(opts), std::move(fn));
 }
 
 scheduled_task scheduler::delay(duration d, job fn) {
-  return delay(d, {}, wrap(std::move(fn)));
+  check_delay(d);
+  return impl_->add(make_task(task_kind::delay, d.ms(), {}, {}, std::move(fn)));
 }
 
 scheduled_task scheduler::delay(duration d, task_options opts, run_handler fn) {
-  if (d.count() < 0)
-    throw invalid_argument_error("delay",
-                                 "delay() needs a non-negative delay, got "
-                                   + format_duration(d.ms()));
+  check_delay(d);
   return impl_->add(
     make_task(task_kind::delay, d.ms(), std::move(opts), std::move(fn)));
 }

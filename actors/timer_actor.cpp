@@ -3,10 +3,9 @@
 // orphan check. One CAF delayed message is pending at a time.
 
 #include <algorithm>
-#include <queue>
+#include <array>
 #include <set>
 #include <stop_token>
-#include <unordered_map>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -23,16 +22,38 @@ namespace {
 
 using ms = std::chrono::milliseconds;
 
-struct entry {
-  std::shared_ptr<task> t;
-  std::shared_ptr<std::stop_source> stop; // set while it runs
-};
-
+// A task's next slot. Every entry not running has exactly one (pushed when
+// it is added and when its run ended, popped when it fires), so the heap
+// holds the entry itself and firing looks nothing up.
 struct due_item {
   time_point at;
-  std::uint64_t handle;
+  timer_entry* e;
   bool operator>(const due_item& other) const {
     return at > other.at;
+  }
+};
+
+// A min-heap of slots (std::push_heap / pop_heap on a vector, so that
+// cancelled slots can be swept out).
+struct due_heap {
+  std::vector<due_item> items;
+
+  bool empty() const {
+    return items.empty();
+  }
+  std::size_t size() const {
+    return items.size();
+  }
+  const due_item& top() const {
+    return items.front();
+  }
+  void push(due_item item) {
+    items.push_back(item);
+    std::push_heap(items.begin(), items.end(), std::greater<>{});
+  }
+  void pop() {
+    std::pop_heap(items.begin(), items.end(), std::greater<>{});
+    items.pop_back();
   }
 };
 
@@ -41,9 +62,18 @@ struct timer_state {
   // The store-I/O actor, copied at spawn: the scheduler clears the engine's
   // handle when it goes, while this actor may still be running.
   caf::actor io;
-  std::unordered_map<std::uint64_t, entry> tasks;
-  std::priority_queue<due_item, std::vector<due_item>, std::greater<>> due;
+  due_heap due;
+  std::size_t cancelled_due = 0; // cancelled entries whose slot is in `due`
   std::size_t running = 0;
+  // The stop token of every in-memory run: only a pause stops them, and it
+  // stops them all, so one source serves every run since the last pause
+  // (a pause fires it and starts a new one) instead of one per run.
+  std::stop_source stop;
+  std::vector<std::function<void()>> jobs; // reused by fire_due
+  // Swapped with the inbox's, so that neither side grows a vector anew for
+  // every batch.
+  std::vector<std::shared_ptr<timer_entry>> added;
+  std::vector<std::shared_ptr<timer_entry>> cancelled;
   std::vector<caf::response_promise> polls;
   std::uint64_t wake_gen = 0;
   time_point armed = time_point::max();
@@ -53,6 +83,17 @@ struct timer_state {
   std::set<std::string> logged_orphans;
 
   static inline const char* name = "botmesh.timers";
+
+  // A waiting entry holds itself (the heap points to it); the actor's end
+  // lets it go, with its handler (a handle may keep the entry). No run is
+  // in flight then (the scheduler waited for them).
+  ~timer_state() {
+    for (auto& d : due.items) {
+      d.e->fn = nullptr;
+      d.e->job = nullptr;
+      d.e->self.reset();
+    }
+  }
 };
 
 using timer_actor = caf::stateful_actor<timer_state>;
@@ -82,40 +123,83 @@ void reply_if_idle(timer_actor* self) {
   st.polls.clear();
 }
 
+// The actor lets an entry go: the task is done or cancelled and nothing
+// points to it any longer. Its handler (and what that captured) goes now,
+// even while a handle still holds the entry, as it did when the actor kept
+// the task apart from the handle's state.
+void release(timer_entry& e) {
+  e.fn = nullptr;
+  e.job = nullptr;
+  e.self.reset(); // may destroy `e`
+}
+
+// The job of one run on the handler pool. It captures two pointers, small
+// enough for std::function's inline storage (no allocation per run); both
+// outlive it: the entry stays until its end was taken, the engine until
+// stop() saw every run end.
+void run_job(scheduler_engine* eng, timer_entry* e) {
+  eng->runs.fetch_add(1, std::memory_order_relaxed);
+  try {
+    if (e->job) {
+      e->job();
+    } else {
+      scheduled_run run;
+      run.scheduled_at = e->next;
+      run.stop = e->run_stop;
+      e->fn(run);
+    }
+  } catch (const std::exception& ex) {
+    eng->failed.fetch_add(1, std::memory_order_relaxed);
+    eng->log(fmt::format("task run failed: {}", ex.what()));
+  } catch (...) {
+    eng->failed.fetch_add(1, std::memory_order_relaxed);
+    eng->log("task run failed");
+  }
+  // After end() the actor may let `e` go; the engine and its actor handle
+  // stay while this run counts as in flight (see timer_inbox::end).
+  if (eng->timers.end(e))
+    caf::anon_send(eng->timers.actor, task_done_atom::value);
+}
+
 void fire_due(timer_actor* self) {
   auto& st = self->state;
   if (st.eng->paused.load())
     return;
   auto now = st.eng->now();
-  auto me = caf::actor_cast<caf::actor>(self);
-  while (!st.due.empty() && st.due.top().at <= now) {
-    auto item = st.due.top();
-    st.due.pop();
-    auto i = st.tasks.find(item.handle);
-    if (i == st.tasks.end() || i->second.stop || i->second.t->next != item.at)
-      continue; // cancelled, running or rescheduled
-    auto& e = i->second;
-    e.stop = std::make_shared<std::stop_source>();
-    ++st.running;
-    st.eng->run_started();
-    scheduled_run run;
-    run.scheduled_at = item.at;
-    run.stop = e.stop->get_token();
-    st.eng->execute([me, t = e.t, run = std::move(run), eng = st.eng,
-                     handle = item.handle] {
-      eng->runs.fetch_add(1, std::memory_order_relaxed);
-      try {
-        t->fn(run);
-      } catch (const std::exception& ex) {
-        eng->failed.fetch_add(1, std::memory_order_relaxed);
-        eng->log(fmt::format("task run failed: {}", ex.what()));
-      } catch (...) {
-        eng->failed.fetch_add(1, std::memory_order_relaxed);
-        eng->log("task run failed");
+  auto* eng = st.eng.get();
+  // Due runs go to the pool in batches: one lock and only the wake-ups
+  // needed per batch, and the first handlers start while later ones are
+  // still being prepared. A batch's slots are popped first and their
+  // entries (scattered in memory) prefetched, so their cache misses overlap
+  // instead of stalling the loop one after another.
+  constexpr std::size_t batch = 256;
+  std::array<timer_entry*, batch> popped;
+  for (;;) {
+    std::size_t n = 0;
+    while (n < batch && !st.due.empty() && st.due.top().at <= now) {
+      popped[n] = st.due.top().e;
+      __builtin_prefetch(&popped[n]->running, 1);
+      ++n;
+      st.due.pop();
+    }
+    if (n == 0)
+      return;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto& e = *popped[i];
+      if (e.cancelled) {
+        --st.cancelled_due;
+        release(e);
+        continue;
       }
-      if (eng->timers.end(handle))
-        caf::anon_send(me, task_done_atom::value);
-    });
+      e.running = true;
+      e.run_stop = st.stop.get_token();
+      st.jobs.emplace_back([eng, ep = &e] { run_job(eng, ep); });
+    }
+    if (!st.jobs.empty()) {
+      st.running += st.jobs.size();
+      eng->run_started(st.jobs.size());
+      eng->execute_all(st.jobs);
+    }
   }
 }
 
@@ -190,46 +274,86 @@ void check_orphans(timer_actor* self, std::vector<std::string> registered) {
     });
 }
 
-// Takes the tasks added since the last batch.
-void take_added(timer_actor* self) {
+void cancel(timer_actor* self, timer_entry& e);
+
+// Takes the tasks added and cancelled since the last batch. A task is
+// always added in an earlier batch than its cancel, or in the same one.
+void take_inbox(timer_actor* self) {
   auto& st = self->state;
-  std::vector<std::pair<std::uint64_t, std::shared_ptr<task>>> batch;
   {
     std::lock_guard guard{st.eng->timers.mtx};
-    batch.swap(st.eng->timers.added);
+    st.added.swap(st.eng->timers.added);
+    st.cancelled.swap(st.eng->timers.cancelled);
   }
-  for (auto& [handle, t] : batch) {
-    st.due.push({t->next, handle});
-    st.tasks.emplace(handle, entry{std::move(t), nullptr});
+  for (auto& e : st.added) {
+    auto* p = e.get();
+    st.due.push({p->next, p});
+    p->self = std::move(e);
   }
+  st.added.clear();
+  for (auto& e : st.cancelled)
+    cancel(self, *e);
+  st.cancelled.clear();
 }
 
 // Takes the runs that ended since the last batch: each task goes on with
-// the first slot after now on its grid, a one-shot is done.
+// the first slot after now on its grid, a one-shot is done. Called only on
+// the wake-up the first run of a batch sends (see timer_inbox::end).
 void take_ended(timer_actor* self) {
   auto& st = self->state;
-  std::vector<std::uint64_t> batch;
-  {
-    std::lock_guard guard{st.eng->timers.mtx};
-    batch.swap(st.eng->timers.ended);
-  }
+  auto* n = st.eng->timers.take_ended();
+  if (n == nullptr)
+    return;
   auto now = st.eng->now();
-  for (auto handle : batch) {
-    --st.running;
-    st.eng->run_finished();
-    auto i = st.tasks.find(handle);
-    if (i == st.tasks.end())
+  std::size_t ended = 0;
+  while (n != nullptr) {
+    auto& e = *n;
+    n = n->next_ended;
+    ++ended;
+    e.running = false;
+    if (e.cancelled) {
+      release(e);
       continue;
-    auto& t = *i->second.t;
-    i->second.stop.reset();
-    if (auto next = t.first_slot_after(t.next, now)) {
-      t.next = *next;
-      st.due.push({*next, handle});
+    }
+    if (auto next = e.grid.first_slot_after(e.next, now)) {
+      e.next = *next;
+      st.due.push({*next, &e});
     } else {
-      t.st->active = false;
-      st.tasks.erase(i);
+      e.active = false; // a one-shot that ran
+      release(e);
     }
   }
+  st.running -= ended;
+  st.eng->run_finished(ended);
+}
+
+// Ends a task. A running one goes when its run ended (its job reads the
+// entry). One that waits keeps its slot in the heap, which points to the
+// entry, until that slot is popped, or until cancelled slots are half the
+// heap and are swept out together; what the task holds (its handler and
+// what that captured) is released now, as a cancel always did.
+void cancel(timer_actor* self, timer_entry& e) {
+  auto& st = self->state;
+  if (!e.self || e.cancelled)
+    return; // a one-shot that ran, or cancelled already
+  e.cancelled = true;
+  if (e.running)
+    return;
+  e.fn = nullptr;
+  e.job = nullptr;
+  ++st.cancelled_due;
+  if (st.cancelled_due < 64 || st.cancelled_due * 2 < st.due.size())
+    return;
+  auto& items = st.due.items;
+  auto gone = std::remove_if(items.begin(), items.end(), [](const due_item& d) {
+    if (!d.e->cancelled)
+      return false;
+    release(*d.e);
+    return true;
+  });
+  items.erase(gone, items.end());
+  std::make_heap(items.begin(), items.end(), std::greater<>{});
+  st.cancelled_due = 0;
 }
 
 caf::behavior timer_behavior(timer_actor* self,
@@ -239,12 +363,8 @@ caf::behavior timer_behavior(timer_actor* self,
   self->state.eng = std::move(eng);
   return {
     [=](timer_add_atom) {
-      take_added(self);
+      take_inbox(self);
       arm(self);
-    },
-    [=](timer_cancel_atom, std::uint64_t handle) {
-      take_added(self); // it may be in the batch not taken yet
-      self->state.tasks.erase(handle);
     },
     [=](task_tick_atom, std::uint64_t gen) {
       auto& st = self->state;
@@ -257,7 +377,7 @@ caf::behavior timer_behavior(timer_actor* self,
     [=](task_poll_atom) {
       auto& st = self->state;
       st.polls.push_back(self->make_response_promise());
-      take_added(self);
+      take_inbox(self);
       fire_due(self);
       reply_if_idle(self);
     },
@@ -267,9 +387,12 @@ caf::behavior timer_behavior(timer_actor* self,
       arm(self);
     },
     [=](task_pause_atom) {
-      for (auto& [h, e] : self->state.tasks)
-        if (e.stop)
-          e.stop->request_stop();
+      // Every run in progress holds a token of this source.
+      auto& st = self->state;
+      if (st.running != 0) {
+        st.stop.request_stop();
+        st.stop = std::stop_source{};
+      }
     },
     [=](task_resume_atom, std::vector<std::string>& registered) {
       auto& st = self->state;

@@ -50,7 +50,7 @@ void scheduled_task::cancel() {
     return;
   state_->active = false;
   if (auto owner = state_->owner.lock())
-    owner->cancel(state_->handle);
+    owner->cancel(state_);
 }
 
 const std::string& scheduled_task::id() const noexcept {

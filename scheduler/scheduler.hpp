@@ -54,8 +54,10 @@ struct task_options {
   std::string id{};
   missed_policy missed = missed_policy::skip;
   std::size_t max_catch_up = 10;
-  /// How long a claimed run holds its lease; renewed every third.
-  duration lease = "60s";
+  /// How long a claimed run holds its lease; renewed every third. (The
+  /// default is written as a chrono value, not "60s": task options are
+  /// built for every task armed, and text is parsed each time.)
+  duration lease = std::chrono::seconds{60};
   /// Cron tasks only: the IANA zone of the fields (default: the scheduler's).
   /// `every` and `delay` reject it (field "time_zone").
   std::string time_zone{};
@@ -64,13 +66,7 @@ struct task_options {
 /// A task's handler.
 using run_handler = std::function<void(const scheduled_run&)>;
 
-/// What a task handle cancels through (the scheduler implements it).
-class task_owner {
- public:
-  virtual ~task_owner();
-  /// Ends the task of `handle` (see `scheduled_task::cancel`).
-  virtual void cancel(std::uint64_t handle) = 0;
-};
+class task_owner;
 
 /// A handle to a registered task. Copyable; all copies control one task.
 class scheduled_task {
@@ -105,6 +101,16 @@ class scheduled_task {
 
  private:
   std::shared_ptr<state> state_;
+};
+
+/// What a task handle cancels through (the scheduler implements it).
+class task_owner {
+ public:
+  virtual ~task_owner();
+  /// Ends the task whose handles share `task` (see `scheduled_task::cancel`).
+  /// The state itself, not only its handle: the scheduler keeps no table
+  /// of in-memory tasks by handle.
+  virtual void cancel(const std::shared_ptr<scheduled_task::state>& task) = 0;
 };
 
 struct scheduler_options {

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,24 +35,81 @@
 
 namespace botmesh::internal {
 
-/// Batches for the timer actor: tasks added and runs ended arrive here
-/// (the mutex guards the vectors only), and a message wakes the actor only
-/// when a batch starts, so 100k timers armed or fired cost a few messages.
+/// One in-memory task: the state its handles share and what the timer
+/// actor keeps of it, in one allocation made when the task is added. The
+/// actor's heap of slots and a run's job point to it, so the actor needs no
+/// table by handle (a cancel brings the entry itself) and firing allocates
+/// nothing per run.
+struct timer_entry final : scheduled_task::state {
+  /// The list of ended runs (see timer_inbox::end).
+  timer_entry* next_ended = nullptr;
+  // The stop token of the run in progress (its slot is `next`): written
+  // by the actor before the job is posted, read by the job; the next run
+  // is prepared only after this one ended.
+  std::stop_token run_stop;
+  bool running = false;
+  bool cancelled = false;
+  /// The timer actor's hold on the entry, from the moment it takes the
+  /// task until the task is done or cancelled and nothing points to it any
+  /// longer (its slot popped or swept, its run ended).
+  std::shared_ptr<timer_entry> self;
+  // What the actor needs of the task (not the durable task's fields, which
+  // would make every entry half again as large).
+  task_grid grid;
+  time_point next{}; // the next slot; while running, the run's slot
+  run_handler fn;
+  std::function<void()> job; // instead of `fn` (see task::job)
+};
+
+/// Batches for the timer actor: tasks added and cancelled (the mutex
+/// guards those vectors only) and runs ended arrive here, and a message
+/// wakes the actor only when a batch starts, so 100k timers armed or fired
+/// cost a few messages.
 struct timer_inbox {
   std::mutex mtx;
-  std::vector<std::pair<std::uint64_t, std::shared_ptr<task>>> added;
-  std::vector<std::uint64_t> ended;
+  std::vector<std::shared_ptr<timer_entry>> added;
+  std::vector<std::shared_ptr<timer_entry>> cancelled;
 
-  /// True when the batch was empty: the caller sends the wake-up.
-  bool add(std::uint64_t handle, std::shared_ptr<task> t) {
+  /// True when the inbox was empty: the caller sends the wake-up
+  /// (timer_add_atom).
+  bool add(std::shared_ptr<timer_entry> e) {
     std::lock_guard guard{mtx};
-    added.emplace_back(handle, std::move(t));
-    return added.size() == 1;
+    added.push_back(std::move(e));
+    return added.size() + cancelled.size() == 1;
   }
-  bool end(std::uint64_t handle) {
+  bool cancel(std::shared_ptr<timer_entry> e) {
     std::lock_guard guard{mtx};
-    ended.push_back(handle);
-    return ended.size() == 1;
+    cancelled.push_back(std::move(e));
+    return added.size() + cancelled.size() == 1;
+  }
+
+  /// Runs that ended. A task never overlaps itself, so its entry is the
+  /// node: ending a run allocates nothing and takes no lock; the handler
+  /// pool pushes, the timer actor takes the whole list at once.
+  std::atomic<timer_entry*> ended{nullptr};
+
+  /// The timer actor, woken by the run that starts a batch of ended runs.
+  /// Set once at spawn; cleared by the scheduler when it goes (no run is
+  /// left then), which breaks the engine -> actor -> engine cycle early.
+  caf::actor actor;
+
+  /// True when the list was empty: the caller sends the wake-up. Until the
+  /// actor handled that message it cannot take the entry (it takes the list
+  /// only when woken, and every earlier batch was taken on its own
+  /// wake-up), so the run still counts as in flight and the caller may
+  /// read `actor` after pushing.
+  bool end(timer_entry* e) {
+    auto* head = ended.load(std::memory_order_relaxed);
+    do {
+      e->next_ended = head;
+    } while (!ended.compare_exchange_weak(head, e, std::memory_order_release,
+                                          std::memory_order_relaxed));
+    return head == nullptr;
+  }
+
+  /// The runs ended since the last call (newest first).
+  timer_entry* take_ended() {
+    return ended.exchange(nullptr, std::memory_order_acquire);
   }
 };
 
@@ -68,6 +126,21 @@ struct scheduler_engine {
   timer_inbox timers;
   /// Runs a handler job (the handler pool, or a test's executor).
   std::function<void(std::function<void()>)> execute;
+  /// Runs many handler jobs, each a job of its own (the handler pool's
+  /// `post_batch`); empty with a test's executor, which gets them one by one.
+  std::function<void(std::vector<std::function<void()>>&)> execute_batch;
+
+  /// Hands `jobs` to `execute_batch`, or one by one to `execute`; leaves
+  /// `jobs` empty.
+  void execute_all(std::vector<std::function<void()>>& jobs) {
+    if (execute_batch) {
+      execute_batch(jobs);
+    } else {
+      for (auto& job : jobs)
+        execute(std::move(job));
+    }
+    jobs.clear();
+  }
   /// This scheduler holds the leader lease (always true without one).
   std::atomic<bool> leader{true};
   /// Started: actors arm their own wake-ups (CAF delayed messages).
@@ -116,9 +189,10 @@ struct scheduler_engine {
   std::atomic<std::uint64_t> store_errors{0}; ///< failed store/lease calls
 
   /// Runs between a claim (or an in-memory run) and its end; stop() waits
-  /// for none to be left. The mutex guards this counter only.
-  void run_started();
-  void run_finished();
+  /// for none to be left. The mutex guards this counter only; the timer
+  /// actor counts a whole batch of runs in one call.
+  void run_started(std::size_t n = 1);
+  void run_finished(std::size_t n = 1);
   void wait_idle();
 
  private:

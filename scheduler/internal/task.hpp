@@ -19,17 +19,12 @@ namespace botmesh::internal {
 
 enum class task_kind { every, cron, delay };
 
-struct task {
-  std::shared_ptr<scheduled_task::state> st;
+// Where a task's slots fall. Kept apart so that an in-memory task's entry
+// in the timer actor carries only this, not the durable task's fields.
+struct task_grid {
   task_kind kind = task_kind::every;
   std::chrono::milliseconds interval{0}; // every: the period; delay: the delay
   std::optional<cron_schedule> cron;
-  task_options opts;
-  std::string stored_id;
-  run_handler fn;
-  bool durable = false;
-  time_point next{}; // in-memory: next slot; durable: last known stored slot
-  bool running = false;
 
   // First slot strictly after `t`, on the grid that contains `slot`.
   std::optional<time_point> first_slot_after(time_point slot,
@@ -52,6 +47,20 @@ struct task {
   std::optional<time_point> slot_after(time_point slot) const {
     return first_slot_after(slot, slot);
   }
+};
+
+struct task : task_grid {
+  std::shared_ptr<scheduled_task::state> st;
+  task_options opts;
+  std::string stored_id;
+  run_handler fn;
+  // In-memory tasks registered with a plain job keep it here instead of in
+  // `fn` (a wrapper around it costs one allocation per task); `fn` is empty
+  // then.
+  std::function<void()> job;
+  bool durable = false;
+  time_point next{}; // in-memory: next slot; durable: last known stored slot
+  bool running = false;
 };
 
 // The runs one claim covers and where the calendar goes afterwards.

@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <latch>
 #include <map>
 #include <mutex>
@@ -110,6 +111,116 @@ TEST_CASE("an in-memory delay runs once") {
   s.poll();
   CHECK(runs == 1);
   CHECK_FALSE(task.active());
+}
+
+TEST_CASE("in-memory handlers due together run at once on the handler pool, "
+          "so one that blocks holds back no other") {
+  botmesh::manual_clock clk{t0()};
+  botmesh::scheduler s{{.clock = &clk, .threads = 4}};
+  // Each handler waits until all four run: only separate pool jobs (the
+  // pool grows past its two core threads) get there.
+  std::mutex mtx;
+  std::condition_variable cv;
+  int arrived = 0;
+  std::atomic<int> met{0};
+  for (int i = 0; i < 4; ++i)
+    s.delay(1s, [&] {
+      std::unique_lock guard{mtx};
+      ++arrived;
+      cv.notify_all();
+      if (cv.wait_for(guard, 10s, [&] { return arrived == 4; }))
+        ++met;
+    });
+  clk.advance(1s);
+  s.poll();
+  CHECK(met == 4);
+}
+
+TEST_CASE("cancelling a waiting in-memory task releases its handler at once") {
+  botmesh::manual_clock clk{t0()};
+  botmesh::scheduler s{{.clock = &clk}};
+  auto held = std::make_shared<int>(0);
+  std::weak_ptr<int> weak = held;
+  auto task = s.delay(1h, [held] { ++*held; });
+  held.reset();
+  s.poll(); // the timer actor holds the task
+  CHECK_FALSE(weak.expired());
+  task.cancel();
+  s.poll();
+  CHECK(weak.expired());
+  clk.advance(1h);
+  s.poll();
+  CHECK_FALSE(task.active());
+}
+
+TEST_CASE("an in-memory one-shot releases its handler once it ran, also while "
+          "its handle is kept") {
+  botmesh::manual_clock clk{t0()};
+  botmesh::scheduler s{{.clock = &clk}};
+  auto held = std::make_shared<int>(0);
+  std::weak_ptr<int> weak = held;
+  auto task = s.delay(1s, [held] { ++*held; });
+  held.reset();
+  clk.advance(1s);
+  s.poll();
+  CHECK_FALSE(task.active());
+  CHECK(weak.expired());
+}
+
+TEST_CASE("of many in-memory tasks, the cancelled ones never run and the rest "
+          "do") {
+  botmesh::manual_clock clk{t0()};
+  botmesh::scheduler s{{.clock = &clk}};
+  std::atomic<int> kept_runs{0};
+  std::atomic<int> cancelled_runs{0};
+  std::vector<botmesh::scheduled_task> cancelled;
+  for (int i = 0; i < 1000; ++i) {
+    auto d = std::chrono::minutes{1 + i % 7};
+    if (i % 10 == 0)
+      s.every(d, [&] { ++kept_runs; });
+    else
+      cancelled.push_back(s.delay(d, [&] { ++cancelled_runs; }));
+  }
+  s.poll();
+  for (auto& t : cancelled)
+    t.cancel();
+  clk.advance(7min);
+  s.poll();
+  CHECK(kept_runs == 100);
+  CHECK(cancelled_runs == 0);
+  clk.advance(7min);
+  s.poll();
+  CHECK(kept_runs == 200);
+}
+
+TEST_CASE("after stop, the next run of an in-memory task gets a stop token "
+          "not yet fired") {
+  botmesh::manual_clock clk{t0()};
+  botmesh::scheduler s{{.clock = &clk}};
+  std::latch running{1};
+  std::atomic<int> runs{0};
+  std::atomic<bool> first_stopped{false};
+  std::atomic<bool> later_stopped{true};
+  s.every("1s", {}, [&](const scheduled_run& r) {
+    if (runs++ == 0) {
+      running.count_down();
+      while (!r.stop.stop_requested())
+        std::this_thread::sleep_for(1ms);
+      first_stopped = true;
+    } else {
+      later_stopped = r.stop.stop_requested();
+    }
+  });
+  clk.advance(1s);
+  std::thread poller{[&] { s.poll(); }};
+  running.wait();
+  s.stop();
+  poller.join();
+  clk.advance(1s);
+  s.poll();
+  CHECK(first_stopped.load());
+  CHECK(runs == 2);
+  CHECK_FALSE(later_stopped.load());
 }
 
 TEST_CASE("a cron task reads its fields in its time zone") {

@@ -39,6 +39,35 @@ void worker_pool::post(std::function<void()> job) {
   job();
 }
 
+void worker_pool::post_batch(std::vector<std::function<void()>>& jobs) {
+  if (jobs.empty())
+    return;
+  {
+    std::lock_guard guard{mtx_};
+    if (!closed_) {
+      bool was_empty = jobs_.empty();
+      for (auto& job : jobs)
+        jobs_.push_back(std::move(job));
+      // As many sleepers as there are jobs: one notify_all when that is all
+      // of them (one syscall), else one notify_one per job.
+      if (idle_ > 0) {
+        if (jobs.size() >= idle_)
+          cv_.notify_all();
+        else
+          for (std::size_t i = 0; i < jobs.size(); ++i)
+            cv_.notify_one();
+      }
+      if (was_empty)
+        sup_cv_.notify_one();
+      jobs.clear();
+      return;
+    }
+  }
+  for (auto& job : jobs)
+    job();
+  jobs.clear();
+}
+
 void worker_pool::shutdown() {
   {
     std::lock_guard guard{mtx_};

@@ -10,6 +10,7 @@
 #include <list>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace botmesh::internal {
 
@@ -36,6 +37,14 @@ class worker_pool {
   /// Queues `job`. After `shutdown()` the job runs on the caller's thread,
   /// so a late turn still completes and reports done.
   void post(std::function<void()> job);
+
+  /// Queues `jobs` in order, as if each were posted, but under one lock and
+  /// with one wake-up per sleeping worker needed (not one per job): a
+  /// producer with many jobs at once (the timer actor firing a batch of
+  /// due timers) otherwise pays a lock hand-off and a futex wake for every
+  /// job while the workers drain faster than it posts. Each job stays a job
+  /// of its own, so a blocking one holds no other. Leaves `jobs` empty.
+  void post_batch(std::vector<std::function<void()>>& jobs);
 
   void shutdown();
 
