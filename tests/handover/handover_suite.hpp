@@ -844,9 +844,10 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a release hands the chat's checkpoint "
   Env env;
   auto h = forward();
   h.message = message;
+  // Before the replicas: their handlers use it until they are gone.
+  turn_gate gate_a, gate_b;
   replica a{env, "a", h};
   replica b{env, "b", h};
-  turn_gate gate_a, gate_b;
   a.bot->use(gate_a.hold());
   b.bot->use(gate_b.hold());
   for (auto* r : {&a, &b}) {
@@ -923,9 +924,10 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a handed checkpoint that its turn did not "
     h.fallback = botmesh::handover_fallback::notify;
   h.message = message;
   h.ttl = botmesh::duration{2s};
+  // Before the replicas: their handlers use it until they are gone.
+  turn_gate gate;
   replica a{env, "a", h};
   replica b{env, "b", h};
-  turn_gate gate;
   a.bot->use(gate.hold());
   // b's middleware answers "saltar" itself (an admin command, a filter).
   b.bot->use(answers_itself("saltar"));
@@ -973,6 +975,8 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a replica restarted with the same id "
   Env env;
   botmesh::handover_options h;
   h.message = message;
+  // Before the replicas: their handlers use it until they are gone.
+  turn_gate gate;
   auto a = std::make_unique<replica>(env, "a", h);
   replica b{env, "b", h};
   a->bot->add_flow(order_flow(true));
@@ -984,7 +988,6 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a replica restarted with the same id "
   // a restarts with the same replica id: the chat's last holder is "a".
   a.reset();
   replica a2{env, "a", h};
-  turn_gate gate;
   a2.bot->use(answers_itself("saltar"));
   a2.bot->use(gate.hold());
   a2.bot->add_flow(order_flow(true));
@@ -1018,9 +1021,10 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a handed ephemeral checkpoint that "
   auto h = forward();
   h.message = message;
   h.ttl = botmesh::duration{2s};
+  // Before the replicas: their handlers use it until they are gone.
+  turn_gate gate;
   replica a{env, "a", h};
   replica b{env, "b", h};
-  turn_gate gate;
   a.bot->use(gate.hold());
   // b's middleware takes its time (an external lookup) before next().
   b.bot->use([&env](botmesh::context&, const std::function<void()>& next) {
@@ -1056,9 +1060,10 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a conversation whose timer turn failed "
   Env env;
   botmesh::handover_options h;
   h.message = message;
+  // Before the replicas: their handlers use it until they are gone.
+  turn_gate gate;
   replica a{env, "a", h};
   replica b{env, "b", h};
-  turn_gate gate;
   a.bot->use(gate.hold());
   for (auto* r : {&a, &b}) {
     r->bot->add_flow(order_flow(true, nullptr, botmesh::duration{1s}));
@@ -1110,9 +1115,10 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write that lands after "
   botmesh::handover_options h;
   h.message = message;
   h.fallback = botmesh::handover_fallback::notify;
+  // Before the replicas: their handlers use it until they are gone.
+  turn_gate gate;
   replica a{env, "a", h, "300ms"};
   replica b{env, "b", h};
-  turn_gate gate;
   b.bot->use(gate.hold());
   for (auto* r : {&a, &b}) {
     if (marker)
@@ -1182,9 +1188,10 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write whose reply timed "
   botmesh::handover_options h;
   h.message = message;
   h.fallback = botmesh::handover_fallback::notify;
+  // Before the replicas: their handlers use it until they are gone.
+  turn_gate gate;
   replica a{env, "a", h};
   replica b{env, "b", h};
-  turn_gate gate;
   b.bot->use(gate.hold());
   for (auto* r : {&a, &b}) {
     if (marker)

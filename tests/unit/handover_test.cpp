@@ -243,9 +243,10 @@ TEST_CASE("a handover message that cannot be used (garbled, or an ephemeral "
       cp.expires_at = botmesh::clock::system().now() + 500ms;
     });
   }
+  // Before the replicas: their handlers use it until they are gone.
+  turn_gate gate;
   replica a{env, "a", forward()};
   replica b{env, "b", forward()};
-  turn_gate gate;
   a.bot->use(gate.hold());
   for (auto* r : {&a, &b}) {
     r->bot->add_flow(order_flow());
@@ -267,9 +268,10 @@ TEST_CASE("a handed checkpoint that is not the store's latest never writes "
   // The releasing replica hands an older revision than it wrote.
   *env.rewrite = change_checkpoint(
     [](botmesh::flow_checkpoint& cp) { cp.revision -= 1; });
+  // Before the replicas: their handlers use it until they are gone.
+  turn_gate gate;
   replica a{env, "a", forward()};
   replica b{env, "b", forward()};
-  turn_gate gate;
   a.bot->use(gate.hold());
   for (auto* r : {&a, &b}) {
     r->bot->add_flow(order_flow());
@@ -295,9 +297,10 @@ TEST_CASE("a checkpoint over 64 KiB is not handed over: the taker reads the "
           "store") {
   using namespace test::handover;
   memory_env env;
+  // Before the replicas: their handlers use it until they are gone.
+  turn_gate gate;
   replica a{env, "a", forward()};
   replica b{env, "b", forward()};
-  turn_gate gate;
   a.bot->use(gate.hold());
   for (auto* r : {&a, &b}) {
     botmesh::flow f{"pedido"};
