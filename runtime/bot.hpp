@@ -224,8 +224,8 @@ struct handover_options {
   /// latest: it is written by the release that grants the turn, in the
   /// same atomic step, so nobody held the chat in between, and the taker's
   /// first write is a compare-and-set on its revision (a copy the store
-  /// moved past is refused, and the store is read instead, before anything
-  /// is sent). A grant found otherwise (a poll, an expired holder, a lost
+  /// moved past is refused as `superseded` before anything is sent). A
+  /// grant found otherwise (a poll, an expired holder, a lost
   /// push), a chat without a conversation ("none" is never handed: a
   /// holder's late write could not be told apart), or a checkpoint over
   /// 64 KiB reads the store, which stays the truth. Costs the checkpoint's

@@ -494,16 +494,9 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
         uncertain(c.key);
         throw;
       }
-      if (!cleared) {
+      if (!cleared)
         uncertain(c.key); // the store holds someone else's checkpoint
-        if (c.from_handed) {
-          c.handed_refused = true; // restore() reads the store instead
-          c.superseded = true;
-          return;
-        }
-      }
       c.revision = 0;
-      c.from_handed = false;
       c.marker = false;
     }
     return;
@@ -553,15 +546,12 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     throw;
   }
   if (!rev) {
+    // The store moved past this conversation (also past a handed copy):
+    // the turn is lost, as the spec says of a superseded write, rather than
+    // going on from whatever the store holds now (after a failover that
+    // lost writes, an older position: the step would repeat silently).
     c.superseded = true;
     uncertain(c.key); // the store holds someone else's checkpoint
-    if (c.from_handed) {
-      // Resumed from a handed copy the store has moved past (it expired
-      // there, say): nothing of it was visible yet; restore() reads the
-      // store instead.
-      c.handed_refused = true;
-      return;
-    }
     host_.raise_error(errc::lease_lost,
                       fmt::format("lease lost for {}: superseded (checkpoint "
                                   "of flow {} moved on past revision {})",
@@ -570,7 +560,6 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     return;
   }
   c.revision = *rev;
-  c.from_handed = false;
   c.marker = mode == cp_mode::marker;
   if (cp.saved_answer && c.answer_saved && cp.saved_answer->id == c.current.id)
     *c.answer_saved = true;
@@ -781,8 +770,17 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
     // the fallback decides what the message does.
     if (turn)
       turn->check();
-    if (!host_.flow_store().clear_checkpoint_if(key, cp->revision) && known)
-      return restore(key, msg, turn, answer_saved); // the store moved on
+    if (!host_.flow_store().clear_checkpoint_if(key, cp->revision) && known) {
+      // A handed copy the store moved past: superseded, as a refused write
+      // (nothing of the fallback is made visible).
+      uncertain(key);
+      host_.raise_error(errc::lease_lost,
+                        fmt::format("lease lost for {}: superseded (checkpoint "
+                                    "of flow {} moved on past revision {})",
+                                    key, cp->flow, cp->revision),
+                        key, &msg);
+      return true;
+    }
     handover_info info;
     info.key = key;
     info.name = cp->flow;
@@ -800,7 +798,6 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
   c.step = *step;
   c.current = msg;
   c.revision = cp->revision;
-  c.from_handed = known != nullptr;
   if (cfg_.hand_over && cfg_.coordinated)
     c.stored = *cp;
   c.created = cp->created_at;
@@ -828,19 +825,9 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
     // Otherwise the step starts over and asks its first question.
     c.preloaded = msg;
   }
+  host_.handover_event(key, def->name, "resumed", "");
   c.answer_saved = answer_saved;
   begin_step(c);
-  if (c.handed_refused) {
-    // The handed copy was not the store's latest: start over from the
-    // store (nothing was sent), which makes memory authoritative again.
-    erase(key);
-    {
-      std::lock_guard guard{mtx_};
-      dropped_.erase(key);
-    }
-    return restore(key, msg, turn, answer_saved);
-  }
-  host_.handover_event(key, def->name, "resumed", "");
   drive(c);
   if (auto* still = find(key)) {
     still->kept_used = nullptr;

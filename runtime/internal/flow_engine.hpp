@@ -157,10 +157,6 @@ struct conversation {
   std::string goto_flow;
   std::string goto_step;
   bool superseded = false;
-  /// Resumed from a handed checkpoint, not yet written since; its first
-  /// write was refused (the store moved past that copy).
-  bool from_handed = false;
-  bool handed_refused = false;
   flow_context ctx{*this};
 };
 
