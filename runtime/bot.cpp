@@ -417,11 +417,8 @@ struct bot::impl final : chat_services,
       bool answer_saved = false;
       {
         internal::durable_turn_scope scope{ev.journal.empty() ? nullptr : &dt};
-        if (record(key, ev.message, first, token->fence()))
-          outcome = run_handlers(key, ev.message, first, token.get(),
+        outcome = handle_message(key, ev.message, first, token.get(),
                                  &answer_saved);
-        else if (first)
-          flows.drop(key); // the activation's first look at the store
       }
       // Acks follow the checkpoint: a cut step whose answer (this message)
       // a landed checkpoint keeps has kept its effect.
@@ -508,10 +505,7 @@ struct bot::impl final : chat_services,
     turn_outcome outcome = turn_outcome::failed;
     {
       internal::durable_turn_scope scope{ev.journal.empty() ? nullptr : &dt};
-      if (record(key, ev.message, first, 0))
-        outcome = run_handlers(key, ev.message, first, nullptr);
-      else if (first)
-        flows.drop(key); // the activation's first look at the store
+      outcome = handle_message(key, ev.message, first, nullptr);
     }
     settle_record(key, ev, !dt.lost);
     ev.end(outcome);
@@ -768,9 +762,27 @@ struct bot::impl final : chat_services,
     }
   }
 
+  // Records the message, then runs its handlers. The activation's first
+  // message makes the flows look at the store; one that never reaches them
+  // (the store failed to record it, a middleware answered it itself) leaves
+  // that look to the next message.
+  turn_outcome handle_message(const std::string& key,
+                              const inbound_message& msg, bool first,
+                              const turn_token* turn,
+                              bool* answer_saved = nullptr) {
+    bool routed = false;
+    auto outcome = turn_outcome::failed;
+    if (record(key, msg, first, turn ? turn->fence() : 0))
+      outcome = run_handlers(key, msg, first, turn, answer_saved, &routed);
+    if (first && !routed)
+      flows.drop(key);
+    return outcome;
+  }
+
+  // Never throws: every failure of a handler is an error event.
   turn_outcome run_handlers(const std::string& key, const inbound_message& msg,
                             bool first, const turn_token* turn,
-                            bool* answer_saved = nullptr) {
+                            bool* answer_saved, bool* routed) {
     auto outcome = turn_outcome::failed;
     auto began = std::chrono::steady_clock::now();
     // Every way out of this function (handled, failed) is one observation.
@@ -782,25 +794,12 @@ struct bot::impl final : chat_services,
       }
     } latency_guard{handler_latency, began};
     emit(on_in, events::message_in{key, msg});
-    // The activation's first message makes the flows look at the store; a
-    // middleware that answered it itself leaves that look to the next one.
-    bool routed = false;
-    struct first_look {
-      internal::flow_engine& flows;
-      const std::string& key;
-      bool first;
-      const bool& routed;
-      ~first_look() {
-        if (first && !routed)
-          flows.drop(key);
-      }
-    } look_guard{flows, key, first, routed};
     try {
       if (middlewares.empty()) {
-        route_message(key, msg, first, turn, answer_saved, &routed);
+        route_message(key, msg, first, turn, answer_saved, routed);
       } else {
         auto copy = msg;
-        run_middleware(0, key, copy, first, turn, answer_saved, &routed);
+        run_middleware(0, key, copy, first, turn, answer_saved, routed);
       }
       outcome = turn_outcome::handled;
     } catch (const lease_lost_error& e) {
