@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <exception>
 #include <limits>
 #include <condition_variable>
 #include <thread>
@@ -373,27 +372,23 @@ std::optional<flow_checkpoint> decode_handoff(std::string_view p) {
 void flow_engine::hand(const std::string& key, std::string_view handed) {
   if (flows_.empty())
     return;
-  bool marked = false;
-  {
-    // Marked before this turn (this replica's own write may still land, or
-    // it never looked): the store decides.
-    std::lock_guard guard{mtx_};
-    marked = dropped_.count(key) != 0;
-  }
-  auto known = !marked && cfg_.hand_over && looks_for_checkpoints()
-                 ? decode_handoff(handed)
-                 : std::nullopt;
-  drop(key);
-  if (!known)
+  erase(key);
+  if (!looks_for_checkpoints())
     return;
+  auto known = hands_over() ? decode_handoff(handed) : std::nullopt;
   std::lock_guard guard{mtx_};
-  dropped_.erase(key);
-  handed_[key] = std::move(*known);
+  handed_.erase(key);
+  // A chat marked before this turn (this replica's own write may still
+  // land, or it never looked) reads the store, as after `drop`.
+  if (known && dropped_.count(key) == 0)
+    handed_.emplace(key, std::move(*known));
+  else
+    dropped_.insert(key);
 }
 
 void flow_engine::note_handoff(const std::string& key,
                                const turn_token* turn) noexcept {
-  if (!turn || !cfg_.hand_over || !looks_for_checkpoints())
+  if (!turn || !hands_over())
     return;
   std::string out;
   try {
@@ -551,19 +546,14 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     // going on from whatever the store holds now (after a failover that
     // lost writes, an older position: the step would repeat silently).
     c.superseded = true;
-    uncertain(c.key); // the store holds someone else's checkpoint
-    host_.raise_error(errc::lease_lost,
-                      fmt::format("lease lost for {}: superseded (checkpoint "
-                                  "of flow {} moved on past revision {})",
-                                  c.key, c.def->name, c.revision),
-                      c.key, &c.current);
+    superseded(c.key, c.def->name, c.revision, c.current);
     return;
   }
   c.revision = *rev;
   c.marker = mode == cp_mode::marker;
   if (cp.saved_answer && c.answer_saved && cp.saved_answer->id == c.current.id)
     *c.answer_saved = true;
-  if (cfg_.hand_over && cfg_.coordinated) {
+  if (hands_over()) {
     cp.revision = *rev;
     c.stored = std::move(cp);
   }
@@ -714,6 +704,17 @@ void flow_engine::finish(conversation& c, bool clear) {
     uncertain(key); // a checkpoint stays that no conversation in memory has
 }
 
+void flow_engine::superseded(const std::string& key, std::string_view flow,
+                             std::uint64_t revision,
+                             const inbound_message& msg) {
+  uncertain(key); // the store holds someone else's checkpoint
+  host_.raise_error(errc::lease_lost,
+                    fmt::format("lease lost for {}: superseded (checkpoint of "
+                                "flow {} moved on past revision {})",
+                                key, flow, revision),
+                    key, &msg);
+}
+
 void flow_engine::uncertain(const std::string& key) {
   if (!looks_for_checkpoints())
     return;
@@ -739,12 +740,11 @@ void flow_engine::deliver(conversation& c, answer a) {
 
 bool flow_engine::restore(const std::string& key, const inbound_message& msg,
                           const turn_token* turn, bool* answer_saved,
-                          const flow_checkpoint* known) {
-  std::optional<flow_checkpoint> cp;
+                          std::optional<flow_checkpoint> handed) {
+  bool from_hand = handed.has_value();
+  auto cp = std::move(handed);
   try {
-    if (known)
-      cp = *known;
-    else
+    if (!from_hand)
       cp = host_.flow_store().get_checkpoint(key);
   } catch (const error& e) {
     if (e.code() != errc::corrupted_record)
@@ -770,15 +770,11 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
     // the fallback decides what the message does.
     if (turn)
       turn->check();
-    if (!host_.flow_store().clear_checkpoint_if(key, cp->revision) && known) {
+    if (!host_.flow_store().clear_checkpoint_if(key, cp->revision)
+        && from_hand) {
       // A handed copy the store moved past: superseded, as a refused write
       // (nothing of the fallback is made visible).
-      uncertain(key);
-      host_.raise_error(errc::lease_lost,
-                        fmt::format("lease lost for {}: superseded (checkpoint "
-                                    "of flow {} moved on past revision {})",
-                                    key, cp->flow, cp->revision),
-                        key, &msg);
+      superseded(key, cp->flow, cp->revision, msg);
       return true;
     }
     handover_info info;
@@ -798,7 +794,7 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
   c.step = *step;
   c.current = msg;
   c.revision = cp->revision;
-  if (cfg_.hand_over && cfg_.coordinated)
+  if (hands_over())
     c.stored = *cp;
   c.created = cp->created_at;
   try {
@@ -907,7 +903,7 @@ bool flow_engine::offer(const std::string& key, const inbound_message& msg,
         look = true;
       }
     }
-    if (look && restore(key, msg, turn, answer_saved, known ? &*known : nullptr))
+    if (look && restore(key, msg, turn, answer_saved, std::move(known)))
       return true;
   }
   if (c) {
@@ -963,22 +959,11 @@ void flow_engine::on_timer(const std::string& key, std::uint64_t id,
     drop(key);
     throw;
   }
+  note_handoff(key, turn);
 }
 
 void flow_engine::fire(const std::string& key, std::uint64_t id,
                        const turn_token* turn) {
-  // On every way out but an exception, what the store holds now goes to
-  // the next holder.
-  struct noter {
-    flow_engine& e;
-    const std::string& key;
-    const turn_token* turn;
-    int pending = std::uncaught_exceptions();
-    ~noter() {
-      if (std::uncaught_exceptions() == pending)
-        e.note_handoff(key, turn);
-    }
-  } note{*this, key, turn};
   auto c = find(key);
   if (!c)
     return; // the conversation ended: a stale timer

@@ -224,11 +224,11 @@ class flow_engine {
   void erase(const std::string& key);
   bool offer(const std::string& key, const inbound_message& msg, bool first,
              const turn_token* turn, bool* answer_saved);
-  /// `known`: the live checkpoint handed over (see `hand`); read from the
-  /// store when null.
+  /// `handed`: the live checkpoint handed over (see `hand`); read from the
+  /// store when empty.
   bool restore(const std::string& key, const inbound_message& msg,
                const turn_token* turn, bool* answer_saved,
-               const flow_checkpoint* known = nullptr);
+               std::optional<flow_checkpoint> handed = {});
   /// Leaves on `turn` what the engine knows the store holds for `key` now,
   /// for the next holder (see `hand`); nothing when it does not know.
   void note_handoff(const std::string& key, const turn_token* turn) noexcept;
@@ -236,6 +236,14 @@ class flow_engine {
   /// failed or was refused): nothing is handed over and the next message
   /// without a conversation reads the store.
   void uncertain(const std::string& key);
+  /// A write refused because the store moved past `revision`: the turn is
+  /// lost (an error event) and the chat uncertain.
+  void superseded(const std::string& key, std::string_view flow,
+                  std::uint64_t revision, const inbound_message& msg);
+  /// Handover messages are made and used (coordinated, not turned off).
+  bool hands_over() const noexcept {
+    return cfg_.coordinated && cfg_.hand_over;
+  }
   void fire(const std::string& key, std::uint64_t id, const turn_token* turn);
   void fence(const conversation& c) const;
   void start(const flow::definition& def, const std::string& key,
