@@ -53,7 +53,9 @@ using granted_atom = caf::atom_constant<caf::atom("bm_grant")>;
 /// settle bound starts counting).
 using start_atom = caf::atom_constant<caf::atom("bm_start")>;
 
-/// chat -> lease: (key, fence): the turn is over.
+/// chat -> lease: (key, fence[, handoff]): the turn is over; `handoff`
+/// (a string, may be empty) goes to the next holder with the grant this
+/// release makes (see coordinator::release).
 using release_atom = caf::atom_constant<caf::atom("bm_rel")>;
 
 /// chat -> lease: (key, req): the request is given up (turn_wait passed,

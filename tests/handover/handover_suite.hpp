@@ -296,6 +296,43 @@ inline bool relay(replica& holder, turn_gate& gate, const std::string& text,
   return taker.provider->wait_for_sent(n, 10s);
 }
 
+/// Runs the calling test with handover messages on (the default) and off
+/// (every change of replica reads the store); `nested` runs inside each,
+/// so its own subcases cross with these. Returns which one runs now.
+inline bool messages_on_and_off(const std::function<void()>& nested = {}) {
+  bool on = true;
+  SUBCASE("handover messages on (the default)") {
+    on = true;
+    if (nested)
+      nested();
+  }
+  SUBCASE("handover messages off: the store is read") {
+    on = false;
+    if (nested)
+      nested();
+  }
+  return on;
+}
+
+/// Two replicas running `order_flow()`, each able to hold one turn under
+/// its own gate (see `relay`).
+struct gated_pair {
+  turn_gate gate_a, gate_b; // before the replicas: their middleware uses them
+  replica a;
+  replica b;
+
+  template <class Env>
+  gated_pair(Env& env, const botmesh::handover_options& h)
+    : a{env, "a", h}, b{env, "b", h} {
+    a.bot->use(gate_a.hold());
+    b.bot->use(gate_b.hold());
+    for (auto* r : {&a, &b}) {
+      r->bot->add_flow(order_flow());
+      r->bot->start();
+    }
+  }
+};
+
 } // namespace test::handover
 
 TEST_CASE_TEMPLATE_DEFINE("handover: forward carries a non-persistent flow "
@@ -834,26 +871,13 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a release hands the chat's checkpoint "
                           "without reading the store",
                           Env, handover_18) {
   using namespace test::handover;
-  bool message = true;
-  SUBCASE("handover messages on (the default)") {
-    message = true;
-  }
-  SUBCASE("handover messages off: the store is read") {
-    message = false;
-  }
+  bool message = messages_on_and_off();
   Env env;
   auto h = forward();
   h.message = message;
-  // Before the replicas: their handlers use it until they are gone.
-  turn_gate gate_a, gate_b;
-  replica a{env, "a", h};
-  replica b{env, "b", h};
-  a.bot->use(gate_a.hold());
-  b.bot->use(gate_b.hold());
-  for (auto* r : {&a, &b}) {
-    r->bot->add_flow(order_flow());
-    r->bot->start();
-  }
+  gated_pair p{env, h};
+  auto &a = p.a, &b = p.b;
+  auto &gate_a = p.gate_a, &gate_b = p.gate_b;
   REQUIRE(a.say("pedido", 1));
   // a answers the product and holds its turn; b's message waits for it.
   auto reads = env.store->checkpoint_reads.load();
@@ -902,13 +926,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a handed checkpoint that its turn did not "
                           "replica once the store's copy expired",
                           Env, handover_19) {
   using namespace test::handover;
-  bool message = true;
-  SUBCASE("handover messages on (the default)") {
-    message = true;
-  }
-  SUBCASE("handover messages off: the store is read") {
-    message = false;
-  }
+  bool message = messages_on_and_off();
   bool marker = false;
   SUBCASE("an ephemeral checkpoint (forward)") {
     marker = false;
@@ -965,13 +983,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a replica restarted with the same id "
                           "holds one",
                           Env, handover_20) {
   using namespace test::handover;
-  bool message = true;
-  SUBCASE("handover messages on (the default)") {
-    message = true;
-  }
-  SUBCASE("handover messages off: the store is read") {
-    message = false;
-  }
+  bool message = messages_on_and_off();
   Env env;
   botmesh::handover_options h;
   h.message = message;
@@ -1009,13 +1021,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a handed ephemeral checkpoint that "
                           "resumed",
                           Env, handover_21) {
   using namespace test::handover;
-  bool message = true;
-  SUBCASE("handover messages on (the default)") {
-    message = true;
-  }
-  SUBCASE("handover messages off: the store is read") {
-    message = false;
-  }
+  bool message = messages_on_and_off();
   CAPTURE(message);
   Env env;
   auto h = forward();
@@ -1049,13 +1055,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a conversation whose timer turn failed "
                           "after its clear landed is not handed over",
                           Env, handover_22) {
   using namespace test::handover;
-  bool message = true;
-  SUBCASE("handover messages on (the default)") {
-    message = true;
-  }
-  SUBCASE("handover messages off: the store is read") {
-    message = false;
-  }
+  bool message = messages_on_and_off();
   CAPTURE(message);
   Env env;
   botmesh::handover_options h;
@@ -1091,24 +1091,15 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write that lands after "
                           "holder by a handed \"no checkpoint\"",
                           Env, handover_23) {
   using namespace test::handover;
-  bool message = true;
   bool marker = true;
-  auto kinds = [&marker] {
+  bool message = messages_on_and_off([&marker] {
     SUBCASE("a coroutine conversation's marker (fallback notify)") {
       marker = true;
     }
     SUBCASE("a persistent flow's first checkpoint") {
       marker = false;
     }
-  };
-  SUBCASE("handover messages on (the default)") {
-    message = true;
-    kinds();
-  }
-  SUBCASE("handover messages off: the store is read") {
-    message = false;
-    kinds();
-  }
+  });
   CAPTURE(message);
   CAPTURE(marker);
   Env env;
@@ -1164,24 +1155,15 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write whose reply timed "
                           "next holder by a handed \"no checkpoint\"",
                           Env, handover_24) {
   using namespace test::handover;
-  bool message = true;
   bool marker = true;
-  auto kinds = [&marker] {
+  bool message = messages_on_and_off([&marker] {
     SUBCASE("a coroutine conversation's marker (fallback notify)") {
       marker = true;
     }
     SUBCASE("a persistent flow's first checkpoint") {
       marker = false;
     }
-  };
-  SUBCASE("handover messages on (the default)") {
-    message = true;
-    kinds();
-  }
-  SUBCASE("handover messages off: the store is read") {
-    message = false;
-    kinds();
-  }
+  });
   CAPTURE(message);
   CAPTURE(marker);
   Env env;

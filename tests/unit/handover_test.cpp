@@ -243,15 +243,9 @@ TEST_CASE("a handover message that cannot be used (garbled, or an ephemeral "
       cp.expires_at = botmesh::clock::system().now() + 500ms;
     });
   }
-  // Before the replicas: their handlers use it until they are gone.
-  turn_gate gate;
-  replica a{env, "a", forward()};
-  replica b{env, "b", forward()};
-  a.bot->use(gate.hold());
-  for (auto* r : {&a, &b}) {
-    r->bot->add_flow(order_flow());
-    r->bot->start();
-  }
+  gated_pair p{env, forward()};
+  auto &a = p.a, &b = p.b;
+  auto& gate = p.gate_a;
   REQUIRE(a.say("pedido", 1));
   auto reads = env.store->checkpoint_reads.load();
   REQUIRE(relay(a, gate, "café", 2, b, "3", 1));
@@ -268,15 +262,9 @@ TEST_CASE("a handed checkpoint that is not the store's latest cannot write "
   // The releasing replica hands an older revision than it wrote.
   *env.rewrite = change_checkpoint(
     [](botmesh::flow_checkpoint& cp) { cp.revision -= 1; });
-  // Before the replicas: their handlers use it until they are gone.
-  turn_gate gate;
-  replica a{env, "a", forward()};
-  replica b{env, "b", forward()};
-  a.bot->use(gate.hold());
-  for (auto* r : {&a, &b}) {
-    r->bot->add_flow(order_flow());
-    r->bot->start();
-  }
+  gated_pair p{env, forward()};
+  auto &a = p.a, &b = p.b;
+  auto& gate = p.gate_a;
   REQUIRE(a.say("pedido", 1));
   gate.arm("café");
   REQUIRE(a.say("café", 2));
