@@ -87,13 +87,7 @@ struct timer_state {
   // A waiting entry holds itself (the heap points to it); the actor's end
   // lets it go, with its handler (a handle may keep the entry). No run is
   // in flight then (the scheduler waited for them).
-  ~timer_state() {
-    for (auto& d : due.items) {
-      d.e->fn = nullptr;
-      d.e->job = nullptr;
-      d.e->self.reset();
-    }
-  }
+  ~timer_state();
 };
 
 using timer_actor = caf::stateful_actor<timer_state>;
@@ -131,6 +125,11 @@ void release(timer_entry& e) {
   e.fn = nullptr;
   e.job = nullptr;
   e.self.reset(); // may destroy `e`
+}
+
+timer_state::~timer_state() {
+  for (auto& d : due.items)
+    release(*d.e);
 }
 
 // The job of one run on the handler pool. It captures two pointers, small

@@ -22,49 +22,41 @@ worker_pool::~worker_pool() {
   shutdown();
 }
 
-void worker_pool::post(std::function<void()> job) {
-  {
-    std::lock_guard guard{mtx_};
-    if (!closed_) {
-      bool was_empty = jobs_.empty();
-      jobs_.push_back(std::move(job));
-      // Waking a worker is a syscall; skip it when none is asleep.
-      if (idle_ > 0)
+template <class Push>
+bool worker_pool::queue(std::size_t n, Push&& push) {
+  std::lock_guard guard{mtx_};
+  if (closed_)
+    return false;
+  bool was_empty = jobs_.empty();
+  push();
+  // Waking a worker is a syscall: only sleeping ones, as many as there are
+  // jobs; one notify_all when that is all of them.
+  if (idle_ > 0) {
+    if (n >= idle_)
+      cv_.notify_all();
+    else
+      for (std::size_t i = 0; i < n; ++i)
         cv_.notify_one();
-      if (was_empty)
-        sup_cv_.notify_one();
-      return;
-    }
   }
-  job();
+  if (was_empty)
+    sup_cv_.notify_one();
+  return true;
+}
+
+void worker_pool::post(std::function<void()> job) {
+  if (!queue(1, [&] { jobs_.push_back(std::move(job)); }))
+    job();
 }
 
 void worker_pool::post_batch(std::vector<std::function<void()>>& jobs) {
   if (jobs.empty())
     return;
-  {
-    std::lock_guard guard{mtx_};
-    if (!closed_) {
-      bool was_empty = jobs_.empty();
-      for (auto& job : jobs)
-        jobs_.push_back(std::move(job));
-      // As many sleepers as there are jobs: one notify_all when that is all
-      // of them (one syscall), else one notify_one per job.
-      if (idle_ > 0) {
-        if (jobs.size() >= idle_)
-          cv_.notify_all();
-        else
-          for (std::size_t i = 0; i < jobs.size(); ++i)
-            cv_.notify_one();
-      }
-      if (was_empty)
-        sup_cv_.notify_one();
-      jobs.clear();
-      return;
-    }
-  }
-  for (auto& job : jobs)
-    job();
+  if (!queue(jobs.size(), [&] {
+        for (auto& job : jobs)
+          jobs_.push_back(std::move(job));
+      }))
+    for (auto& job : jobs)
+      job();
   jobs.clear();
 }
 

@@ -55,6 +55,11 @@ class worker_pool {
   };
 
   void spawn_worker(bool extra); // caller holds mtx_
+  /// Queues the `n` jobs `push` adds to `jobs_` (under the lock) and wakes
+  /// as many sleeping workers as needed; false (nothing queued) once the
+  /// pool is closed.
+  template <class Push>
+  bool queue(std::size_t n, Push&& push);
   void loop(worker* self, bool extra);
   void supervise();
 
