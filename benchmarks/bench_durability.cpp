@@ -45,6 +45,13 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Leaves nothing of a round behind.
+void delete_prefix(botmesh::redis_client& client, const std::string& prefix) {
+  auto keys = client.call({"KEYS", prefix + ":*"});
+  for (auto& k : keys.elements)
+    client.call({"DEL", k.str});
+}
+
 std::string fresh_prefix() {
   static std::mt19937_64 rng{std::random_device{}()};
   return "bmbench-dur-" + std::to_string(rng());
@@ -88,10 +95,7 @@ double round_turns(const std::string& url, bool durable, int messages,
   }
   auto secs = std::chrono::duration<double>(clk::now() - t0).count();
   bot.stop();
-  // Leave nothing behind.
-  auto keys = client->call({"KEYS", prefix + ":*"});
-  for (auto& k : keys.elements)
-    client->call({"DEL", k.str});
+  delete_prefix(*client, prefix);
   return messages / secs;
 }
 
@@ -159,9 +163,7 @@ struct handover_pair {
   ~handover_pair() {
     a.bot->stop();
     b.bot->stop();
-    auto keys = a.client->call({"KEYS", prefix + ":*"});
-    for (auto& k : keys.elements)
-      a.client->call({"DEL", k.str});
+    delete_prefix(*a.client, prefix);
   }
 
   static bool wait(const std::function<bool()>& fn) {
