@@ -1086,68 +1086,112 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a conversation whose timer turn failed "
   CHECK(b.error_text(botmesh::errc::lease_lost) == "");
 }
 
+namespace test::handover {
+
+/// Subcases of handover_23/24: the late write is a coroutine conversation's
+/// marker (fallback notify) or a persistent flow's first checkpoint.
+/// Returns true for the marker.
+inline bool marker_or_first_checkpoint() {
+  bool marker = true;
+  SUBCASE("a coroutine conversation's marker (fallback notify)") {
+    marker = true;
+  }
+  SUBCASE("a persistent flow's first checkpoint") {
+    marker = false;
+  }
+  return marker;
+}
+
+/// handover_23/24: a's first checkpoint write is held before it reaches
+/// the store while b takes the chat; then it lands, and a's next message
+/// must see it.
+struct late_write {
+  bool marker;
+  turn_gate gate; // before the replicas: their middleware uses it
+  replica a;
+  replica b;
+
+  template <class Env>
+  late_write(Env& env, bool marker_kind, bool message,
+             botmesh::duration a_settle)
+    : marker(marker_kind),
+      a{env, "a", options(message), a_settle},
+      b{env, "b", options(message)} {
+    b.bot->use(gate.hold());
+    for (auto* r : {&a, &b}) {
+      if (marker)
+        add_greeting(*r->bot);
+      else
+        r->bot->add_flow(order_flow(true));
+      r->bot->start();
+    }
+  }
+
+  static botmesh::handover_options options(bool message) {
+    botmesh::handover_options h;
+    h.message = message;
+    h.fallback = botmesh::handover_fallback::notify;
+    return h;
+  }
+
+  /// a starts the conversation.
+  void start() {
+    a.provider->inject("x", marker ? "hola" : "pedido");
+  }
+
+  /// b's message is granted, reads the store (nothing yet) and is new; b
+  /// holds its turn. Then a's write lands: the store holds a checkpoint of
+  /// the chat that b never saw.
+  template <class Env>
+  void b_takes_then_write_lands(Env& env) {
+    gate.arm("b1");
+    REQUIRE(b.say("b1", 1));
+    CHECK(b.last() == "nuevo: b1");
+    env.store->hold_writes = false;
+    REQUIRE(eventually([&] {
+      return static_cast<bool>(env.store->get_checkpoint("test:x"));
+    }));
+  }
+
+  /// a's next message waits for b's turn; b's release grants it. The store
+  /// holds a's checkpoint: "Ana" must not be routed as a new message (as it
+  /// is when b hands over "no checkpoint").
+  void a_sees_its_checkpoint() {
+    a.provider->inject("x", "Ana");
+    std::this_thread::sleep_for(300ms);
+    gate.open = true;
+    REQUIRE(a.provider->wait_for_sent(marker ? 2 : 1, 10s));
+    CHECK(a.last() != "nuevo: Ana");
+    if (marker)
+      CHECK(eventually([&] { return a.saw("notified", "conversation"); }));
+    else
+      CHECK(a.last() == "¿Producto?");
+  }
+};
+
+} // namespace test::handover
+
 TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write that lands after "
                           "settle cut its turn is not hidden from the next "
                           "holder by a handed \"no checkpoint\"",
                           Env, handover_23) {
   using namespace test::handover;
   bool marker = true;
-  bool message = messages_on_and_off([&marker] {
-    SUBCASE("a coroutine conversation's marker (fallback notify)") {
-      marker = true;
-    }
-    SUBCASE("a persistent flow's first checkpoint") {
-      marker = false;
-    }
-  });
+  bool message = messages_on_and_off(
+    [&marker] { marker = marker_or_first_checkpoint(); });
   CAPTURE(message);
   CAPTURE(marker);
   Env env;
-  botmesh::handover_options h;
-  h.message = message;
-  h.fallback = botmesh::handover_fallback::notify;
-  // Before the replicas: their handlers use it until they are gone.
-  turn_gate gate;
-  replica a{env, "a", h, "300ms"};
-  replica b{env, "b", h};
-  b.bot->use(gate.hold());
-  for (auto* r : {&a, &b}) {
-    if (marker)
-      add_greeting(*r->bot);
-    else
-      r->bot->add_flow(order_flow(true));
-    r->bot->start();
-  }
-  // a starts the conversation; its first checkpoint write (the marker at
-  // the first wait, the persistent flow's first step) passed its turn
-  // check and freezes before it reaches the store.
+  late_write t{env, marker, message, "300ms"};
+  // a's first checkpoint write (the marker at the first wait, the
+  // persistent flow's first step) passed its turn check and freezes before
+  // it reaches the store; settle cuts a's turn (released without a
+  // handover message).
   env.store->hold_writes = true;
-  a.provider->inject("x", marker ? "hola" : "pedido");
+  t.start();
   REQUIRE(eventually([&] { return env.store->write_held.load(); }));
-  // settle cuts a's turn (released without a handover message): b's
-  // message is granted, reads the store (nothing yet) and is new; b holds
-  // its turn.
-  gate.arm("b1");
-  REQUIRE(b.say("b1", 1));
-  CHECK(b.last() == "nuevo: b1");
-  // a's write lands now, after its turn ended: the store holds a
-  // checkpoint of the chat that b never saw.
-  env.store->hold_writes = false;
-  REQUIRE(eventually([&] {
-    return static_cast<bool>(env.store->get_checkpoint("test:x"));
-  }));
-  // a's next message waits for b's turn; b's release grants it.
-  a.provider->inject("x", "Ana");
-  std::this_thread::sleep_for(300ms);
-  gate.open = true;
-  REQUIRE(a.provider->wait_for_sent(marker ? 2 : 1, 10s));
-  // The store holds a's checkpoint: "Ana" must not be routed as a new
-  // message (as it is when b hands over "no checkpoint").
-  CHECK(a.last() != "nuevo: Ana");
-  if (marker)
-    CHECK(eventually([&] { return a.saw("notified", "conversation"); }));
-  else
-    CHECK(a.last() == "¿Producto?");
+  t.b_takes_then_write_lands(env);
+  t.a_sees_its_checkpoint();
 }
 
 TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write whose reply timed "
@@ -1156,60 +1200,23 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write whose reply timed "
                           Env, handover_24) {
   using namespace test::handover;
   bool marker = true;
-  bool message = messages_on_and_off([&marker] {
-    SUBCASE("a coroutine conversation's marker (fallback notify)") {
-      marker = true;
-    }
-    SUBCASE("a persistent flow's first checkpoint") {
-      marker = false;
-    }
-  });
+  bool message = messages_on_and_off(
+    [&marker] { marker = marker_or_first_checkpoint(); });
   CAPTURE(message);
   CAPTURE(marker);
   Env env;
-  botmesh::handover_options h;
-  h.message = message;
-  h.fallback = botmesh::handover_fallback::notify;
-  // Before the replicas: their handlers use it until they are gone.
-  turn_gate gate;
-  replica a{env, "a", h};
-  replica b{env, "b", h};
-  b.bot->use(gate.hold());
-  for (auto* r : {&a, &b}) {
-    if (marker)
-      add_greeting(*r->bot);
-    else
-      r->bot->add_flow(order_flow(true));
-    r->bot->start();
-  }
-  // a starts the conversation; its first checkpoint write gets no reply in
-  // time (an error event, the conversation goes) but is still on its way.
+  late_write t{env, marker, message, "1m"};
+  // a's first checkpoint write gets no reply in time (an error event, the
+  // conversation goes) but is still on its way; a's release hands nothing
+  // over (its write is uncertain).
   env.store->hold_writes = true;
   env.store->defer_next_write = true;
-  a.provider->inject("x", marker ? "hola" : "pedido");
+  t.start();
   REQUIRE(eventually([&] {
-    return a.errors_with(botmesh::errc::timeout) >= 1;
+    return t.a.errors_with(botmesh::errc::timeout) >= 1;
   }));
-  // a's release hands nothing over (its write is uncertain): b's message
-  // reads the store (nothing yet) and is new; b holds its turn.
-  gate.arm("b1");
-  REQUIRE(b.say("b1", 1));
-  CHECK(b.last() == "nuevo: b1");
-  // a's write lands now: the store holds a checkpoint b never saw.
-  env.store->hold_writes = false;
-  REQUIRE(eventually([&] {
-    return static_cast<bool>(env.store->get_checkpoint("test:x"));
-  }));
-  // a's next message waits for b's turn; b's release grants it.
-  a.provider->inject("x", "Ana");
-  std::this_thread::sleep_for(300ms);
-  gate.open = true;
-  REQUIRE(a.provider->wait_for_sent(marker ? 2 : 1, 10s));
-  CHECK(a.last() != "nuevo: Ana");
-  if (marker)
-    CHECK(eventually([&] { return a.saw("notified", "conversation"); }));
-  else
-    CHECK(a.last() == "¿Producto?");
+  t.b_takes_then_write_lands(env);
+  t.a_sees_its_checkpoint();
 }
 
 /// Runs every case of the suite on `Env`.
