@@ -27,8 +27,8 @@ bool worker_pool::queue(std::size_t n, Push&& push) {
   std::lock_guard guard{mtx_};
   if (closed_)
     return false;
-  bool was_empty = jobs_.empty();
   push();
+  queued_.store(jobs_.size(), std::memory_order_relaxed);
   // Waking a worker is a syscall: only sleeping ones, as many as there are
   // jobs; one notify_all when that is all of them.
   if (idle_ > 0) {
@@ -37,9 +37,12 @@ bool worker_pool::queue(std::size_t n, Push&& push) {
     else
       for (std::size_t i = 0; i < n; ++i)
         cv_.notify_one();
-  }
-  if (was_empty)
+  } else if (looking_ == 0 && !watching_) {
+    // Every worker is busy: only now can the jobs stall, so only now is
+    // the supervisor woken (a wake-up per post would cost as much as the
+    // job's own hand-off).
     sup_cv_.notify_one();
+  }
   return true;
 }
 
@@ -98,6 +101,18 @@ void worker_pool::loop(worker* self, bool extra) {
   std::unique_lock guard{mtx_};
   for (;;) {
     if (jobs_.empty() && !closed_) {
+      // Look for a while before sleeping: a worker that sleeps costs the
+      // next post a futex wake-up and itself a context switch, which for
+      // short jobs arriving one by one (a chat's next message, a durable
+      // task's run) is most of what the hand-off costs. While it looks it
+      // does not count as idle, so posts do not wake anybody.
+      ++looking_;
+      guard.unlock();
+      look_for_work();
+      guard.lock();
+      --looking_;
+    }
+    if (jobs_.empty() && !closed_) {
       ++idle_;
       if (extra) {
         bool got = cv_.wait_for(guard, retire_after_, [this] {
@@ -116,7 +131,12 @@ void worker_pool::loop(worker* self, bool extra) {
       break; // closed and drained
     auto job = std::move(jobs_.front());
     jobs_.pop_front();
+    queued_.store(jobs_.size(), std::memory_order_relaxed);
     ++started_jobs_;
+    // Jobs left behind with no worker idle (a post counted a worker that
+    // was woken but had not taken its job yet): they can stall now.
+    if (!jobs_.empty() && idle_ == 0 && looking_ == 0 && !watching_)
+      sup_cv_.notify_one();
     guard.unlock();
     job();
     guard.lock();
@@ -125,12 +145,30 @@ void worker_pool::loop(worker* self, bool extra) {
   self->finished = true;
 }
 
+void worker_pool::look_for_work() {
+  using clock = std::chrono::steady_clock;
+  auto until = clock::now() + spin_;
+  for (int i = 1;; ++i) {
+    if (queued_.load(std::memory_order_relaxed) > 0)
+      return;
+    // Give the core away at once: the poster may be waiting for it (two
+    // cores shared by CAF's workers, the pool and the I/O threads).
+    std::this_thread::yield();
+    if (i % 16 == 0 && clock::now() >= until)
+      return;
+  }
+}
+
 void worker_pool::supervise() {
   std::unique_lock guard{mtx_};
   auto last_started = started_jobs_;
   while (!closed_) {
     if (jobs_.empty()) {
-      sup_cv_.wait(guard, [this] { return closed_ || !jobs_.empty(); });
+      watching_ = false;
+      sup_cv_.wait(guard, [this] {
+        return closed_ || (!jobs_.empty() && idle_ == 0 && looking_ == 0);
+      });
+      watching_ = true;
       last_started = started_jobs_;
       continue;
     }
