@@ -17,12 +17,14 @@
 
 #include <botmesh/actors/internal/scheduler_engine.hpp>
 #include <botmesh/actors/messages.hpp>
+#include <botmesh/actors/system_setup.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/scheduler/cron.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>
 #include <botmesh/stores/store.hpp>
 
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::poll_ticket>)
 
 namespace botmesh {
 
@@ -60,20 +62,23 @@ void scheduler_engine::failure_ended() {
 }
 
 void scheduler_engine::run_started(std::size_t n) {
-  std::lock_guard guard{mtx_};
-  in_flight_ += n;
+  in_flight_.fetch_add(n, std::memory_order_relaxed);
 }
 
 void scheduler_engine::run_finished(std::size_t n) {
-  std::lock_guard guard{mtx_};
-  in_flight_ -= n;
-  if (in_flight_ == 0)
+  // The lock only for the last one: a waiter checks under it, so it either
+  // sees zero or is waiting when this notifies.
+  if (in_flight_.fetch_sub(n, std::memory_order_acq_rel) == n) {
+    std::lock_guard guard{mtx_};
     idle_cv_.notify_all();
+  }
 }
 
 void scheduler_engine::wait_idle() {
   std::unique_lock guard{mtx_};
-  idle_cv_.wait(guard, [this] { return in_flight_ == 0; });
+  idle_cv_.wait(guard, [this] {
+    return in_flight_.load(std::memory_order_acquire) == 0;
+  });
 }
 
 } // namespace internal
@@ -107,10 +112,11 @@ struct scheduler::impl final : task_owner,
     if (o.system) {
       sys = o.system;
     } else {
-      // Two workers: the actors only pass messages, handlers run elsewhere.
+      // One worker: the actors only pass messages (handlers run on the
+      // pool, blocking store calls on the store-I/O actor's thread), and a
+      // second worker only contends with the pool for the cores.
       cfg = std::make_unique<caf::actor_system_config>();
-      cfg->set("scheduler.max-threads", std::size_t{2});
-      cfg->set("scheduler.max-throughput", std::size_t{64});
+      configure_scheduler(*cfg, 1, 64);
       cfg->set("logger.file-verbosity", caf::atom("quiet"));
       cfg->set("logger.console-verbosity", caf::atom("quiet"));
       own_sys = std::make_unique<caf::actor_system>(*cfg);
@@ -157,6 +163,8 @@ struct scheduler::impl final : task_owner,
                  "calendars do not survive a restart");
       }
       eng->store->start();
+      eng->async_store =
+        dynamic_cast<internal::async_schedule_store*>(eng->store.get());
     });
     return *eng->store;
   }
@@ -367,33 +375,15 @@ struct scheduler::impl final : task_owner,
     // The leader lease first: it decides which runs are due.
     self->request(timers, caf::infinite, task_poll_atom::value, true)
       .receive([](task_poll_atom) {}, [](caf::error&) {});
-    // Every actor at once (they work in parallel); a helper actor gathers
-    // the answers (a blocking actor would scan its mailbox for each one).
-    auto actors = task_actors();
-    actors.push_back(timers);
-    // `actors` goes as a spawn argument: CAF 0.17 dereferences a null
-    // argument tuple for a function actor spawned without arguments.
-    auto gather = sys->spawn([](caf::event_based_actor* g,
-                                std::vector<caf::actor> actors) {
-      return caf::behavior{
-        [=](task_poll_atom) {
-          auto rp = g->make_response_promise();
-          auto left = std::make_shared<std::size_t>(actors.size());
-          auto one = [=]() mutable {
-            if (--*left == 0) {
-              rp.deliver(task_poll_atom::value);
-              g->quit();
-            }
-          };
-          for (auto& a : actors)
-            g->request(a, caf::infinite, task_poll_atom::value)
-              .then([one](task_poll_atom) mutable { one(); },
-                    [one](caf::error&) mutable { one(); });
-        },
-      };
-    }, std::move(actors));
-    self->request(gather, caf::infinite, task_poll_atom::value)
-      .receive([](task_poll_atom) {}, [](caf::error&) {});
+    // Every actor at once (they work in parallel), each holding the
+    // ticket until it is idle.
+    auto ticket = std::make_shared<internal::poll_ticket>();
+    auto idle = ticket->future();
+    for (auto& a : task_actors())
+      caf::anon_send(a, task_poll_atom::value, ticket);
+    caf::anon_send(timers, task_poll_atom::value, ticket);
+    ticket.reset();
+    idle.wait();
   }
 
   std::shared_ptr<internal::scheduler_engine> eng;

@@ -16,6 +16,7 @@
 #include <botmesh/scheduler/cron.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::store_call>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::poll_ticket>)
 
 namespace botmesh::internal {
 
@@ -25,6 +26,14 @@ using ms = std::chrono::milliseconds;
 
 enum class phase { idle, claiming, running, committing };
 
+// A claimed run: its plan and the stop of its handler calls, in one
+// allocation. The job reads the plan; the actor reads it again only once
+// the job reported its end (that message orders the two).
+struct run_ctx {
+  run_plan plan;
+  std::stop_source stop;
+};
+
 struct task_state {
   std::shared_ptr<scheduler_engine> eng;
   // The store-I/O actor, copied at spawn: the scheduler clears the engine's
@@ -32,14 +41,13 @@ struct task_state {
   caf::actor io;
   std::shared_ptr<task> t;
   phase ph = phase::idle;
-  // The current claim and its plan.
+  // The current claim and its run (set from the claim to the commit).
   schedule_claim claim;
-  run_plan plan;
-  std::shared_ptr<std::stop_source> stop;
+  std::shared_ptr<run_ctx> run;
   time_point next_renew = time_point::max();
   bool renewing = false;
-  // Pending poll replies: delivered once idle.
-  std::vector<caf::response_promise> polls;
+  // poll()'s tickets: let go once idle.
+  std::vector<std::shared_ptr<poll_ticket>> polls;
   // The pending wake-up: only the latest generation counts.
   std::uint64_t wake_gen = 0;
   time_point armed = time_point::max();
@@ -50,29 +58,66 @@ struct task_state {
 
 using task_actor = caf::stateful_actor<task_state>;
 
-// Runs `fn` on the store-I/O actor, then `then(failure)` in this actor. A
-// store that does no I/O (the memory store) is called right here.
-template <class Fn, class Then>
-void store_io(task_actor* self, Fn fn, Then then) {
-  if (!self->state.eng->store->blocks()) {
-    std::string failure;
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      failure = e.what();
-      if (failure.empty())
-        failure = "unknown error";
-    } catch (...) {
-      failure = "unknown error";
-    }
-    then(failure);
+std::string failure_text(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    if (*x.what() != '\0')
+      return x.what();
+  } catch (...) {
+  }
+  return "unknown error";
+}
+
+// A store call, and `then(result, failure)` in this actor once it ended
+// (`failure`: the error's text, empty on success). Where the call runs:
+// - a store with an asynchronous face (Redis): `async(store, engine, done)`
+//   sends it, and the client's callback sends the outcome back here as a
+//   message; no thread waits on the round trip;
+// - a store that does no I/O (the memory store): `sync(engine)`, right here;
+// - any other store (SQLite): `sync(engine)` on the store-I/O actor, whose
+//   reply comes back as a message.
+template <class Result, class Sync, class Async, class Then>
+void store_io(task_actor* self, Sync sync, Async async, Then then) {
+  auto& eng = *self->state.eng;
+  if (auto* a = eng.async_store) {
+    auto box = std::make_shared<Result>();
+    auto call = std::make_shared<store_call>();
+    call->resume = [box, then = std::move(then)](const std::string& failure) {
+      then(*box, failure);
+    };
+    async(*a, eng,
+          [me = caf::actor_cast<caf::actor>(self), box,
+           call](Result r, std::exception_ptr e) mutable {
+            if (e)
+              call->failure = failure_text(e);
+            else
+              *box = std::move(r);
+            caf::anon_send(me, io_atom::value, std::move(call));
+          });
     return;
   }
+  if (!eng.store->blocks()) {
+    Result r{};
+    std::string failure;
+    try {
+      r = sync(eng);
+    } catch (...) {
+      failure = failure_text(std::current_exception());
+    }
+    then(r, failure);
+    return;
+  }
+  auto box = std::make_shared<Result>();
   auto call = std::make_shared<store_call>();
-  call->fn = std::move(fn);
+  // The engine is held: the call may outlive this actor.
+  call->fn = [box, sync = std::move(sync), e = self->state.eng] {
+    *box = sync(*e);
+  };
   self->request(self->state.io, caf::infinite, io_atom::value, call)
-    .then([then = std::move(then)](io_atom, std::shared_ptr<store_call>& c) {
-      then(c->failure);
+    .then([box, then = std::move(then)](io_atom,
+                                        std::shared_ptr<store_call>& c) {
+      then(*box, c->failure);
     });
 }
 
@@ -82,9 +127,7 @@ void reply_if_idle(task_actor* self) {
   auto& st = self->state;
   if (st.ph != phase::idle)
     return;
-  for (auto& rp : st.polls)
-    rp.deliver(task_poll_atom::value);
-  st.polls.clear();
+  st.polls.clear(); // poll() goes on once every actor let its ticket go
   if (st.cancelled)
     self->quit();
 }
@@ -117,15 +160,20 @@ void renew(task_actor* self) {
   if (st.ph != phase::running || st.renewing)
     return;
   st.renewing = true;
-  auto eng = st.eng;
+  auto* eng = st.eng.get(); // (the actor holds it)
   auto id = st.t->stored_id;
   auto token = st.claim.token;
   auto lease = st.t->opts.lease.ms();
   auto now = eng->now();
-  auto ok = std::make_shared<bool>(false);
-  store_io(
-    self, [=] { *ok = eng->store->renew(id, eng->owner, token, now, lease); },
-    [=](const std::string& failure) {
+  store_io<bool>(
+    self,
+    [=](scheduler_engine& e) {
+      return e.store->renew(id, e.owner, token, now, lease);
+    },
+    [=](async_schedule_store& a, scheduler_engine& e, auto done) {
+      a.renew_async(id, e.owner, token, now, lease, std::move(done));
+    },
+    [=](bool ok, const std::string& failure) {
       auto& st = self->state;
       st.renewing = false;
       if (st.ph != phase::running || st.claim.token != token)
@@ -134,13 +182,13 @@ void renew(task_actor* self) {
         // Try again next tick; the lease may still hold.
         eng->log_failure(fmt::format("renewing the lease of {} failed: {}", id, failure));
         st.next_renew = now + eng->opts.tick.ms();
-      } else if (*ok) {
+      } else if (ok) {
         st.next_renew = now + lease / 3;
       } else {
         eng->log(fmt::format("lease of {} (token {}) lost: its run is asked to "
                              "stop",
                              id, token));
-        st.stop->request_stop();
+        st.run->stop.request_stop();
         st.next_renew = time_point::max();
         return;
       }
@@ -157,14 +205,15 @@ struct outcome {
 
 outcome after_run(const task_state& st, std::size_t ran, time_point end) {
   auto& t = *st.t;
+  auto& plan = st.run->plan;
   outcome o;
-  if (ran < st.plan.slots.size()) {
-    o.next = st.plan.slots[ran]; // a stop: resume from the first slot not run
-  } else if (st.plan.one_shot) {
+  if (ran < plan.slots.size()) {
+    o.next = plan.slots[ran]; // a stop: resume from the first slot not run
+  } else if (plan.one_shot) {
     o.next = st.claim.record.next_run_at;
     o.done = true;
-  } else if (st.plan.next_if_completed) {
-    o.next = st.plan.next_if_completed;
+  } else if (plan.next_if_completed) {
+    o.next = plan.next_if_completed;
   } else {
     auto slot = st.claim.record.next_run_at;
     o.next = t.opts.missed == missed_policy::skip ? t.first_slot_after(slot, end)
@@ -176,7 +225,7 @@ outcome after_run(const task_state& st, std::size_t ran, time_point end) {
 void finish(task_actor* self, bool reevaluate) {
   auto& st = self->state;
   st.ph = phase::idle;
-  st.stop.reset();
+  st.run.reset();
   st.next_renew = time_point::max();
   st.eng->run_finished();
   if (reevaluate)
@@ -186,7 +235,7 @@ void finish(task_actor* self, bool reevaluate) {
 
 void run_ended(task_actor* self, std::size_t ran) {
   auto& st = self->state;
-  auto eng = st.eng;
+  auto* eng = st.eng.get();
   auto end = eng->now();
   auto o = after_run(st, ran, end);
   if (!o.next) {
@@ -196,17 +245,19 @@ void run_ended(task_actor* self, std::size_t ran) {
   st.ph = phase::committing;
   auto id = st.t->stored_id;
   auto token = st.claim.token;
-  auto committed = std::make_shared<bool>(false);
-  store_io(
+  store_io<bool>(
     self,
-    [=] {
-      *committed = eng->store->commit(id, eng->owner, token, *o.next, o.done, end);
+    [=](scheduler_engine& e) {
+      return e.store->commit(id, e.owner, token, *o.next, o.done, end);
     },
-    [=](const std::string& failure) {
+    [=](async_schedule_store& a, scheduler_engine& e, auto done) {
+      a.commit_async(id, e.owner, token, *o.next, o.done, end, std::move(done));
+    },
+    [=](bool committed, const std::string& failure) {
       auto& st = self->state;
       if (!failure.empty()) {
         eng->log_failure(fmt::format("committing {} failed: {}", id, failure));
-      } else if (!*committed) {
+      } else if (!committed) {
         eng->log(fmt::format("commit of {} with token {} rejected: a newer claim "
                              "exists (this executor was stale)",
                              id, token));
@@ -222,21 +273,20 @@ void run_ended(task_actor* self, std::size_t ran) {
 // Posts the plan's runs to the executor; the job reports how many ran.
 void start_run(task_actor* self) {
   auto& st = self->state;
-  st.stop = std::make_shared<std::stop_source>();
-  if (st.plan.slots.empty()) { // skip: nothing to run, only the commit
+  if (st.run->plan.slots.empty()) { // skip: nothing to run, only the commit
     run_ended(self, 0);
     return;
   }
   auto me = caf::actor_cast<caf::actor>(self);
   auto t = st.t;
-  auto plan = st.plan;
+  auto ctx = st.run;
   auto token = st.claim.token;
-  auto stop = st.stop;
   auto eng = st.eng;
-  eng->execute([me, t, plan, token, stop, eng] {
+  eng->execute([me, t, ctx, token, eng] {
+    auto& plan = ctx->plan;
     std::size_t ran = 0;
     for (auto slot : plan.slots) {
-      if (stop->stop_requested())
+      if (ctx->stop.stop_requested())
         break;
       scheduled_run run;
       run.task_id = t->opts.id;
@@ -244,7 +294,7 @@ void start_run(task_actor* self) {
       run.occurrence_key = t->opts.id + "@" + to_iso_utc(slot);
       run.fencing_token = token;
       run.missed = plan.missed;
-      run.stop = stop->get_token();
+      run.stop = ctx->stop.get_token();
       eng->runs.fetch_add(1, std::memory_order_relaxed);
       try {
         t->fn(run);
@@ -266,7 +316,7 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
              std::optional<schedule_record> current, time_point now) {
   auto& st = self->state;
   auto& t = *st.t;
-  auto eng = st.eng;
+  auto* eng = st.eng.get();
   if (!claim) {
     st.ph = phase::idle;
     eng->run_finished();
@@ -292,21 +342,23 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
   if (st.cancelled || eng->paused.load()) {
     // Given up meanwhile: hand the slot back untouched.
     st.claim = *claim;
-    st.plan = run_plan{};
-    st.plan.next_if_completed = claim->record.next_run_at;
+    st.run = std::make_shared<run_ctx>();
+    st.run->plan.next_if_completed = claim->record.next_run_at;
     st.ph = phase::running;
     run_ended(self, 0);
     return;
   }
   st.claim = std::move(*claim);
   std::size_t skipped = 0;
-  st.plan = plan_claim(t, st.claim, now, eng->grace(), skipped);
-  if (st.plan.missed)
+  st.run = std::make_shared<run_ctx>();
+  auto& plan = st.run->plan;
+  plan = plan_claim(t, st.claim, now, eng->grace(), skipped);
+  if (plan.missed)
     eng->missed.fetch_add(1, std::memory_order_relaxed);
   if (skipped > 0)
     eng->log(fmt::format("{}: catch-up runs the {} oldest missed slots and "
                          "skips {} more (max_catch_up)",
-                         t.stored_id, st.plan.slots.size(), skipped));
+                         t.stored_id, plan.slots.size(), skipped));
   st.ph = phase::running;
   st.next_renew = now + t.opts.lease.ms() / 3;
   arm_renewal(self);
@@ -315,21 +367,25 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
 
 void claim(task_actor* self, time_point now) {
   auto& st = self->state;
-  auto eng = st.eng;
+  auto* eng = st.eng.get();
   auto id = st.t->stored_id;
   auto lease = st.t->opts.lease.ms();
   st.ph = phase::claiming;
   eng->run_started();
-  auto got = std::make_shared<std::optional<schedule_claim>>();
-  auto current = std::make_shared<std::optional<schedule_record>>();
-  store_io(
+  using result = async_schedule_store::claim_result;
+  store_io<result>(
     self,
-    [=] {
-      *got = eng->store->claim(id, eng->owner, now, lease);
-      if (!*got)
-        *current = eng->store->get(id);
+    [=](scheduler_engine& e) {
+      result r;
+      r.claim = e.store->claim(id, e.owner, now, lease);
+      if (!r.claim)
+        r.current = e.store->get(id);
+      return r;
     },
-    [=](const std::string& failure) {
+    [=](async_schedule_store& a, scheduler_engine& e, auto done) {
+      a.claim_async(id, e.owner, now, lease, std::move(done));
+    },
+    [=](result& r, const std::string& failure) {
       if (!failure.empty()) {
         eng->log_failure(fmt::format("claiming {} failed: {}", id, failure));
         auto& st = self->state;
@@ -340,7 +396,7 @@ void claim(task_actor* self, time_point now) {
         return;
       }
       eng->failure_ended();
-      claimed(self, std::move(*got), std::move(*current), now);
+      claimed(self, std::move(r.claim), std::move(r.current), now);
     });
 }
 
@@ -377,9 +433,14 @@ caf::behavior task_behavior(task_actor* self,
       st.armed = time_point::max();
       evaluate(self);
     },
-    [=](task_poll_atom) {
+    [=](io_atom, std::shared_ptr<store_call>& call) {
+      // A reply through the store's asynchronous face (the store-I/O
+      // actor's replies go to their request's handler, not here).
+      call->resume(call->failure);
+    },
+    [=](task_poll_atom, std::shared_ptr<poll_ticket>& ticket) {
       auto& st = self->state;
-      st.polls.push_back(self->make_response_promise());
+      st.polls.push_back(std::move(ticket));
       evaluate(self);
       reply_if_idle(self);
     },
@@ -400,15 +461,15 @@ caf::behavior task_behavior(task_actor* self,
     },
     [=](task_pause_atom) {
       auto& st = self->state;
-      if (st.stop)
-        st.stop->request_stop();
+      if (st.run)
+        st.run->stop.request_stop();
     },
     [=](task_cancel_atom) {
       auto& st = self->state;
       st.cancelled = true;
       st.t->st->active = false;
-      if (st.stop)
-        st.stop->request_stop();
+      if (st.run)
+        st.run->stop.request_stop();
       reply_if_idle(self);
     },
   };

@@ -15,6 +15,7 @@
 #include <botmesh/actors/messages.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::store_call>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::poll_ticket>)
 
 namespace botmesh::internal {
 
@@ -75,6 +76,7 @@ struct timer_state {
   std::vector<std::shared_ptr<timer_entry>> added;
   std::vector<std::shared_ptr<timer_entry>> cancelled;
   std::vector<caf::response_promise> polls;
+  std::vector<std::shared_ptr<poll_ticket>> tickets; // poll()'s, held until idle
   std::uint64_t wake_gen = 0;
   time_point armed = time_point::max();
   bool leading_in_flight = false;
@@ -115,6 +117,7 @@ void reply_if_idle(timer_actor* self) {
   for (auto& rp : st.polls)
     rp.deliver(task_poll_atom::value);
   st.polls.clear();
+  st.tickets.clear();
 }
 
 // The actor lets an entry go: the task is done or cancelled and nothing
@@ -373,9 +376,9 @@ caf::behavior timer_behavior(timer_actor* self,
       refresh_leadership(self, true);
       arm(self);
     },
-    [=](task_poll_atom) {
+    [=](task_poll_atom, std::shared_ptr<poll_ticket>& ticket) {
       auto& st = self->state;
-      st.polls.push_back(self->make_response_promise());
+      st.tickets.push_back(std::move(ticket));
       take_inbox(self);
       fire_due(self);
       reply_if_idle(self);

@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <stop_token>
@@ -31,6 +32,7 @@
 #include <botmesh/runtime/core/internal/log_limiter.hpp>
 #include <botmesh/scheduler/internal/task.hpp>
 #include <botmesh/scheduler/scheduler.hpp>
+#include <botmesh/stores/internal/async_schedule_store.hpp>
 #include <botmesh/stores/schedule_store.hpp>
 
 namespace botmesh::internal {
@@ -120,7 +122,11 @@ struct scheduler_engine {
   const clock* clk = nullptr;
   std::string owner;
   std::shared_ptr<schedule_store> store;
-  /// The store-I/O actor (detached): every store and lease call goes there.
+  /// The store's asynchronous face (Redis), or null: the task actors' calls
+  /// then go to the store-I/O actor, or are made in place for a store that
+  /// does no I/O (the memory store).
+  async_schedule_store* async_store = nullptr;
+  /// The store-I/O actor (detached): blocking store and lease calls go there.
   caf::actor io;
   /// In-memory tasks added and runs ended, for the timer actor.
   timer_inbox timers;
@@ -189,17 +195,35 @@ struct scheduler_engine {
   std::atomic<std::uint64_t> store_errors{0}; ///< failed store/lease calls
 
   /// Runs between a claim (or an in-memory run) and its end; stop() waits
-  /// for none to be left. The mutex guards this counter only; the timer
-  /// actor counts a whole batch of runs in one call.
+  /// for none to be left. The timer actor counts a whole batch of runs in
+  /// one call.
   void run_started(std::size_t n = 1);
   void run_finished(std::size_t n = 1);
   void wait_idle();
 
  private:
-  std::mutex mtx_;
+  std::mutex mtx_; // for idle_cv_
   std::condition_variable idle_cv_;
   log_limiter failures_{std::chrono::seconds{30}};
-  std::size_t in_flight_ = 0;
+  std::atomic<std::size_t> in_flight_{0};
+};
+
+/// What poll() waits on: every actor it asks keeps a copy until it is
+/// idle, and the last copy to go (the actor went idle, or the message or
+/// the actor died holding it) wakes poll(). One shared object instead of a
+/// request and a reply per actor, which cost more than the run they wait
+/// for; and nothing hangs on an actor that went away.
+class poll_ticket {
+ public:
+  ~poll_ticket() {
+    done_.set_value();
+  }
+  std::future<void> future() {
+    return done_.get_future();
+  }
+
+ private:
+  std::promise<void> done_;
 };
 
 /// A blocking call for the store-I/O actor: `fn` runs on its thread, and
@@ -208,6 +232,10 @@ struct scheduler_engine {
 struct store_call {
   std::function<void()> fn;
   std::string failure;
+  /// For a call made through the asynchronous face: what the actor does
+  /// with it, when the client's callback sends it back as
+  /// `(io_atom, shared_ptr<store_call>)`.
+  std::function<void(const std::string&)> resume;
 };
 
 /// Spawns the detached store-I/O actor: `(io_atom, shared_ptr<store_call>)`

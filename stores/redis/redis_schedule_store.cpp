@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/internal/async_schedule_store.hpp>
 #include <botmesh/stores/internal/schedule_transitions.hpp>
 #include <botmesh/stores/redis/internal/scripts.hpp>
 #include <botmesh/stores/redis/internal/store_codec.hpp>
@@ -58,7 +59,30 @@ schedule_record read_record(std::string_view id, std::string_view key,
   return rec;
 }
 
-class redis_schedule_store final : public schedule_store {
+// Runs `decode(reply)` and hands its value, or what it or the call threw,
+// to `done`: the asynchronous calls fail exactly as the synchronous ones.
+template <class T, class Decode>
+redis_client::callback settle(async_schedule_store::done<T> done,
+                              Decode decode) {
+  return [done = std::move(done), decode = std::move(decode)](
+           redis_reply r, std::exception_ptr e) {
+    if (e) {
+      done(T{}, e);
+      return;
+    }
+    T value{};
+    try {
+      value = decode(r);
+    } catch (...) {
+      done(T{}, std::current_exception());
+      return;
+    }
+    done(std::move(value), nullptr);
+  };
+}
+
+class redis_schedule_store final : public schedule_store,
+                                   public async_schedule_store {
  public:
   redis_schedule_store(std::shared_ptr<redis_client> c, schedule_naming n)
     : c_(std::move(c)), n_(std::move(n)) {
@@ -91,17 +115,8 @@ class redis_schedule_store final : public schedule_store {
     detail::check_key(owner, "owner");
     detail::check_ttl(lease, "lease");
     auto k = n_.record(id);
-    auto r = c_->eval(lua().schedule_claim, {k},
-                      {std::string{owner}, ms(now),
-                       std::to_string(lease.count())});
-    if (r.is_nil())
-      return std::nullopt;
-    expect_reply("script schedule_claim", r, kind::array);
-    if (r.elements.empty() || r.elements[0].type != kind::integer)
-      throw error(errc::store_error, "redis script schedule_claim: malformed "
-                                     "reply");
-    auto rec = read_record(id, k, r, 1);
-    return schedule_claim{rec, rec.fencing_token, r.elements[0].integer != 0};
+    return read_claim(id, k, c_->eval(lua().schedule_claim, {k},
+                                      claim_args(owner, now, lease)));
   }
 
   bool renew(std::string_view id, std::string_view owner, std::uint64_t token,
@@ -124,6 +139,82 @@ class redis_schedule_store final : public schedule_store {
   bool remove(std::string_view id, time_point now) override {
     return flag("script schedule_remove",
                 c_->eval(lua().schedule_remove, {n_.record(id)}, {ms(now)}));
+  }
+
+  // -- the asynchronous face (the scheduler's task actors) ----------------
+
+  void claim_async(std::string_view id, std::string_view owner, time_point now,
+                   std::chrono::milliseconds lease,
+                   done<claim_result> fn) override {
+    std::vector<std::string> args;
+    try {
+      detail::check_key(owner, "owner");
+      detail::check_ttl(lease, "lease");
+      args = claim_args(owner, now, lease);
+    } catch (...) {
+      fn({}, std::current_exception());
+      return;
+    }
+    auto k = n_.record(id);
+    // Refused: the record as it stands, read by a second command (rare:
+    // the slot was claimed elsewhere or is not due).
+    // (The client is held, not the store: a pending reply may outlive it.)
+    auto on_claim = [c = c_, id = std::string{id}, k,
+                     fn = std::move(fn)](redis_reply r,
+                                         std::exception_ptr e) mutable {
+      std::optional<schedule_claim> got;
+      if (!e) {
+        try {
+          got = read_claim(id, k, r);
+        } catch (...) {
+          e = std::current_exception();
+        }
+      }
+      if (e || got) {
+        fn({std::move(got), std::nullopt}, e);
+        return;
+      }
+      c->async(k, {"HGETALL", k},
+                settle<claim_result>(std::move(fn), [id, k](redis_reply& r) {
+                  expect_reply("HGETALL " + k, r, kind::array);
+                  claim_result out;
+                  if (!r.elements.empty())
+                    out.current = read_record(id, k, r);
+                  return out;
+                }));
+    };
+    c_->eval_async(k, lua().schedule_claim, {k}, std::move(args),
+                   std::move(on_claim));
+  }
+
+  void renew_async(std::string_view id, std::string_view owner,
+                   std::uint64_t token, time_point now,
+                   std::chrono::milliseconds lease, done<bool> fn) override {
+    try {
+      detail::check_ttl(lease, "lease");
+    } catch (...) {
+      fn(false, std::current_exception());
+      return;
+    }
+    auto k = n_.record(id);
+    c_->eval_async(k, lua().schedule_renew, {k},
+                   {std::string{owner}, std::to_string(token), ms(now),
+                    std::to_string(lease.count())},
+                   settle<bool>(std::move(fn), [](redis_reply& r) {
+                     return flag("script schedule_renew", r);
+                   }));
+  }
+
+  void commit_async(std::string_view id, std::string_view owner,
+                    std::uint64_t token, time_point next_run_at, bool done_flag,
+                    time_point now, done<bool> fn) override {
+    auto k = n_.record(id);
+    c_->eval_async(k, lua().schedule_commit, {k},
+                   {std::string{owner}, std::to_string(token), ms(next_run_at),
+                    done_flag ? "1" : "0", ms(now)},
+                   settle<bool>(std::move(fn), [](redis_reply& r) {
+                     return flag("script schedule_commit", r);
+                   }));
   }
 
   std::vector<schedule_record> list() override {
@@ -156,6 +247,26 @@ class redis_schedule_store final : public schedule_store {
   }
 
  private:
+  static std::vector<std::string> claim_args(std::string_view owner,
+                                             time_point now,
+                                             std::chrono::milliseconds lease) {
+    return {std::string{owner}, ms(now), std::to_string(lease.count())};
+  }
+
+  // The claim script's reply: nil (nothing claimable), or [interrupted,
+  // field, value, ...]. An error reply throws, naming the script.
+  static std::optional<schedule_claim>
+  read_claim(std::string_view id, const std::string& k, const redis_reply& r) {
+    if (r.is_nil())
+      return std::nullopt;
+    expect_reply("script schedule_claim", r, kind::array);
+    if (r.elements.empty() || r.elements[0].type != kind::integer)
+      throw error(errc::store_error, "redis script schedule_claim: malformed "
+                                     "reply");
+    auto rec = read_record(id, k, r, 1);
+    return schedule_claim{rec, rec.fencing_token, r.elements[0].integer != 0};
+  }
+
   std::shared_ptr<redis_client> c_;
   schedule_naming n_;
 };

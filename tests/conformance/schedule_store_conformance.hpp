@@ -11,11 +11,15 @@
 
 #include <atomic>
 #include <barrier>
+#include <future>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
 
+#include <botmesh/runtime/core/error.hpp>
+#include <botmesh/stores/internal/async_schedule_store.hpp>
 #include <botmesh/stores/schedule_store.hpp>
 
 namespace sched_conformance {
@@ -24,6 +28,68 @@ using namespace std::chrono_literals;
 
 inline botmesh::time_point t0() {
   return botmesh::from_unix_ms(1'780'000'000'000);
+}
+
+// Waits for one asynchronous call: its value, or what it failed with.
+template <class T>
+struct awaited {
+  std::promise<std::pair<T, std::exception_ptr>> p;
+  botmesh::internal::async_schedule_store::done<T> done() {
+    return [this](T v, std::exception_ptr e) {
+      p.set_value({std::move(v), e});
+    };
+  }
+  std::pair<T, std::exception_ptr> get() {
+    auto f = p.get_future();
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    return f.get();
+  }
+};
+
+inline botmesh::internal::async_schedule_store&
+async_face(const std::shared_ptr<botmesh::schedule_store>& s) {
+  auto* a = dynamic_cast<botmesh::internal::async_schedule_store*>(s.get());
+  REQUIRE(a != nullptr);
+  return *a;
+}
+
+using claim_result = botmesh::internal::async_schedule_store::claim_result;
+
+// Starts a call with `start(done)` and returns its value; a failure fails
+// the test.
+template <class T, class Start>
+T await_ok(Start start) {
+  awaited<T> w;
+  start(w.done());
+  auto [value, e] = w.get();
+  REQUIRE_FALSE(e);
+  return value;
+}
+
+inline claim_result claim_async(botmesh::internal::async_schedule_store& a,
+                                std::string_view id, std::string_view owner,
+                                botmesh::time_point now,
+                                std::chrono::milliseconds lease) {
+  return await_ok<claim_result>(
+    [&](auto done) { a.claim_async(id, owner, now, lease, std::move(done)); });
+}
+
+inline bool renew_async(botmesh::internal::async_schedule_store& a,
+                        std::string_view id, std::string_view owner,
+                        std::uint64_t token, botmesh::time_point now,
+                        std::chrono::milliseconds lease) {
+  return await_ok<bool>([&](auto done) {
+    a.renew_async(id, owner, token, now, lease, std::move(done));
+  });
+}
+
+inline bool commit_async(botmesh::internal::async_schedule_store& a,
+                         std::string_view id, std::string_view owner,
+                         std::uint64_t token, botmesh::time_point next,
+                         bool done_flag, botmesh::time_point now) {
+  return await_ok<bool>([&](auto done) {
+    a.commit_async(id, owner, token, next, done_flag, now, std::move(done));
+  });
 }
 
 } // namespace sched_conformance
@@ -170,6 +236,76 @@ TEST_CASE_TEMPLATE_DEFINE("racing claims of one slot have exactly one winner",
       CHECK(tokens[r] > tokens[r - 1]);
   }
 }
+
+TEST_CASE_TEMPLATE_DEFINE("the asynchronous face claims, renews and commits "
+                          "as the synchronous calls do",
+                          F, ssc_async) {
+  using namespace sched_conformance;
+  F f;
+  auto s = f.make();
+  auto& a = async_face(s);
+  s->register_task("a", "every 60000", t0(), t0());
+  // Not due yet: nothing claimed, the record as it stands.
+  auto r = claim_async(a, "a", "x", t0() - 1s, 10s);
+  CHECK_FALSE(r.claim);
+  REQUIRE(r.current);
+  CHECK(r.current->next_run_at == t0());
+  CHECK(r.current->lease_owner.empty());
+  // Unknown id: neither.
+  r = claim_async(a, "nope", "x", t0(), 10s);
+  CHECK_FALSE(r.claim);
+  CHECK_FALSE(r.current);
+  // Due: claimed, with the next token.
+  r = claim_async(a, "a", "x", t0(), 10s);
+  REQUIRE(r.claim);
+  CHECK(r.claim->token == 1);
+  CHECK_FALSE(r.claim->interrupted);
+  CHECK(r.claim->record.lease_owner == "x");
+  CHECK(r.claim->record.lease_until == t0() + 10s);
+  CHECK(*s->get("a") == r.claim->record);
+  auto token = r.claim->token;
+  // Another owner meanwhile: refused, and told who holds it until when.
+  r = claim_async(a, "a", "y", t0() + 1s, 10s);
+  CHECK_FALSE(r.claim);
+  REQUIRE(r.current);
+  CHECK(r.current->lease_owner == "x");
+  CHECK(r.current->lease_until == t0() + 10s);
+  // Renewals: the holder's extends it, a stale token or owner does not.
+  CHECK(renew_async(a, "a", "x", token, t0() + 2s, 10s));
+  CHECK(s->get("a")->lease_until == t0() + 12s);
+  CHECK_FALSE(renew_async(a, "a", "x", token + 1, t0() + 3s, 10s));
+  CHECK_FALSE(renew_async(a, "a", "y", token, t0() + 3s, 10s));
+  CHECK(s->get("a")->lease_until == t0() + 12s);
+  // Commit: the next slot stored, the lease cleared; a second one is stale.
+  CHECK(commit_async(a, "a", "x", token, t0() + 60s, false, t0() + 4s));
+  auto rec = *s->get("a");
+  CHECK(rec.next_run_at == t0() + 60s);
+  CHECK(rec.lease_owner.empty());
+  CHECK(rec.fencing_token == token);
+  CHECK_FALSE(commit_async(a, "a", "x", token, t0() + 120s, false, t0() + 5s));
+  CHECK(s->get("a")->next_run_at == t0() + 60s);
+  // The two faces share one record: a synchronous claim, renewed and
+  // committed asynchronously (a one-shot: its tombstone).
+  auto c = s->claim("a", "z", t0() + 60s, 10s);
+  REQUIRE(c);
+  CHECK(c->token == token + 1);
+  CHECK(renew_async(a, "a", "z", c->token, t0() + 61s, 10s));
+  CHECK(commit_async(a, "a", "z", c->token, t0() + 60s, true, t0() + 62s));
+  CHECK(s->get("a")->done);
+  r = claim_async(a, "a", "x", t0() + 1h, 10s);
+  CHECK_FALSE(r.claim);
+  REQUIRE(r.current);
+  CHECK(r.current->done);
+  // A bad argument comes back through the callback, not thrown.
+  awaited<claim_result> bad;
+  a.claim_async("a", "", t0(), 10s, bad.done());
+  auto [none, e] = bad.get();
+  REQUIRE(e);
+  CHECK_THROWS_AS(std::rethrow_exception(e), botmesh::invalid_argument_error);
+}
+
+#define BOTMESH_ASYNC_SCHEDULE_STORE_CONFORMANCE(F)                            \
+  TEST_CASE_TEMPLATE_INVOKE(ssc_async, F)
 
 #define BOTMESH_SCHEDULE_STORE_CONFORMANCE(F)                                  \
   TEST_CASE_TEMPLATE_INVOKE(ssc_register, F);                                  \

@@ -130,7 +130,9 @@ TYPE_TO_STRING(cluster_durable_factory);
 BOTMESH_STORE_CONFORMANCE(cluster_store_factory);
 BOTMESH_STORE_CONFORMANCE(cluster_layout_one_node_factory);
 BOTMESH_SCHEDULE_STORE_CONFORMANCE(cluster_schedule_factory);
+BOTMESH_ASYNC_SCHEDULE_STORE_CONFORMANCE(cluster_schedule_factory);
 BOTMESH_SCHEDULE_STORE_CONFORMANCE(cluster_layout_one_node_schedule_factory);
+BOTMESH_ASYNC_SCHEDULE_STORE_CONFORMANCE(cluster_layout_one_node_schedule_factory);
 BOTMESH_DURABLE_CONFORMANCE(cluster_durable_factory);
 
 TEST_CASE("cluster: a cluster-layout store writes every kind of record under "

@@ -72,6 +72,7 @@ TYPE_TO_STRING(redis_store_factory);
 TYPE_TO_STRING(redis_schedule_store_factory);
 BOTMESH_STORE_CONFORMANCE(redis_store_factory);
 BOTMESH_SCHEDULE_STORE_CONFORMANCE(redis_schedule_store_factory);
+BOTMESH_ASYNC_SCHEDULE_STORE_CONFORMANCE(redis_schedule_store_factory);
 
 TEST_CASE("Redis URLs are parsed and a malformed one names the url field") {
   for (auto bad : {"http://localhost:6379", "redis://", "redis://host:0",
