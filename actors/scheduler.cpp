@@ -215,8 +215,6 @@ struct scheduler::impl final : task_owner,
       {
         std::lock_guard guard{mtx};
         st->handle = next_handle++;
-        in_memory.resize(st->handle + 1);
-        in_memory[st->handle] = true;
       }
       ++eng->tasks;
       entry->grid = std::move(static_cast<internal::task_grid&>(t));
@@ -269,9 +267,19 @@ struct scheduler::impl final : task_owner,
   // stored id of a durable task ("" otherwise).
   std::string detach(std::uint64_t handle,
                      const std::shared_ptr<scheduled_task::state>* task) {
+    // An in-memory task (no id; its state is its timer entry) is not in
+    // the registry: its entry says whether it is still registered.
+    if (task != nullptr && (*task)->id.empty()) {
+      auto entry = std::static_pointer_cast<internal::timer_entry>(*task);
+      if (entry->registered.exchange(false)) {
+        --eng->tasks;
+        if (eng->timers.cancel(std::move(entry)))
+          caf::anon_send(timers, timer_add_atom::value);
+      }
+      return {};
+    }
     std::optional<caf::actor> actor;
     std::string stored;
-    bool in_memory_task = false;
     {
       std::lock_guard guard{mtx};
       if (auto i = durable.find(handle); i != durable.end()) {
@@ -284,19 +292,10 @@ struct scheduler::impl final : task_owner,
             break;
           }
         --eng->tasks;
-      } else if (handle < in_memory.size() && in_memory[handle]) {
-        in_memory[handle] = false;
-        in_memory_task = true;
-        --eng->tasks;
       }
     }
-    if (actor) {
+    if (actor)
       caf::anon_send(*actor, task_cancel_atom::value);
-    } else if (in_memory_task && task != nullptr) {
-      // Every in-memory task's state is its timer entry (see add).
-      if (eng->timers.cancel(std::static_pointer_cast<internal::timer_entry>(*task)))
-        caf::anon_send(timers, timer_add_atom::value);
-    }
     return stored;
   }
 
@@ -396,10 +395,6 @@ struct scheduler::impl final : task_owner,
 
   std::mutex mtx; // the registry below
   std::map<std::uint64_t, caf::actor> durable;
-  // Bit h: in-memory task h is registered and not cancelled. One bit per
-  // handle ever given (handles only grow) instead of a set node (an
-  // allocation) per task.
-  std::vector<bool> in_memory;
   std::map<std::string, std::uint64_t> by_id;
   std::uint64_t next_handle = 1;
 };

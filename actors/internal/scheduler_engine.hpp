@@ -43,6 +43,9 @@ namespace botmesh::internal {
 /// table by handle (a cancel brings the entry itself) and firing allocates
 /// nothing per run.
 struct timer_entry final : scheduled_task::state {
+  /// Registered and not cancelled: cleared once, by the first cancel (a
+  /// handle's, from any thread), so the task count drops once.
+  std::atomic<bool> registered{true};
   /// The list of ended runs (see timer_inbox::end).
   timer_entry* next_ended = nullptr;
   // The stop token of the run in progress (its slot is `next`): written

@@ -675,3 +675,44 @@ TEST_CASE("a cron catch-up from a record dated 1970 counts its skipped slots "
   CHECK(rec.logs_containing(fmt::format("skips {} more", skipped)) == 1);
   CHECK(store->get("sync")->next_run_at == t0() + 1min);
 }
+
+TEST_CASE("backend failures are logged only while a task is registered; an "
+          "in-memory task cancelled twice counts once") {
+  // A leader lease whose backend is down: every poll's renewal fails.
+  struct down_lease final : botmesh::lease_provider {
+    std::optional<std::uint64_t> try_acquire(std::string_view, std::string_view,
+                                             botmesh::time_point,
+                                             std::chrono::milliseconds) override {
+      throw botmesh::error(botmesh::errc::store_error, "lease backend is down");
+    }
+    void release(std::string_view, std::string_view) override {
+    }
+  };
+  botmesh::manual_clock clk{t0()};
+  std::mutex mtx;
+  std::vector<std::string> lines;
+  botmesh::scheduler s{{.lease = std::make_shared<down_lease>(),
+                        .clock = &clk,
+                        .log = [&](std::string_view l) {
+                          std::lock_guard guard{mtx};
+                          lines.emplace_back(l);
+                        }}};
+  auto logged = [&] {
+    std::lock_guard guard{mtx};
+    return lines.size();
+  };
+  s.poll();
+  CHECK(logged() == 0); // no task: nobody waits for that backend
+  auto task = s.every("1m", [] {});
+  auto copy = task;
+  task.cancel();
+  copy.cancel(); // the same task: not counted off twice
+  task.cancel();
+  s.poll();
+  CHECK(logged() == 0);
+  auto other = s.delay(1h, [] {});
+  s.poll();
+  REQUIRE(logged() == 1);
+  std::lock_guard guard{mtx};
+  CHECK(lines[0].find("lease backend is down") != std::string::npos);
+}
