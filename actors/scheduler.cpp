@@ -62,7 +62,10 @@ void scheduler_engine::failure_ended() {
 }
 
 void scheduler_engine::run_started(std::size_t n) {
-  in_flight_.fetch_add(n, std::memory_order_relaxed);
+  // Sequentially consistent, as are `paused` and wait_idle's read: an actor
+  // counts a run and then reads `paused`, stop() sets `paused` and then
+  // reads the count, so at least one of them sees the other.
+  in_flight_.fetch_add(n);
 }
 
 void scheduler_engine::run_finished(std::size_t n) {
@@ -76,9 +79,7 @@ void scheduler_engine::run_finished(std::size_t n) {
 
 void scheduler_engine::wait_idle() {
   std::unique_lock guard{mtx_};
-  idle_cv_.wait(guard, [this] {
-    return in_flight_.load(std::memory_order_acquire) == 0;
-  });
+  idle_cv_.wait(guard, [this] { return in_flight_.load() == 0; });
 }
 
 } // namespace internal

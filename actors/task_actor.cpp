@@ -45,7 +45,10 @@ struct task_state {
   schedule_claim claim;
   std::shared_ptr<run_ctx> run;
   time_point next_renew = time_point::max();
-  bool renewing = false;
+  // The claim whose renewal is in flight (0: none). A token, not a flag: a
+  // late reply for an older claim must not hold back the current one's
+  // renewals (replies of the asynchronous face may come out of order).
+  std::uint64_t renewing = 0;
   // poll()'s tickets: let go once idle.
   std::vector<std::shared_ptr<poll_ticket>> polls;
   // The pending wake-up: only the latest generation counts.
@@ -157,9 +160,9 @@ void arm_renewal(task_actor* self) {
 
 void renew(task_actor* self) {
   auto& st = self->state;
-  if (st.ph != phase::running || st.renewing)
-    return;
-  st.renewing = true;
+  if (st.ph != phase::running || st.renewing == st.claim.token)
+    return; // (the reply in flight arms the next one)
+  st.renewing = st.claim.token;
   auto* eng = st.eng.get(); // (the actor holds it)
   auto id = st.t->stored_id;
   auto token = st.claim.token;
@@ -175,7 +178,8 @@ void renew(task_actor* self) {
     },
     [=](bool ok, const std::string& failure) {
       auto& st = self->state;
-      st.renewing = false;
+      if (st.renewing == token)
+        st.renewing = 0;
       if (st.ph != phase::running || st.claim.token != token)
         return;
       if (!failure.empty()) {
@@ -222,14 +226,19 @@ outcome after_run(const task_state& st, std::size_t ran, time_point end) {
   return o;
 }
 
-void finish(task_actor* self, bool reevaluate) {
+// The claim ended (committed, refused, or its commit failed: `retry`).
+void finish(task_actor* self, bool retry = false) {
   auto& st = self->state;
   st.ph = phase::idle;
   st.run.reset();
   st.next_renew = time_point::max();
-  st.eng->run_finished();
-  if (reevaluate)
+  if (retry)
+    arm(self, st.eng->now() + st.eng->opts.tick.ms()); // (a started scheduler)
+  else
     evaluate(self); // slots that fell due meanwhile are claimed next
+  // Only now: a claim evaluate() started is counted already, so stop()
+  // never sees zero runs between this claim and the next.
+  st.eng->run_finished();
   reply_if_idle(self);
 }
 
@@ -239,7 +248,7 @@ void run_ended(task_actor* self, std::size_t ran) {
   auto end = eng->now();
   auto o = after_run(st, ran, end);
   if (!o.next) {
-    finish(self, false);
+    finish(self);
     return;
   }
   st.ph = phase::committing;
@@ -266,7 +275,9 @@ void run_ended(task_actor* self, std::size_t ran) {
         if (o.done)
           st.t->st->active = false;
       }
-      finish(self, failure.empty());
+      // A failed commit is tried again as a claim: refused while this
+      // claim's lease holds, then taken as interrupted.
+      finish(self, !failure.empty());
     });
 }
 
@@ -370,8 +381,15 @@ void claim(task_actor* self, time_point now) {
   auto* eng = st.eng.get();
   auto id = st.t->stored_id;
   auto lease = st.t->opts.lease.ms();
-  st.ph = phase::claiming;
+  // Counted before pause is checked (the other order of stop(), which sets
+  // pause, then waits for zero runs): one of the two sees the other, so no
+  // claim starts after stop() returned.
   eng->run_started();
+  if (eng->paused.load()) {
+    eng->run_finished();
+    return;
+  }
+  st.ph = phase::claiming;
   using result = async_schedule_store::claim_result;
   store_io<result>(
     self,

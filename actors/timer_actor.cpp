@@ -163,10 +163,25 @@ void run_job(scheduler_engine* eng, timer_entry* e) {
     caf::anon_send(eng->timers.actor, task_done_atom::value);
 }
 
+void fire_batches(timer_actor* self);
+
+// Posts the runs due.
 void fire_due(timer_actor* self) {
-  auto& st = self->state;
-  if (st.eng->paused.load())
+  auto* eng = self->state.eng.get();
+  // Counted while it posts, before pause is checked (stop() sets pause,
+  // then waits for zero runs): one of the two sees the other, so no run
+  // starts after stop() returned.
+  eng->run_started();
+  if (eng->paused.load()) {
+    eng->run_finished();
     return;
+  }
+  fire_batches(self);
+  eng->run_finished();
+}
+
+void fire_batches(timer_actor* self) {
+  auto& st = self->state;
   auto now = st.eng->now();
   auto* eng = st.eng.get();
   // Due runs go to the pool in batches: one lock and only the wake-ups

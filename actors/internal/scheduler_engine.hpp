@@ -119,7 +119,9 @@ struct timer_inbox {
 };
 
 /// Shared by the facade and the actors. Everything but the atomics and the
-/// run counter is written before the first actor is spawned.
+/// run counter is written before the first actor is spawned, except `store`
+/// and `async_store`: set once, on first use (the first durable task's
+/// registration, before its actor is spawned).
 struct scheduler_engine {
   scheduler_options opts;
   const clock* clk = nullptr;

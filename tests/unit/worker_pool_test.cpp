@@ -136,3 +136,26 @@ TEST_CASE("shutdown runs what is queued, and a later post runs on the "
   CHECK(where == caller);
   pool.reset(); // a second shutdown in the destructor is a no-op
 }
+
+TEST_CASE("shutdown runs a queued job that the blocked workers wait for") {
+  worker_pool pool{1, 2};
+  std::promise<void> unblock;
+  auto unblocked = unblock.get_future().share();
+  std::once_flag once;
+  auto open = [&] { std::call_once(once, [&] { unblock.set_value(); }); };
+  std::promise<void> a_started;
+  std::promise<void> a_done;
+  pool.post([&, unblocked] {
+    a_started.set_value();
+    unblocked.wait();
+    a_done.set_value();
+  });
+  a_started.get_future().wait();
+  pool.post(open); // queued: the only worker is blocked
+  std::thread closer{[&] { pool.shutdown(); }};
+  auto done = a_done.get_future();
+  bool ran = ready_within(done, 5s);
+  open(); // (so that a failing run ends instead of hanging)
+  closer.join();
+  CHECK(ran);
+}

@@ -74,7 +74,8 @@ void worker_pool::shutdown() {
   sup_cv_.notify_all();
   if (supervisor_.joinable())
     supervisor_.join();
-  // No worker is added after the supervisor stopped.
+  // The supervisor stopped once the queue was drained: no worker is added
+  // after this.
   for (auto& w : workers_)
     if (w.thread.joinable())
       w.thread.join();
@@ -162,7 +163,9 @@ void worker_pool::look_for_work() {
 void worker_pool::supervise() {
   std::unique_lock guard{mtx_};
   auto last_started = started_jobs_;
-  while (!closed_) {
+  // After shutdown() too, until the queue is drained: a queued job may be
+  // what the blocked workers wait for.
+  while (!closed_ || !jobs_.empty()) {
     if (jobs_.empty()) {
       watching_ = false;
       sup_cv_.wait(guard, [this] {
@@ -173,12 +176,10 @@ void worker_pool::supervise() {
       continue;
     }
     sup_cv_.wait_for(guard, stall_);
-    if (closed_)
-      break;
     // Jobs wait, and none started during the last interval: every worker
     // is stuck, so one more thread is the only way forward.
     if (!jobs_.empty() && started_jobs_ == last_started && idle_ == 0
-        && alive_ < max_)
+        && looking_ == 0 && alive_ < max_)
       spawn_worker(true);
     last_started = started_jobs_;
   }
