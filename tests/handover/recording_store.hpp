@@ -30,7 +30,8 @@ class recording_store final : public botmesh::store {
   std::atomic<bool> corrupt_reads{false};
   /// The next this many conditional checkpoint writes (set_checkpoint_if,
   /// clear_checkpoint_if) land but report a timeout, as when the reply is
-  /// lost.
+  /// lost. Decided when a write starts: one already on its way when a test
+  /// sets this (seen landed, not yet returned) keeps its reply.
   std::atomic<int> lose_write_replies{0};
   /// While set, set_checkpoint_if waits before it reaches the inner store
   /// (a replica frozen in the middle of the write); `write_held` says one
@@ -128,6 +129,7 @@ class recording_store final : public botmesh::store {
       throw botmesh::error(botmesh::errc::timeout,
                            "checkpoint write: no reply yet (it lands later)");
     }
+    auto lose = take_lost_reply();
     if (hold_writes.load()) {
       write_held = true;
       while (hold_writes.load())
@@ -137,17 +139,20 @@ class recording_store final : public botmesh::store {
     auto out = inner_->set_checkpoint_if(c, r);
     if (out)
       ++checkpoint_writes;
-    lost_reply();
+    if (lose)
+      throw_lost_reply();
     return out;
   }
   bool clear_checkpoint_if(std::string_view k, std::uint64_t r) override {
     check_write();
+    auto lose = take_lost_reply();
     auto out = inner_->clear_checkpoint_if(k, r);
     if (out) {
       ++checkpoint_writes;
       ++checkpoint_clears;
     }
-    lost_reply();
+    if (lose)
+      throw_lost_reply();
     return out;
   }
   void clear_checkpoint(std::string_view k) override {
@@ -194,11 +199,16 @@ class recording_store final : public botmesh::store {
                            "checkpoint write failed: the test store is down");
   }
 
-  void lost_reply() {
+  bool take_lost_reply() {
     for (auto n = lose_write_replies.load(); n > 0;)
       if (lose_write_replies.compare_exchange_weak(n, n - 1))
-        throw botmesh::error(botmesh::errc::timeout,
-                             "checkpoint write: no reply (it landed)");
+        return true;
+    return false;
+  }
+
+  [[noreturn]] static void throw_lost_reply() {
+    throw botmesh::error(botmesh::errc::timeout,
+                         "checkpoint write: no reply (it landed)");
   }
 
   std::shared_ptr<botmesh::store> inner_;
