@@ -166,6 +166,7 @@ struct scheduler::impl final : task_owner,
       eng->store->start();
       eng->async_store =
         dynamic_cast<internal::async_schedule_store*>(eng->store.get());
+      eng->store_ready.store(true, std::memory_order_release);
     });
     return *eng->store;
   }

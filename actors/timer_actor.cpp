@@ -263,8 +263,8 @@ void refresh_leadership(timer_actor* self, bool fire = false) {
 void check_orphans(timer_actor* self, std::vector<std::string> registered) {
   auto& st = self->state;
   auto eng = st.eng;
-  if (!eng->store)
-    return;
+  if (!eng->store_ready.load(std::memory_order_acquire))
+    return; // no durable task registered yet: nothing to compare with
   auto all = std::make_shared<std::vector<schedule_record>>();
   st.listing_in_flight = true;
   auto call = std::make_shared<store_call>();

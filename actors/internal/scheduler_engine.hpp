@@ -121,7 +121,7 @@ struct timer_inbox {
 /// Shared by the facade and the actors. Everything but the atomics and the
 /// run counter is written before the first actor is spawned, except `store`
 /// and `async_store`: set once, on first use (the first durable task's
-/// registration, before its actor is spawned).
+/// registration, before its actor is spawned), and then `store_ready`.
 struct scheduler_engine {
   scheduler_options opts;
   const clock* clk = nullptr;
@@ -131,6 +131,9 @@ struct scheduler_engine {
   /// then go to the store-I/O actor, or are made in place for a store that
   /// does no I/O (the memory store).
   async_schedule_store* async_store = nullptr;
+  /// `store` and `async_store` are set (the timer actor, which may run
+  /// while a first durable task is registered, reads them only then).
+  std::atomic<bool> store_ready{false};
   /// The store-I/O actor (detached): blocking store and lease calls go there.
   caf::actor io;
   /// In-memory tasks added and runs ended, for the timer actor.
