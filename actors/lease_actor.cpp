@@ -12,6 +12,7 @@
 #include <caf/all.hpp>
 
 #include <botmesh/actors/messages.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 
 namespace botmesh {
 
@@ -21,6 +22,7 @@ lease_listener::~lease_listener() {
 
 namespace {
 
+using internal::what_of;
 using clk = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
@@ -95,16 +97,6 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::turn_token>)
 namespace botmesh {
 
 namespace {
-
-std::string what_of(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
 
 // Completions arrive on backend threads. They reach the actor through this
 // gate, which the actor closes when it exits: nothing is sent to it (or to

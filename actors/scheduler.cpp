@@ -372,17 +372,25 @@ struct scheduler::impl final : task_owner,
 
   void poll() {
     eng->paused = false;
-    caf::scoped_actor self{*sys};
     // The leader lease first: it decides which runs are due.
-    self->request(timers, caf::infinite, task_poll_atom::value, true)
-      .receive([](task_poll_atom) {}, [](caf::error&) {});
-    // Every actor at once (they work in parallel), each holding the
-    // ticket until it is idle.
+    await_idle([&](const auto& ticket) {
+      caf::anon_send(timers, leader_atom::value, ticket);
+    });
+    // Every actor at once (they work in parallel).
+    await_idle([&](const auto& ticket) {
+      for (auto& a : task_actors())
+        caf::anon_send(a, task_poll_atom::value, ticket);
+      caf::anon_send(timers, task_poll_atom::value, ticket);
+    });
+  }
+
+  // Hands one ticket to the actors `send` asks; returns once each let it
+  // go (idle, or gone).
+  template <class Send>
+  static void await_idle(Send send) {
     auto ticket = std::make_shared<internal::poll_ticket>();
     auto idle = ticket->future();
-    for (auto& a : task_actors())
-      caf::anon_send(a, task_poll_atom::value, ticket);
-    caf::anon_send(timers, task_poll_atom::value, ticket);
+    send(ticket);
     ticket.reset();
     idle.wait();
   }

@@ -7,6 +7,7 @@
 
 #include <botmesh/actors/internal/scheduler_engine.hpp>
 #include <botmesh/actors/messages.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::store_call>)
 
@@ -26,12 +27,8 @@ class store_io : public caf::event_based_actor {
       [](io_atom, std::shared_ptr<store_call>& call) {
         try {
           call->fn();
-        } catch (const std::exception& e) {
-          call->failure = e.what();
-          if (call->failure.empty())
-            call->failure = "unknown error";
         } catch (...) {
-          call->failure = "unknown error";
+          call->failure = what_of(std::current_exception());
         }
         return caf::make_message(io_atom::value, std::move(call));
       },

@@ -13,6 +13,7 @@
 
 #include <botmesh/actors/internal/scheduler_engine.hpp>
 #include <botmesh/actors/messages.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/scheduler/cron.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::store_call>)
@@ -61,17 +62,6 @@ struct task_state {
 
 using task_actor = caf::stateful_actor<task_state>;
 
-std::string failure_text(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    if (*x.what() != '\0')
-      return x.what();
-  } catch (...) {
-  }
-  return "unknown error";
-}
-
 // A store call, and `then(result, failure)` in this actor once it ended
 // (`failure`: the error's text, empty on success). Where the call runs:
 // - a store with an asynchronous face (Redis): `async(store, engine, done)`
@@ -93,7 +83,7 @@ void store_io(task_actor* self, Sync sync, Async async, Then then) {
           [me = caf::actor_cast<caf::actor>(self), box,
            call](Result r, std::exception_ptr e) mutable {
             if (e)
-              call->failure = failure_text(e);
+              call->failure = what_of(e);
             else
               *box = std::move(r);
             caf::anon_send(me, io_atom::value, std::move(call));
@@ -106,7 +96,7 @@ void store_io(task_actor* self, Sync sync, Async async, Then then) {
     try {
       r = sync(eng);
     } catch (...) {
-      failure = failure_text(std::current_exception());
+      failure = what_of(std::current_exception());
     }
     then(r, failure);
     return;

@@ -75,8 +75,7 @@ struct timer_state {
   // every batch.
   std::vector<std::shared_ptr<timer_entry>> added;
   std::vector<std::shared_ptr<timer_entry>> cancelled;
-  std::vector<caf::response_promise> polls;
-  std::vector<std::shared_ptr<poll_ticket>> tickets; // poll()'s, held until idle
+  std::vector<std::shared_ptr<poll_ticket>> polls; // poll()'s, held until idle
   std::uint64_t wake_gen = 0;
   time_point armed = time_point::max();
   bool leading_in_flight = false;
@@ -114,10 +113,7 @@ void reply_if_idle(timer_actor* self) {
   auto& st = self->state;
   if (st.running != 0 || st.leading_in_flight || st.listing_in_flight)
     return;
-  for (auto& rp : st.polls)
-    rp.deliver(task_poll_atom::value);
-  st.polls.clear();
-  st.tickets.clear();
+  st.polls.clear(); // poll() goes on once every actor let its ticket go
 }
 
 // The actor lets an entry go: the task is done or cancelled and nothing
@@ -163,23 +159,6 @@ void run_job(scheduler_engine* eng, timer_entry* e) {
     caf::anon_send(eng->timers.actor, task_done_atom::value);
 }
 
-void fire_batches(timer_actor* self);
-
-// Posts the runs due.
-void fire_due(timer_actor* self) {
-  auto* eng = self->state.eng.get();
-  // Counted while it posts, before pause is checked (stop() sets pause,
-  // then waits for zero runs): one of the two sees the other, so no run
-  // starts after stop() returned.
-  eng->run_started();
-  if (eng->paused.load()) {
-    eng->run_finished();
-    return;
-  }
-  fire_batches(self);
-  eng->run_finished();
-}
-
 void fire_batches(timer_actor* self) {
   auto& st = self->state;
   auto now = st.eng->now();
@@ -218,6 +197,21 @@ void fire_batches(timer_actor* self) {
       eng->execute_all(st.jobs);
     }
   }
+}
+
+// Posts the runs due.
+void fire_due(timer_actor* self) {
+  auto* eng = self->state.eng.get();
+  // Counted while it posts, before pause is checked (stop() sets pause,
+  // then waits for zero runs): one of the two sees the other, so no run
+  // starts after stop() returned.
+  eng->run_started();
+  if (eng->paused.load()) {
+    eng->run_finished();
+    return;
+  }
+  fire_batches(self);
+  eng->run_finished();
 }
 
 // With a leader lease: take or renew it (on the store-I/O actor), then,
@@ -393,7 +387,7 @@ caf::behavior timer_behavior(timer_actor* self,
     },
     [=](task_poll_atom, std::shared_ptr<poll_ticket>& ticket) {
       auto& st = self->state;
-      st.tickets.push_back(std::move(ticket));
+      st.polls.push_back(std::move(ticket));
       take_inbox(self);
       fire_due(self);
       reply_if_idle(self);
@@ -418,12 +412,11 @@ caf::behavior timer_behavior(timer_actor* self,
       refresh_leadership(self);
       arm(self);
     },
-    [=](task_poll_atom, bool lead_only) {
-      // poll(): refresh the leader lease first; reply once answered.
+    [=](leader_atom, std::shared_ptr<poll_ticket>& ticket) {
+      // poll()'s first step: the leader lease only, the ticket held until
+      // its call answered.
       auto& st = self->state;
-      if (!lead_only)
-        fire_due(self);
-      st.polls.push_back(self->make_response_promise());
+      st.polls.push_back(std::move(ticket));
       refresh_leadership(self);
       reply_if_idle(self);
     },

@@ -112,8 +112,6 @@ class redis_schedule_store final : public schedule_store,
   std::optional<schedule_claim> claim(std::string_view id,
                                       std::string_view owner, time_point now,
                                       std::chrono::milliseconds lease) override {
-    detail::check_key(owner, "owner");
-    detail::check_ttl(lease, "lease");
     auto k = n_.record(id);
     return read_claim(id, k, c_->eval(lua().schedule_claim, {k},
                                       claim_args(owner, now, lease)));
@@ -121,19 +119,16 @@ class redis_schedule_store final : public schedule_store,
 
   bool renew(std::string_view id, std::string_view owner, std::uint64_t token,
              time_point now, std::chrono::milliseconds lease) override {
-    detail::check_ttl(lease, "lease");
     return flag("script schedule_renew",
                 c_->eval(lua().schedule_renew, {n_.record(id)},
-                         {std::string{owner}, std::to_string(token), ms(now),
-                          std::to_string(lease.count())}));
+                         renew_args(owner, token, now, lease)));
   }
 
   bool commit(std::string_view id, std::string_view owner, std::uint64_t token,
               time_point next_run_at, bool done, time_point now) override {
     return flag("script schedule_commit",
                 c_->eval(lua().schedule_commit, {n_.record(id)},
-                         {std::string{owner}, std::to_string(token),
-                          ms(next_run_at), done ? "1" : "0", ms(now)}));
+                         commit_args(owner, token, next_run_at, done, now)));
   }
 
   bool remove(std::string_view id, time_point now) override {
@@ -148,8 +143,6 @@ class redis_schedule_store final : public schedule_store,
                    done<claim_result> fn) override {
     std::vector<std::string> args;
     try {
-      detail::check_key(owner, "owner");
-      detail::check_ttl(lease, "lease");
       args = claim_args(owner, now, lease);
     } catch (...) {
       fn({}, std::current_exception());
@@ -190,16 +183,15 @@ class redis_schedule_store final : public schedule_store,
   void renew_async(std::string_view id, std::string_view owner,
                    std::uint64_t token, time_point now,
                    std::chrono::milliseconds lease, done<bool> fn) override {
+    std::vector<std::string> args;
     try {
-      detail::check_ttl(lease, "lease");
+      args = renew_args(owner, token, now, lease);
     } catch (...) {
       fn(false, std::current_exception());
       return;
     }
     auto k = n_.record(id);
-    c_->eval_async(k, lua().schedule_renew, {k},
-                   {std::string{owner}, std::to_string(token), ms(now),
-                    std::to_string(lease.count())},
+    c_->eval_async(k, lua().schedule_renew, {k}, std::move(args),
                    settle<bool>(std::move(fn), [](redis_reply& r) {
                      return flag("script schedule_renew", r);
                    }));
@@ -210,8 +202,7 @@ class redis_schedule_store final : public schedule_store,
                     time_point now, done<bool> fn) override {
     auto k = n_.record(id);
     c_->eval_async(k, lua().schedule_commit, {k},
-                   {std::string{owner}, std::to_string(token), ms(next_run_at),
-                    done_flag ? "1" : "0", ms(now)},
+                   commit_args(owner, token, next_run_at, done_flag, now),
                    settle<bool>(std::move(fn), [](redis_reply& r) {
                      return flag("script schedule_commit", r);
                    }));
@@ -247,10 +238,29 @@ class redis_schedule_store final : public schedule_store,
   }
 
  private:
+  // The scripts' arguments, for the synchronous and asynchronous calls
+  // alike (a bad lease throws before anything is sent).
   static std::vector<std::string> claim_args(std::string_view owner,
                                              time_point now,
                                              std::chrono::milliseconds lease) {
+    detail::check_key(owner, "owner");
+    detail::check_ttl(lease, "lease");
     return {std::string{owner}, ms(now), std::to_string(lease.count())};
+  }
+
+  static std::vector<std::string> renew_args(std::string_view owner,
+                                             std::uint64_t token, time_point now,
+                                             std::chrono::milliseconds lease) {
+    detail::check_ttl(lease, "lease");
+    return {std::string{owner}, std::to_string(token), ms(now),
+            std::to_string(lease.count())};
+  }
+
+  static std::vector<std::string>
+  commit_args(std::string_view owner, std::uint64_t token, time_point next,
+              bool done, time_point now) {
+    return {std::string{owner}, std::to_string(token), ms(next),
+            done ? "1" : "0", ms(now)};
   }
 
   // The claim script's reply: nil (nothing claimable), or [interrupted,

@@ -3,6 +3,8 @@
 // Internal: small text helpers shared by the parsers and the dispatchers.
 
 #include <cctype>
+#include <exception>
+#include <string>
 #include <string_view>
 
 namespace botmesh::internal {
@@ -31,6 +33,19 @@ inline bool ascii_iequals(std::string_view a, std::string_view b) noexcept {
       return false;
   }
   return true;
+}
+
+/// The text of the exception `e` holds, for logs and error events;
+/// "unknown error" for one that is not a std::exception or says nothing.
+inline std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    if (*x.what() != '\0')
+      return x.what();
+  } catch (...) {
+  }
+  return "unknown error";
 }
 
 } // namespace botmesh::internal
