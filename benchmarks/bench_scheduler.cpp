@@ -142,27 +142,11 @@ void timers() {
       }
     }
     double bare = seconds_since(t0);
-    // Baseline: the same queue, each due job run on the handler pool.
-    fired = 0;
-    double base = 0;
-    {
-      botmesh::internal::worker_pool pool{2, 8};
-      auto t1 = clk::now();
-      std::priority_queue<item, std::vector<item>, decltype(cmp)> q{cmp};
-      for (int i = 0; i < n; ++i)
-        q.emplace(1 + i % 100, [&] { fired.fetch_add(1); });
-      while (!q.empty()) {
-        pool.post(std::move(const_cast<item&>(q.top()).second));
-        q.pop();
-      }
-      await_count(fired, n);
-      base = seconds_since(t1);
-    }
-    // Baseline: the same, its due jobs posted in batches of 256 (one lock
-    // and only the wake-ups needed per batch), as the timer actor posts.
-    fired = 0;
-    double batched = 0;
-    {
+    // Baselines: the same queue, its due jobs run on the handler pool,
+    // posted one by one or in batches of 256 (one lock and only the
+    // wake-ups needed per batch, as the timer actor posts).
+    auto on_pool = [&](std::size_t batch_size) {
+      fired = 0;
       botmesh::internal::worker_pool pool{2, 8};
       auto t1 = clk::now();
       std::priority_queue<item, std::vector<item>, decltype(cmp)> q{cmp};
@@ -170,14 +154,21 @@ void timers() {
         q.emplace(1 + i % 100, [&] { fired.fetch_add(1); });
       std::vector<std::function<void()>> batch;
       while (!q.empty()) {
-        batch.push_back(std::move(const_cast<item&>(q.top()).second));
+        auto& job = const_cast<item&>(q.top()).second;
+        if (batch_size == 1) {
+          pool.post(std::move(job));
+        } else {
+          batch.push_back(std::move(job));
+          if (batch.size() == batch_size || q.size() == 1)
+            pool.post_batch(batch);
+        }
         q.pop();
-        if (batch.size() == 256 || q.empty())
-          pool.post_batch(batch);
       }
       await_count(fired, n);
-      batched = seconds_since(t1);
-    }
+      return seconds_since(t1);
+    };
+    double base = on_pool(1);
+    double batched = on_pool(256);
     // The scheduler: arm through the facade, fire through the timer actor.
     botmesh::manual_clock mc{botmesh::parse_iso8601("2026-01-01T00:00:00Z")};
     botmesh::scheduler s{{.clock = &mc, .threads = 8}};

@@ -15,6 +15,9 @@
 #include <botmesh/stores/internal/async_schedule_store.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>
 
+#include "forwarding_schedule_store.hpp"
+#include "test_util.hpp"
+
 using namespace std::chrono_literals;
 using botmesh::missed_policy;
 using botmesh::scheduled_run;
@@ -723,10 +726,9 @@ namespace {
 // A memory schedule store whose calls a test can fail or hold back; with
 // `async` it also has the asynchronous face (answered inline unless held),
 // like the Redis store's.
-class test_store final : public botmesh::schedule_store,
+class test_store final : public test::forwarding_schedule_store,
                          public botmesh::internal::async_schedule_store {
  public:
-  botmesh::memory_schedule_store inner;
   std::atomic<int> failing_commits{0};  // the next N commits throw
   std::atomic<bool> stopped{false};     // set by the test after stop()
   std::atomic<int> calls_after_stop{0}; // claims/commits seen while set
@@ -738,25 +740,12 @@ class test_store final : public botmesh::schedule_store,
   bool blocks() const noexcept override {
     return false;
   }
-  std::optional<botmesh::schedule_record> get(std::string_view id) override {
-    return inner.get(id);
-  }
-  botmesh::schedule_record register_task(std::string_view id,
-                                         std::string_view spec,
-                                         botmesh::time_point first,
-                                         botmesh::time_point now) override {
-    return inner.register_task(id, spec, first, now);
-  }
   std::optional<botmesh::schedule_claim>
   claim(std::string_view id, std::string_view owner, botmesh::time_point now,
         std::chrono::milliseconds lease) override {
     if (stopped.load())
       ++calls_after_stop;
     return inner.claim(id, owner, now, lease);
-  }
-  bool renew(std::string_view id, std::string_view owner, std::uint64_t token,
-             botmesh::time_point now, std::chrono::milliseconds lease) override {
-    return inner.renew(id, owner, token, now, lease);
   }
   bool commit(std::string_view id, std::string_view owner, std::uint64_t token,
               botmesh::time_point next, bool done_flag,
@@ -768,12 +757,6 @@ class test_store final : public botmesh::schedule_store,
       throw botmesh::error(botmesh::errc::store_error, "store is down");
     }
     return inner.commit(id, owner, token, next, done_flag, now);
-  }
-  bool remove(std::string_view id, botmesh::time_point now) override {
-    return inner.remove(id, now);
-  }
-  std::vector<botmesh::schedule_record> list() override {
-    return inner.list();
   }
 
   // The asynchronous face: the synchronous calls, answered inline.
@@ -833,16 +816,6 @@ class test_store final : public botmesh::schedule_store,
   }
 };
 
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit = 10s) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline)
-      return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 } // namespace
 
@@ -856,7 +829,7 @@ TEST_CASE("a started durable task goes on after a failed commit") {
   s.start();
   // The failed commit leaves the claim's lease: the slot is taken again
   // once it ran out, as interrupted, and the task goes on after that.
-  bool went_on = eventually([&] { return rec.count() >= 3; });
+  bool went_on = test::eventually([&] { return rec.count() >= 3; });
   s.stop();
   CHECK(went_on);
   CHECK(rec.logs_containing("committing job failed") == 1);
@@ -878,18 +851,18 @@ TEST_CASE("a late renewal reply for an earlier claim does not hold back the "
             rec.handler()(r);
             if (r.fencing_token == 1) {
               // Long enough for one renewal, which the store holds back.
-              eventually([&] { return store->renewals_of(1) == 1; });
+              test::eventually([&] { return store->renewals_of(1) == 1; });
             } else if (r.fencing_token == 2) {
-              eventually([&] { return second_may_end.load(); });
+              test::eventually([&] { return second_may_end.load(); });
             }
           });
   s.start();
-  REQUIRE(eventually([&] { return rec.count() >= 2; }));
+  REQUIRE(test::eventually([&] { return rec.count() >= 2; }));
   // The second claim runs past its first renewal (100 ms) and any wake-up
   // left from before it; the first claim's renewal answers only then.
   std::this_thread::sleep_for(250ms);
   CHECK(store->answer_held());
-  bool renewed = eventually([&] { return store->renewals_of(2) >= 2; }, 5s);
+  bool renewed = test::eventually([&] { return store->renewals_of(2) >= 2; }, 5s);
   second_may_end = true;
   s.stop();
   CHECK(renewed);

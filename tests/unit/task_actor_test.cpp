@@ -15,6 +15,8 @@
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include <botmesh/actors/scheduler.hpp>
+
+#include "forwarding_schedule_store.hpp"
 #include <botmesh/scheduler/cron.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>
 
@@ -83,47 +85,29 @@ struct virtual_time final : botmesh::clock {
 
 // The memory store, declared blocking: its calls go through the store-I/O
 // actor, as a SQLite or Redis store's would.
-class io_store final : public botmesh::schedule_store {
+class io_store final : public test::forwarding_schedule_store {
  public:
   bool blocks() const noexcept override {
     return true;
-  }
-  std::optional<botmesh::schedule_record> get(std::string_view id) override {
-    return inner_.get(id);
-  }
-  botmesh::schedule_record register_task(std::string_view id,
-                                         std::string_view spec,
-                                         botmesh::time_point first_run,
-                                         botmesh::time_point now) override {
-    return inner_.register_task(id, spec, first_run, now);
   }
   std::optional<botmesh::schedule_claim>
   claim(std::string_view id, std::string_view owner, botmesh::time_point now,
         std::chrono::milliseconds lease) override {
     ++calls;
-    return inner_.claim(id, owner, now, lease);
+    return inner.claim(id, owner, now, lease);
   }
   bool renew(std::string_view id, std::string_view owner, std::uint64_t token,
              botmesh::time_point now, std::chrono::milliseconds lease) override {
     ++calls;
-    return inner_.renew(id, owner, token, now, lease);
+    return inner.renew(id, owner, token, now, lease);
   }
   bool commit(std::string_view id, std::string_view owner, std::uint64_t token,
               botmesh::time_point next_run_at, bool done,
               botmesh::time_point now) override {
     ++calls;
-    return inner_.commit(id, owner, token, next_run_at, done, now);
-  }
-  bool remove(std::string_view id, botmesh::time_point now) override {
-    return inner_.remove(id, now);
-  }
-  std::vector<botmesh::schedule_record> list() override {
-    return inner_.list();
+    return inner.commit(id, owner, token, next_run_at, done, now);
   }
   int calls = 0; // claims, renewals and commits
-
- private:
-  botmesh::memory_schedule_store inner_;
 };
 
 botmesh::time_point t0() {
