@@ -1,6 +1,8 @@
 #include <botmesh/providers/http/http_server.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -8,12 +10,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include <boost/asio/dispatch.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <fmt/format.h>
@@ -27,6 +28,7 @@ namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = net::ip::tcp;
+using steady = std::chrono::steady_clock;
 
 // -- request ------------------------------------------------------------------
 
@@ -91,41 +93,60 @@ std::string percent_decode(std::string_view s) {
 
 // -- sessions -----------------------------------------------------------------
 
-namespace {
+namespace internal {
 
 class session;
 
 using route_table = std::unordered_map<std::string, std::shared_ptr<handler>>;
 
+void route_key(std::string& out, std::string_view method, std::string_view path) {
+  out.clear();
+  out.reserve(method.size() + path.size() + 1);
+  out += method;
+  out.push_back(' ');
+  out += path;
+}
+
 std::string route_key(std::string_view method, std::string_view path) {
   std::string k;
-  k.reserve(method.size() + path.size() + 1);
-  k += method;
-  k.push_back(' ');
-  k += path;
+  route_key(k, method, path);
   return k;
 }
 
-} // namespace
-
-namespace internal {
+/// One I/O thread: its own io_context, the connections it owns and its
+/// view of the routes. Everything here is touched by that thread only
+/// (after `start`, until `stop` has joined it), so a connection needs no
+/// strand and no lock.
+struct io_thread {
+  net::io_context ioc{1};
+  std::thread thread;
+  /// Wakes every `sweep_period` to close connections past their deadline:
+  /// one timer a thread instead of a timer operation per read and write.
+  net::steady_timer sweep{ioc};
+  session* first = nullptr; ///< the connections of this thread (a list)
+  std::uint64_t routes_seen = ~std::uint64_t{0};
+  std::shared_ptr<const route_table> routes;
+  std::string key; ///< scratch for route lookups
+};
 
 struct server_state : std::enable_shared_from_this<server_state> {
   server_options opts;
-  net::io_context ioc;
-  std::optional<tcp::acceptor> acceptor;
-  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<io_thread>> io;
+  std::optional<tcp::acceptor> acceptor; // runs on io[0]
+  std::size_t next_io = 0;               // the acceptor's, round robin
   std::uint16_t bound_port = 0;
+  std::chrono::milliseconds sweep_period{250};
 
   std::mutex routes_mtx;
   std::shared_ptr<const route_table> routes = std::make_shared<route_table>();
+  std::atomic<std::uint64_t> routes_version{0};
   std::unordered_set<std::string> routed_paths; // under routes_mtx
   std::shared_ptr<const std::unordered_set<std::string>> paths =
     std::make_shared<std::unordered_set<std::string>>();
 
   std::mutex sessions_mtx;
   std::condition_variable sessions_cv;
-  std::unordered_map<session*, std::weak_ptr<session>> sessions;
+  std::size_t live = 0; // connections accepted and not closed
   std::atomic<bool> stopping{false};
   bool started = false;
   bool stopped = false;
@@ -135,12 +156,27 @@ struct server_state : std::enable_shared_from_this<server_state> {
     n_too_large{0}, n_timeouts{0}, n_bad{0};
 
   explicit server_state(server_options o) : opts(std::move(o)) {
-    // nop
+    for (std::size_t n = 0; n < opts.io_threads; ++n)
+      io.push_back(std::make_unique<io_thread>());
+    // Timeouts are kept to within an eighth of the shortest one.
+    auto shortest = std::min({opts.header_timeout.ms(), opts.read_timeout.ms(),
+                              opts.idle_timeout.ms()});
+    sweep_period = std::clamp(shortest / 8, std::chrono::milliseconds{5},
+                              std::chrono::milliseconds{250});
   }
 
-  std::shared_ptr<const route_table> table() {
-    std::lock_guard guard{routes_mtx};
-    return routes;
+  /// The route for `method` and `path`, as `t` last saw the table; it
+  /// looks again (under the lock) only when the routes changed.
+  const handler* find(io_thread& t, std::string_view method, std::string_view path) {
+    auto v = routes_version.load(std::memory_order_acquire);
+    if (v != t.routes_seen) {
+      std::lock_guard guard{routes_mtx};
+      t.routes = routes;
+      t.routes_seen = routes_version.load(std::memory_order_relaxed);
+    }
+    route_key(t.key, method, path);
+    auto it = t.routes->find(t.key);
+    return it == t.routes->end() ? nullptr : it->second.get();
   }
 
   std::shared_ptr<const std::unordered_set<std::string>> known_paths() {
@@ -149,8 +185,12 @@ struct server_state : std::enable_shared_from_this<server_state> {
   }
 
   void do_accept();
-  void add(const std::shared_ptr<session>& s);
-  void remove(session* s);
+  void arm_sweep(io_thread& t);
+  void closed() {
+    std::lock_guard guard{sessions_mtx};
+    if (--live == 0)
+      sessions_cv.notify_all();
+  }
 };
 
 /// One request waiting for its answer: the link from a `responder` back to
@@ -161,151 +201,324 @@ struct exchange {
   ~exchange();
 };
 
-} // namespace internal
-
-namespace {
-
-class session : public std::enable_shared_from_this<session> {
+/// Beast's parser, writing straight into the connection's `request` (whose
+/// strings keep their capacity from one request to the next) instead of
+/// into a field container allocated per request.
+class request_reader final : public bhttp::basic_parser<true> {
  public:
-  session(tcp::socket&& socket, std::shared_ptr<internal::server_state> srv)
-    : stream_(std::move(socket)), srv_(std::move(srv)) {
+  explicit request_reader(request& r) : r_(r) {
     // nop
   }
 
+ private:
+  void on_request_impl(bhttp::verb, beast::string_view method,
+                       beast::string_view target, int, beast::error_code&) override {
+    r_.method.assign(method.data(), method.size());
+    r_.target.assign(target.data(), target.size());
+    r_.body.clear();
+  }
+
+  void on_response_impl(int, beast::string_view, int, beast::error_code&) override {
+    // requests only
+  }
+
+  void on_field_impl(bhttp::field, beast::string_view name,
+                     beast::string_view value, beast::error_code&) override {
+    if (n_ == r_.headers.size())
+      r_.headers.emplace_back();
+    auto& [k, v] = r_.headers[n_++];
+    k.assign(name.data(), name.size());
+    for (auto& c : k)
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    v.assign(value.data(), value.size());
+  }
+
+  void on_header_impl(beast::error_code&) override {
+    r_.headers.resize(n_);
+  }
+
+  void on_body_init_impl(const boost::optional<std::uint64_t>& length,
+                         beast::error_code&) override {
+    if (length) // at most the body limit: the parser checked it
+      r_.body.reserve(static_cast<std::size_t>(*length) + request::body_padding);
+  }
+
+  std::size_t on_body_impl(beast::string_view s, beast::error_code&) override {
+    r_.body.append(s.data(), s.size());
+    return s.size();
+  }
+
+  void on_chunk_header_impl(std::uint64_t, beast::string_view,
+                            beast::error_code&) override {
+    // nop
+  }
+
+  std::size_t on_chunk_body_impl(std::uint64_t, beast::string_view s,
+                                 beast::error_code&) override {
+    r_.body.append(s.data(), s.size());
+    return s.size();
+  }
+
+  void on_finish_impl(beast::error_code&) override {
+    // Zeroed spare capacity after the body, so a JSON parser that reads
+    // past the end (simdjson) needs no padded copy.
+    auto n = r_.body.size();
+    r_.body.append(request::body_padding, '\0');
+    r_.body.resize(n);
+  }
+
+  request& r_;
+  std::size_t n_ = 0;
+};
+
+bool clean_header_text(std::string_view s) {
+  return s.find_first_of("\r\n") == std::string_view::npos;
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size())
+    return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i]))
+        != std::tolower(static_cast<unsigned char>(b[i])))
+      return false;
+  return true;
+}
+
+/// The bytes of `r` (HTTP/1.1), into `out`.
+void serialize(const response& r, bool keep_alive, std::string& out) {
+  out.clear();
+  auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(r.status));
+  fmt::format_to(std::back_inserter(out), "HTTP/1.1 {} {}\r\n", r.status,
+                 std::string_view{reason.data(), reason.size()});
+  // 1xx, 204 and 304 carry no body (RFC 9110 6.4.1).
+  bool bodyless = r.status < 200 || r.status == 204 || r.status == 304;
+  bool own_type = false;
+  for (auto& [k, v] : r.headers) {
+    if (iequals(k, "content-length") || iequals(k, "connection")
+        || iequals(k, "transfer-encoding"))
+      continue; // the server's to set
+    if (!clean_header_text(k) || !clean_header_text(v) || k.empty()) {
+      log::error("http", fmt::format("response header {:?} dropped: a name or "
+                                     "value with CR or LF",
+                                     k));
+      continue;
+    }
+    own_type = own_type || iequals(k, "content-type");
+    out += k;
+    out += ": ";
+    out += v;
+    out += "\r\n";
+  }
+  if (!bodyless) {
+    if (!own_type) {
+      out += "Content-Type: ";
+      out += r.content_type;
+      out += "\r\n";
+    }
+    fmt::format_to(std::back_inserter(out), "Content-Length: {}\r\n",
+                   r.body.size());
+  }
+  if (!keep_alive)
+    out += "Connection: close\r\n";
+  out += "\r\n";
+  if (!bodyless)
+    out += r.body;
+}
+
+/// A connection. It lives on one I/O thread; `answer` is the only member
+/// called from elsewhere, and it posts. Its deadline is a field the
+/// thread's sweep reads.
+class session : public std::enable_shared_from_this<session> {
+ public:
+  session(tcp::socket&& socket, std::shared_ptr<server_state> srv, io_thread& t)
+    : socket_(std::move(socket)), srv_(std::move(srv)), t_(t) {
+    // nop
+  }
+
+  /// On the connection's thread.
   void start() {
-    net::dispatch(stream_.get_executor(),
-                  beast::bind_front_handler(&session::read_header,
-                                            shared_from_this()));
+    next_ = t_.first;
+    if (next_)
+      next_->prev_ = this;
+    t_.first = this;
+    linked_ = true;
+    beast::error_code ec;
+    socket_.non_blocking(true, ec);
+    if (ec)
+      return close();
+    read_request();
   }
 
-  /// Called on stop (from any thread): close idle connections, let the
-  /// one answering finish with `Connection: close`.
+  /// On stop (on the connection's thread): close an idle connection, let
+  /// the one answering finish with `Connection: close`.
   void shutdown() {
-    net::post(stream_.get_executor(), [self = shared_from_this()] {
-      self->closing_ = true;
-      if (!self->handling_)
-        self->close();
-    });
-  }
-
-  /// Closes at once (from any thread), whatever it was doing.
-  void abort() {
-    net::post(stream_.get_executor(),
-              [self = shared_from_this()] { self->close(); });
+    closing_ = true;
+    if (!handling_)
+      close();
   }
 
   /// The answer to the current request (from any thread).
   void answer(response r) {
-    net::post(stream_.get_executor(),
-              [self = shared_from_this(), r = std::move(r)]() mutable {
-                self->write(std::move(r));
-              });
+    net::post(t_.ioc, [self = shared_from_this(), r = std::move(r)]() mutable {
+      self->write(std::move(r));
+    });
   }
 
+  /// Called by the sweep: closes the connection when its deadline passed.
+  void check(steady::time_point now) {
+    if (now >= deadline_) {
+      ++srv_->n_timeouts;
+      close();
+    }
+  }
+
+  /// Closes at once, whatever it was doing (on the connection's thread, or
+  /// after the threads were joined).
+  void close() {
+    if (closed_)
+      return;
+    closed_ = true;
+    deadline_ = steady::time_point::max();
+    if (linked_) {
+      (prev_ ? prev_->next_ : t_.first) = next_;
+      if (next_)
+        next_->prev_ = prev_;
+      linked_ = false;
+    }
+    beast::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+    srv_->closed();
+  }
+
+  session* next_ = nullptr;
+
  private:
-  void read_header() {
+  void read_request() {
     if (closing_ || srv_->stopping) {
       close();
       return;
     }
-    parser_.emplace();
+    parser_.emplace(req_);
+    parser_->eager(true);
     parser_->body_limit(srv_->opts.max_body_bytes);
     parser_->header_limit(16 * 1024);
+    header_done_ = false;
     auto& o = srv_->opts;
-    stream_.expires_after(served_ == 0 ? o.header_timeout.ms()
-                                       : o.idle_timeout.ms());
-    bhttp::async_read_header(stream_, buffer_, *parser_,
-                             beast::bind_front_handler(&session::on_header,
-                                                       shared_from_this()));
+    deadline_ = steady::now()
+                + (served_ == 0 ? o.header_timeout.ms() : o.idle_timeout.ms());
+    parse();
   }
 
-  void on_header(beast::error_code ec, std::size_t) {
-    if (ec)
-      return fail(ec);
-    if (parser_->is_done())
-      return on_body({}, 0);
-    stream_.expires_after(srv_->opts.read_timeout.ms());
-    bhttp::async_read(stream_, buffer_, *parser_,
-                      beast::bind_front_handler(&session::on_body,
-                                                shared_from_this()));
-  }
-
-  void on_body(beast::error_code ec, std::size_t) {
-    if (ec)
-      return fail(ec);
-    stream_.expires_never();
-    auto msg = parser_->release();
-    keep_alive_ = msg.keep_alive();
-    request req;
-    req.method = std::string{msg.method_string()};
-    req.target = std::string{msg.target()};
-    req.headers.reserve(8);
-    for (auto& f : msg) {
-      std::string name{f.name_string()};
-      for (auto& c : name)
-        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      req.headers.emplace_back(std::move(name), std::string{f.value()});
+  /// Feeds what is buffered to the parser; reads more when it needs more.
+  void parse() {
+    while (buffer_.size() > 0) {
+      beast::error_code ec;
+      auto used = parser_->put(buffer_.data(), ec);
+      buffer_.consume(used);
+      if (ec == bhttp::error::need_more)
+        break;
+      if (ec)
+        return fail(ec);
+      if (!header_done_ && parser_->is_header_done()) {
+        header_done_ = true;
+        deadline_ = steady::now() + srv_->opts.read_timeout.ms();
+      }
+      if (parser_->is_done())
+        return dispatch();
+      if (used == 0)
+        break;
     }
-    req.body = std::move(msg.body());
+    // Asio tries the read at once and waits on the reactor only when
+    // nothing is there yet.
+    socket_.async_read_some(buffer_.prepare(read_chunk),
+                            [self = shared_from_this()](beast::error_code ec,
+                                                        std::size_t n) {
+                              self->on_read(ec, n);
+                            });
+  }
+
+  void on_read(beast::error_code ec, std::size_t n) {
+    if (closed_)
+      return;
+    if (ec)
+      return fail(ec);
+    buffer_.commit(n);
+    parse();
+  }
+
+  void dispatch() {
+    keep_alive_ = parser_->keep_alive();
+    parser_.reset();
     handling_ = true;
+    deadline_ = steady::time_point::max(); // the bot's turn is not timed here
     ++served_;
-    auto table = srv_->table();
-    auto it = table->find(route_key(req.method, req.path()));
-    if (it == table->end()) {
+    auto* h = srv_->find(t_, req_.method, req_.path());
+    if (!h) {
       ++srv_->n_not_found;
       auto known = srv_->known_paths();
-      write(response{known->count(std::string{req.path()}) ? 405 : 404,
+      write(response{known->count(std::string{req_.path()}) ? 405 : 404,
                      {}, "text/plain; charset=utf-8", {}});
       return;
     }
     ++srv_->n_requests;
-    auto x = std::make_shared<internal::exchange>();
+    auto x = std::make_shared<exchange>();
     x->conn = shared_from_this();
-    responder r{x};
+    responder r{std::move(x)};
     try {
-      (*it->second)(req, r);
+      (*h)(req_, r);
     } catch (const std::exception& e) {
       r.respond(response{500, "internal error", "text/plain; charset=utf-8", {}});
-      log::error("http", fmt::format("handler for {} {} threw: {}", req.method,
-                                     req.path(), e.what()));
+      log::error("http", fmt::format("handler for {} {} threw: {}", req_.method,
+                                     req_.path(), e.what()));
     } catch (...) {
       r.respond(500);
     }
   }
 
   void write(response r) {
-    if (!handling_ || writing_)
+    if (closed_ || !handling_ || writing_)
       return; // a stale answer
     writing_ = true;
-    auto res = std::make_shared<bhttp::response<bhttp::string_body>>();
-    res->result(static_cast<unsigned>(r.status));
-    res->version(11);
-    if (!r.body.empty() || r.status >= 200)
-      res->set(bhttp::field::content_type, r.content_type);
-    for (auto& [k, v] : r.headers)
-      res->set(k, v);
-    res->body() = std::move(r.body);
     bool keep = keep_alive_ && !closing_ && !srv_->stopping && r.status != 413
                 && r.status != 400 && r.status != 431;
-    res->keep_alive(keep);
-    res->prepare_payload();
-    stream_.expires_after(srv_->opts.read_timeout.ms());
-    bhttp::async_write(stream_, *res,
-                       [self = shared_from_this(), res, keep](
-                         beast::error_code ec, std::size_t) {
-                         self->writing_ = false;
-                         self->handling_ = false;
-                         if (ec || !keep)
-                           return self->close();
-                         self->read_header();
-                       });
+    serialize(r, keep, out_);
+    // Most answers fit the socket's buffer: written here, with no
+    // asynchronous operation and no completion to run.
+    std::size_t sent = 0;
+    while (sent < out_.size()) {
+      beast::error_code ec;
+      auto n = socket_.write_some(net::buffer(out_.data() + sent, out_.size() - sent), ec);
+      if (ec == net::error::would_block || ec == net::error::try_again)
+        break;
+      if (ec)
+        return close();
+      sent += n;
+    }
+    if (sent == out_.size())
+      return written(keep);
+    deadline_ = steady::now() + srv_->opts.read_timeout.ms();
+    net::async_write(socket_, net::buffer(out_.data() + sent, out_.size() - sent),
+                     [self = shared_from_this(), keep](beast::error_code ec,
+                                                       std::size_t) {
+                       if (self->closed_)
+                         return;
+                       if (ec)
+                         return self->close();
+                       self->written(keep);
+                     });
+  }
+
+  void written(bool keep) {
+    writing_ = false;
+    handling_ = false;
+    if (!keep)
+      return close();
+    read_request();
   }
 
   void fail(beast::error_code ec) {
-    if (ec == beast::error::timeout) {
-      ++srv_->n_timeouts;
-      return close();
-    }
     if (ec == bhttp::error::body_limit) {
       ++srv_->n_too_large;
       handling_ = true;
@@ -319,11 +532,6 @@ class session : public std::enable_shared_from_this<session> {
       keep_alive_ = false;
       return write(response{431, {}, "text/plain; charset=utf-8", {}});
     }
-    if (ec == bhttp::error::end_of_stream || ec == net::error::eof
-        || ec == net::error::operation_aborted
-        || ec == net::error::connection_reset
-        || ec == bhttp::error::partial_message)
-      return close();
     if (&ec.category()
         == &bhttp::make_error_code(bhttp::error::bad_target).category()) {
       ++srv_->n_bad;
@@ -331,34 +539,29 @@ class session : public std::enable_shared_from_this<session> {
       keep_alive_ = false;
       return write(response{400, "bad request", "text/plain; charset=utf-8", {}});
     }
-    close();
+    close(); // end of stream, reset, aborted: nothing to answer
   }
 
-  void close() {
-    if (closed_)
-      return;
-    closed_ = true;
-    beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-    stream_.socket().close(ec);
-    srv_->remove(this);
-  }
+  static constexpr std::size_t read_chunk = 16 * 1024;
 
-  beast::tcp_stream stream_;
-  std::shared_ptr<internal::server_state> srv_;
+  tcp::socket socket_;
+  std::shared_ptr<server_state> srv_;
+  io_thread& t_;
+  session* prev_ = nullptr;
+  bool linked_ = false;
   beast::flat_buffer buffer_;
-  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::optional<request_reader> parser_;
+  request req_;     // reused: its strings keep their capacity
+  std::string out_; // reused: the answer's bytes
+  steady::time_point deadline_ = steady::time_point::max();
   std::uint64_t served_ = 0;
+  bool header_done_ = false;
   bool keep_alive_ = true;
   bool handling_ = false;
   bool writing_ = false;
   bool closing_ = false;
   bool closed_ = false;
 };
-
-} // namespace
-
-namespace internal {
 
 exchange::~exchange() {
   if (!done.exchange(true) && conn)
@@ -387,9 +590,10 @@ bool responder::answered() const noexcept {
 namespace internal {
 
 void server_state::do_accept() {
+  auto& t = *io[next_io];
+  next_io = (next_io + 1) % io.size();
   acceptor->async_accept(
-    net::make_strand(ioc),
-    [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+    t.ioc, [self = shared_from_this(), &t](beast::error_code ec, tcp::socket socket) {
       if (ec) {
         if (ec == net::error::operation_aborted || self->stopping)
           return;
@@ -397,25 +601,31 @@ void server_state::do_accept() {
         beast::error_code ignored;
         socket.set_option(tcp::no_delay{true}, ignored);
         ++self->n_connections;
-        auto s = std::make_shared<session>(std::move(socket), self);
-        self->add(s);
-        s->start();
+        {
+          std::lock_guard guard{self->sessions_mtx};
+          ++self->live;
+        }
+        auto s = std::make_shared<session>(std::move(socket), self, t);
+        net::post(t.ioc, [s] { s->start(); });
       }
       if (!self->stopping)
         self->do_accept();
     });
 }
 
-void server_state::add(const std::shared_ptr<session>& s) {
-  std::lock_guard guard{sessions_mtx};
-  sessions.emplace(s.get(), s);
-}
-
-void server_state::remove(session* s) {
-  std::lock_guard guard{sessions_mtx};
-  sessions.erase(s);
-  if (sessions.empty())
-    sessions_cv.notify_all();
+void server_state::arm_sweep(io_thread& t) {
+  t.sweep.expires_after(sweep_period);
+  t.sweep.async_wait([this, &t](beast::error_code ec) {
+    if (ec)
+      return;
+    auto now = steady::now();
+    for (auto* s = t.first; s;) {
+      auto* next = s->next_; // check() may unlink s
+      s->check(now);
+      s = next;
+    }
+    arm_sweep(t);
+  });
 }
 
 } // namespace internal
@@ -448,18 +658,19 @@ server::~server() {
 void server::route(std::string method, std::string path, handler h) {
   auto& i = *impl_;
   std::lock_guard guard{i.routes_mtx};
-  auto next = std::make_shared<route_table>(*i.routes);
+  auto next = std::make_shared<internal::route_table>(*i.routes);
   i.routed_paths.insert(path);
-  (*next)[route_key(method, path)] = std::make_shared<handler>(std::move(h));
+  (*next)[internal::route_key(method, path)] = std::make_shared<handler>(std::move(h));
   i.routes = std::move(next);
   i.paths = std::make_shared<std::unordered_set<std::string>>(i.routed_paths);
+  i.routes_version.fetch_add(1, std::memory_order_release);
 }
 
 void server::remove_route(const std::string& method, const std::string& path) {
   auto& i = *impl_;
   std::lock_guard guard{i.routes_mtx};
-  auto next = std::make_shared<route_table>(*i.routes);
-  next->erase(route_key(method, path));
+  auto next = std::make_shared<internal::route_table>(*i.routes);
+  next->erase(internal::route_key(method, path));
   bool still = false;
   for (auto& [k, v] : *next)
     if (std::string_view{k}.substr(k.find(' ') + 1) == path)
@@ -468,6 +679,7 @@ void server::remove_route(const std::string& method, const std::string& path) {
     i.routed_paths.erase(path);
   i.routes = std::move(next);
   i.paths = std::make_shared<std::unordered_set<std::string>>(i.routed_paths);
+  i.routes_version.fetch_add(1, std::memory_order_release);
 }
 
 void server::start() {
@@ -478,7 +690,7 @@ void server::start() {
   try {
     auto addr = net::ip::make_address(i.opts.address);
     tcp::endpoint ep{addr, i.opts.port};
-    i.acceptor.emplace(i.ioc);
+    i.acceptor.emplace(i.io.front()->ioc);
     i.acceptor->open(ep.protocol());
     i.acceptor->set_option(net::socket_base::reuse_address(true));
     i.acceptor->bind(ep);
@@ -492,8 +704,10 @@ void server::start() {
   }
   i.started = true;
   i.do_accept();
-  for (std::size_t n = 0; n < i.opts.io_threads; ++n)
-    i.threads.emplace_back([p = impl_] { p->ioc.run(); });
+  for (auto& t : i.io) {
+    i.arm_sweep(*t);
+    t->thread = std::thread{[p = impl_, t = t.get()] { t->ioc.run(); }};
+  }
 }
 
 void server::stop() {
@@ -503,49 +717,46 @@ void server::stop() {
     return;
   i.stopped = true;
   i.stopping = true;
-  net::post(i.ioc, [p = impl_] {
+  net::post(i.io.front()->ioc, [p = impl_] {
     beast::error_code ec;
     p->acceptor->close(ec);
   });
-  std::vector<std::shared_ptr<session>> live;
-  {
-    std::lock_guard g{i.sessions_mtx};
-    for (auto& [ptr, weak] : i.sessions)
-      if (auto s = weak.lock())
-        live.push_back(std::move(s));
-  }
-  for (auto& s : live)
-    s->shutdown();
-  live.clear();
+  for (auto& t : i.io)
+    net::post(t->ioc, [t = t.get()] {
+      for (auto* s = t->first; s;) {
+        auto* next = s->next_; // shutdown() may unlink s
+        s->shutdown();
+        s = next;
+      }
+    });
   {
     std::unique_lock g{i.sessions_mtx};
     i.sessions_cv.wait_for(g, i.opts.shutdown_timeout.ms(),
-                           [&] { return i.sessions.empty(); });
+                           [&] { return i.live == 0; });
   }
-  i.ioc.stop();
-  for (auto& t : i.threads)
-    t.join();
-  i.threads.clear();
-  // Close what is left (past the bound) and run the handlers that
-  // cancellation completes, so nothing keeps the server's state alive.
-  {
-    std::lock_guard g{i.sessions_mtx};
-    for (auto& [ptr, weak] : i.sessions)
-      if (auto s = weak.lock())
-        live.push_back(std::move(s));
+  for (auto& t : i.io)
+    t->ioc.stop();
+  for (auto& t : i.io)
+    t->thread.join();
+  // The threads are gone: close what is left (past the bound) from here,
+  // then run what cancellation completes, so nothing keeps the server's
+  // state alive.
+  for (auto& t : i.io) {
+    while (t->first)
+      t->first->close();
+    t->sweep.cancel();
   }
-  for (auto& s : live)
-    s->abort();
-  live.clear();
-  i.ioc.restart();
-  i.ioc.poll();
+  for (auto& t : i.io) {
+    t->ioc.restart();
+    t->ioc.poll();
+  }
 }
 
 void server::after(std::chrono::milliseconds delay, std::function<void()> fn) {
   auto& i = *impl_;
   if (i.stopping)
     return;
-  auto timer = std::make_shared<net::steady_timer>(i.ioc, delay);
+  auto timer = std::make_shared<net::steady_timer>(i.io.front()->ioc, delay);
   timer->async_wait([timer, fn = std::move(fn)](beast::error_code ec) {
     if (!ec)
       fn();

@@ -18,8 +18,14 @@
 
 namespace botmesh::http {
 
-/// One request as a handler sees it. Header names are lower case.
+/// One request as a handler sees it. Header names are lower case. The
+/// server reuses it for the connection's next request: a handler copies or
+/// moves out what it keeps past its call.
 struct request {
+  /// `body` is followed by at least this many zero bytes of its capacity,
+  /// so a parser that reads past the end (simdjson) can read it in place.
+  static constexpr std::size_t body_padding = 64;
+
   std::string method{}; ///< "GET", "POST"...
   std::string target{}; ///< path and query, as sent: "/whatsapp?hub.mode=x"
   std::vector<std::pair<std::string, std::string>> headers{};

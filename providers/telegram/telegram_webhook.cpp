@@ -110,7 +110,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     }
     internal::parsed_update u;
     try {
-      u = internal::parse_update(req.body, opts.id, true, opts.username);
+      u = internal::parse_update_in_place(req.body, opts.id, true, opts.username);
     } catch (const invalid_argument_error& e) {
       ++n_malformed;
       r.respond({.status = 400, .body = e.what()});

@@ -12,7 +12,9 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <botmesh/providers/http/http_client.hpp>
 #include <botmesh/providers/http/http_server.hpp>
@@ -265,4 +267,133 @@ TEST_CASE("a stopping HTTP server answers the request in flight, closes idle "
   stopping.get();
   http::client fresh{{.connect_timeout = "1s"}};
   CHECK_THROWS_AS(fresh.request({.url = url + "/quick"}), botmesh::error);
+}
+
+TEST_CASE("pipelined requests on one connection are answered in order, and a "
+          "reused request holds nothing of the one before") {
+  http::server s;
+  std::mutex m;
+  std::vector<std::string> seen;
+  s.route("POST", "/p", [&](http::request& req, http::responder r) {
+    auto* a = req.header("x-a");
+    std::lock_guard g{m};
+    seen.push_back(req.body + "|" + (a ? *a : "-") + "|"
+                   + std::to_string(req.headers.size()));
+    r.respond({.body = "echo:" + req.body});
+  });
+  s.start();
+  raw_socket sock{s.port()};
+  // Three requests in one write; the second has fewer headers and the
+  // third a chunked body.
+  sock.send("POST /p HTTP/1.1\r\nHost: x\r\nX-A: one\r\nContent-Length: 5\r\n\r\nfirst"
+            "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+            "POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            "Connection: close\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
+  auto all = sock.read_all();
+  auto first = all.find("echo:first");
+  auto third = all.find("echo:abcde");
+  REQUIRE(first != std::string::npos);
+  REQUIRE(third != std::string::npos);
+  CHECK(first < third);
+  // Three status lines: the second answer is there too, in between.
+  std::size_t lines = 0;
+  for (auto p = all.find("HTTP/1.1 200"); p != std::string::npos;
+       p = all.find("HTTP/1.1 200", p + 1))
+    ++lines;
+  CHECK(lines == 3);
+  CHECK(all.ends_with("echo:abcde"));
+  std::lock_guard g{m};
+  REQUIRE(seen.size() == 3);
+  CHECK(seen[0] == "first|one|3");
+  CHECK(seen[1] == "|-|2");
+  CHECK(seen[2] == "abcde|-|3");
+}
+
+TEST_CASE("an idle keep-alive connection is closed after the idle timeout, a "
+          "busy one is not") {
+  http::server s{{.idle_timeout = "300ms"}};
+  s.route("GET", "/x", [](http::request&, http::responder r) { r.respond(200); });
+  s.start();
+  raw_socket idle{s.port()};
+  idle.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n");
+  raw_socket busy{s.port()};
+  // The busy connection sends a request every 100 ms for 900 ms: each
+  // answered request starts a new idle period.
+  for (int i = 0; i < 9; ++i) {
+    busy.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n");
+    std::this_thread::sleep_for(100ms);
+  }
+  busy.send("GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  auto b = busy.read_all();
+  std::size_t answers = 0;
+  for (auto p = b.find("HTTP/1.1 200"); p != std::string::npos;
+       p = b.find("HTTP/1.1 200", p + 1))
+    ++answers;
+  CHECK(answers == 10);
+  auto a = idle.read_all(); // returns when the server closes it
+  CHECK(a.starts_with("HTTP/1.1 200"));
+  CHECK(test::eventually([&] { return s.stats().timeouts == 1; }));
+}
+
+TEST_CASE("an answer the client does not read is bounded by the read timeout") {
+  http::server s{{.read_timeout = "300ms"}};
+  s.route("GET", "/big", [](http::request&, http::responder r) {
+    r.respond({.body = std::string(64 * 1024 * 1024, 'x')});
+  });
+  s.start();
+  raw_socket sock{s.port()};
+  sock.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n");
+  // Never read: the socket buffers fill, the write waits, the deadline
+  // closes the connection.
+  CHECK(test::eventually([&] { return s.stats().timeouts == 1; }));
+}
+
+TEST_CASE("an HTTP/1.0 request without keep-alive is answered and closed, and "
+          "a response header with a line break is not sent") {
+  http::server s;
+  s.route("GET", "/h", [](http::request&, http::responder r) {
+    r.respond({.body = "ok",
+               .headers = {{"X-Good", "yes"}, {"X-Bad", "a\r\nSet-Cookie: evil=1"}}});
+  });
+  s.start();
+  raw_socket sock{s.port()};
+  sock.send("GET /h HTTP/1.0\r\n\r\n");
+  auto all = sock.read_all(); // returns because the server closes
+  CHECK(all.starts_with("HTTP/1.1 200 OK\r\n"));
+  CHECK(all.find("X-Good: yes\r\n") != std::string::npos);
+  CHECK(all.find("evil") == std::string::npos);
+  CHECK(all.find("Connection: close\r\n") != std::string::npos);
+  CHECK(all.ends_with("\r\n\r\nok"));
+}
+
+TEST_CASE("a server with several I/O threads answers many connections at once") {
+  http::server s{{.io_threads = 3}};
+  std::atomic<int> calls{0};
+  s.route("POST", "/n", [&](http::request& req, http::responder r) {
+    ++calls;
+    // Half answered later, from another thread.
+    if (req.body.back() % 2 == 0)
+      r.respond({.body = req.body});
+    else
+      std::thread{[r, b = req.body] { r.respond({.body = b}); }}.detach();
+  });
+  s.start();
+  std::vector<std::future<int>> clients;
+  for (int c = 0; c < 12; ++c)
+    clients.push_back(std::async(std::launch::async, [&, c] {
+      http::client cl;
+      int ok = 0;
+      for (int i = 0; i < 50; ++i) {
+        auto body = std::to_string(c * 1000 + i);
+        auto res = cl.request({.url = s.url() + "/n", .body = body});
+        ok += res.status == 200 && res.body == body;
+      }
+      return ok;
+    }));
+  int ok = 0;
+  for (auto& f : clients)
+    ok += f.get();
+  CHECK(ok == 600);
+  CHECK(calls.load() == 600);
+  CHECK(s.stats().connections == 12);
 }

@@ -228,10 +228,13 @@ simdjson::dom::parser& parser() {
 
 } // namespace
 
-parsed_update parse_update(std::string_view json, std::string_view provider,
-                           bool keep_raw, std::string_view username) {
+namespace {
+
+parsed_update parse_one(const char* data, std::size_t size, bool copy,
+                        std::string_view provider, bool keep_raw,
+                        std::string_view username) {
   element doc;
-  if (auto err = parser().parse(json.data(), json.size(), true).get(doc))
+  if (auto err = parser().parse(data, size, copy).get(doc))
     throw invalid_argument_error(
       "body", fmt::format("telegram update is not valid JSON: {}",
                           simdjson::error_message(err)));
@@ -239,8 +242,24 @@ parsed_update parse_update(std::string_view json, std::string_view provider,
   if (doc.get(u) != simdjson::SUCCESS)
     throw invalid_argument_error("body",
                                  "telegram update is not a JSON object");
-  return read_update(u, provider, keep_raw ? json : std::string_view{},
+  return read_update(u, provider,
+                     keep_raw ? std::string_view{data, size} : std::string_view{},
                      username);
+}
+
+} // namespace
+
+parsed_update parse_update(std::string_view json, std::string_view provider,
+                           bool keep_raw, std::string_view username) {
+  return parse_one(json.data(), json.size(), true, provider, keep_raw, username);
+}
+
+parsed_update parse_update_in_place(const std::string& json, std::string_view provider,
+                           bool keep_raw, std::string_view username) {
+  // simdjson reads up to SIMDJSON_PADDING bytes past the end: spare
+  // capacity that large spares a padded copy of the document.
+  bool copy = json.capacity() - json.size() < simdjson::SIMDJSON_PADDING;
+  return parse_one(json.data(), json.size(), copy, provider, keep_raw, username);
 }
 
 std::vector<parsed_update> parse_updates(std::string_view result_json,

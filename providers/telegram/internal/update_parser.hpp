@@ -43,6 +43,13 @@ parsed_update parse_update(std::string_view json, std::string_view provider,
                            bool keep_raw = true,
                            std::string_view username = {});
 
+/// As above, reading `json` in place when its spare capacity holds the
+/// parser's padding (64 bytes; the HTTP server leaves it after a request
+/// body) instead of copying it into a padded buffer.
+parsed_update parse_update_in_place(const std::string& json, std::string_view provider,
+                           bool keep_raw = true,
+                           std::string_view username = {});
+
 /// Parses a getUpdates answer's `result` array (the raw JSON of the array).
 /// Throws like `parse_update` (field "result").
 std::vector<parsed_update> parse_updates(std::string_view result_json,
