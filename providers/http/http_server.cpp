@@ -133,6 +133,7 @@ struct server_state : std::enable_shared_from_this<server_state> {
   server_options opts;
   std::vector<std::unique_ptr<io_thread>> io;
   std::optional<tcp::acceptor> acceptor; // runs on io[0]
+  std::optional<net::steady_timer> accept_retry; // io[0] too
   std::size_t next_io = 0;               // the acceptor's, round robin
   std::uint16_t bound_port = 0;
   std::chrono::milliseconds sweep_period{250};
@@ -148,12 +149,16 @@ struct server_state : std::enable_shared_from_this<server_state> {
   std::condition_variable sessions_cv;
   std::size_t live = 0; // connections accepted and not closed
   std::atomic<bool> stopping{false};
+  /// Set by stop() once the threads are joined; `posting` counts answers
+  /// being posted, so stop() knows none lands after its last poll.
+  std::atomic<bool> io_finished{false};
+  std::atomic<int> posting{0};
   bool started = false;
   bool stopped = false;
   std::mutex lifecycle_mtx;
 
   std::atomic<std::uint64_t> n_connections{0}, n_requests{0}, n_not_found{0},
-    n_too_large{0}, n_timeouts{0}, n_bad{0};
+    n_too_large{0}, n_timeouts{0}, n_bad{0}, n_accept_errors{0};
 
   explicit server_state(server_options o) : opts(std::move(o)) {
     for (std::size_t n = 0; n < opts.io_threads; ++n)
@@ -186,6 +191,8 @@ struct server_state : std::enable_shared_from_this<server_state> {
 
   void do_accept();
   void arm_sweep(io_thread& t);
+  /// stop()'s work, under lifecycle_mtx.
+  void shut_down();
   void closed() {
     std::lock_guard guard{sessions_mtx};
     if (--live == 0)
@@ -358,11 +365,22 @@ class session : public std::enable_shared_from_this<session> {
       close();
   }
 
-  /// The answer to the current request (from any thread).
+  /// The answer to the current request (from any thread). Dropped once
+  /// the server's I/O has finished: a handler posted to an io_context that
+  /// nobody runs would keep the session and the server's state alive.
   void answer(response r) {
-    net::post(t_.ioc, [self = shared_from_this(), r = std::move(r)]() mutable {
-      self->write(std::move(r));
-    });
+    auto& st = *srv_;
+    st.posting.fetch_add(1); // seq_cst, paired with stop()'s io_finished
+    if (!st.io_finished.load())
+      net::post(t_.ioc, [self = shared_from_this(), r = std::move(r)]() mutable {
+        self->write(std::move(r));
+      });
+    st.posting.fetch_sub(1);
+  }
+
+  /// Closed (from any thread; a hint: it may close right after).
+  bool gone() const noexcept {
+    return gone_.load(std::memory_order_relaxed);
   }
 
   /// Called by the sweep: closes the connection when its deadline passed.
@@ -379,6 +397,7 @@ class session : public std::enable_shared_from_this<session> {
     if (closed_)
       return;
     closed_ = true;
+    gone_.store(true, std::memory_order_relaxed);
     deadline_ = steady::time_point::max();
     if (linked_) {
       (prev_ ? prev_->next_ : t_.first) = next_;
@@ -403,7 +422,7 @@ class session : public std::enable_shared_from_this<session> {
     parser_.emplace(req_);
     parser_->eager(true);
     parser_->body_limit(srv_->opts.max_body_bytes);
-    parser_->header_limit(16 * 1024);
+    parser_->header_limit(header_limit);
     header_done_ = false;
     auto& o = srv_->opts;
     deadline_ = steady::now()
@@ -417,18 +436,24 @@ class session : public std::enable_shared_from_this<session> {
       beast::error_code ec;
       auto used = parser_->put(buffer_.data(), ec);
       buffer_.consume(used);
-      if (ec == bhttp::error::need_more)
-        break;
-      if (ec)
+      bool more = ec == bhttp::error::need_more;
+      if (ec && !more)
         return fail(ec);
+      // Checked before `more`: a header can end in a read that stops
+      // inside the first chunk-size line.
       if (!header_done_ && parser_->is_header_done()) {
         header_done_ = true;
         deadline_ = steady::now() + srv_->opts.read_timeout.ms();
       }
+      if (more || used == 0) {
+        // Nothing taken from a full buffer: a chunk-size line or trailer
+        // that never ends would grow it until the read timeout.
+        if (buffer_.size() >= max_pending)
+          return fail(bhttp::error::bad_chunk);
+        break;
+      }
       if (parser_->is_done())
         return dispatch();
-      if (used == 0)
-        break;
     }
     // Asio tries the read at once and waits on the reactor only when
     // nothing is there yet.
@@ -458,8 +483,10 @@ class session : public std::enable_shared_from_this<session> {
     if (!h) {
       ++srv_->n_not_found;
       auto known = srv_->known_paths();
-      write(response{known->count(std::string{req_.path()}) ? 405 : 404,
-                     {}, "text/plain; charset=utf-8", {}});
+      // Posted, not written here: pipelined unrouted requests would
+      // otherwise recurse (dispatch, write, read, dispatch...).
+      answer(response{known->count(std::string{req_.path()}) ? 405 : 404,
+                      {}, "text/plain; charset=utf-8", {}});
       return;
     }
     ++srv_->n_requests;
@@ -513,6 +540,10 @@ class session : public std::enable_shared_from_this<session> {
   void written(bool keep) {
     writing_ = false;
     handling_ = false;
+    if (out_.capacity() > keep_capacity)
+      std::string{}.swap(out_);
+    if (req_.body.capacity() > keep_capacity)
+      std::string{}.swap(req_.body);
     if (!keep)
       return close();
     read_request();
@@ -543,6 +574,13 @@ class session : public std::enable_shared_from_this<session> {
   }
 
   static constexpr std::size_t read_chunk = 16 * 1024;
+  static constexpr std::size_t header_limit = 16 * 1024;
+  /// Bytes the parser may leave unconsumed (a header in progress is
+  /// bounded by `header_limit` already).
+  static constexpr std::size_t max_pending = header_limit + read_chunk;
+  /// Past a request or an answer this large, the connection gives the
+  /// memory back instead of keeping it for the next one.
+  static constexpr std::size_t keep_capacity = 64 * 1024;
 
   tcp::socket socket_;
   std::shared_ptr<server_state> srv_;
@@ -561,6 +599,7 @@ class session : public std::enable_shared_from_this<session> {
   bool writing_ = false;
   bool closing_ = false;
   bool closed_ = false;
+  std::atomic<bool> gone_{false};
 };
 
 exchange::~exchange() {
@@ -571,7 +610,7 @@ exchange::~exchange() {
 } // namespace internal
 
 bool responder::respond(response r) const {
-  if (!x_ || x_->done.exchange(true))
+  if (!x_ || x_->conn->gone() || x_->done.exchange(true))
     return false;
   x_->conn->answer(std::move(r));
   return true;
@@ -597,7 +636,20 @@ void server_state::do_accept() {
       if (ec) {
         if (ec == net::error::operation_aborted || self->stopping)
           return;
-      } else if (!self->stopping) {
+        // Out of descriptors or memory: accepting again at once would
+        // spin; the pending connections wait in the backlog meanwhile.
+        ++self->n_accept_errors;
+        if (self->n_accept_errors.load() % 1000 == 1)
+          log::error("http", fmt::format("accept failed: {}; retrying in 100 ms",
+                                         ec.message()));
+        self->accept_retry->expires_after(std::chrono::milliseconds{100});
+        self->accept_retry->async_wait([self](beast::error_code e) {
+          if (!e && !self->stopping)
+            self->do_accept();
+        });
+        return;
+      }
+      if (!self->stopping) {
         beast::error_code ignored;
         socket.set_option(tcp::no_delay{true}, ignored);
         ++self->n_connections;
@@ -696,6 +748,7 @@ void server::start() {
     i.acceptor->bind(ep);
     i.acceptor->listen(net::socket_base::max_listen_connections);
     i.bound_port = i.acceptor->local_endpoint().port();
+    i.accept_retry.emplace(i.io.front()->ioc);
   } catch (const std::exception& e) {
     i.acceptor.reset();
     throw error(errc::provider_error,
@@ -704,20 +757,26 @@ void server::start() {
   }
   i.started = true;
   i.do_accept();
-  for (auto& t : i.io) {
-    i.arm_sweep(*t);
-    t->thread = std::thread{[p = impl_, t = t.get()] { t->ioc.run(); }};
+  try {
+    for (auto& t : i.io) {
+      i.arm_sweep(*t);
+      t->thread = std::thread{[p = impl_, t = t.get()] { t->ioc.run(); }};
+    }
+  } catch (const std::exception& e) {
+    i.shut_down(); // joins the threads that did start
+    throw error(errc::provider_error,
+                fmt::format("http server: cannot start its I/O threads: {}",
+                            e.what()));
   }
 }
 
-void server::stop() {
-  auto& i = *impl_;
-  std::lock_guard guard{i.lifecycle_mtx};
-  if (!i.started || i.stopped)
-    return;
+namespace internal {
+
+void server_state::shut_down() {
+  auto& i = *this;
   i.stopped = true;
   i.stopping = true;
-  net::post(i.io.front()->ioc, [p = impl_] {
+  net::post(i.io.front()->ioc, [p = shared_from_this()] {
     beast::error_code ec;
     p->acceptor->close(ec);
   });
@@ -737,7 +796,8 @@ void server::stop() {
   for (auto& t : i.io)
     t->ioc.stop();
   for (auto& t : i.io)
-    t->thread.join();
+    if (t->thread.joinable())
+      t->thread.join();
   // The threads are gone: close what is left (past the bound) from here,
   // then run what cancellation completes, so nothing keeps the server's
   // state alive.
@@ -746,10 +806,24 @@ void server::stop() {
       t->first->close();
     t->sweep.cancel();
   }
+  i.accept_retry->cancel();
+  i.io_finished = true;
+  while (i.posting.load() != 0)
+    std::this_thread::yield();
   for (auto& t : i.io) {
     t->ioc.restart();
     t->ioc.poll();
   }
+}
+
+} // namespace internal
+
+void server::stop() {
+  auto& i = *impl_;
+  std::lock_guard guard{i.lifecycle_mtx};
+  if (!i.started || i.stopped)
+    return;
+  i.shut_down();
 }
 
 void server::after(std::chrono::milliseconds delay, std::function<void()> fn) {

@@ -397,3 +397,55 @@ TEST_CASE("a server with several I/O threads answers many connections at once") 
   CHECK(calls.load() == 600);
   CHECK(s.stats().connections == 12);
 }
+
+TEST_CASE("a chunked request whose header ends mid chunk-size line is timed by "
+          "the read timeout, not the header timeout") {
+  http::server s{{.header_timeout = "200ms", .read_timeout = "5s"}};
+  s.route("POST", "/c", [](http::request& req, http::responder r) {
+    r.respond({.body = "got " + req.body});
+  });
+  s.start();
+  raw_socket sock{s.port()};
+  sock.send("POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            "Connection: close\r\n\r\n5");
+  std::this_thread::sleep_for(600ms); // three header timeouts
+  sock.send("\r\nhello\r\n0\r\n\r\n");
+  auto all = sock.read_all();
+  CHECK(all.starts_with("HTTP/1.1 200"));
+  CHECK(all.ends_with("got hello"));
+  CHECK(s.stats().timeouts == 0);
+}
+
+TEST_CASE("a chunk-size line that never ends is refused, not buffered until "
+          "the read timeout") {
+  http::server s{{.read_timeout = "30s"}};
+  std::atomic<int> calls{0};
+  s.route("POST", "/c", [&](http::request&, http::responder r) {
+    ++calls;
+    r.respond(200);
+  });
+  s.start();
+  raw_socket sock{s.port()};
+  auto began = std::chrono::steady_clock::now();
+  sock.send("POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1;"
+            + std::string(40 * 1024, 'a'));
+  sock.read_all(); // the 400, or a reset: the connection is closed either way
+  CHECK(std::chrono::steady_clock::now() - began < 5s);
+  CHECK(test::eventually([&] { return s.stats().bad_requests == 1; }));
+  CHECK(calls.load() == 0);
+}
+
+TEST_CASE("an answer for a connection the stopping server closed is refused") {
+  http::server s{{.shutdown_timeout = "100ms"}};
+  std::promise<http::responder> arrived;
+  s.route("POST", "/hold", [&](http::request&, http::responder r) {
+    arrived.set_value(r);
+  });
+  s.start();
+  raw_socket sock{s.port()};
+  sock.send("POST /hold HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+  auto r = arrived.get_future().get();
+  s.stop(); // nobody answers within 100 ms: the connection is closed
+  CHECK_FALSE(r.respond(200));
+  CHECK(sock.read_all().empty());
+}
