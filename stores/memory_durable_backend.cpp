@@ -40,7 +40,13 @@ std::string_view to_string(outbox_verdict v) noexcept {
 }
 
 std::string journal_id(std::string_view chat_key, std::string_view message_id) {
-  return fmt::format("{}#{}", chat_key, message_id);
+  // Per inbound message: one allocation, no format parsing.
+  std::string id;
+  id.reserve(chat_key.size() + 1 + message_id.size());
+  id += chat_key;
+  id.push_back('#');
+  id += message_id;
+  return id;
 }
 
 // -- memory_durable_backend ---------------------------------------------------
