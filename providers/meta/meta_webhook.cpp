@@ -118,7 +118,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     }
     internal::parsed_payload p;
     try {
-      p = internal::parse_payload(req.body, opts.kind, opts.id);
+      p = internal::parse_payload_in_place(req.body, opts.kind, opts.id);
     } catch (const invalid_argument_error& e) {
       ++n_malformed;
       r.respond({.status = 400, .body = e.what()});

@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include <botmesh/providers/http/http_server.hpp>
 #include <botmesh/providers/http/signature.hpp>
 #include <botmesh/providers/meta/internal/payload.hpp>
 #include <botmesh/providers/meta/meta_webhook.hpp>
@@ -251,4 +252,18 @@ TEST_CASE("a Graph API rate limit is waited out and retried in order; a "
   } catch (const botmesh::platform_error& e) {
     CHECK(e.code() == botmesh::errc::forbidden);
   }
+}
+
+TEST_CASE("a payload read in place parses as the copying parser does") {
+  std::string json = wa_payload("[" + wa_text("w1", "346", "hola") + "]", "[]");
+  std::string padded = json;
+  padded.reserve(json.size() + botmesh::http::request::body_padding);
+  auto a = meta::internal::parse_payload(json, meta::platform::whatsapp, "whatsapp");
+  auto b = meta::internal::parse_payload_in_place(padded, meta::platform::whatsapp,
+                                                  "whatsapp");
+  REQUIRE(a.messages.size() == 1);
+  REQUIRE(b.messages.size() == 1);
+  CHECK(b.messages[0].text == "hola");
+  CHECK(b.messages[0].raw == a.messages[0].raw);
+  CHECK(b.messages[0].chat == a.messages[0].chat);
 }

@@ -7,6 +7,7 @@
 #include <future>
 #include <latch>
 
+#include <botmesh/providers/http/http_server.hpp>
 #include <botmesh/providers/telegram/internal/methods.hpp>
 #include <botmesh/providers/telegram/internal/update_parser.hpp>
 #include <botmesh/providers/telegram/telegram_webhook.hpp>
@@ -512,4 +513,25 @@ TEST_CASE("two replicas behind the same Telegram webhook with coordination "
     return replicas[0].bot->stats().handled == 10
            && replicas[1].bot->stats().handled == 10;
   }));
+}
+
+TEST_CASE("an update read in place (padded capacity) or copied (tight "
+          "capacity) parses the same, raw JSON included") {
+  std::string json =
+    R"({"update_id":9,"message":{"message_id":4,"from":{"id":5},"chat":{"id":6,"type":"private"},"text":"hola"}})";
+  std::string padded = json;
+  padded.reserve(json.size() + botmesh::http::request::body_padding);
+  std::string tight = json;
+  tight.shrink_to_fit(); // may keep some spare capacity: then it is read in place too
+  for (auto* s : {&padded, &tight}) {
+    auto u = tg::internal::parse_update_in_place(*s, "telegram");
+    CHECK(u.update_id == 9);
+    CHECK(u.message.chat == "6");
+    CHECK(u.message.text == "hola");
+    CHECK(u.message.raw == json);
+  }
+  std::string bad = "{\"update_id\":";
+  bad.reserve(bad.size() + 64);
+  CHECK_THROWS_AS(tg::internal::parse_update_in_place(bad, "telegram"),
+                  botmesh::invalid_argument_error);
 }

@@ -443,11 +443,13 @@ std::string messaging_body(const outgoing_message& msg) {
 
 } // namespace
 
-parsed_payload parse_payload(std::string_view json, platform kind,
-                             std::string_view provider) {
+namespace {
+
+parsed_payload parse_one(const char* data, std::size_t size, bool copy,
+                         platform kind, std::string_view provider) {
   thread_local simdjson::dom::parser parser;
   element doc;
-  if (auto err = parser.parse(json.data(), json.size(), true).get(doc))
+  if (auto err = parser.parse(data, size, copy).get(doc))
     throw invalid_argument_error(
       "body", fmt::format("webhook payload is not valid JSON: {}",
                           simdjson::error_message(err)));
@@ -469,6 +471,19 @@ parsed_payload parse_payload(std::string_view json, platform kind,
       read_messaging(entry, out, provider);
   }
   return out;
+}
+
+} // namespace
+
+parsed_payload parse_payload(std::string_view json, platform kind,
+                             std::string_view provider) {
+  return parse_one(json.data(), json.size(), true, kind, provider);
+}
+
+parsed_payload parse_payload_in_place(const std::string& json, platform kind,
+                                      std::string_view provider) {
+  bool copy = json.capacity() - json.size() < simdjson::SIMDJSON_PADDING;
+  return parse_one(json.data(), json.size(), copy, kind, provider);
 }
 
 std::string to_graph_body(const outgoing_message& msg, platform kind) {

@@ -28,6 +28,12 @@ struct parsed_payload {
 parsed_payload parse_payload(std::string_view json, platform kind,
                              std::string_view provider);
 
+/// As above, reading `json` in place when its spare capacity holds the
+/// parser's padding (64 bytes; the HTTP server leaves it after a request
+/// body) instead of copying it into a padded buffer.
+parsed_payload parse_payload_in_place(const std::string& json, platform kind,
+                                      std::string_view provider);
+
 /// The Graph API request body that sends `msg` (validated first; throws
 /// `invalid_argument_error` naming the field, "buttons" over the platform's
 /// limits: WhatsApp 10 rows, titles of 20/24 characters; Messenger 13).
