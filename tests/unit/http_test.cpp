@@ -311,15 +311,16 @@ TEST_CASE("pipelined requests on one connection are answered in order, and a "
 
 TEST_CASE("an idle keep-alive connection is closed after the idle timeout, a "
           "busy one is not") {
-  http::server s{{.idle_timeout = "300ms"}};
+  http::server s{{.idle_timeout = "1s"}};
   s.route("GET", "/x", [](http::request&, http::responder r) { r.respond(200); });
   s.start();
   raw_socket idle{s.port()};
   idle.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n");
   raw_socket busy{s.port()};
-  // The busy connection sends a request every 100 ms for 900 ms: each
-  // answered request starts a new idle period.
-  for (int i = 0; i < 9; ++i) {
+  // The busy connection sends a request every 100 ms for 1.5 s: each
+  // answered request starts a new idle period, ten times shorter than
+  // the timeout, so even a loaded machine does not stretch one past it.
+  for (int i = 0; i < 15; ++i) {
     busy.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n");
     std::this_thread::sleep_for(100ms);
   }
@@ -329,7 +330,7 @@ TEST_CASE("an idle keep-alive connection is closed after the idle timeout, a "
   for (auto p = b.find("HTTP/1.1 200"); p != std::string::npos;
        p = b.find("HTTP/1.1 200", p + 1))
     ++answers;
-  CHECK(answers == 10);
+  CHECK(answers == 16);
   auto a = idle.read_all(); // returns when the server closes it
   CHECK(a.starts_with("HTTP/1.1 200"));
   CHECK(test::eventually([&] { return s.stats().timeouts == 1; }));
