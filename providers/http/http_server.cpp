@@ -124,6 +124,9 @@ struct io_thread {
   /// one timer a thread instead of a timer operation per read and write.
   net::steady_timer sweep{ioc};
   session* first = nullptr; ///< the connections of this thread (a list)
+  /// `server::after` timers (io[0] only), cancelled by stop().
+  std::unordered_map<std::uint64_t, std::unique_ptr<net::steady_timer>> timers;
+  std::uint64_t next_timer = 0;
   std::uint64_t routes_seen = ~std::uint64_t{0};
   std::shared_ptr<const route_table> routes;
   std::string key; ///< scratch for route lookups
@@ -187,6 +190,25 @@ struct server_state : std::enable_shared_from_this<server_state> {
   std::shared_ptr<const std::unordered_set<std::string>> known_paths() {
     std::lock_guard guard{routes_mtx};
     return paths;
+  }
+
+  /// Posts `fn` to `ioc` unless stop() has finished the I/O (then drops
+  /// it): a handler posted to an io_context nobody runs would keep what it
+  /// holds alive. `posting` (seq_cst, paired with shut_down()'s
+  /// io_finished) tells stop() a post is under way.
+  template <class F>
+  void post_unless_finished(net::io_context& ioc, F&& fn) {
+    struct in_flight {
+      std::atomic<int>& n;
+      explicit in_flight(std::atomic<int>& c) : n(c) {
+        n.fetch_add(1);
+      }
+      ~in_flight() {
+        n.fetch_sub(1);
+      }
+    } guard{posting};
+    if (!io_finished.load())
+      net::post(ioc, std::forward<F>(fn));
   }
 
   void do_accept();
@@ -339,7 +361,7 @@ void serialize(const response& r, bool keep_alive, std::string& out) {
 class session : public std::enable_shared_from_this<session> {
  public:
   session(tcp::socket&& socket, std::shared_ptr<server_state> srv, io_thread& t)
-    : socket_(std::move(socket)), srv_(std::move(srv)), t_(t) {
+    : srv_(std::move(srv)), socket_(std::move(socket)), t_(t) {
     // nop
   }
 
@@ -369,13 +391,10 @@ class session : public std::enable_shared_from_this<session> {
   /// the server's I/O has finished: a handler posted to an io_context that
   /// nobody runs would keep the session and the server's state alive.
   void answer(response r) {
-    auto& st = *srv_;
-    st.posting.fetch_add(1); // seq_cst, paired with stop()'s io_finished
-    if (!st.io_finished.load())
-      net::post(t_.ioc, [self = shared_from_this(), r = std::move(r)]() mutable {
-        self->write(std::move(r));
-      });
-    st.posting.fetch_sub(1);
+    srv_->post_unless_finished(t_.ioc,
+                               [self = shared_from_this(), r = std::move(r)]() mutable {
+                                 self->write(std::move(r));
+                               });
   }
 
   /// Closed (from any thread; a hint: it may close right after).
@@ -582,8 +601,10 @@ class session : public std::enable_shared_from_this<session> {
   /// memory back instead of keeping it for the next one.
   static constexpr std::size_t keep_capacity = 64 * 1024;
 
-  tcp::socket socket_;
+  // srv_ first: it is destroyed last, after the socket, whose destructor
+  // still uses the io_context's services the state owns.
   std::shared_ptr<server_state> srv_;
+  tcp::socket socket_;
   io_thread& t_;
   session* prev_ = nullptr;
   bool linked_ = false;
@@ -756,12 +777,14 @@ void server::start() {
                             i.opts.address, i.opts.port, e.what()));
   }
   i.started = true;
-  i.do_accept();
   try {
     for (auto& t : i.io) {
-      i.arm_sweep(*t);
+      i.arm_sweep(*t); // keeps run() from returning while idle
       t->thread = std::thread{[p = impl_, t = t.get()] { t->ioc.run(); }};
     }
+    // Accepting only once every thread runs: a connection dealt to a
+    // thread that failed to start would hold stop() for its whole bound.
+    net::post(i.io.front()->ioc, [p = impl_] { p->do_accept(); });
   } catch (const std::exception& e) {
     i.shut_down(); // joins the threads that did start
     throw error(errc::provider_error,
@@ -807,6 +830,8 @@ void server_state::shut_down() {
     t->sweep.cancel();
   }
   i.accept_retry->cancel();
+  for (auto& [id, timer] : i.io.front()->timers)
+    timer->cancel();
   i.io_finished = true;
   while (i.posting.load() != 0)
     std::this_thread::yield();
@@ -830,10 +855,19 @@ void server::after(std::chrono::milliseconds delay, std::function<void()> fn) {
   auto& i = *impl_;
   if (i.stopping)
     return;
-  auto timer = std::make_shared<net::steady_timer>(i.io.front()->ioc, delay);
-  timer->async_wait([timer, fn = std::move(fn)](beast::error_code ec) {
-    if (!ec)
-      fn();
+  // Armed on io[0], which owns its timers, so stop() can cancel them: a
+  // pending `fn` (often holding a responder) would otherwise keep the
+  // server's state alive.
+  auto* t = i.io.front().get();
+  i.post_unless_finished(t->ioc, [t, delay, fn = std::move(fn)]() mutable {
+    auto id = t->next_timer++;
+    auto& timer = t->timers[id];
+    timer = std::make_unique<net::steady_timer>(t->ioc, delay);
+    timer->async_wait([t, id, fn = std::move(fn)](beast::error_code ec) {
+      auto node = t->timers.extract(id); // the timer dies with this handler
+      if (!ec)
+        fn();
+    });
   });
 }
 

@@ -450,3 +450,18 @@ TEST_CASE("an answer for a connection the stopping server closed is refused") {
   CHECK_FALSE(r.respond(200));
   CHECK(sock.read_all().empty());
 }
+
+TEST_CASE("after() runs its callback on time, and one still pending when the "
+          "server stops is dropped rather than kept") {
+  auto token = std::make_shared<int>(0);
+  std::atomic<bool> fired{false}, late{false};
+  http::server s;
+  s.start();
+  s.after(20ms, [&] { fired = true; });
+  s.after(10s, [token, &late] { late = true; });
+  CHECK(test::eventually([&] { return fired.load(); }));
+  s.stop();
+  // The pending callback (and what it holds, often a responder) is gone.
+  CHECK(token.use_count() == 1);
+  CHECK_FALSE(late.load());
+}
