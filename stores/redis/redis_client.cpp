@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -74,6 +76,18 @@ timeval to_timeval(std::chrono::milliseconds d) {
   tv.tv_sec = static_cast<time_t>(d.count() / 1000);
   tv.tv_usec = static_cast<suseconds_t>((d.count() % 1000) * 1000);
   return tv;
+}
+
+// hiredis writes with write(2): a write to a connection the server closed
+// (a Redis restart, a killed master) raises SIGPIPE, whose default action
+// ends the whole process. The connection threads block it for themselves,
+// so the write fails with EPIPE and the reply is lost like any other,
+// without changing the application's own handling of the signal.
+void block_sigpipe() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
 // Runs one command on a context that is not pipelining (connection set-up);
@@ -208,7 +222,10 @@ class connection {
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_fd_ < 0)
       throw error(errc::store_error, "redis client: eventfd failed");
-    thread_ = std::thread{[this] { loop(); }};
+    thread_ = std::thread{[this] {
+      block_sigpipe();
+      loop();
+    }};
   }
 
   ~connection() {
@@ -565,7 +582,10 @@ class subscriber {
       channel_(std::move(channel)),
       fn_(std::move(fn)),
       on_subscribed_(std::move(on_subscribed)) {
-    thread_ = std::thread{[this] { loop(); }};
+    thread_ = std::thread{[this] {
+      block_sigpipe();
+      loop();
+    }};
   }
 
   ~subscriber() {
