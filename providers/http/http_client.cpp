@@ -21,6 +21,7 @@
 #include <openssl/x509_vfy.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 
 namespace botmesh::http {
 
@@ -308,8 +309,7 @@ struct client::impl {
     r.status = static_cast<int>(msg.result_int());
     for (auto& f : msg) {
       std::string name{f.name_string()};
-      for (auto& ch : name)
-        ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      botmesh::internal::ascii_lower(name);
       r.headers.emplace_back(std::move(name), std::string{f.value()});
     }
     r.body = std::move(msg.body());

@@ -20,6 +20,8 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/in_flight.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/log.hpp>
 
 namespace botmesh::http {
@@ -124,9 +126,6 @@ struct io_thread {
   /// one timer a thread instead of a timer operation per read and write.
   net::steady_timer sweep{ioc};
   session* first = nullptr; ///< the connections of this thread (a list)
-  /// `server::after` timers (io[0] only), cancelled by stop().
-  std::unordered_map<std::uint64_t, std::unique_ptr<net::steady_timer>> timers;
-  std::uint64_t next_timer = 0;
   std::uint64_t routes_seen = ~std::uint64_t{0};
   std::shared_ptr<const route_table> routes;
   std::string key; ///< scratch for route lookups
@@ -137,6 +136,9 @@ struct server_state : std::enable_shared_from_this<server_state> {
   std::vector<std::unique_ptr<io_thread>> io;
   std::optional<tcp::acceptor> acceptor; // runs on io[0]
   std::optional<net::steady_timer> accept_retry; // io[0] too
+  /// `server::after` timers, on io[0] too; stop() cancels them.
+  std::unordered_map<std::uint64_t, std::unique_ptr<net::steady_timer>> timers;
+  std::uint64_t next_timer = 0;
   std::size_t next_io = 0;               // the acceptor's, round robin
   std::uint16_t bound_port = 0;
   std::chrono::milliseconds sweep_period{250};
@@ -198,15 +200,7 @@ struct server_state : std::enable_shared_from_this<server_state> {
   /// io_finished) tells stop() a post is under way.
   template <class F>
   void post_unless_finished(net::io_context& ioc, F&& fn) {
-    struct in_flight {
-      std::atomic<int>& n;
-      explicit in_flight(std::atomic<int>& c) : n(c) {
-        n.fetch_add(1);
-      }
-      ~in_flight() {
-        n.fetch_sub(1);
-      }
-    } guard{posting};
+    botmesh::internal::in_flight guard{posting};
     if (!io_finished.load())
       net::post(ioc, std::forward<F>(fn));
   }
@@ -257,8 +251,7 @@ class request_reader final : public bhttp::basic_parser<true> {
       r_.headers.emplace_back();
     auto& [k, v] = r_.headers[n_++];
     k.assign(name.data(), name.size());
-    for (auto& c : k)
-      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    botmesh::internal::ascii_lower(k);
     v.assign(value.data(), value.size());
   }
 
@@ -304,15 +297,7 @@ bool clean_header_text(std::string_view s) {
   return s.find_first_of("\r\n") == std::string_view::npos;
 }
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size())
-    return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i]))
-        != std::tolower(static_cast<unsigned char>(b[i])))
-      return false;
-  return true;
-}
+using botmesh::internal::ascii_iequals;
 
 /// The bytes of `r` (HTTP/1.1), into `out`.
 void serialize(const response& r, bool keep_alive, std::string& out) {
@@ -324,8 +309,8 @@ void serialize(const response& r, bool keep_alive, std::string& out) {
   bool bodyless = r.status < 200 || r.status == 204 || r.status == 304;
   bool own_type = false;
   for (auto& [k, v] : r.headers) {
-    if (iequals(k, "content-length") || iequals(k, "connection")
-        || iequals(k, "transfer-encoding"))
+    if (ascii_iequals(k, "content-length") || ascii_iequals(k, "connection")
+        || ascii_iequals(k, "transfer-encoding"))
       continue; // the server's to set
     if (!clean_header_text(k) || !clean_header_text(v) || k.empty()) {
       log::error("http", fmt::format("response header {:?} dropped: a name or "
@@ -333,7 +318,7 @@ void serialize(const response& r, bool keep_alive, std::string& out) {
                                      k));
       continue;
     }
-    own_type = own_type || iequals(k, "content-type");
+    own_type = own_type || ascii_iequals(k, "content-type");
     out += k;
     out += ": ";
     out += v;
@@ -569,27 +554,23 @@ class session : public std::enable_shared_from_this<session> {
   }
 
   void fail(beast::error_code ec) {
-    if (ec == bhttp::error::body_limit) {
-      ++srv_->n_too_large;
-      handling_ = true;
-      keep_alive_ = false;
-      return write(response{413, "request body too large",
-                            "text/plain; charset=utf-8", {}});
-    }
-    if (ec == bhttp::error::header_limit) {
-      ++srv_->n_bad;
-      handling_ = true;
-      keep_alive_ = false;
-      return write(response{431, {}, "text/plain; charset=utf-8", {}});
-    }
+    if (ec == bhttp::error::body_limit)
+      return refuse(srv_->n_too_large, 413, "request body too large");
+    if (ec == bhttp::error::header_limit)
+      return refuse(srv_->n_bad, 431, {});
     if (&ec.category()
-        == &bhttp::make_error_code(bhttp::error::bad_target).category()) {
-      ++srv_->n_bad;
-      handling_ = true;
-      keep_alive_ = false;
-      return write(response{400, "bad request", "text/plain; charset=utf-8", {}});
-    }
+        == &bhttp::make_error_code(bhttp::error::bad_target).category())
+      return refuse(srv_->n_bad, 400, "bad request");
     close(); // end of stream, reset, aborted: nothing to answer
+  }
+
+  /// Answers a request the parser refused, then closes (write() does not
+  /// keep a connection alive after 400, 413 or 431).
+  void refuse(std::atomic<std::uint64_t>& counter, int status, std::string body) {
+    ++counter;
+    handling_ = true;
+    keep_alive_ = false;
+    write(response{status, std::move(body), "text/plain; charset=utf-8", {}});
   }
 
   static constexpr std::size_t read_chunk = 16 * 1024;
@@ -830,7 +811,7 @@ void server_state::shut_down() {
     t->sweep.cancel();
   }
   i.accept_retry->cancel();
-  for (auto& [id, timer] : i.io.front()->timers)
+  for (auto& [id, timer] : i.timers)
     timer->cancel();
   i.io_finished = true;
   while (i.posting.load() != 0)
@@ -858,13 +839,14 @@ void server::after(std::chrono::milliseconds delay, std::function<void()> fn) {
   // Armed on io[0], which owns its timers, so stop() can cancel them: a
   // pending `fn` (often holding a responder) would otherwise keep the
   // server's state alive.
-  auto* t = i.io.front().get();
-  i.post_unless_finished(t->ioc, [t, delay, fn = std::move(fn)]() mutable {
-    auto id = t->next_timer++;
-    auto& timer = t->timers[id];
-    timer = std::make_unique<net::steady_timer>(t->ioc, delay);
-    timer->async_wait([t, id, fn = std::move(fn)](beast::error_code ec) {
-      auto node = t->timers.extract(id); // the timer dies with this handler
+  auto* st = impl_.get(); // outlives its io_contexts' handlers
+  auto& ioc = i.io.front()->ioc;
+  i.post_unless_finished(ioc, [st, &ioc, delay, fn = std::move(fn)]() mutable {
+    auto id = st->next_timer++;
+    auto& timer = st->timers[id];
+    timer = std::make_unique<net::steady_timer>(ioc, delay);
+    timer->async_wait([st, id, fn = std::move(fn)](beast::error_code ec) {
+      auto node = st->timers.extract(id); // the timer dies with this handler
       if (!ec)
         fn();
     });

@@ -13,6 +13,7 @@
 // A command whose reply was lost (timeout, connection dropped after the
 // write) is never resent: it may have run. The caller gets errc::timeout.
 
+#include <botmesh/runtime/core/internal/in_flight.hpp>
 #include <botmesh/stores/redis/internal/cluster.hpp>
 
 #include <algorithm>
@@ -441,27 +442,14 @@ void redis_client::cluster::finish(const std::shared_ptr<op>& o, redis_reply r,
   done(std::move(r), std::move(e));
 }
 
-namespace {
 
 // Counts a resend from a node's thread, so shutdown() waits for it before
 // freeing the nodes. (Commands from the caller's threads need no count: a
 // client is not used while it is destroyed; the retry thread is joined
 // first.) Counting only the rare resends keeps every command's path free
 // of a write shared by all threads.
-struct in_flight {
-  std::atomic<int>& n;
-  explicit in_flight(std::atomic<int>& x) : n(x) {
-    n.fetch_add(1);
-  }
-  ~in_flight() {
-    n.fetch_sub(1);
-  }
-};
-
-} // namespace
-
 void redis_client::cluster::resend(const std::shared_ptr<op>& o) {
-  in_flight guard{dispatching_};
+  internal::in_flight guard{dispatching_};
   dispatch(o); // checks closed_ after the count is up
 }
 

@@ -35,6 +35,13 @@ inline bool ascii_iequals(std::string_view a, std::string_view b) noexcept {
   return true;
 }
 
+/// Lower-cases the ASCII letters of `s` in place (HTTP header names).
+inline void ascii_lower(std::string& s) noexcept {
+  for (auto& c : s)
+    if (static_cast<unsigned char>(c) < 0x80)
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+}
+
 /// The text of the exception `e` holds, for logs and error events;
 /// "unknown error" for one that is not a std::exception or says nothing.
 inline std::string what_of(std::exception_ptr e) {
