@@ -11,7 +11,7 @@
 #include <botmesh/actors/messages.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::turn_token>)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::chat_event)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
 
 namespace botmesh {
 
@@ -22,7 +22,7 @@ std::atomic<std::uint64_t> next_request{1};
 
 // One event waiting in a chat, with what it has of its turn.
 struct entry {
-  chat_event ev;
+  event_ptr ev;
   std::uint64_t req = 0;             // with coordination: its request
   std::shared_ptr<turn_token> token; // granted
   bool wait_armed = false;           // its turn_wait bound is counting
@@ -86,17 +86,9 @@ class event_queue {
 // only one job drain). A lock-free queue (D. Vyukov's intrusive MPSC).
 class runner {
  public:
-  struct link {
-    std::atomic<link*> next{nullptr};
-  };
-  // The stub is a bare link: an idle runner costs a few words, not an event.
-  struct node : link {
-    node(chat_event e, bool f) : ev(std::move(e)), first(f) {
-      // nop
-    }
-    chat_event ev;
-    bool first = false;
-  };
+  // The queue's nodes are the events' own boxes (no allocation per push);
+  // the stub is a bare link: an idle runner costs a few words, not an event.
+  using link = internal::run_link;
 
   runner() : head_(&stub_), tail_(&stub_) {
     // nop
@@ -104,13 +96,13 @@ class runner {
 
   ~runner() {
     while (auto* n = pop())
-      delete static_cast<node*>(n);
+      adopt(n);
   }
 
   /// Chat actor: queues an event; true when a drain job must be posted.
-  bool push(chat_event ev, bool first) {
-    auto* n = new node{std::move(ev), first};
-    enqueue(n);
+  bool push(event_ptr ev, bool first) {
+    ev->first = first;
+    enqueue(ev.release());
     ++pushed_;
     return !scheduled_.exchange(true);
   }
@@ -140,9 +132,10 @@ class runner {
   void drain(Run&& run) {
     for (;;) {
       while (auto* l = pop()) {
-        auto* n = static_cast<node*>(l);
-        run(n->ev, n->first);
-        delete n;
+        {
+          auto ev = adopt(l);
+          run(*ev);
+        }
         done_.fetch_add(1, std::memory_order_release);
       }
       scheduled_.store(false);
@@ -154,6 +147,11 @@ class runner {
   }
 
  private:
+  // Takes back the reference the queue held.
+  static event_ptr adopt(link* l) {
+    return event_ptr{static_cast<event_box*>(l), false};
+  }
+
   void enqueue(link* n) {
     n->next.store(nullptr, std::memory_order_relaxed);
     auto* prev = tail_.exchange(n);
@@ -295,7 +293,7 @@ void next_turn(chat_actor_t* self) {
   st.busy = true;
   st.first = false;
   auto handle = caf::actor_cast<caf::actor>(self);
-  st.cfg().services->run_turns(st.key, {head.ev}, first, head.token, [handle] {
+  st.cfg().services->run_turn(st.key, head.ev, first, head.token, [handle] {
     caf::anon_send(handle, turn_done_atom::value);
   });
 }
@@ -312,7 +310,7 @@ void check_idle(chat_actor_t* self) {
 
 // Queues an event; with coordination it takes its ticket right away, so
 // the chat's order across replicas is the order events arrived.
-void push(chat_actor_t* self, chat_event ev) {
+void push(chat_actor_t* self, event_ptr ev) {
   auto& st = self->state;
   if (!st.coordinated()) {
     if (!st.run)
@@ -321,10 +319,12 @@ void push(chat_actor_t* self, chat_event ev) {
     st.first = false;
     if (st.run->push(std::move(ev), first)) {
       auto* services = st.cfg().services;
-      auto key = st.key;
       auto chat = caf::actor_cast<caf::actor>(self);
-      services->post([run = st.run, services, key, chat] {
-        run->drain([&](chat_event& e, bool f) { services->run_event(key, e, f); });
+      services->post([run = st.run, services, chat] {
+        // The event's box carries its key: the job may outlive the actor.
+        run->drain([&](event_box& e) {
+          services->run_event(e.key, e.ev, e.first);
+        });
         if (run->notify.exchange(false))
           caf::anon_send(chat, turn_done_atom::value);
       });
@@ -360,13 +360,13 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
   self->state.config = std::move(cfg);
   self->state.router = std::move(router);
   return {
-    [=](chat_event& ev) {
+    [=](event_ptr& ev) {
       auto& st = self->state;
       ++st.received;
       auto pending = st.run ? st.run->waiting() : st.queue.size();
       if (pending >= st.cfg().max_pending_per_chat) {
         st.cfg().services->refused(
-          st.key, std::move(ev), errc::overloaded,
+          st.key, std::move(ev->ev), errc::overloaded,
           fmt::format("chat {} has {} messages waiting (max_pending_per_chat)",
                       st.key, pending));
         return;
@@ -377,7 +377,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
     // pending bound.
     [=](timer_atom, std::uint64_t id) {
       ++self->state.received;
-      push(self, chat_event{{}, id, {}});
+      push(self, make_event(self->state.key, chat_event{{}, id, {}}));
     },
     [=](granted_atom, std::uint64_t req, std::shared_ptr<turn_token>& token) {
       std::size_t i = 0;
@@ -427,7 +427,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       if (head.req != req || head.token)
         return; // stale: granted, or entered again
       self->send(st.cfg().lease, leave_atom::value, st.key, req);
-      auto ev = std::move(head.ev);
+      auto ev = std::move(head.ev->ev);
       q.pop_front();
       st.cfg().services->turn_failed(
         st.key, std::move(ev),
@@ -472,8 +472,9 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       for (auto i = from; i < q.size(); ++i) {
         if (q[i].req != 0)
           self->send(st.cfg().lease, leave_atom::value, st.key, q[i].req);
-        if (!q[i].ev.is_timer())
-          st.cfg().services->refused(st.key, std::move(q[i].ev), errc::stopped,
+        if (!q[i].ev->ev.is_timer())
+          st.cfg().services->refused(st.key, std::move(q[i].ev->ev),
+                                   errc::stopped,
                                    fmt::format("chat {}: the bot stopped before "
                                                "this message's turn",
                                                st.key));

@@ -12,15 +12,18 @@ namespace botmesh {
 /// Spawns the actor of one chat for `parent` (the router), which tells it
 /// when to exit.
 ///
-/// Its mailbox is the chat's FIFO: it hands its queued messages (up to
-/// `max_batch`) to `chat_services::run_turns`, which runs them one after the
-/// other, and hands over more only when that batch reported done, so a chat's handlers never overlap and keep arrival order.
+/// Its mailbox is the chat's FIFO, so a chat's handlers never overlap and
+/// keep arrival order. Without coordination its events go to a run queue
+/// that one handler thread at a time drains (`chat_services::run_event`);
+/// with coordination each event takes its ticket from the lease actor as it
+/// arrives and runs through `chat_services::run_turn` once granted, the
+/// next only when that turn reported done.
 /// It never blocks a CAF worker. Messages beyond `max_pending_per_chat` are
 /// refused with `errc::overloaded`. When the router's sweep finds it got
 /// nothing for `passivate_after` it sends `(idle_atom)`; an idle chat then
 /// asks the router `(idle_atom, key, received)` and exits when allowed.
 ///
-/// Protocol: `inbound_message`; `turn_done_atom`; `drain_atom` -> `bool`
+/// Protocol: `event_ptr`; `(timer_atom, id)`; `turn_done_atom`; `drain_atom` -> `bool`
 /// (replied once the queue is empty and no turn runs); `abandon_atom`.
 caf::actor spawn_chat(caf::event_based_actor* parent, std::string key,
                       std::shared_ptr<const router_config> cfg);

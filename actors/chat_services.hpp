@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -9,6 +10,9 @@
 #include <vector>
 
 #include <caf/actor.hpp>
+#include <caf/intrusive_ptr.hpp>
+#include <caf/make_counted.hpp>
+#include <caf/ref_counted.hpp>
 
 #include <botmesh/actors/turn_token.hpp>
 #include <botmesh/providers/provider.hpp>
@@ -53,6 +57,47 @@ struct chat_event {
   }
 };
 
+/// A chat event in one heap block, as it travels from the bot's intake
+/// through the router and the chat actor to the thread that runs its turn.
+/// Each hop moves a pointer instead of the ~600-byte event, and the block is
+/// freed once, where the event ends: a block freed on another thread than
+/// the one that allocated it takes the allocator's arena lock, so once per
+/// event, not once per hop.
+///
+/// Ownership: one owner at a time in practice (the protocol moves it); the
+/// reference count only makes it a CAF message type. Nobody reads an event
+/// while another thread runs its turn.
+namespace internal {
+
+/// The link of a chat's lock-free run queue (see event_box).
+struct run_link {
+  std::atomic<run_link*> next{nullptr};
+};
+
+} // namespace internal
+
+struct event_box : caf::ref_counted, internal::run_link {
+  event_box(std::string k, chat_event e)
+    : key(std::move(k)), ev(std::move(e)) {
+    // nop
+  }
+
+  /// The event's chat key (computed once, at intake).
+  std::string key;
+  chat_event ev;
+
+  /// Internal to the chat actor: whether the event starts the chat
+  /// actor's activation (its run queue links through `run_link`).
+  bool first = false;
+};
+
+using event_ptr = caf::intrusive_ptr<event_box>;
+
+/// Boxes `ev` of chat `key` for the router.
+inline event_ptr make_event(std::string key, chat_event ev) {
+  return caf::make_counted<event_box>(std::move(key), std::move(ev));
+}
+
 /// What the router and chat actors need from the runtime above them. The
 /// bot implements it; an application embedding the actors may too.
 ///
@@ -62,23 +107,19 @@ class chat_services {
  public:
   virtual ~chat_services();
 
-  /// Runs the turns of `batch` (consecutive messages of chat `key`, in
-  /// order, one after the other) off the CAF scheduler and returns at once.
-  /// `done` must be called exactly once, from any thread, when the last turn
-  /// has finished; the chat's next messages wait for it. A chat with a
-  /// backlog hands over several messages at once so the handoff to a handler
-  /// thread is paid once per batch, not per message. `first_of_activation`
-  /// is true when the batch starts the chat actor's (re)spawned life.
-  ///
-  /// With coordination the batch is one event and `turn` its granted turn:
-  /// every visible effect of its handler checks it first (see turn_token),
-  /// and `turn->step_started()` is called on the thread that runs it when
-  /// it begins (settle counts from then).
-  /// Without coordination `turn` is null.
-  virtual void run_turns(const std::string& key, std::vector<chat_event> batch,
-                         bool first_of_activation,
-                         std::shared_ptr<turn_token> turn,
-                         std::function<void()> done)
+  /// With coordination: runs the turn of `ev` (chat `key`), which holds
+  /// `turn`, off the CAF scheduler and returns at once. `done` must be
+  /// called exactly once, from any thread, when the turn has finished; the
+  /// chat's next messages wait for it. Every visible effect of its handler
+  /// checks `turn` first (see turn_token), and `turn->step_started()` is
+  /// called on the thread that runs it when it begins (settle counts from
+  /// then). `first_of_activation` is true when the turn starts the chat
+  /// actor's (re)spawned life. The chat actor keeps its reference to `ev`
+  /// until `done` but does not touch it meanwhile.
+  virtual void run_turn(const std::string& key, event_ptr ev,
+                        bool first_of_activation,
+                        std::shared_ptr<turn_token> turn,
+                        std::function<void()> done)
     = 0;
 
   /// Without coordination: runs one event to its end on the calling thread
@@ -113,8 +154,6 @@ struct router_config {
   /// Messages a chat may hold waiting for its turn; more are refused with
   /// `errc::overloaded`.
   std::size_t max_pending_per_chat = 1000;
-  /// Most messages of one chat handed to a handler thread at once.
-  std::size_t max_batch = 64;
   /// A chat actor with no message for this long is passivated (its actor
   /// exits; the next message spawns a fresh one).
   std::chrono::milliseconds passivate_after{60'000};

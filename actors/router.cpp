@@ -11,7 +11,7 @@
 #include <botmesh/actors/chat_actor.hpp>
 #include <botmesh/actors/messages.hpp>
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::chat_event)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
 
 
 namespace botmesh {
@@ -50,11 +50,11 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
   });
   // A message (with the provider's turn-end notice, if any) goes to its
   // chat actor, spawned on first use.
-  auto forward = [=](chat_event ev) {
+  auto forward = [=](event_ptr& ev) {
     auto& st = self->state;
-    auto key = chat_key(ev.message);
+    const auto& key = ev->key;
     if (st.draining) {
-      st.cfg->services->refused(key, std::move(ev), errc::stopped,
+      st.cfg->services->refused(key, std::move(ev->ev), errc::stopped,
                                fmt::format("chat {}: the bot is stopping",
                                            key));
       return;
@@ -75,7 +75,7 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
                               self->state.cfg->passivate_after / 4);
   self->delayed_send(self, sweep_every, sweep_atom::value);
   return {
-    [=](chat_event& ev) { forward(std::move(ev)); },
+    [=](event_ptr& ev) { forward(ev); },
     [=](timer_atom, const std::string& key, std::uint64_t id) {
       auto& st = self->state;
       if (st.draining)

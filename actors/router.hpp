@@ -11,19 +11,19 @@ namespace botmesh {
 
 /// Spawns the router of one bot.
 ///
-/// The router receives `chat_event`s (messages already validated) and
-/// forwards each to the chat actor of its chat key, spawning that actor on
+/// The router receives `event_ptr`s (messages already validated, boxed
+/// with their chat key) and forwards each to the chat actor of that key, spawning that actor on
 /// first use. As the single sender to every chat actor, it fixes each
 /// chat's order: the order in which messages reached the router's mailbox.
 /// When the router gets an exit message, its chat actors exit with it.
 ///
 /// Internal: the bot is its only sender of messages (`bot::actor()` is the
-/// way in for applications). It takes `chat_event`s the bot already
+/// way in for applications). It takes events the bot already
 /// validated, stamped and counted; a bare `inbound_message` is not part of
 /// its protocol (it would skip all three) and is dropped as unexpected.
 ///
 /// Protocol (atoms in messages.hpp):
-/// - `chat_event`                      -> forwarded (or refused when draining)
+/// - `event_ptr`                       -> forwarded (or refused when draining)
 /// - `(drain_atom, milliseconds)`      -> bool: stops intake, waits until every
 ///   chat finished its queue; chats still busy after the bound are abandoned
 ///   (their queued messages refused with `errc::stopped`) and the reply is false.

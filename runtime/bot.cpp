@@ -30,7 +30,7 @@
 #include <botmesh/runtime/internal/flow_engine.hpp>
 #include <botmesh/stores/memory_store.hpp>
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::chat_event)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
 
 namespace botmesh {
 
@@ -449,34 +449,14 @@ struct bot::impl final : chat_services,
 
   // -- chat_services ---------------------------------------------------------
 
-  void run_turns(const std::string& key, std::vector<chat_event> batch,
-                 bool first, std::shared_ptr<turn_token> turn,
-                 std::function<void()> done) override {
-    pool->post([this, key, batch = std::move(batch), first,
-                turn = std::move(turn), done = std::move(done)]() mutable {
-      if (turn)
-        turn->step_started(); // settle counts from here, not from the queue
-      for (std::size_t i = 0; i < batch.size(); ++i) {
-        if (turn) {
-          coordinated_turn(key, batch[i], first && i == 0, turn);
-          continue;
-        }
-        // Past the stop bound, the rest of the batch is refused like the
-        // messages still queued in the chat actor.
-        if (batch[i].is_timer()) {
-          if (!stop_source.stop_requested())
-            timer_turn(key, batch[i].timer);
-          continue;
-        }
-        if (stop_source.stop_requested()) {
-          refused(key, std::move(batch[i]), errc::stopped,
-                  fmt::format("chat {}: the bot stopped before this "
-                              "message's turn",
-                              key));
-          continue;
-        }
-        run_uncoordinated(key, batch[i], first && i == 0);
-      }
+  void run_turn(const std::string& key, event_ptr ev, bool first,
+                std::shared_ptr<turn_token> turn,
+                std::function<void()> done) override {
+    pool->post([this, key, ev = std::move(ev), first, turn = std::move(turn),
+                done = std::move(done)]() mutable {
+      turn->step_started(); // settle counts from here, not from the queue
+      coordinated_turn(key, ev->ev, first, turn);
+      ev.reset(); // freed here, not by whoever drops the job
       done();
     });
   }
@@ -522,7 +502,8 @@ struct bot::impl final : chat_services,
 
   void reinject(chat_event ev) override {
     enqueued(ev);
-    caf::anon_send(router_handle, std::move(ev));
+    auto key = chat_key(ev.message);
+    caf::anon_send(router_handle, make_event(std::move(key), std::move(ev)));
   }
 
   void report(errc code, std::string what, std::string key) override {
@@ -639,12 +620,17 @@ struct bot::impl final : chat_services,
       duplicate(std::move(cb));
       return;
     }
-    accept(chat_event{std::move(msg), 0, {}}, std::move(cb));
+    accept(std::move(key), chat_event{std::move(msg), 0, {}}, std::move(cb));
+  }
+
+  void accept(chat_event ev, delivery_callbacks cb) override {
+    auto key = chat_key(ev.message);
+    accept(std::move(key), std::move(ev), std::move(cb));
   }
 
   // Counts an accepted event and hands it to the router. The turn-end
   // notice travels with it, through the chat actor to the end of its turn.
-  void accept(chat_event ev, delivery_callbacks cb) override {
+  void accept(std::string key, chat_event ev, delivery_callbacks cb) {
     ++received;
     if (auto* note = internal::receipt_of(cb))
       note->id = ev.message.id; // stamped when it came without one
@@ -653,7 +639,7 @@ struct bot::impl final : chat_services,
     enqueued(ev);
     ev.on_end = std::move(cb.turn_ended);
     // The whole event: its queue time travels with it too.
-    caf::anon_send(router_handle, std::move(ev));
+    caf::anon_send(router_handle, make_event(std::move(key), std::move(ev)));
   }
 
   void duplicate(delivery_callbacks cb) override {

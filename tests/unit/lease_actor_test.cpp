@@ -16,7 +16,7 @@
 
 #include "lease_test_kit.hpp"
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::chat_event)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
 
 using namespace std::chrono_literals;
 using namespace lease_kit;
@@ -679,9 +679,9 @@ struct recording_services final : botmesh::chat_services {
   std::vector<std::string> failed;
   std::vector<std::string> refused_keys;
 
-  void run_turns(const std::string& key, std::vector<botmesh::chat_event>,
-                 bool, std::shared_ptr<botmesh::turn_token> turn,
-                 std::function<void()> done) override {
+  void run_turn(const std::string& key, botmesh::event_ptr, bool,
+                std::shared_ptr<botmesh::turn_token> turn,
+                std::function<void()> done) override {
     runs.push_back({key, std::move(turn), std::move(done)});
   }
 
@@ -731,7 +731,10 @@ struct chat_fixture : lease_fixture {
     m.sender = "x";
     m.text = text;
     // What the bot sends its router: a chat event (it validated the message).
-    caf::anon_send(router, botmesh::chat_event{std::move(m), 0, {}});
+    auto key = botmesh::chat_key(m);
+    caf::anon_send(router, botmesh::make_event(std::move(key),
+                                               botmesh::chat_event{
+                                                 std::move(m), 0, {}}));
     vs.run();
   }
 };

@@ -85,6 +85,50 @@ TEST_CASE("a job queued behind workers that all block gets a thread of its "
   g.open();
 }
 
+TEST_CASE("a job queued behind a worker that computes (runnable, not "
+          "blocked) waits for it instead of getting a thread") {
+  // Under load a worker is often preempted for longer than the stall
+  // interval; a thread added then only contends for the same cores. A job
+  // that computes for less than long_job (100 ms) is not stuck.
+  worker_pool pool{1, 4};
+  std::atomic<bool> started{false};
+  pool.post([&] {
+    started = true;
+    auto until = std::chrono::steady_clock::now() + 40ms;
+    while (std::chrono::steady_clock::now() < until) {
+      // busy
+    }
+  });
+  while (!started.load())
+    std::this_thread::sleep_for(1ms);
+  std::promise<void> ran;
+  pool.post([&] { ran.set_value(); });
+  auto f = ran.get_future();
+  REQUIRE(ready_within(f, 5s));
+  CHECK(pool.threads() == 1);
+}
+
+TEST_CASE("a job queued behind a worker that computes for longer than "
+          "long_job gets a thread") {
+  worker_pool pool{1, 4, 1ms, 5s, 20ms};
+  std::atomic<bool> stop{false};
+  std::atomic<bool> started{false};
+  pool.post([&] {
+    started = true;
+    while (!stop.load()) {
+      // busy until the second job ran
+    }
+  });
+  while (!started.load())
+    std::this_thread::sleep_for(1ms);
+  std::promise<void> ran;
+  pool.post([&] { ran.set_value(); });
+  auto f = ran.get_future();
+  CHECK(ready_within(f, 5s));
+  CHECK(pool.threads() == 2);
+  stop = true;
+}
+
 TEST_CASE("jobs posted after a quiet spell are taken by a worker that went "
           "to sleep") {
   worker_pool pool{2, 2};

@@ -1,16 +1,24 @@
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <string_view>
+
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace botmesh::internal {
 
 worker_pool::worker_pool(std::size_t core, std::size_t max,
                          std::chrono::microseconds stall,
-                         std::chrono::milliseconds retire_after)
+                         std::chrono::milliseconds retire_after,
+                         std::chrono::milliseconds long_job)
   : core_(std::max<std::size_t>(1, std::min(core, max))),
     max_(std::max<std::size_t>(1, max)),
     stall_(stall),
-    retire_after_(retire_after) {
+    retire_after_(retire_after),
+    long_job_(long_job) {
   std::lock_guard guard{mtx_};
   for (std::size_t i = 0; i < core_; ++i)
     spawn_worker(false);
@@ -98,8 +106,49 @@ void worker_pool::spawn_worker(bool extra) {
   w.thread = std::thread{[this, ptr = &w, extra] { loop(ptr, extra); }};
 }
 
+std::size_t worker_pool::threads() {
+  std::lock_guard guard{mtx_};
+  return alive_;
+}
+
+namespace {
+
+// Whether thread `tid` of this process is runnable (running or waiting for
+// a core), from /proc. Unknown counts as not runnable: the pool then grows
+// as it would for a blocked worker.
+bool runnable(int tid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return false;
+  char buf[256];
+  auto n = ::read(fd, buf, sizeof buf);
+  ::close(fd);
+  if (n <= 0)
+    return false;
+  // "tid (name) S ...": the name may hold anything, so the state follows
+  // the last ')'.
+  std::string_view text{buf, static_cast<std::size_t>(n)};
+  auto close = text.rfind(')');
+  if (close == std::string_view::npos || close + 2 >= text.size())
+    return false;
+  return text[close + 2] == 'R';
+}
+
+} // namespace
+
+bool worker_pool::stuck(const worker& w, clock::time_point now) const {
+  if (w.job_since == clock::time_point{})
+    return false; // between jobs: it will take the next one
+  if (now - w.job_since >= long_job_)
+    return true;
+  return w.tid == 0 || !runnable(w.tid);
+}
+
 void worker_pool::loop(worker* self, bool extra) {
   std::unique_lock guard{mtx_};
+  self->tid = static_cast<int>(::syscall(SYS_gettid));
   for (;;) {
     if (jobs_.empty() && !closed_) {
       // Look for a while before sleeping: a worker that sleeps costs the
@@ -138,9 +187,12 @@ void worker_pool::loop(worker* self, bool extra) {
     // was woken but had not taken its job yet): they can stall now.
     if (!jobs_.empty() && idle_ == 0 && looking_ == 0 && !watching_)
       sup_cv_.notify_one();
+    if (max_ > core_)
+      self->job_since = clock::now(); // only the supervisor reads it
     guard.unlock();
     job();
     guard.lock();
+    self->job_since = {};
   }
   --alive_;
   self->finished = true;
@@ -176,11 +228,20 @@ void worker_pool::supervise() {
       continue;
     }
     sup_cv_.wait_for(guard, stall_);
-    // Jobs wait, and none started during the last interval: every worker
-    // is stuck, so one more thread is the only way forward.
+    // Jobs wait, none started during the last interval, and every worker
+    // is stuck: one more thread is the only way forward. (A worker that is
+    // merely preempted would take the next job once it gets a core back.)
     if (!jobs_.empty() && started_jobs_ == last_started && idle_ == 0
-        && looking_ == 0 && alive_ < max_)
-      spawn_worker(true);
+        && looking_ == 0 && alive_ < max_) {
+      auto now = clock::now();
+      bool all_stuck = std::all_of(workers_.begin(), workers_.end(),
+                                   [&](const worker& w) {
+                                     return w.finished.load()
+                                            || stuck(w, now);
+                                   });
+      if (all_stuck)
+        spawn_worker(true);
+    }
     last_started = started_jobs_;
   }
 }

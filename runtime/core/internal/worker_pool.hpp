@@ -17,13 +17,16 @@ namespace botmesh::internal {
 /// Threads that run user handlers, which may block, away from CAF's
 /// scheduler. FIFO.
 ///
-/// Elastic: it keeps `core` threads and adds one (up to `max`) whenever jobs
-/// are waiting and no job has started for `stall` — every worker is stuck
-/// in a long or blocking job. Short jobs therefore run on about one thread
-/// per core (more runnable threads only contend for the cores), while
+/// Elastic: it keeps `core` threads and adds one (up to `max`) when jobs
+/// are waiting, no job has started for `stall`, and every worker is stuck:
+/// its thread is blocked (sleeping, waiting for I/O or a lock: not
+/// runnable, as the kernel reports it), or its job has run for
+/// `long_job`. A worker that is runnable but was merely preempted (the
+/// cores are busy) is not stuck: another thread would only contend for the
+/// same cores. So short jobs run on about one thread per core while
 /// blocking handlers get as many threads as they need. Extra threads retire
-/// after `retire_after` without work. `shutdown()` runs what is queued, then
-/// joins.
+/// after `retire_after` without work. `shutdown()` runs what is queued,
+/// then joins.
 ///
 /// A worker that runs out of jobs looks for the next one for up to 50 µs
 /// (yielding its core at each look) before it sleeps: short jobs posted one
@@ -33,7 +36,8 @@ class worker_pool {
  public:
   worker_pool(std::size_t core, std::size_t max,
               std::chrono::microseconds stall = std::chrono::milliseconds{1},
-              std::chrono::milliseconds retire_after = std::chrono::seconds{5});
+              std::chrono::milliseconds retire_after = std::chrono::seconds{5},
+              std::chrono::milliseconds long_job = std::chrono::milliseconds{100});
   ~worker_pool();
 
   worker_pool(const worker_pool&) = delete;
@@ -53,11 +57,21 @@ class worker_pool {
 
   void shutdown();
 
+  /// Threads alive now (any thread; for tests and statistics).
+  std::size_t threads();
+
  private:
+  using clock = std::chrono::steady_clock;
+
   struct worker {
     std::thread thread;
     std::atomic<bool> finished{false};
+    int tid = 0;                  // the kernel's id of `thread`; under mtx_
+    clock::time_point job_since{}; // when its job started; zero when none
   };
+
+  /// True when `w` (busy) is blocked or has run its job for `long_job`.
+  bool stuck(const worker& w, clock::time_point now) const;
 
   void spawn_worker(bool extra); // caller holds mtx_
   /// Queues the `n` jobs `push` adds to `jobs_` (under the lock) and wakes
@@ -80,6 +94,7 @@ class worker_pool {
   std::size_t max_;
   std::chrono::microseconds stall_;
   std::chrono::milliseconds retire_after_;
+  std::chrono::milliseconds long_job_;
   std::chrono::microseconds spin_{50};
   // jobs_.size(), written under the lock, read without it by look_for_work.
   std::atomic<std::size_t> queued_{0};
