@@ -1,6 +1,79 @@
 #include <botmesh/actors/chat_services.hpp>
 
+#include <mutex>
+#include <new>
+
 namespace botmesh {
+
+namespace {
+
+// Freed event boxes, kept for the next ones. Any thread frees (a lock-free
+// push); takers take the whole pushed list at once into their own side, so
+// no taker ever compares-and-swaps a node another may have taken and given
+// back meanwhile (the ABA problem of a lock-free stack): the mutex orders
+// takers only, never a freeing thread.
+class box_cache {
+ public:
+  static constexpr std::size_t capacity = 1024;
+
+  void* take(std::size_t size) {
+    if (size == sizeof(event_box)) {
+      std::lock_guard guard{take_mtx_};
+      if (!taken_)
+        taken_ = pushed_.exchange(nullptr, std::memory_order_acquire);
+      if (auto* n = taken_) {
+        taken_ = n->next;
+        count_.fetch_sub(1, std::memory_order_relaxed);
+        return n;
+      }
+    }
+    return ::operator new(size);
+  }
+
+  void give(void* ptr, std::size_t size) noexcept {
+    if (size == sizeof(event_box)
+        && count_.fetch_add(1, std::memory_order_relaxed) < capacity) {
+      auto* n = static_cast<node*>(ptr);
+      n->next = pushed_.load(std::memory_order_relaxed);
+      while (!pushed_.compare_exchange_weak(n->next, n,
+                                            std::memory_order_release,
+                                            std::memory_order_relaxed)) {
+        // n->next was reloaded
+      }
+      return;
+    }
+    if (size == sizeof(event_box))
+      count_.fetch_sub(1, std::memory_order_relaxed);
+    ::operator delete(ptr);
+  }
+
+ private:
+  struct node {
+    node* next;
+  };
+
+  std::atomic<node*> pushed_{nullptr};
+  std::atomic<std::size_t> count_{0}; // cached boxes (both sides), roughly
+  std::mutex take_mtx_;
+  node* taken_ = nullptr; // under take_mtx_
+};
+
+// Never destroyed: boxes may be freed by threads that outlive static
+// destruction; what it holds at exit stays reachable through it.
+box_cache& boxes() {
+  static auto* cache = new box_cache;
+  return *cache;
+}
+
+} // namespace
+
+void* event_box::operator new(std::size_t size) {
+  return boxes().take(size);
+}
+
+void event_box::operator delete(void* ptr, std::size_t size) noexcept {
+  boxes().give(ptr, size);
+}
 
 chat_services::~chat_services() {
   // nop

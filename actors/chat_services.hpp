@@ -82,6 +82,11 @@ struct event_box : caf::ref_counted, internal::run_link {
     // nop
   }
 
+  /// A message that just arrived (moved in once, not through a chat_event).
+  event_box(std::string k, inbound_message&& m) : key(std::move(k)) {
+    ev.message = std::move(m);
+  }
+
   /// The event's chat key (computed once, at intake).
   std::string key;
   chat_event ev;
@@ -89,6 +94,15 @@ struct event_box : caf::ref_counted, internal::run_link {
   /// Internal to the chat actor: whether the event starts the chat
   /// actor's activation (its run queue links through `run_link`).
   bool first = false;
+
+  /// Boxes are recycled: a box is usually made on a transport's thread and
+  /// freed on a handler thread, and glibc frees a block made on another
+  /// thread under that thread's arena lock, which the maker holds for its
+  /// own allocations (in a burst that costs a fifth of the throughput).
+  /// Freed boxes (up to 1024 of them, about 640 KB) go onto a lock-free
+  /// list the next box is taken from; the rest go back to the heap.
+  static void* operator new(std::size_t size);
+  static void operator delete(void* ptr, std::size_t size) noexcept;
 };
 
 using event_ptr = caf::intrusive_ptr<event_box>;

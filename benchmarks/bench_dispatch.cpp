@@ -170,14 +170,20 @@ chat_memory heap_per_chat(caf::actor_system& sys,
                   .log_messages = false}};
   b.on_message([&](botmesh::context&) { handled.fetch_add(1); });
   b.start();
-  // Warm up allocator pools and the router's table with one chat.
-  p->inject("warmup", "x");
-  wait_for([&] { return handled.load() == 1; });
+  // Warm up allocator pools and the router's table with a few chats, with
+  // enough messages to fill the process's cache of freed event boxes (a
+  // fixed ~640 KB, not a cost per chat; see event_box).
+  constexpr int warmup = 2048;
+  for (int i = 0; i < warmup; ++i)
+    p->inject("warmup-" + std::to_string(i % 64), "x");
+  wait_for([&] { return handled.load() == warmup; });
   wait_for([&] { return b.stats().live_chats == 0; });
   auto before = heap_in_use();
   for (auto& id : ids)
     p->inject(id, "hola");
-  wait_for([&] { return handled.load() == static_cast<long>(ids.size()) + 1; });
+  wait_for([&] {
+    return handled.load() == static_cast<long>(ids.size()) + warmup;
+  });
   auto live = heap_in_use();
   wait_for([&] { return b.stats().live_chats == 0; });
   std::this_thread::sleep_for(50ms); // let exited actors be reclaimed

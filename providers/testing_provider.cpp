@@ -87,7 +87,8 @@ void testing_provider::send(const outgoing_message& msg) {
 }
 
 void testing_provider::inject(inbound_message msg) {
-  inject(std::move(msg), delivery_callbacks{});
+  delivery_callbacks none;
+  hand_over(msg, none);
 }
 
 bool testing_provider::ask_to_yield(std::string_view reason) {
@@ -100,6 +101,12 @@ bool testing_provider::ask_to_yield(std::string_view reason) {
 }
 
 void testing_provider::inject(inbound_message msg, delivery_callbacks cb) {
+  hand_over(msg, cb);
+}
+
+// By reference down to the host: the message is moved once, into deliver().
+void testing_provider::hand_over(inbound_message& msg,
+                                 delivery_callbacks& cb) {
   provider_host* host;
   {
     std::lock_guard guard{impl_->mtx};
@@ -123,7 +130,8 @@ void testing_provider::inject(std::string chat, std::string text) {
   msg.chat = std::move(chat);
   msg.text = std::move(text);
   msg.command = command_in(msg.text);
-  inject(std::move(msg));
+  delivery_callbacks none;
+  hand_over(msg, none);
 }
 
 void testing_provider::set_state(provider_state s) {

@@ -71,6 +71,8 @@ class testing_provider final : public provider {
   std::size_t starts() const;
 
  private:
+  void hand_over(inbound_message& msg, delivery_callbacks& callbacks);
+
   struct impl;
   std::unique_ptr<impl> impl_;
 };

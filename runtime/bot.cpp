@@ -1,6 +1,7 @@
 #include <botmesh/runtime/bot.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
@@ -574,10 +575,17 @@ struct bot::impl final : chat_services,
   // -- provider_host ---------------------------------------------------------
 
   void deliver(inbound_message msg) override {
-    deliver(std::move(msg), delivery_callbacks{});
+    delivery_callbacks none;
+    intake(msg, none);
   }
 
   void deliver(inbound_message msg, delivery_callbacks cb) override {
+    intake(msg, cb);
+  }
+
+  // Both deliver()s: by reference from here on, so the message is moved
+  // once more only, into the event that carries it to its turn.
+  void intake(inbound_message& msg, delivery_callbacks& cb) {
     auto refuse = [&](errc code, const std::string& why) {
       if (auto* note = internal::receipt_of(cb))
         note->why = why; // the bot's actor answers with it
@@ -590,7 +598,7 @@ struct bot::impl final : chat_services,
     // bot instance (a random prefix), so replicas never collide.
     bool platform_id = !msg.id.empty();
     if (msg.id.empty())
-      msg.id = fmt::format("{}-{}-{}", provider_id, id_prefix, ++next_id);
+      msg.id = local_id();
     if (msg.timestamp == time_point{})
       msg.timestamp = clock::system().now();
     try {
@@ -620,18 +628,31 @@ struct bot::impl final : chat_services,
       duplicate(std::move(cb));
       return;
     }
-    accept(std::move(key), chat_event{std::move(msg), 0, {}}, std::move(cb));
+    accept(caf::make_counted<event_box>(std::move(key), std::move(msg)), cb);
+  }
+
+  // "<provider>-<prefix>-<n>": the id of a message that came without one.
+  std::string local_id() {
+    char digits[24];
+    auto end = std::to_chars(digits, digits + sizeof digits, ++next_id).ptr;
+    std::string id;
+    id.reserve(provider_id.size() + id_prefix.size() + 2
+               + static_cast<std::size_t>(end - digits));
+    id.append(provider_id).append(1, '-').append(id_prefix).append(1, '-');
+    id.append(digits, end);
+    return id;
   }
 
   void accept(chat_event ev, delivery_callbacks cb) override {
     auto key = chat_key(ev.message);
-    accept(std::move(key), std::move(ev), std::move(cb));
+    accept(make_event(std::move(key), std::move(ev)), cb);
   }
 
   // Counts an accepted event and hands it to the router. The turn-end
   // notice travels with it, through the chat actor to the end of its turn.
-  void accept(std::string key, chat_event ev, delivery_callbacks cb) {
+  void accept(event_ptr box, delivery_callbacks& cb) {
     ++received;
+    auto& ev = box->ev;
     if (auto* note = internal::receipt_of(cb))
       note->id = ev.message.id; // stamped when it came without one
     if (cb.accepted)
@@ -639,7 +660,7 @@ struct bot::impl final : chat_services,
     enqueued(ev);
     ev.on_end = std::move(cb.turn_ended);
     // The whole event: its queue time travels with it too.
-    caf::anon_send(router_handle, make_event(std::move(key), std::move(ev)));
+    caf::anon_send(router_handle, std::move(box));
   }
 
   void duplicate(delivery_callbacks cb) override {

@@ -113,23 +113,44 @@ std::size_t worker_pool::threads() {
 
 namespace {
 
-// Whether thread `tid` of this process is runnable (running or waiting for
-// a core), from /proc. Unknown counts as not runnable: the pool then grows
-// as it would for a blocked worker.
+// Reads a small /proc file of this process into `buf`; its length, or 0.
+std::size_t read_proc(const char* path, char* buf, std::size_t size) {
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return 0;
+  auto n = ::read(fd, buf, size - 1);
+  ::close(fd);
+  if (n <= 0)
+    return 0;
+  buf[n] = '\0';
+  return static_cast<std::size_t>(n);
+}
+
+// Nanoseconds thread `tid` spent running plus waiting for a core (the
+// first two fields of its schedstat); false when the kernel has no such
+// statistics.
+bool sched_time(int tid, std::uint64_t& ns) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", tid);
+  char buf[128];
+  if (read_proc(path, buf, sizeof buf) == 0)
+    return false;
+  unsigned long long run = 0, wait = 0;
+  if (std::sscanf(buf, "%llu %llu", &run, &wait) != 2)
+    return false;
+  ns = run + wait;
+  return true;
+}
+
+// Whether thread `tid` is runnable now: running or waiting for a core.
 bool runnable(int tid) {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return false;
   char buf[256];
-  auto n = ::read(fd, buf, sizeof buf);
-  ::close(fd);
-  if (n <= 0)
-    return false;
+  auto n = read_proc(path, buf, sizeof buf);
   // "tid (name) S ...": the name may hold anything, so the state follows
   // the last ')'.
-  std::string_view text{buf, static_cast<std::size_t>(n)};
+  std::string_view text{buf, n};
   auto close = text.rfind(')');
   if (close == std::string_view::npos || close + 2 >= text.size())
     return false;
@@ -138,12 +159,31 @@ bool runnable(int tid) {
 
 } // namespace
 
-bool worker_pool::stuck(const worker& w, clock::time_point now) const {
+bool worker_pool::stuck(worker& w, clock::time_point now) const {
   if (w.job_since == clock::time_point{})
     return false; // between jobs: it will take the next one
   if (now - w.job_since >= long_job_)
     return true;
-  return w.tid == 0 || !runnable(w.tid);
+  if (w.tid == 0)
+    return true;
+  // Running or waiting for a core. (Checked first: the kernel updates a
+  // running thread's time only at its ticks, so the statistics below lag
+  // for it; for a thread that is off the cores they are exact.)
+  if (runnable(w.tid))
+    return false;
+  std::uint64_t ns = 0;
+  if (!sched_time(w.tid, ns))
+    return true;
+  bool first_look = w.sched_at == clock::time_point{};
+  auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   now - w.sched_at)
+                   .count();
+  auto progress = ns - w.sched_ns;
+  w.sched_ns = ns;
+  w.sched_at = now;
+  // A lock briefly contended or a short write leaves a thread blocked for
+  // an instant; blocked for most of an interval is what stalls the pool.
+  return !first_look && progress * 4 < static_cast<std::uint64_t>(elapsed);
 }
 
 void worker_pool::loop(worker* self, bool extra) {
@@ -193,6 +233,7 @@ void worker_pool::loop(worker* self, bool extra) {
     job();
     guard.lock();
     self->job_since = {};
+    self->sched_at = {};
   }
   --alive_;
   self->finished = true;
@@ -235,7 +276,7 @@ void worker_pool::supervise() {
         && looking_ == 0 && alive_ < max_) {
       auto now = clock::now();
       bool all_stuck = std::all_of(workers_.begin(), workers_.end(),
-                                   [&](const worker& w) {
+                                   [&](worker& w) {
                                      return w.finished.load()
                                             || stuck(w, now);
                                    });

@@ -19,11 +19,11 @@ namespace botmesh::internal {
 ///
 /// Elastic: it keeps `core` threads and adds one (up to `max`) when jobs
 /// are waiting, no job has started for `stall`, and every worker is stuck:
-/// its thread is blocked (sleeping, waiting for I/O or a lock: not
-/// runnable, as the kernel reports it), or its job has run for
-/// `long_job`. A worker that is runnable but was merely preempted (the
-/// cores are busy) is not stuck: another thread would only contend for the
-/// same cores. So short jobs run on about one thread per core while
+/// its thread is off the cores now and spent most of the time since the
+/// previous look blocked (sleeping, waiting for I/O or a lock; by the
+/// kernel's scheduler statistics), or its job has run for `long_job`. A
+/// worker that was merely preempted (the cores are busy) is not stuck:
+/// another thread would only contend for the same cores. So short jobs run on about one thread per core while
 /// blocking handlers get as many threads as they need. Extra threads retire
 /// after `retire_after` without work. `shutdown()` runs what is queued,
 /// then joins.
@@ -66,12 +66,19 @@ class worker_pool {
   struct worker {
     std::thread thread;
     std::atomic<bool> finished{false};
-    int tid = 0;                  // the kernel's id of `thread`; under mtx_
+    // Under mtx_:
+    int tid = 0;                   // the kernel's id of `thread`
     clock::time_point job_since{}; // when its job started; zero when none
+    // The supervisor's last look at its job: the thread's time running or
+    // waiting for a core (ns), and when it was read; unset for a new job.
+    std::uint64_t sched_ns = 0;
+    clock::time_point sched_at{};
   };
 
-  /// True when `w` (busy) is blocked or has run its job for `long_job`.
-  bool stuck(const worker& w, clock::time_point now) const;
+  /// True when `w`'s job has run for `long_job`, or its thread is off the
+  /// cores and was blocked for most of the time since the supervisor's
+  /// last look at the same job (the first look only takes a sample).
+  bool stuck(worker& w, clock::time_point now) const;
 
   void spawn_worker(bool extra); // caller holds mtx_
   /// Queues the `n` jobs `push` adds to `jobs_` (under the lock) and wakes
