@@ -293,7 +293,10 @@ void next_turn(chat_actor_t* self) {
   st.busy = true;
   st.first = false;
   auto handle = caf::actor_cast<caf::actor>(self);
-  st.cfg().services->run_turn(st.key, head.ev, first, head.token, [handle] {
+  // The event goes with its turn (it is freed where the turn ends); the
+  // entry stays, holding the turn, until turn_done.
+  st.cfg().services->run_turn(st.key, std::move(head.ev), first, head.token,
+                              [handle] {
     caf::anon_send(handle, turn_done_atom::value);
   });
 }

@@ -3,6 +3,17 @@
 #include <mutex>
 #include <new>
 
+#if defined(__SANITIZE_ADDRESS__)
+#  define BOTMESH_ASAN 1
+#elif defined(__has_feature)
+#  if __has_feature(address_sanitizer)
+#    define BOTMESH_ASAN 1
+#  endif
+#endif
+#ifdef BOTMESH_ASAN
+#  include <sanitizer/asan_interface.h>
+#endif
+
 namespace botmesh {
 
 namespace {
@@ -24,6 +35,7 @@ class box_cache {
       if (auto* n = taken_) {
         taken_ = n->next;
         count_.fetch_sub(1, std::memory_order_relaxed);
+        unpoison(n);
         return n;
       }
     }
@@ -34,6 +46,7 @@ class box_cache {
     if (size == sizeof(event_box)
         && count_.fetch_add(1, std::memory_order_relaxed) < capacity) {
       auto* n = static_cast<node*>(ptr);
+      poison(n);
       n->next = pushed_.load(std::memory_order_relaxed);
       while (!pushed_.compare_exchange_weak(n->next, n,
                                             std::memory_order_release,
@@ -51,6 +64,21 @@ class box_cache {
   struct node {
     node* next;
   };
+
+  // Under AddressSanitizer a cached box is poisoned (all but its link), so
+  // a use after free is still caught until the box is taken again.
+  static void poison([[maybe_unused]] node* n) noexcept {
+#ifdef BOTMESH_ASAN
+    ASAN_POISON_MEMORY_REGION(reinterpret_cast<char*>(n) + sizeof(node),
+                              sizeof(event_box) - sizeof(node));
+#endif
+  }
+
+  static void unpoison([[maybe_unused]] node* n) noexcept {
+#ifdef BOTMESH_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(n, sizeof(event_box));
+#endif
+  }
 
   std::atomic<node*> pushed_{nullptr};
   std::atomic<std::size_t> count_{0}; // cached boxes (both sides), roughly

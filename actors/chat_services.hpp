@@ -128,8 +128,7 @@ class chat_services {
   /// checks `turn` first (see turn_token), and `turn->step_started()` is
   /// called on the thread that runs it when it begins (settle counts from
   /// then). `first_of_activation` is true when the turn starts the chat
-  /// actor's (re)spawned life. The chat actor keeps its reference to `ev`
-  /// until `done` but does not touch it meanwhile.
+  /// actor's (re)spawned life. The chat actor gives `ev` away with the turn.
   virtual void run_turn(const std::string& key, event_ptr ev,
                         bool first_of_activation,
                         std::shared_ptr<turn_token> turn,

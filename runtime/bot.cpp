@@ -457,7 +457,7 @@ struct bot::impl final : chat_services,
                 done = std::move(done)]() mutable {
       turn->step_started(); // settle counts from here, not from the queue
       coordinated_turn(key, ev->ev, first, turn);
-      ev.reset(); // freed here, not by whoever drops the job
+      ev.reset(); // the last reference: freed before the chat goes on
       done();
     });
   }

@@ -159,28 +159,26 @@ bool runnable(int tid) {
 
 } // namespace
 
-bool worker_pool::stuck(worker& w, clock::time_point now) const {
-  if (w.job_since == clock::time_point{})
-    return false; // between jobs: it will take the next one
-  if (now - w.job_since >= long_job_)
+bool worker_pool::stuck(look& l, clock::time_point now) const {
+  if (now - l.job_since >= long_job_)
     return true;
-  if (w.tid == 0)
+  if (l.tid == 0)
     return true;
   // Running or waiting for a core. (Checked first: the kernel updates a
   // running thread's time only at its ticks, so the statistics below lag
   // for it; for a thread that is off the cores they are exact.)
-  if (runnable(w.tid))
+  if (runnable(l.tid))
     return false;
   std::uint64_t ns = 0;
-  if (!sched_time(w.tid, ns))
+  if (!sched_time(l.tid, ns))
     return true;
-  bool first_look = w.sched_at == clock::time_point{};
+  bool first_look = l.sched_at == clock::time_point{};
   auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   now - w.sched_at)
+                   now - l.sched_at)
                    .count();
-  auto progress = ns - w.sched_ns;
-  w.sched_ns = ns;
-  w.sched_at = now;
+  auto progress = ns - l.sched_ns;
+  l.sched_ns = ns;
+  l.sched_at = now;
   // A lock briefly contended or a short write leaves a thread blocked for
   // an instant; blocked for most of an interval is what stalls the pool.
   return !first_look && progress * 4 < static_cast<std::uint64_t>(elapsed);
@@ -253,6 +251,41 @@ void worker_pool::look_for_work() {
   }
 }
 
+bool worker_pool::all_stuck(std::unique_lock<std::mutex>& guard) {
+  // What to look at, taken under the lock; /proc is read without it, so
+  // posts (CAF workers) and finishing workers never wait for the reads.
+  looks_.clear();
+  for (auto& w : workers_) {
+    if (w.finished.load())
+      continue;
+    if (w.job_since == clock::time_point{})
+      return false; // between jobs: it will take the next one
+    looks_.push_back({&w, w.tid, w.job_since, w.sched_ns, w.sched_at});
+  }
+  auto started = started_jobs_;
+  guard.unlock();
+  auto now = clock::now();
+  bool all = true;
+  // Every worker is looked at (no early exit): each keeps its sample for
+  // the next look, so a pool of blocked workers grows on the second look.
+  for (auto& l : looks_)
+    if (!stuck(l, now))
+      all = false;
+  guard.lock();
+  // Only workers still in the job that was looked at keep the sample, and
+  // only if no job started meanwhile is the answer still true.
+  for (auto& l : looks_) {
+    if (l.w->job_since == l.job_since) {
+      l.w->sched_ns = l.sched_ns;
+      l.w->sched_at = l.sched_at;
+    } else {
+      all = false;
+    }
+  }
+  return all && started == started_jobs_ && !jobs_.empty() && idle_ == 0
+         && looking_ == 0 && alive_ < max_;
+}
+
 void worker_pool::supervise() {
   std::unique_lock guard{mtx_};
   auto last_started = started_jobs_;
@@ -273,16 +306,8 @@ void worker_pool::supervise() {
     // is stuck: one more thread is the only way forward. (A worker that is
     // merely preempted would take the next job once it gets a core back.)
     if (!jobs_.empty() && started_jobs_ == last_started && idle_ == 0
-        && looking_ == 0 && alive_ < max_) {
-      auto now = clock::now();
-      bool all_stuck = std::all_of(workers_.begin(), workers_.end(),
-                                   [&](worker& w) {
-                                     return w.finished.load()
-                                            || stuck(w, now);
-                                   });
-      if (all_stuck)
-        spawn_worker(true);
-    }
+        && looking_ == 0 && alive_ < max_ && all_stuck(guard))
+      spawn_worker(true);
     last_started = started_jobs_;
   }
 }

@@ -75,10 +75,24 @@ class worker_pool {
     clock::time_point sched_at{};
   };
 
-  /// True when `w`'s job has run for `long_job`, or its thread is off the
-  /// cores and was blocked for most of the time since the supervisor's
-  /// last look at the same job (the first look only takes a sample).
-  bool stuck(worker& w, clock::time_point now) const;
+  // The supervisor's look at one busy worker, made without the lock.
+  struct look {
+    worker* w;
+    int tid;
+    clock::time_point job_since;
+    std::uint64_t sched_ns;
+    clock::time_point sched_at;
+  };
+
+  /// True when the job looked at has run for `long_job`, or its thread is
+  /// off the cores and was blocked for most of the time since the
+  /// supervisor's last look at the same job (the first look only takes a
+  /// sample). Updates the look's sample. Takes no lock.
+  bool stuck(look& l, clock::time_point now) const;
+
+  /// Supervisor, holding `guard`: whether every worker is stuck (and a
+  /// thread may still be added). Releases the lock while it reads /proc.
+  bool all_stuck(std::unique_lock<std::mutex>& guard);
 
   void spawn_worker(bool extra); // caller holds mtx_
   /// Queues the `n` jobs `push` adds to `jobs_` (under the lock) and wakes
@@ -95,7 +109,8 @@ class worker_pool {
   std::condition_variable cv_;     // workers wait for jobs
   std::condition_variable sup_cv_; // the supervisor waits for a backlog
   std::deque<std::function<void()>> jobs_;
-  std::list<worker> workers_;
+  std::list<worker> workers_; // reaped only by the supervisor
+  std::vector<look> looks_;   // the supervisor's
   std::thread supervisor_;
   std::size_t core_;
   std::size_t max_;
