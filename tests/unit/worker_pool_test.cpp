@@ -90,8 +90,8 @@ TEST_CASE("a job queued behind a worker that computes (runnable, not "
   // Under load a worker is often preempted for longer than the stall
   // interval; a thread added then only contends for the same cores. A job
   // that computes for less than long_job (100 ms) is not stuck.
+  std::atomic<bool> started{false}; // declared first: outlives the pool
   worker_pool pool{1, 4};
-  std::atomic<bool> started{false};
   pool.post([&] {
     started = true;
     auto until = std::chrono::steady_clock::now() + 40ms;
@@ -110,9 +110,10 @@ TEST_CASE("a job queued behind a worker that computes (runnable, not "
 
 TEST_CASE("a job queued behind a worker that computes for longer than "
           "long_job gets a thread") {
-  worker_pool pool{1, 4, 1ms, 5s, 20ms};
+  // Declared before the pool: its jobs read them until the pool is gone.
   std::atomic<bool> stop{false};
   std::atomic<bool> started{false};
+  worker_pool pool{1, 4, 1ms, 5s, 20ms};
   pool.post([&] {
     started = true;
     while (!stop.load()) {
