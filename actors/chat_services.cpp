@@ -23,12 +23,13 @@ namespace {
 // no taker ever compares-and-swaps a node another may have taken and given
 // back meanwhile (the ABA problem of a lock-free stack): the mutex orders
 // takers only, never a freeing thread.
+// Every block is sizeof(event_box): the class is final.
 class box_cache {
  public:
   static constexpr std::size_t capacity = 1024;
 
-  void* take(std::size_t size) {
-    if (size == sizeof(event_box)) {
+  void* take() {
+    {
       std::lock_guard guard{take_mtx_};
       if (!taken_)
         taken_ = pushed_.exchange(nullptr, std::memory_order_acquire);
@@ -39,25 +40,23 @@ class box_cache {
         return n;
       }
     }
-    return ::operator new(size);
+    return ::operator new(sizeof(event_box));
   }
 
-  void give(void* ptr, std::size_t size) noexcept {
-    if (size == sizeof(event_box)
-        && count_.fetch_add(1, std::memory_order_relaxed) < capacity) {
-      auto* n = static_cast<node*>(ptr);
-      poison(n);
-      n->next = pushed_.load(std::memory_order_relaxed);
-      while (!pushed_.compare_exchange_weak(n->next, n,
-                                            std::memory_order_release,
-                                            std::memory_order_relaxed)) {
-        // n->next was reloaded
-      }
+  void give(void* ptr) noexcept {
+    if (count_.fetch_add(1, std::memory_order_relaxed) >= capacity) {
+      count_.fetch_sub(1, std::memory_order_relaxed);
+      ::operator delete(ptr);
       return;
     }
-    if (size == sizeof(event_box))
-      count_.fetch_sub(1, std::memory_order_relaxed);
-    ::operator delete(ptr);
+    auto* n = static_cast<node*>(ptr);
+    poison(n);
+    n->next = pushed_.load(std::memory_order_relaxed);
+    while (!pushed_.compare_exchange_weak(n->next, n,
+                                          std::memory_order_release,
+                                          std::memory_order_relaxed)) {
+      // n->next was reloaded
+    }
   }
 
  private:
@@ -95,12 +94,12 @@ box_cache& boxes() {
 
 } // namespace
 
-void* event_box::operator new(std::size_t size) {
-  return boxes().take(size);
+void* event_box::operator new(std::size_t) {
+  return boxes().take();
 }
 
-void event_box::operator delete(void* ptr, std::size_t size) noexcept {
-  boxes().give(ptr, size);
+void event_box::operator delete(void* ptr) noexcept {
+  boxes().give(ptr);
 }
 
 chat_services::~chat_services() {

@@ -57,6 +57,15 @@ struct chat_event {
   }
 };
 
+namespace internal {
+
+/// The link of a chat's lock-free run queue (see event_box).
+struct run_link {
+  std::atomic<run_link*> next{nullptr};
+};
+
+} // namespace internal
+
 /// A chat event in one heap block, as it travels from the bot's intake
 /// through the router and the chat actor to the thread that runs its turn.
 /// Each hop moves a pointer instead of the ~600-byte event, and the block is
@@ -67,16 +76,7 @@ struct chat_event {
 /// Ownership: one owner at a time in practice (the protocol moves it); the
 /// reference count only makes it a CAF message type. Nobody reads an event
 /// while another thread runs its turn.
-namespace internal {
-
-/// The link of a chat's lock-free run queue (see event_box).
-struct run_link {
-  std::atomic<run_link*> next{nullptr};
-};
-
-} // namespace internal
-
-struct event_box : caf::ref_counted, internal::run_link {
+struct event_box final : caf::ref_counted, internal::run_link {
   event_box(std::string k, chat_event e)
     : key(std::move(k)), ev(std::move(e)) {
     // nop
@@ -102,14 +102,26 @@ struct event_box : caf::ref_counted, internal::run_link {
   /// Freed boxes (up to 1024 of them, about 640 KB) go onto a lock-free
   /// list the next box is taken from; the rest go back to the heap.
   static void* operator new(std::size_t size);
-  static void operator delete(void* ptr, std::size_t size) noexcept;
+  static void operator delete(void* ptr) noexcept;
 };
 
 using event_ptr = caf::intrusive_ptr<event_box>;
 
-/// Boxes `ev` of chat `key` for the router.
+/// Boxes `ev` of chat `key` for the router (a timer's event has no message
+/// to take the key from).
 inline event_ptr make_event(std::string key, chat_event ev) {
   return caf::make_counted<event_box>(std::move(key), std::move(ev));
+}
+
+/// Boxes a message's event, keyed by its message's chat key.
+inline event_ptr make_event(chat_event ev) {
+  auto key = chat_key(ev.message);
+  return make_event(std::move(key), std::move(ev));
+}
+
+/// Boxes a message that just arrived (moved once, into the box).
+inline event_ptr make_event(std::string key, inbound_message&& msg) {
+  return caf::make_counted<event_box>(std::move(key), std::move(msg));
 }
 
 /// What the router and chat actors need from the runtime above them. The

@@ -1,8 +1,8 @@
 #include <botmesh/runtime/bot.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <csignal>
 #include <deque>
@@ -503,8 +503,7 @@ struct bot::impl final : chat_services,
 
   void reinject(chat_event ev) override {
     enqueued(ev);
-    auto key = chat_key(ev.message);
-    caf::anon_send(router_handle, make_event(std::move(key), std::move(ev)));
+    caf::anon_send(router_handle, make_event(std::move(ev)));
   }
 
   void report(errc code, std::string what, std::string key) override {
@@ -628,24 +627,19 @@ struct bot::impl final : chat_services,
       duplicate(std::move(cb));
       return;
     }
-    accept(caf::make_counted<event_box>(std::move(key), std::move(msg)), cb);
+    accept(make_event(std::move(key), std::move(msg)), cb);
   }
 
   // "<provider>-<prefix>-<n>": the id of a message that came without one.
   std::string local_id() {
     char digits[24];
     auto end = std::to_chars(digits, digits + sizeof digits, ++next_id).ptr;
-    std::string id;
-    id.reserve(provider_id.size() + id_prefix.size() + 2
-               + static_cast<std::size_t>(end - digits));
-    id.append(provider_id).append(1, '-').append(id_prefix).append(1, '-');
-    id.append(digits, end);
-    return id;
+    return internal::join('-', {provider_id, id_prefix,
+                                std::string_view(digits, end - digits)});
   }
 
   void accept(chat_event ev, delivery_callbacks cb) override {
-    auto key = chat_key(ev.message);
-    accept(make_event(std::move(key), std::move(ev)), cb);
+    accept(make_event(std::move(ev)), cb);
   }
 
   // Counts an accepted event and hands it to the router. The turn-end

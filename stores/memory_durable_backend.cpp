@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 
 namespace botmesh {
 
@@ -40,13 +41,7 @@ std::string_view to_string(outbox_verdict v) noexcept {
 }
 
 std::string journal_id(std::string_view chat_key, std::string_view message_id) {
-  // Per inbound message: one allocation, no format parsing.
-  std::string id;
-  id.reserve(chat_key.size() + 1 + message_id.size());
-  id += chat_key;
-  id.push_back('#');
-  id += message_id;
-  return id;
+  return internal::join('#', {chat_key, message_id}); // per inbound message
 }
 
 // -- memory_durable_backend ---------------------------------------------------

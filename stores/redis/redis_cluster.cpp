@@ -442,7 +442,6 @@ void redis_client::cluster::finish(const std::shared_ptr<op>& o, redis_reply r,
   done(std::move(r), std::move(e));
 }
 
-
 // Counts a resend from a node's thread, so shutdown() waits for it before
 // freeing the nodes. (Commands from the caller's threads need no count: a
 // client is not used while it is destroyed; the retry thread is joined

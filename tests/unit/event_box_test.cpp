@@ -17,9 +17,7 @@ botmesh::event_ptr box_for(const std::string& chat, const std::string& text) {
   m.provider = "test";
   m.chat = chat;
   m.text = text;
-  auto key = botmesh::chat_key(m);
-  return botmesh::make_event(std::move(key),
-                             botmesh::chat_event{std::move(m), 0, {}});
+  return botmesh::make_event(botmesh::chat_event{std::move(m), 0, {}});
 }
 
 } // namespace

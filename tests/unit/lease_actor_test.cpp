@@ -731,10 +731,8 @@ struct chat_fixture : lease_fixture {
     m.sender = "x";
     m.text = text;
     // What the bot sends its router: a chat event (it validated the message).
-    auto key = botmesh::chat_key(m);
-    caf::anon_send(router, botmesh::make_event(std::move(key),
-                                               botmesh::chat_event{
-                                                 std::move(m), 0, {}}));
+    caf::anon_send(router,
+                   botmesh::make_event(botmesh::chat_event{std::move(m), 0, {}}));
     vs.run();
   }
 };

@@ -8,6 +8,8 @@
 
 #include <botmesh/runtime/core/checkpoint.hpp>
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
+#include <botmesh/stores/durable_backend.hpp>
 #include <botmesh/runtime/core/json.hpp>
 #include <botmesh/runtime/core/message.hpp>
 
@@ -350,4 +352,14 @@ TEST_CASE("messages with buttons, media and location travel as CAF messages "
   }
   CHECK(in_back == in);
   CHECK(out_back == out);
+}
+
+TEST_CASE("join puts the separator between the parts, empty ones too") {
+  using botmesh::internal::join;
+  CHECK(join('#', {"test:ana", "m1"}) == "test:ana#m1");
+  CHECK(join('-', {"test", "ab12", "7"}) == "test-ab12-7");
+  CHECK(join('-', {"", "x", ""}) == "-x-");
+  CHECK(join('-', {"solo"}) == "solo");
+  CHECK(join('-', {}).empty());
+  CHECK(botmesh::journal_id("test:ana", "m1") == "test:ana#m1");
 }

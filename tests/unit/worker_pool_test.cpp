@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -36,6 +37,18 @@ struct gate {
 
 bool ready_within(std::future<void>& f, std::chrono::milliseconds d) {
   return f.wait_for(d) == std::future_status::ready;
+}
+
+// Once the first job set `started`, posts a second one; whether it ran
+// within 5 s.
+bool next_job_runs(worker_pool& pool, const std::atomic<bool>& started) {
+  while (!started.load())
+    std::this_thread::sleep_for(1ms);
+  // Shared: on a timeout the job may still run after this returns.
+  auto ran = std::make_shared<std::promise<void>>();
+  auto f = ran->get_future();
+  pool.post([ran] { ran->set_value(); });
+  return ready_within(f, 5s);
 }
 
 } // namespace
@@ -99,12 +112,7 @@ TEST_CASE("a job queued behind a worker that computes (runnable, not "
       // busy
     }
   });
-  while (!started.load())
-    std::this_thread::sleep_for(1ms);
-  std::promise<void> ran;
-  pool.post([&] { ran.set_value(); });
-  auto f = ran.get_future();
-  REQUIRE(ready_within(f, 5s));
+  REQUIRE(next_job_runs(pool, started));
   CHECK(pool.threads() == 1);
 }
 
@@ -120,12 +128,7 @@ TEST_CASE("a job queued behind a worker that computes for longer than "
       // busy until the second job ran
     }
   });
-  while (!started.load())
-    std::this_thread::sleep_for(1ms);
-  std::promise<void> ran;
-  pool.post([&] { ran.set_value(); });
-  auto f = ran.get_future();
-  CHECK(ready_within(f, 5s));
+  CHECK(next_job_runs(pool, started));
   CHECK(pool.threads() == 2);
   stop = true;
 }

@@ -172,13 +172,13 @@ bool worker_pool::stuck(look& l, clock::time_point now) const {
   std::uint64_t ns = 0;
   if (!sched_time(l.tid, ns))
     return true;
-  bool first_look = l.sched_at == clock::time_point{};
+  auto last = l.seen;
+  l.seen = {ns, now};
+  bool first_look = last.at == clock::time_point{};
   auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   now - l.sched_at)
+                   now - last.at)
                    .count();
-  auto progress = ns - l.sched_ns;
-  l.sched_ns = ns;
-  l.sched_at = now;
+  auto progress = ns - last.ns;
   // A lock briefly contended or a short write leaves a thread blocked for
   // an instant; blocked for most of an interval is what stalls the pool.
   return !first_look && progress * 4 < static_cast<std::uint64_t>(elapsed);
@@ -231,7 +231,7 @@ void worker_pool::loop(worker* self, bool extra) {
     job();
     guard.lock();
     self->job_since = {};
-    self->sched_at = {};
+    self->seen = {};
   }
   --alive_;
   self->finished = true;
@@ -260,7 +260,7 @@ bool worker_pool::all_stuck(std::unique_lock<std::mutex>& guard) {
       continue;
     if (w.job_since == clock::time_point{})
       return false; // between jobs: it will take the next one
-    looks_.push_back({&w, w.tid, w.job_since, w.sched_ns, w.sched_at});
+    looks_.push_back({&w, w.tid, w.job_since, w.seen});
   }
   auto started = started_jobs_;
   guard.unlock();
@@ -275,12 +275,10 @@ bool worker_pool::all_stuck(std::unique_lock<std::mutex>& guard) {
   // Only workers still in the job that was looked at keep the sample, and
   // only if no job started meanwhile is the answer still true.
   for (auto& l : looks_) {
-    if (l.w->job_since == l.job_since) {
-      l.w->sched_ns = l.sched_ns;
-      l.w->sched_at = l.sched_at;
-    } else {
+    if (l.w->job_since == l.job_since)
+      l.w->seen = l.seen;
+    else
       all = false;
-    }
   }
   return all && started == started_jobs_ && !jobs_.empty() && idle_ == 0
          && looking_ == 0 && alive_ < max_;

@@ -23,8 +23,9 @@ namespace botmesh::internal {
 /// previous look blocked (sleeping, waiting for I/O or a lock; by the
 /// kernel's scheduler statistics), or its job has run for `long_job`. A
 /// worker that was merely preempted (the cores are busy) is not stuck:
-/// another thread would only contend for the same cores. So short jobs run on about one thread per core while
-/// blocking handlers get as many threads as they need. Extra threads retire
+/// another thread would only contend for the same cores. So short jobs run
+/// on about one thread per core while blocking handlers get as many
+/// threads as they need. Extra threads retire
 /// after `retire_after` without work. `shutdown()` runs what is queued,
 /// then joins.
 ///
@@ -63,16 +64,20 @@ class worker_pool {
  private:
   using clock = std::chrono::steady_clock;
 
+  // A thread's time running or waiting for a core (ns), and when it was
+  // read; `at` unset: not looked at in this job yet.
+  struct sample {
+    std::uint64_t ns = 0;
+    clock::time_point at{};
+  };
+
   struct worker {
     std::thread thread;
     std::atomic<bool> finished{false};
     // Under mtx_:
     int tid = 0;                   // the kernel's id of `thread`
     clock::time_point job_since{}; // when its job started; zero when none
-    // The supervisor's last look at its job: the thread's time running or
-    // waiting for a core (ns), and when it was read; unset for a new job.
-    std::uint64_t sched_ns = 0;
-    clock::time_point sched_at{};
+    sample seen{}; // the supervisor's last look at its job
   };
 
   // The supervisor's look at one busy worker, made without the lock.
@@ -80,8 +85,7 @@ class worker_pool {
     worker* w;
     int tid;
     clock::time_point job_since;
-    std::uint64_t sched_ns;
-    clock::time_point sched_at;
+    sample seen;
   };
 
   /// True when the job looked at has run for `long_job`, or its thread is
