@@ -93,20 +93,34 @@ struct timer_state {
 
 using timer_actor = caf::stateful_actor<timer_state>;
 
+// Tells the inbox which wake-up will take what is added (see
+// timer_inbox): only a pending tick of the current generation, whose
+// handler takes the inbox first, may stand in for a message.
+void publish_wake(timer_actor* self) {
+  auto& st = self->state;
+  st.eng->timers.armed(st.armed);
+}
+
 void arm(timer_actor* self) {
   auto& st = self->state;
-  if (!st.eng->started.load() || st.eng->paused.load() || st.leading_in_flight)
-    return; // (the lease call's reply arms)
+  if (!st.eng->started.load() || st.eng->paused.load()
+      || st.leading_in_flight) {
+    // (the lease call's reply arms) Whatever is pending, adds send a
+    // message until the actor armed again.
+    st.eng->timers.armed(time_point::max());
+    return;
+  }
   auto now = st.eng->now();
   // The next in-memory slot, and a tick for the leader lease.
   auto at = now + st.eng->opts.tick.ms();
   if (!st.due.empty())
     at = std::min(at, st.due.top().at);
-  if (at >= st.armed)
-    return;
-  st.armed = at;
-  self->delayed_send(self, std::max(ms{0}, at - now), task_tick_atom::value,
-                     ++st.wake_gen);
+  if (at < st.armed) {
+    st.armed = at;
+    self->delayed_send(self, std::max(ms{0}, at - now), task_tick_atom::value,
+                       ++st.wake_gen);
+  }
+  publish_wake(self);
 }
 
 void reply_if_idle(timer_actor* self) {
@@ -295,6 +309,10 @@ void take_inbox(timer_actor* self) {
     std::lock_guard guard{st.eng->timers.mtx};
     st.added.swap(st.eng->timers.added);
     st.cancelled.swap(st.eng->timers.cancelled);
+    // Adds from now on send a message until arm() published a wake-up
+    // that will take them.
+    st.eng->timers.notified = false;
+    st.eng->timers.wake_at = time_point::max();
   }
   for (auto& e : st.added) {
     auto* p = e.get();
@@ -382,6 +400,9 @@ caf::behavior timer_behavior(timer_actor* self,
       if (gen != st.wake_gen)
         return;
       st.armed = time_point::max();
+      // Tasks added since the last batch without a message (they were due
+      // no earlier than this wake-up) go in before anything fires.
+      take_inbox(self);
       refresh_leadership(self, true);
       arm(self);
     },

@@ -67,25 +67,48 @@ struct timer_entry final : scheduled_task::state {
 };
 
 /// Batches for the timer actor: tasks added and cancelled (the mutex
-/// guards those vectors only) and runs ended arrive here, and a message
-/// wakes the actor only when a batch starts, so 100k timers armed or fired
-/// cost a few messages.
+/// guards those vectors and the two fields below) and runs ended arrive
+/// here. A message wakes the actor only when it would not look soon enough
+/// by itself: an added task due no earlier than the wake-up the actor has
+/// armed is taken by that wake-up, so 100k timers armed cost a few messages
+/// instead of one each (a busy actor taking every add was a message, a
+/// mailbox push and often a worker's wake-up per timer).
 struct timer_inbox {
   std::mutex mtx;
   std::vector<std::shared_ptr<timer_entry>> added;
   std::vector<std::shared_ptr<timer_entry>> cancelled;
+  /// A timer_add_atom is on its way (cleared when the actor takes the inbox).
+  bool notified = false;
+  /// The actor's armed wake-up, which takes the inbox before it fires
+  /// anything; max while no such wake-up is pending (the actor resets it
+  /// whenever it takes the inbox, and sets it only once it armed again).
+  time_point wake_at = time_point::max();
 
-  /// True when the inbox was empty: the caller sends the wake-up
-  /// (timer_add_atom).
+  /// True when the caller must send the wake-up (timer_add_atom).
   bool add(std::shared_ptr<timer_entry> e) {
+    auto at = e->next;
     std::lock_guard guard{mtx};
     added.push_back(std::move(e));
-    return added.size() + cancelled.size() == 1;
+    return notify(at);
   }
+  /// A cancel always wakes the actor (unless a wake-up is on its way): what
+  /// the task holds is released promptly.
   bool cancel(std::shared_ptr<timer_entry> e) {
     std::lock_guard guard{mtx};
     cancelled.push_back(std::move(e));
-    return added.size() + cancelled.size() == 1;
+    return notify(time_point::min());
+  }
+  /// Under `mtx`: whether a task due at `at` needs a message.
+  bool notify(time_point at) {
+    if (notified || wake_at <= at)
+      return false;
+    notified = true;
+    return true;
+  }
+  /// Sets `wake_at` (max: none pending).
+  void armed(time_point at) {
+    std::lock_guard guard{mtx};
+    wake_at = at;
   }
 
   /// Runs that ended. A task never overlaps itself, so its entry is the

@@ -594,6 +594,55 @@ TEST_CASE("a started scheduler runs tasks on the system clock") {
   CHECK(runs >= 4);
 }
 
+// An add due no earlier than the timer actor's armed wake-up sends no
+// message (that wake-up takes it); one due earlier must wake the actor.
+TEST_CASE("in-memory tasks added while a wake-up is armed run on time, "
+          "earlier and later ones alike") {
+  botmesh::scheduler s{{.tick = "10s"}};
+  s.start();
+  using sclk = std::chrono::steady_clock;
+  auto start = sclk::now();
+  std::mutex mtx;
+  std::vector<std::pair<char, sclk::duration>> fired;
+  auto record = [&](char name) {
+    return [&, name] {
+      std::lock_guard guard{mtx};
+      fired.emplace_back(name, sclk::now() - start);
+    };
+  };
+  s.delay(2500ms, record('a')); // armed: the actor wakes at 2.5 s
+  std::this_thread::sleep_for(100ms);
+  s.delay(200ms, record('d'));  // earlier: must wake the actor now
+  std::this_thread::sleep_for(50ms);
+  s.delay(2600ms, record('b')); // later than the wake-up: taken by it
+  s.delay(3000ms, record('c'));
+  auto deadline = sclk::now() + 20s;
+  for (;;) {
+    {
+      std::lock_guard guard{mtx};
+      if (fired.size() == 4 || sclk::now() > deadline)
+        break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  s.stop();
+  std::lock_guard guard{mtx};
+  REQUIRE(fired.size() == 4);
+  std::string order;
+  for (auto& [name, at] : fired)
+    order += name;
+  CHECK(order == "dabc");
+  // 'd' did not wait for the armed wake-up at 2.5 s; none ran early (the
+  // scheduler counts on the system clock, in whole milliseconds).
+  CHECK(fired[0].second < 2s);
+  CHECK(fired[0].second >= 280ms);
+  CHECK(fired[1].second >= 2480ms);
+  CHECK(fired[2].second >= 2730ms);
+  CHECK(fired[3].second >= 3130ms);
+  // The later ones were taken by the wake-up at 2.5 s, not left for the
+  // next tick (10 s on).
+  CHECK(fired[3].second < 8s);
+}
 TEST_CASE("with a leader lease a follower claims only runs overdue by the "
           "leader TTL, and such a run is not missed") {
   botmesh::manual_clock clk{t0()};
