@@ -5,9 +5,10 @@
 //
 //   bench turn_p50 / turn_p99 us           uncontended turns on Redis
 //   ratio turn_p50_vs_ping, turn_p99_vs_ping
-//   bench handoff_push_p50 us               B waits while A holds a chat; A
-//   bench handoff_poll_p50 us               releases: until B's chat is told
-//   ratio handoff_poll_vs_push              (push, and polling only)
+//   bench handoff_push_p50 us               B waits while A holds a chat; A's
+//   bench handoff_poll_p50 us               chat actor releases: until B's
+//   ratio handoff_poll_vs_push              chat actor is told (push, and
+//                                           polling only)
 //   bench contended_turns_per_s             two replicas, 1k chats
 //   bench evalsha_per_s                     a comparable 2-key script, same
 //   ratio contended_vs_evalsha              client, same concurrency
@@ -158,29 +159,75 @@ std::vector<double> turns(caf::actor_system& sys, replica& r, int n,
   return *out;
 }
 
-// A holds the chat; B's request waits; A releases: the time until B's chat
-// actor is told it has the turn.
+// A holds the chat; B's request waits; A releases: the time from A's chat
+// actor sending the release until B's chat actor is told it has the turn.
+// Both chats are event-based actors, as a bot's chat actors are: a thread
+// blocked in a receive would add two wake-ups of its own to the path.
+struct handoff_run {
+  std::string key;
+  int n = 0;
+  std::vector<double> us;
+  clk::time_point t0{};
+  std::shared_ptr<botmesh::turn_token> held; // A's turn
+  std::promise<void> done;
+};
+
+using go_atom = caf::atom_constant<caf::atom("bm_go")>;
+
+// A's chat: takes the turn, then releases it when told to (timing from
+// here, on the actor's own thread).
+caf::behavior handoff_a(caf::event_based_actor* self, caf::actor lease,
+                        std::shared_ptr<handoff_run> run,
+                        std::shared_ptr<std::promise<void>> held) {
+  self->send(lease, botmesh::acquire_atom::value, run->key,
+             next_req.fetch_add(1));
+  return {
+    [=](botmesh::granted_atom, std::uint64_t,
+        std::shared_ptr<botmesh::turn_token>& t) {
+      run->held = t;
+      held->set_value();
+    },
+    [=](go_atom) {
+      run->t0 = clk::now();
+      self->send(lease, botmesh::release_atom::value, run->held->key(),
+                 run->held->fence());
+      self->quit();
+    },
+  };
+}
+
+// B's chat: waits for the turn; records when it is told, and releases.
+caf::behavior handoff_b(caf::event_based_actor* self, caf::actor lease,
+                        std::shared_ptr<handoff_run> run,
+                        std::shared_ptr<std::promise<void>> told) {
+  self->send(lease, botmesh::acquire_atom::value, run->key,
+             next_req.fetch_add(1));
+  return {
+    [=](botmesh::granted_atom, std::uint64_t,
+        std::shared_ptr<botmesh::turn_token>& t) {
+      run->us.push_back(micros(clk::now() - run->t0));
+      self->send(lease, botmesh::release_atom::value, t->key(), t->fence());
+      told->set_value();
+      self->quit();
+    },
+  };
+}
+
 std::vector<double> handoffs(caf::actor_system& sys, replica& a, replica& b,
                              int n, const std::string& key) {
-  std::vector<double> us;
-  caf::scoped_actor ca{sys};
-  caf::scoped_actor cb{sys};
+  auto run = std::make_shared<handoff_run>();
+  run->key = key;
   for (int i = 0; i < n; ++i) {
-    std::shared_ptr<botmesh::turn_token> held;
-    ca->send(a.lease, botmesh::acquire_atom::value, key, next_req.fetch_add(1));
-    ca->receive([&](botmesh::granted_atom, std::uint64_t,
-                    std::shared_ptr<botmesh::turn_token>& t) { held = t; });
-    cb->send(b.lease, botmesh::acquire_atom::value, key, next_req.fetch_add(1));
+    auto held = std::make_shared<std::promise<void>>();
+    auto told = std::make_shared<std::promise<void>>();
+    auto ca = sys.spawn(handoff_a, a.lease, run, held);
+    held->get_future().wait();
+    sys.spawn(handoff_b, b.lease, run, told);
     std::this_thread::sleep_for(2ms); // B's request is queued by now
-    auto t0 = clk::now();
-    ca->send(a.lease, botmesh::release_atom::value, held->key(), held->fence());
-    cb->receive([&](botmesh::granted_atom, std::uint64_t,
-                    std::shared_ptr<botmesh::turn_token>& t) {
-      us.push_back(micros(clk::now() - t0));
-      cb->send(b.lease, botmesh::release_atom::value, t->key(), t->fence());
-    });
+    caf::anon_send(ca, go_atom::value);
+    told->get_future().wait();
   }
-  return us;
+  return run->us;
 }
 
 double contended(caf::actor_system& sys, replica& a, replica& b, int depth,
