@@ -380,7 +380,9 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
     // pending bound.
     [=](timer_atom, std::uint64_t id) {
       ++self->state.received;
-      push(self, make_event(self->state.key, chat_event{{}, id, {}}));
+      chat_event ev;
+      ev.timer = id;
+      push(self, make_event(self->state.key, std::move(ev)));
     },
     [=](granted_atom, std::uint64_t req, std::shared_ptr<turn_token>& token) {
       std::size_t i = 0;

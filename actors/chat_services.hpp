@@ -7,6 +7,7 @@
 #include <memory>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <caf/actor.hpp>
@@ -43,6 +44,41 @@ struct chat_event {
   /// metric and the queue-depth gauge count from it.
   std::chrono::steady_clock::time_point queued_at{};
 
+  chat_event() = default;
+  chat_event(chat_event&& other) noexcept
+    : message(std::move(other.message)),
+      timer(other.timer),
+      on_end(std::exchange(other.on_end, nullptr)),
+      journal(std::move(other.journal)),
+      attempt(other.attempt),
+      queued_at(other.queued_at) {
+    // nop
+  }
+  chat_event& operator=(chat_event&& other) noexcept {
+    if (this != &other) {
+      end(turn_outcome::refused);
+      message = std::move(other.message);
+      timer = other.timer;
+      on_end = std::exchange(other.on_end, nullptr);
+      journal = std::move(other.journal);
+      attempt = other.attempt;
+      queued_at = other.queued_at;
+    }
+    return *this;
+  }
+  // One event, one notice: a copy would report its end twice.
+  chat_event(const chat_event&) = delete;
+  chat_event& operator=(const chat_event&) = delete;
+
+  /// An event that is let go before its end was reported (a chat actor
+  /// killed with events in its mailbox as the bot stops, an event sent to
+  /// an actor that already exited) reports `refused`: the transport waiting
+  /// for it (a webhook holding the platform's request) is answered instead
+  /// of waiting out its own timeout, and the bot's record of it goes.
+  ~chat_event() {
+    end(turn_outcome::refused);
+  }
+
   bool is_timer() const noexcept {
     return timer != 0;
   }
@@ -56,6 +92,13 @@ struct chat_event {
     }
   }
 };
+
+/// The event of a message, with nothing else set.
+inline chat_event make_chat_event(inbound_message m) {
+  chat_event ev;
+  ev.message = std::move(m);
+  return ev;
+}
 
 namespace internal {
 

@@ -17,7 +17,7 @@ botmesh::event_ptr box_for(const std::string& chat, const std::string& text) {
   m.provider = "test";
   m.chat = chat;
   m.text = text;
-  return botmesh::make_event(botmesh::chat_event{std::move(m), 0, {}});
+  return botmesh::make_event(botmesh::make_chat_event(std::move(m)));
 }
 
 } // namespace
@@ -75,4 +75,41 @@ TEST_CASE("event boxes made and freed on many threads at once keep their "
   for (auto& th : threads)
     th.join();
   CHECK(corrupt.load() == 0);
+}
+
+TEST_CASE("an event reports its end once: moving it hands the notice on, "
+          "and one let go before its end reports refused") {
+  std::vector<botmesh::turn_outcome> seen;
+  auto with_notice = [&] {
+    botmesh::inbound_message m;
+    m.chat = "c";
+    auto ev = botmesh::make_chat_event(std::move(m));
+    ev.on_end = [&](botmesh::turn_outcome o) { seen.push_back(o); };
+    return ev;
+  };
+  {
+    auto ev = with_notice();
+    auto moved = std::move(ev); // the moved-from event reports nothing
+    CHECK(seen.empty());
+    moved.end(botmesh::turn_outcome::handled);
+    moved.end(botmesh::turn_outcome::failed); // once only
+  }
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0] == botmesh::turn_outcome::handled);
+  {
+    auto box = botmesh::make_event(with_notice());
+    CHECK(seen.size() == 1);
+  } // let go without an end
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[1] == botmesh::turn_outcome::refused);
+  {
+    auto a = with_notice();
+    auto b = with_notice();
+    a = std::move(b); // a's own event is let go: it reports refused
+    CHECK(seen.size() == 3);
+    a.end(botmesh::turn_outcome::handled);
+  }
+  REQUIRE(seen.size() == 4);
+  CHECK(seen[2] == botmesh::turn_outcome::refused);
+  CHECK(seen[3] == botmesh::turn_outcome::handled);
 }

@@ -9,6 +9,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <botmesh/actors/chat_services.hpp>
 #include <botmesh/actors/router.hpp>
 #include <botmesh/runtime/core/message.hpp>
@@ -724,20 +726,46 @@ struct chat_fixture : lease_fixture {
     vs.run();
   }
 
-  void inject(const std::string& text) {
+  void inject(const std::string& text,
+              std::function<void(botmesh::turn_outcome)> on_end = {}) {
     botmesh::inbound_message m;
     m.provider = "test";
     m.chat = "x";
     m.sender = "x";
     m.text = text;
     // What the bot sends its router: a chat event (it validated the message).
-    caf::anon_send(router,
-                   botmesh::make_event(botmesh::chat_event{std::move(m), 0, {}}));
+    auto ev = botmesh::make_chat_event(std::move(m));
+    ev.on_end = std::move(on_end);
+    caf::anon_send(router, botmesh::make_event(std::move(ev)));
     vs.run();
   }
 };
 
 } // namespace
+
+TEST_CASE("events a chat actor still holds when the router exits end as "
+          "refused, once each") {
+  chat_fixture f;
+  std::vector<std::string> ended;
+  auto note = [&](std::string name) {
+    return [&ended, name](botmesh::turn_outcome o) {
+      ended.push_back(name + ":" + std::string{to_string(o)});
+    };
+  };
+  f.inject("uno", note("uno")); // waits for its grant
+  f.inject("dos", note("dos")); // queued behind it
+  REQUIRE(f.coord->last(op::enter).key == f.key);
+  CHECK(ended.empty());
+  caf::anon_send_exit(f.router, caf::exit_reason::user_shutdown);
+  f.vs.run();
+  std::sort(ended.begin(), ended.end());
+  CHECK(ended == std::vector<std::string>{"dos:refused", "uno:refused"});
+  // Sent after the exit: the dead router lets it go, and it ends too.
+  f.inject("tres", note("tres"));
+  f.vs.run();
+  REQUIRE(ended.size() == 3);
+  CHECK(ended.back() == "tres:refused");
+}
 
 TEST_CASE("a grant that arrives after the chat's turn_wait gave up is "
           "released and its message never runs") {
