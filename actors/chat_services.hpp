@@ -56,7 +56,7 @@ struct chat_event {
   }
   chat_event& operator=(chat_event&& other) noexcept {
     if (this != &other) {
-      end(turn_outcome::refused);
+      let_go();
       message = std::move(other.message);
       timer = other.timer;
       on_end = std::exchange(other.on_end, nullptr);
@@ -76,7 +76,7 @@ struct chat_event {
   /// for it (a webhook holding the platform's request) is answered instead
   /// of waiting out its own timeout, and the bot's record of it goes.
   ~chat_event() {
-    end(turn_outcome::refused);
+    let_go();
   }
 
   bool is_timer() const noexcept {
@@ -91,6 +91,19 @@ struct chat_event {
       fn(outcome);
     }
   }
+
+ private:
+  // A notice must not throw (see delivery_callbacks); one that does is not
+  // allowed to take the process down from a destructor.
+  void let_go() noexcept {
+    try {
+      end(turn_outcome::refused);
+    } catch (...) {
+      // nop
+    }
+  }
+
+ public:
 };
 
 /// The event of a message, with nothing else set.

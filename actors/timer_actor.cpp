@@ -428,6 +428,10 @@ caf::behavior timer_behavior(timer_actor* self,
     },
     [=](task_resume_atom, std::vector<std::string>& registered) {
       auto& st = self->state;
+      // The pending tick is given up here (the next arm() supersedes it,
+      // possibly later): what was added without a message, counting on
+      // that tick, goes into the heap now so the new wake-up sees it.
+      take_inbox(self);
       st.armed = time_point::max();
       check_orphans(self, std::move(registered));
       refresh_leadership(self);

@@ -69,7 +69,12 @@ struct delivery_callbacks {
   /// platform should retry later).
   std::function<void(errc)> accepted;
   /// The message's turn finished. A handler's sends of this turn all
-  /// happened before this call.
+  /// happened before this call. A message the bot lets go without a turn
+  /// (it was still on its way to its chat when the bot stopped) reports
+  /// `refused` from the thread that lets it go: the delivering thread
+  /// itself, or a CAF thread as the bot's actors exit, which may be after
+  /// `bot::stop()` returned. So the callback must not refer to what the
+  /// caller destroys once the bot stopped (capture shared state by value).
   std::function<void(turn_outcome)> turn_ended;
 };
 

@@ -594,6 +594,26 @@ TEST_CASE("a started scheduler runs tasks on the system clock") {
   CHECK(runs >= 4);
 }
 
+// A restart gives up the armed wake-up: a task that counted on it (added
+// without a message) must not wait for a wake-up that never comes.
+TEST_CASE("an in-memory task added while a wake-up is armed runs although "
+          "the scheduler is restarted before that wake-up") {
+  botmesh::scheduler s{{.tick = "1s"}};
+  s.start();
+  std::this_thread::sleep_for(50ms); // the actor armed its tick (1 s on)
+  std::atomic<bool> ran{false};
+  s.delay(1200ms, [&] { ran = true; }); // after the tick: no message
+  // Restarts more often than the tick: each one supersedes the wake-up.
+  auto until = std::chrono::steady_clock::now() + 4s;
+  while (!ran && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(150ms);
+    s.stop();
+    s.start();
+  }
+  CHECK(ran.load());
+  s.stop();
+}
+
 // An add due no earlier than the timer actor's armed wake-up sends no
 // message (that wake-up takes it); one due earlier must wake the actor.
 TEST_CASE("in-memory tasks added while a wake-up is armed run on time, "
