@@ -380,9 +380,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
     // pending bound.
     [=](timer_atom, std::uint64_t id) {
       ++self->state.received;
-      chat_event ev;
-      ev.timer = id;
-      push(self, make_event(self->state.key, std::move(ev)));
+      push(self, make_event(self->state.key, chat_event{{}, id, {}}));
     },
     [=](granted_atom, std::uint64_t req, std::shared_ptr<turn_token>& token) {
       std::size_t i = 0;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -22,17 +23,75 @@
 
 namespace botmesh {
 
+/// A provider's turn-end notice (see `delivery_callbacks::turn_ended`),
+/// given at most once. Move-only: a copy would give it twice. One that is
+/// let go before it was given (a chat actor killed with events in its
+/// mailbox as the bot stops, an event sent to an actor that already exited)
+/// gives `refused`, so a transport waiting for it (a webhook holding the
+/// platform's request) is answered instead of waiting out its own timeout.
+class end_notice {
+ public:
+  end_notice() = default;
+  /// From the callback (a std::function, a lambda).
+  template <class F,
+            class = std::enable_if_t<
+              !std::is_same_v<std::decay_t<F>, end_notice>
+              && std::is_constructible_v<std::function<void(turn_outcome)>,
+                                         F>>>
+  end_notice(F&& fn) : fn_(std::forward<F>(fn)) {
+    // nop
+  }
+  end_notice(end_notice&& other) noexcept
+    : fn_(std::exchange(other.fn_, nullptr)) {
+    // nop
+  }
+  end_notice& operator=(end_notice&& other) noexcept {
+    if (this != &other) {
+      let_go();
+      fn_ = std::exchange(other.fn_, nullptr);
+    }
+    return *this;
+  }
+  ~end_notice() {
+    let_go();
+  }
+
+  explicit operator bool() const noexcept {
+    return static_cast<bool>(fn_);
+  }
+
+  /// Gives the notice, once (later calls do nothing).
+  void operator()(turn_outcome outcome) {
+    if (fn_)
+      std::exchange(fn_, nullptr)(outcome);
+  }
+
+ private:
+  // A notice must not throw (see delivery_callbacks); one that does is not
+  // allowed to take the process down from a destructor.
+  void let_go() noexcept {
+    try {
+      (*this)(turn_outcome::refused);
+    } catch (...) {
+      // nop
+    }
+  }
+
+  std::function<void(turn_outcome)> fn_;
+};
+
 /// One unit of a chat's order: an inbound message, or a timer the runtime
 /// armed for this chat (flow wait timeouts, idle watchers). Timers travel
 /// through the router and the chat's queue so they act in the chat's order.
+/// Move-only (its notice is).
 struct chat_event {
   inbound_message message{};
   /// Non-zero for a timer: the id the runtime gave it when arming it.
   std::uint64_t timer = 0;
-  /// The provider's turn-end notice (see `delivery_callbacks`), if any. It
-  /// travels with the event so whoever ends it (the turn, a refusal, a
-  /// turn that never came) tells the provider, once.
-  std::function<void(turn_outcome)> on_end{};
+  /// The provider's turn-end notice, if any. It travels with the event so
+  /// whoever ends it (the turn, a refusal, a turn that never came) tells
+  /// the provider, once; an event dropped unended tells it `refused`.
+  end_notice on_end{};
   /// With durability: the id of the message's inbound journal record,
   /// which the end of its turn confirms or releases; empty otherwise.
   std::string journal{};
@@ -44,74 +103,15 @@ struct chat_event {
   /// metric and the queue-depth gauge count from it.
   std::chrono::steady_clock::time_point queued_at{};
 
-  chat_event() = default;
-  chat_event(chat_event&& other) noexcept
-    : message(std::move(other.message)),
-      timer(other.timer),
-      on_end(std::exchange(other.on_end, nullptr)),
-      journal(std::move(other.journal)),
-      attempt(other.attempt),
-      queued_at(other.queued_at) {
-    // nop
-  }
-  chat_event& operator=(chat_event&& other) noexcept {
-    if (this != &other) {
-      let_go();
-      message = std::move(other.message);
-      timer = other.timer;
-      on_end = std::exchange(other.on_end, nullptr);
-      journal = std::move(other.journal);
-      attempt = other.attempt;
-      queued_at = other.queued_at;
-    }
-    return *this;
-  }
-  // One event, one notice: a copy would report its end twice.
-  chat_event(const chat_event&) = delete;
-  chat_event& operator=(const chat_event&) = delete;
-
-  /// An event that is let go before its end was reported (a chat actor
-  /// killed with events in its mailbox as the bot stops, an event sent to
-  /// an actor that already exited) reports `refused`: the transport waiting
-  /// for it (a webhook holding the platform's request) is answered instead
-  /// of waiting out its own timeout, and the bot's record of it goes.
-  ~chat_event() {
-    let_go();
-  }
-
   bool is_timer() const noexcept {
     return timer != 0;
   }
 
   /// Reports how the event ended, once (later calls do nothing).
   void end(turn_outcome outcome) {
-    if (on_end) {
-      auto fn = std::move(on_end);
-      on_end = nullptr;
-      fn(outcome);
-    }
+    on_end(outcome);
   }
-
- private:
-  // A notice must not throw (see delivery_callbacks); one that does is not
-  // allowed to take the process down from a destructor.
-  void let_go() noexcept {
-    try {
-      end(turn_outcome::refused);
-    } catch (...) {
-      // nop
-    }
-  }
-
- public:
 };
-
-/// The event of a message, with nothing else set.
-inline chat_event make_chat_event(inbound_message m) {
-  chat_event ev;
-  ev.message = std::move(m);
-  return ev;
-}
 
 namespace internal {
 

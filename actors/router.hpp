@@ -13,8 +13,9 @@ namespace botmesh {
 ///
 /// The router receives `event_ptr`s (messages already validated, boxed
 /// with their chat key) and forwards each to the chat actor of that key,
-/// spawning that actor on first use. As the single sender to every chat actor, it fixes each
-/// chat's order: the order in which messages reached the router's mailbox.
+/// spawning that actor on first use. As the single sender to every chat
+/// actor, it fixes each chat's order: the order in which messages reached
+/// the router's mailbox.
 /// When the router gets an exit message, its chat actors exit with it.
 ///
 /// Internal: the bot is its only sender of messages (`bot::actor()` is the

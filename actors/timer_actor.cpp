@@ -93,14 +93,6 @@ struct timer_state {
 
 using timer_actor = caf::stateful_actor<timer_state>;
 
-// Tells the inbox which wake-up will take what is added (see
-// timer_inbox): only a pending tick of the current generation, whose
-// handler takes the inbox first, may stand in for a message.
-void publish_wake(timer_actor* self) {
-  auto& st = self->state;
-  st.eng->timers.armed(st.armed);
-}
-
 void arm(timer_actor* self) {
   auto& st = self->state;
   if (!st.eng->started.load() || st.eng->paused.load()
@@ -120,7 +112,10 @@ void arm(timer_actor* self) {
     self->delayed_send(self, std::max(ms{0}, at - now), task_tick_atom::value,
                        ++st.wake_gen);
   }
-  publish_wake(self);
+  // Tells the inbox which wake-up takes what is added (see timer_inbox):
+  // only a pending tick of the current generation, whose handler takes the
+  // inbox first, may stand in for a message.
+  st.eng->timers.armed(st.armed);
 }
 
 void reply_if_idle(timer_actor* self) {
@@ -305,15 +300,7 @@ void cancel(timer_actor* self, timer_entry& e);
 // always added in an earlier batch than its cancel, or in the same one.
 void take_inbox(timer_actor* self) {
   auto& st = self->state;
-  {
-    std::lock_guard guard{st.eng->timers.mtx};
-    st.added.swap(st.eng->timers.added);
-    st.cancelled.swap(st.eng->timers.cancelled);
-    // Adds from now on send a message until arm() published a wake-up
-    // that will take them.
-    st.eng->timers.notified = false;
-    st.eng->timers.wake_at = time_point::max();
-  }
+  st.eng->timers.take(st.added, st.cancelled);
   for (auto& e : st.added) {
     auto* p = e.get();
     st.due.push({p->next, p});

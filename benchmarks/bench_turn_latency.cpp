@@ -59,6 +59,17 @@ double median(std::vector<double> v) {
   return at(std::move(v), 0.5);
 }
 
+// What a chat actor sends the lease actor: ask for a turn, give one back.
+void acquire(caf::event_based_actor* self, const caf::actor& lease,
+             const std::string& key) {
+  self->send(lease, botmesh::acquire_atom::value, key, next_req.fetch_add(1));
+}
+
+void release(caf::event_based_actor* self, const caf::actor& lease,
+             const botmesh::turn_token& t) {
+  self->send(lease, botmesh::release_atom::value, t.key(), t.fence());
+}
+
 // Acts as a chat actor: `n` turns one after the other, each on the next of
 // `chats` keys; records acquire -> granted.
 caf::behavior sequential(caf::event_based_actor* self, caf::actor lease,
@@ -69,15 +80,14 @@ caf::behavior sequential(caf::event_based_actor* self, caf::actor lease,
   auto t0 = std::make_shared<clk::time_point>();
   auto next = [=] {
     *t0 = clk::now();
-    self->send(lease, botmesh::acquire_atom::value,
-               prefix + std::to_string(*i % chats), next_req.fetch_add(1));
+    acquire(self, lease, prefix + std::to_string(*i % chats));
   };
   next();
   return {
     [=](botmesh::granted_atom, std::uint64_t,
         std::shared_ptr<botmesh::turn_token>& t) {
       out->push_back(micros(clk::now() - *t0));
-      self->send(lease, botmesh::release_atom::value, t->key(), t->fence());
+      release(self, lease, *t);
       if (++*i == n) {
         done->set_value();
         self->quit();
@@ -97,23 +107,22 @@ caf::behavior saturating(caf::event_based_actor* self, caf::actor lease,
                          std::shared_ptr<std::atomic<long>> grants,
                          std::shared_ptr<std::atomic<bool>> stop) {
   auto rng = std::make_shared<std::mt19937>(std::random_device{}());
-  auto acquire = [=] {
-    self->send(lease, botmesh::acquire_atom::value,
-               prefix + std::to_string((*rng)() % chats), next_req.fetch_add(1));
+  auto another = [=] {
+    acquire(self, lease, prefix + std::to_string((*rng)() % chats));
   };
   for (int k = 0; k < depth; ++k)
-    acquire();
+    another();
   return {
     [=](botmesh::granted_atom, std::uint64_t,
         std::shared_ptr<botmesh::turn_token>& t) {
       ++*grants;
-      self->send(lease, botmesh::release_atom::value, t->key(), t->fence());
+      release(self, lease, *t);
       if (!stop->load())
-        acquire();
+        another();
     },
     [=](botmesh::lost_atom, std::uint64_t, std::uint64_t, const std::string&) {
       if (!stop->load())
-        acquire();
+        another();
     },
   };
 }
@@ -165,11 +174,9 @@ std::vector<double> turns(caf::actor_system& sys, replica& r, int n,
 // blocked in a receive would add two wake-ups of its own to the path.
 struct handoff_run {
   std::string key;
-  int n = 0;
   std::vector<double> us;
   clk::time_point t0{};
   std::shared_ptr<botmesh::turn_token> held; // A's turn
-  std::promise<void> done;
 };
 
 using go_atom = caf::atom_constant<caf::atom("bm_go")>;
@@ -179,8 +186,7 @@ using go_atom = caf::atom_constant<caf::atom("bm_go")>;
 caf::behavior handoff_a(caf::event_based_actor* self, caf::actor lease,
                         std::shared_ptr<handoff_run> run,
                         std::shared_ptr<std::promise<void>> held) {
-  self->send(lease, botmesh::acquire_atom::value, run->key,
-             next_req.fetch_add(1));
+  acquire(self, lease, run->key);
   return {
     [=](botmesh::granted_atom, std::uint64_t,
         std::shared_ptr<botmesh::turn_token>& t) {
@@ -189,8 +195,7 @@ caf::behavior handoff_a(caf::event_based_actor* self, caf::actor lease,
     },
     [=](go_atom) {
       run->t0 = clk::now();
-      self->send(lease, botmesh::release_atom::value, run->held->key(),
-                 run->held->fence());
+      release(self, lease, *run->held);
       self->quit();
     },
   };
@@ -200,13 +205,12 @@ caf::behavior handoff_a(caf::event_based_actor* self, caf::actor lease,
 caf::behavior handoff_b(caf::event_based_actor* self, caf::actor lease,
                         std::shared_ptr<handoff_run> run,
                         std::shared_ptr<std::promise<void>> told) {
-  self->send(lease, botmesh::acquire_atom::value, run->key,
-             next_req.fetch_add(1));
+  acquire(self, lease, run->key);
   return {
     [=](botmesh::granted_atom, std::uint64_t,
         std::shared_ptr<botmesh::turn_token>& t) {
       run->us.push_back(micros(clk::now() - run->t0));
-      self->send(lease, botmesh::release_atom::value, t->key(), t->fence());
+      release(self, lease, *t);
       told->set_value();
       self->quit();
     },

@@ -110,6 +110,17 @@ struct timer_inbox {
     std::lock_guard guard{mtx};
     wake_at = at;
   }
+  /// The actor takes what was added and cancelled (swapped with its own,
+  /// emptied vectors). Adds send a message from now on, until the actor
+  /// has armed again and said so with `armed`.
+  void take(std::vector<std::shared_ptr<timer_entry>>& into_added,
+            std::vector<std::shared_ptr<timer_entry>>& into_cancelled) {
+    std::lock_guard guard{mtx};
+    into_added.swap(added);
+    into_cancelled.swap(cancelled);
+    notified = false;
+    wake_at = time_point::max();
+  }
 
   /// Runs that ended. A task never overlaps itself, so its entry is the
   /// node: ending a run allocates nothing and takes no lock; the handler

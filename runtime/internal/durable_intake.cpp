@@ -133,7 +133,7 @@ void durable_intake::journal(std::string key, inbound_message msg,
         } else if (put == journal_put::duplicate) {
           host_.duplicate(std::move(cb));
         } else {
-          auto ev = make_chat_event(std::move(msg));
+          chat_event ev{std::move(msg), 0, {}};
           ev.journal = std::move(id);
           ev.attempt = 1;
           host_.accept(std::move(ev), std::move(cb));
@@ -217,7 +217,7 @@ void durable_intake::claimed(durable_backend::claim_result r) {
       continue;
     }
     ++reprocessed_;
-    auto ev = make_chat_event(std::move(msg));
+    chat_event ev{std::move(msg), 0, {}};
     ev.journal = std::move(rec.id);
     ev.attempt = rec.attempts;
     host_.reinject(std::move(ev));

@@ -17,7 +17,7 @@ botmesh::event_ptr box_for(const std::string& chat, const std::string& text) {
   m.provider = "test";
   m.chat = chat;
   m.text = text;
-  return botmesh::make_event(botmesh::make_chat_event(std::move(m)));
+  return botmesh::make_event(botmesh::chat_event{std::move(m), 0, {}});
 }
 
 } // namespace
@@ -83,7 +83,7 @@ TEST_CASE("an event reports its end once: moving it hands the notice on, "
   auto with_notice = [&] {
     botmesh::inbound_message m;
     m.chat = "c";
-    auto ev = botmesh::make_chat_event(std::move(m));
+    botmesh::chat_event ev{std::move(m), 0, {}};
     ev.on_end = [&](botmesh::turn_outcome o) { seen.push_back(o); };
     return ev;
   };

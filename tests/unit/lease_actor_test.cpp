@@ -734,7 +734,7 @@ struct chat_fixture : lease_fixture {
     m.sender = "x";
     m.text = text;
     // What the bot sends its router: a chat event (it validated the message).
-    auto ev = botmesh::make_chat_event(std::move(m));
+    botmesh::chat_event ev{std::move(m), 0, {}};
     ev.on_end = std::move(on_end);
     caf::anon_send(router, botmesh::make_event(std::move(ev)));
     vs.run();
