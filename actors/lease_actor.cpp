@@ -30,6 +30,7 @@ using std::chrono::nanoseconds;
 using tick_atom = caf::atom_constant<caf::atom("bm_ltick")>;
 using wake_atom = caf::atom_constant<caf::atom("bm_lwake")>;
 using give_up_atom = caf::atom_constant<caf::atom("bm_lgiveup")>;
+using flush_atom = caf::atom_constant<caf::atom("bm_lflush")>;
 
 // Completions of coordinator calls, as messages to the lease actor.
 struct enter_done {
@@ -187,6 +188,10 @@ struct lease_state {
   clk::time_point base_since{};
   clk::time_point armed{clk::time_point::max()};
   std::size_t in_flight = 0; // backend calls not answered yet
+  // Enters and releases not issued yet: they go together, as one
+  // `coordinator::submit`, once the mailbox has nothing more before the
+  // flush this actor sent itself with the first of them (see hold()).
+  std::vector<coordinator::turn_op> batch;
   bool shutting_down = false;
   caf::response_promise shutdown_rp;
 
@@ -273,22 +278,49 @@ milliseconds poll_interval(lease_actor_t* self, waiting& w) {
   return st.lease / 3;
 }
 
+// Issues the enters and releases held so far. Every other coordinator call
+// flushes first: a chat's operations then reach the backend in the order
+// this actor decided them (a leave must never overtake its enter).
+void flush(lease_actor_t* self) {
+  auto& st = self->state;
+  if (st.batch.empty())
+    return;
+  auto ops = std::move(st.batch);
+  st.batch.clear();
+  st.cfg.coordinator->submit(std::move(ops));
+}
+
+// Holds an enter or release back until the messages already in the mailbox
+// are handled: a burst (the grants of one batch reply, answered by their
+// chats together) then costs the backend one call instead of one per
+// operation. An idle actor flushes right after the message that held it:
+// one self-message later, on its own thread. The time recorded as `sent`
+// is taken here, before the request really leaves: a lease counted from it
+// is shorter, never longer, than the truth.
+void hold(lease_actor_t* self, coordinator::turn_op op) {
+  auto& st = self->state;
+  if (st.batch.empty())
+    self->send(self, flush_atom::value);
+  st.batch.push_back(std::move(op));
+}
+
 void send_enter(lease_actor_t* self, std::uint64_t req, waiting& w) {
   auto& st = self->state;
   w.in_flight = true;
   w.epoch = st.cfg.coordinator->push_epoch();
   auto sent = now(self);
   ++st.in_flight;
-  st.cfg.coordinator->enter(w.key, req, w.retry,
-                            [g = st.g, req, sent](turn_state s,
-                                                  std::exception_ptr e) {
-                              g->send(enter_done{req, sent, std::move(s),
-                                                 e ? what_of(e) : std::string{}});
-                            });
+  hold(self, coordinator::enter_op{
+               w.key, req, w.retry,
+               [g = st.g, req, sent](turn_state s, std::exception_ptr e) {
+                 g->send(enter_done{req, sent, std::move(s),
+                                    e ? what_of(e) : std::string{}});
+               }});
 }
 
 void send_poll(lease_actor_t* self, std::uint64_t req, waiting& w) {
   auto& st = self->state;
+  flush(self);
   w.in_flight = true;
   auto sent = now(self);
   ++st.in_flight;
@@ -307,17 +339,18 @@ void send_release(lease_actor_t* self, turn_ref ref,
   auto& st = self->state;
   auto sent = now(self);
   ++st.in_flight;
-  st.cfg.coordinator->release(ref, handoff,
-                              [g = st.g, ref, sent](release_result r,
-                                                    std::exception_ptr e) {
-    g->send(release_done{ref, sent, std::move(r),
-                         e ? what_of(e) : std::string{}});
-  });
+  hold(self, coordinator::release_op{
+               ref, std::string{handoff},
+               [g = st.g, ref, sent](release_result r, std::exception_ptr e) {
+                 g->send(release_done{ref, sent, std::move(r),
+                                      e ? what_of(e) : std::string{}});
+               }});
 }
 
 void send_leave(lease_actor_t* self, const std::string& key,
                 std::uint64_t req) {
   auto& st = self->state;
+  flush(self);
   ++st.in_flight;
   st.cfg.coordinator->leave(key, req,
                             [g = st.g, key, req](bool, std::exception_ptr e) {
@@ -329,6 +362,7 @@ void send_leave(lease_actor_t* self, const std::string& key,
 void send_unlead(lease_actor_t* self, const std::string& name,
                  std::uint64_t fence) {
   auto& st = self->state;
+  flush(self);
   ++st.in_flight;
   st.cfg.coordinator->unlead(name, fence, [g = st.g, name, fence](
                                             bool, std::exception_ptr e) {
@@ -338,6 +372,7 @@ void send_unlead(lease_actor_t* self, const std::string& name,
 
 void send_renew(lease_actor_t* self, renewal r) {
   auto& st = self->state;
+  flush(self);
   auto sent = now(self);
   ++st.in_flight;
   auto asked = r;
@@ -487,6 +522,7 @@ void answer_waiting(lease_actor_t* self, std::uint64_t req, waiting& w,
         // still runs out its lease: it may be frozen, not dead).
         w.skipping = true;
         ++st.in_flight;
+        flush(self);
         st.cfg.coordinator->skip_if_dead(
           w.key, s.blocker, [g = st.g, req](bool, std::exception_ptr e) {
             g->send(skip_done{req, e ? what_of(e) : std::string{}});
@@ -724,6 +760,9 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
     [=](leave_atom, const std::string& key, std::uint64_t req) {
       leave_request(self, key, req);
     },
+    [=](flush_atom) {
+      flush(self);
+    },
     [=](enter_done& d) {
       auto& st = self->state;
       --st.in_flight;
@@ -909,6 +948,7 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
         if (l.fence)
           send_unlead(self, name, *l.fence);
       st.leads.clear();
+      flush(self);
       // Repairs are best effort: whatever is left expires within a lease.
       self->delayed_send(self, st.lease, give_up_atom::value);
       auto rp = st.shutdown_rp;

@@ -299,15 +299,20 @@ void ratio(const char* name, double v) {
 
 int main(int argc, char** argv) {
   int rounds = 5;
-  for (int i = 1; i + 1 < argc; ++i)
+  // --profile N: only N seconds of Redis contended turns (for perf).
+  int profile = 0;
+  for (int i = 1; i + 1 < argc; ++i) {
     if (std::string{argv[i]} == "--rounds")
       rounds = std::max(1, std::atoi(argv[i + 1]));
+    if (std::string{argv[i]} == "--profile")
+      profile = std::max(1, std::atoi(argv[i + 1]));
+  }
   caf::actor_system_config cfg;
   // What a bot sets for its own system.
   botmesh::configure_scheduler(cfg);
   caf::actor_system sys{cfg};
   std::printf("bench_turn_latency: %d rounds\n", rounds);
-  {
+  if (!profile) {
     botmesh::memory_coordination_hub hub;
     auto a = make_replica(sys, std::make_shared<botmesh::memory_coordinator>(
                                  hub, botmesh::memory_coordinator_options{
@@ -339,6 +344,14 @@ int main(int argc, char** argv) {
   };
   auto a = make_replica(sys, coord("a"));
   auto b = make_replica(sys, coord("b"));
+  if (profile) {
+    std::printf("contended %.0f turns/s\n",
+                contended(sys, a, b, 64, prefix + ":p:",
+                          std::chrono::seconds{profile}));
+    shutdown(sys, a);
+    shutdown(sys, b);
+    return 0;
+  }
   auto pa = make_replica(sys, std::make_shared<no_push>(coord("pa")));
   auto pb = make_replica(sys, std::make_shared<no_push>(coord("pb")));
   std::vector<double> p50s, p99s, pings50, pings99, push, poll, cont, eval,

@@ -12,6 +12,17 @@ coordinator::~coordinator() {
   // nop
 }
 
+void coordinator::submit(std::vector<turn_op> ops) {
+  for (auto& op : ops) {
+    if (auto* e = std::get_if<enter_op>(&op))
+      enter(e->key, e->req, e->retry, std::move(e->done));
+    else {
+      auto& r = std::get<release_op>(op);
+      release(std::move(r.turn), r.handoff, std::move(r.done));
+    }
+  }
+}
+
 namespace {
 
 // Runs one asynchronous operation and waits for its completion.

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include <botmesh/runtime/core/clock.hpp>
@@ -187,6 +188,34 @@ class coordinator {
   virtual void skip_if_dead(std::string_view key, std::string_view incarnation,
                             completion<bool> done)
     = 0;
+
+  /// One `enter` of `submit`.
+  struct enter_op {
+    std::string key;
+    std::uint64_t req = 0;
+    bool retry = false;
+    completion<turn_state> done;
+  };
+
+  /// One `release` of `submit`.
+  struct release_op {
+    turn_ref turn;
+    std::string handoff;
+    completion<release_result> done;
+  };
+
+  using turn_op = std::variant<enter_op, release_op>;
+
+  /// Issues `ops` in order, each exactly as its `enter` or `release` call
+  /// would (same results, same errors, each `done` called once), but
+  /// together where the backend can: a standalone Redis runs a batch of
+  /// them in one script call, one round trip and one script start for the
+  /// lot, which under load is most of what a turn costs the server. A
+  /// failure of that call (lost reply, error reply) fails every operation
+  /// in it, like a lost reply of each: all are safe to repeat. The default
+  /// calls `enter` and `release` one by one, so a coordinator that
+  /// overrides those (a forwarding one) sees every operation.
+  virtual void submit(std::vector<turn_op> ops);
 
   /// Renews this incarnation's heartbeat, the turns and the leaderships of
   /// `r` in one batch (one round trip).

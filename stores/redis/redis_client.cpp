@@ -679,8 +679,12 @@ struct redis_client::impl {
     return *conns[next.fetch_add(1, std::memory_order_relaxed) % conns.size()];
   }
 
+  std::size_t lane(std::string_view affinity) const noexcept {
+    return std::hash<std::string_view>{}(affinity) % conns.size();
+  }
+
   connection& pick(std::string_view affinity) {
-    return *conns[std::hash<std::string_view>{}(affinity) % conns.size()];
+    return *conns[lane(affinity)];
   }
 };
 
@@ -805,6 +809,10 @@ void redis_client::async_batch(std::vector<command> cmds, batch_callback done) {
     return;
   }
   impl_->pick().enqueue_many(std::move(rs));
+}
+
+std::size_t redis_client::lane(std::string_view affinity) const noexcept {
+  return cluster_ ? 0 : impl_->lane(affinity);
 }
 
 void redis_client::eval_async(std::string_view affinity,

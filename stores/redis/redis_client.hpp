@@ -177,6 +177,12 @@ class redis_client {
   /// first failure (a lost connection or timeout fails the whole batch).
   void async_batch(std::vector<command> cmds, batch_callback done);
 
+  /// The connection `affinity` maps to (always 0 on a cluster client,
+  /// which routes by slot): commands sent with affinities of one lane run
+  /// in the order they were sent, so a batch of several keys keeps each
+  /// key's order when its keys share a lane.
+  std::size_t lane(std::string_view affinity) const noexcept;
+
   /// Runs a script asynchronously (EVALSHA, EVAL on NOSCRIPT) on the
   /// connection chosen by `affinity`; `done` gets the raw reply (an error
   /// reply is not turned into an exception).

@@ -1,9 +1,12 @@
 #include <botmesh/stores/redis/redis_coordinator.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <iterator>
 #include <mutex>
 #include <utility>
+#include <variant>
 
 #include <fmt/format.h>
 
@@ -116,6 +119,33 @@ turn_state state_from(const redis_reply& r, std::string_view key,
   }
   return s;
 }
+
+// A co_release reply: {released, now} and, when the next grant is ours,
+// {.., req, ticket, fence, prev, deadline}.
+release_result release_from(const redis_reply& r, const std::string& key) {
+  release_result out;
+  out.released = int_at(r, 0, "co_release") == 1;
+  out.now_ms = int_at(r, 1, "co_release");
+  if (r.elements.size() > 2) {
+    turn_state g;
+    g.state = turn_state::status::granted;
+    g.key = key;
+    g.req = std::stoull(str_at(r, 2, "co_release"));
+    g.ticket = static_cast<std::uint64_t>(int_at(r, 3, "co_release"));
+    g.fence = static_cast<std::uint64_t>(int_at(r, 4, "co_release"));
+    auto prev = str_at(r, 5, "co_release");
+    if (!prev.empty())
+      g.previous_holder = std::move(prev);
+    g.deadline_ms = int_at(r, 6, "co_release");
+    g.now_ms = out.now_ms;
+    out.next = std::move(g);
+  }
+  return out;
+}
+
+// Most operations in one co_batch call: a call blocks the server while it
+// runs, so a burst of thousands goes as several calls of a bounded time.
+constexpr std::size_t max_batch = 32;
 
 } // namespace
 
@@ -283,6 +313,94 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
         done(std::move(value), nullptr);
       });
   }
+
+  // One co_batch call for `ops` (all of one connection lane, at least
+  // two); each op's reply is parsed on its own, so a malformed one fails
+  // only that op.
+  void run_batch(std::vector<coordinator::turn_op> ops) {
+    std::exception_ptr e;
+    if (failed_crashed(e)) {
+      for (auto& op : ops)
+        fail(op, e);
+      return;
+    }
+    std::vector<std::string> keys;
+    std::vector<std::string> args{incarnation, lease_arg, ttl_arg, replica,
+                                  channel_prefix};
+    keys.reserve(2 * ops.size());
+    args.reserve(args.size() + 4 * ops.size());
+    for (auto& op : ops) {
+      if (auto* x = std::get_if<coordinator::enter_op>(&op)) {
+        keys.push_back(layout->turn(x->key, "h"));
+        keys.push_back(layout->turn(x->key, "q"));
+        args.insert(args.end(), {"e", std::to_string(x->req), x->key,
+                                 x->retry ? "1" : "0"});
+      } else {
+        auto& r = std::get<coordinator::release_op>(op);
+        keys.push_back(layout->turn(r.turn.key, "h"));
+        keys.push_back(layout->turn(r.turn.key, "q"));
+        args.insert(args.end(), {"r", std::to_string(r.turn.fence), r.turn.key,
+                                 std::move(r.handoff)});
+      }
+    }
+    auto affinity = key_of(ops.front());
+    auto self = shared_from_this();
+    client->eval_async(
+      affinity, internal::lua().co_batch, std::move(keys), std::move(args),
+      [self, ops = std::move(ops)](redis_reply r, std::exception_ptr e) mutable {
+        if (e)
+          e = self->wrap(e, "script co_batch");
+        else if (r.type == kind::error)
+          e = std::make_exception_ptr(coordination_unavailable_error(
+            fmt::format("coordinator {}: script co_batch: {}", self->replica,
+                        r.str)));
+        else if (r.type != kind::array || r.elements.size() != ops.size())
+          e = std::make_exception_ptr(coordination_unavailable_error(
+            fmt::format("coordinator {}: script co_batch: malformed reply "
+                        "({} replies for {} operations)",
+                        self->replica, r.elements.size(), ops.size())));
+        for (std::size_t n = 0; n < ops.size(); ++n) {
+          if (e) {
+            fail(ops[n], e);
+            continue;
+          }
+          auto& reply = r.elements[n];
+          if (auto* x = std::get_if<coordinator::enter_op>(&ops[n])) {
+            turn_state s;
+            try {
+              s = state_from(reply, x->key, x->req, "co_enter");
+            } catch (...) {
+              x->done({}, std::current_exception());
+              continue;
+            }
+            x->done(std::move(s), nullptr);
+          } else {
+            auto& y = std::get<coordinator::release_op>(ops[n]);
+            release_result out;
+            try {
+              out = release_from(reply, y.turn.key);
+            } catch (...) {
+              y.done({}, std::current_exception());
+              continue;
+            }
+            y.done(std::move(out), nullptr);
+          }
+        }
+      });
+  }
+
+  static const std::string& key_of(const coordinator::turn_op& op) {
+    if (auto* x = std::get_if<coordinator::enter_op>(&op))
+      return x->key;
+    return std::get<coordinator::release_op>(op).turn.key;
+  }
+
+  static void fail(coordinator::turn_op& op, std::exception_ptr e) {
+    if (auto* x = std::get_if<coordinator::enter_op>(&op))
+      x->done({}, e);
+    else
+      std::get<coordinator::release_op>(op).done({}, e);
+  }
 };
 
 redis_coordinator::redis_coordinator(redis_coordinator_options opts)
@@ -322,7 +440,8 @@ redis_coordinator::redis_coordinator(redis_coordinator_options opts)
   i.channel_prefix = i.layout->grant_channel_prefix();
   auto& s = internal::lua();
   for (auto* script : {&s.co_enter, &s.co_poll, &s.co_release, &s.co_leave,
-                       &s.co_skip, &s.co_renew, &s.co_lead, &s.co_unlead})
+                       &s.co_skip, &s.co_renew, &s.co_lead, &s.co_unlead,
+                       &s.co_batch})
     i.client->preload(*script);
   i.client->subscribe(
     i.channel_prefix + i.incarnation,
@@ -393,6 +512,36 @@ void redis_coordinator::enter(std::string_view key, std::uint64_t req,
     std::move(done));
 }
 
+void redis_coordinator::submit(std::vector<turn_op> ops) {
+  auto& i = *impl_;
+  if (i.client->is_cluster()) {
+    // A script's keys must share a slot: chats rarely do.
+    coordinator::submit(std::move(ops));
+    return;
+  }
+  // One batch per connection lane, so each chat's operations stay on the
+  // connection its other operations use, in order.
+  std::vector<std::vector<turn_op>> lanes;
+  for (auto& op : ops) {
+    auto lane = i.client->lane(impl::key_of(op));
+    if (lanes.size() <= lane)
+      lanes.resize(lane + 1);
+    lanes[lane].push_back(std::move(op));
+  }
+  for (auto& lane : lanes) {
+    for (std::size_t at = 0; at < lane.size(); at += max_batch) {
+      auto end = std::min(lane.size(), at + max_batch);
+      if (end - at == 1) {
+        coordinator::submit({std::make_move_iterator(lane.begin() + at),
+                             std::make_move_iterator(lane.begin() + end)});
+        continue;
+      }
+      i.run_batch({std::make_move_iterator(lane.begin() + at),
+                   std::make_move_iterator(lane.begin() + end)});
+    }
+  }
+}
+
 void redis_coordinator::poll(std::string_view key, std::uint64_t req,
                              completion<turn_state> done) {
   auto& i = *impl_;
@@ -412,29 +561,7 @@ void redis_coordinator::release(turn_ref t, std::string_view handoff,
     k, internal::lua().co_release,
     {i.incarnation, std::to_string(t.fence), i.ttl_arg, i.channel_prefix, k,
      std::string{handoff}},
-    [k](const redis_reply& r) {
-      release_result out;
-      out.released = int_at(r, 0, "co_release") == 1;
-      out.now_ms = int_at(r, 1, "co_release");
-      if (r.elements.size() > 2) {
-        // The next grant is ours: {.., req, ticket, fence, prev, deadline}.
-        auto req = std::stoull(str_at(r, 2, "co_release"));
-        turn_state g;
-        g.state = turn_state::status::granted;
-        g.key = k;
-        g.req = req;
-        g.ticket = static_cast<std::uint64_t>(int_at(r, 3, "co_release"));
-        g.fence = static_cast<std::uint64_t>(int_at(r, 4, "co_release"));
-        auto prev = str_at(r, 5, "co_release");
-        if (!prev.empty())
-          g.previous_holder = std::move(prev);
-        g.deadline_ms = int_at(r, 6, "co_release");
-        g.now_ms = out.now_ms;
-        out.next = std::move(g);
-      }
-      return out;
-    },
-    std::move(done));
+    [k](const redis_reply& r) { return release_from(r, k); }, std::move(done));
 }
 
 void redis_coordinator::leave(std::string_view key, std::uint64_t req,

@@ -14,6 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <memory>
+#include <string>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -86,6 +88,71 @@ inline void await_push_channel(replica& r) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   REQUIRE(r.c->push_epoch() > 0);
 }
+
+/// What `submit` gave each operation: the number of calls of its `done`,
+/// and its result or error.
+struct submitted {
+  std::mutex mtx;
+  std::map<std::size_t, int> calls;
+  std::map<std::size_t, turn_state> entered;
+  std::map<std::size_t, botmesh::release_result> released;
+  std::map<std::size_t, std::string> failed;
+
+  std::size_t done() {
+    std::lock_guard guard{mtx};
+    return calls.size();
+  }
+};
+
+/// Builds `submit`'s operations, numbered in order, recording into `out`.
+struct batch {
+  std::shared_ptr<submitted> out = std::make_shared<submitted>();
+  std::vector<botmesh::coordinator::turn_op> ops;
+
+  template <class T>
+  auto record(std::size_t n, std::map<std::size_t, T> submitted::*into) {
+    return [o = out, n, into](T v, std::exception_ptr e) {
+      std::lock_guard guard{o->mtx};
+      ++o->calls[n];
+      if (!e) {
+        ((*o).*into)[n] = std::move(v);
+        return;
+      }
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        o->failed[n] = x.what();
+      }
+    };
+  }
+
+  std::size_t enter(std::string key, std::uint64_t req, bool retry = false) {
+    auto n = ops.size();
+    ops.push_back(botmesh::coordinator::enter_op{
+      std::move(key), req, retry, record(n, &submitted::entered)});
+    return n;
+  }
+
+  std::size_t release(std::string key, std::uint64_t fence) {
+    auto n = ops.size();
+    ops.push_back(botmesh::coordinator::release_op{
+      {std::move(key), fence}, {}, record(n, &submitted::released)});
+    return n;
+  }
+
+  /// Submits everything and waits until every `done` ran (5 s at most).
+  std::shared_ptr<submitted> run(botmesh::coordinator& c) {
+    auto n = ops.size();
+    c.submit(std::move(ops));
+    ops.clear();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (out->done() < n && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    auto res = out;
+    out = std::make_shared<submitted>();
+    return res;
+  }
+};
 
 } // namespace cc
 
@@ -455,7 +522,68 @@ TEST_CASE_TEMPLATE_DEFINE("racing replicas serve one chat in ticket order, "
   CHECK(std::is_sorted(served.begin(), served.end()));
 }
 
+TEST_CASE_TEMPLATE_DEFINE("submit runs enters and releases in order, each "
+                          "exactly as its own call would",
+                          F, cc_submit) {
+  F f;
+  auto a = cc::make(f, "a");
+  auto b = cc::make(f, "b");
+  for (auto* r : {a.get(), b.get()})
+    cc::await_push_channel(*r);
+  // More operations than one batch holds, on many chats: every done once.
+  cc::batch first;
+  for (std::uint64_t n = 0; n < 60; ++n)
+    first.enter("s" + std::to_string(n), n + 1);
+  auto behind = first.enter("s0", 61); // queued behind our own turn
+  auto r1 = first.run(*a->c);
+  REQUIRE(r1->calls.size() == 61);
+  for (auto& [n, calls] : r1->calls)
+    CHECK(calls == 1);
+  CHECK(r1->failed.empty());
+  for (std::size_t n = 0; n < 60; ++n) {
+    CAPTURE(n);
+    REQUIRE(r1->entered[n].granted());
+    CHECK(r1->entered[n].key == "s" + std::to_string(n));
+    CHECK(r1->entered[n].req == n + 1);
+  }
+  CHECK(r1->entered[behind].state == cc::status::waiting);
+  CHECK(r1->entered[behind].blocker == a->inc());
+  // b waits for s2.
+  auto wb = b->sync().enter("s2", 1);
+  REQUIRE(wb.state == cc::status::waiting);
+  // In one submit: s0's release grants our own next ticket; s2's grants
+  // b's (pushed to b); an enter after that waits behind b; a stale
+  // release changes nothing; a retried enter finds its grant again.
+  cc::batch second;
+  auto rel0 = second.release("s0", r1->entered[0].fence);
+  auto rel2 = second.release("s2", r1->entered[2].fence);
+  auto again2 = second.enter("s2", 62);
+  auto stale = second.release("s1", r1->entered[1].fence + 1);
+  auto retried = second.enter("s3", 4, true);
+  auto r2 = second.run(*a->c);
+  REQUIRE(r2->calls.size() == 5);
+  CHECK(r2->failed.empty());
+  CHECK(r2->released[rel0].released);
+  REQUIRE(r2->released[rel0].next.has_value());
+  CHECK(r2->released[rel0].next->req == 61);
+  CHECK(r2->released[rel0].next->fence > r1->entered[0].fence);
+  CHECK(r2->released[rel2].released);
+  CHECK_FALSE(r2->released[rel2].next.has_value());
+  auto gb = b->push();
+  REQUIRE(gb);
+  CHECK(gb->key == "s2");
+  CHECK(gb->previous_holder == "a");
+  CHECK(r2->entered[again2].state == cc::status::waiting);
+  CHECK(r2->entered[again2].blocker == b->inc());
+  CHECK_FALSE(r2->released[stale].released);
+  REQUIRE(r2->entered[retried].granted());
+  CHECK(r2->entered[retried].fence == r1->entered[3].fence);
+  // s1 is still ours at its fence.
+  CHECK(a->sync().release({"s1", r1->entered[1].fence}).released);
+}
+
 #define BOTMESH_COORDINATOR_CONFORMANCE(F)                                     \
+  TEST_CASE_TEMPLATE_INVOKE(cc_submit, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(cc_order, F);                                      \
   TEST_CASE_TEMPLATE_INVOKE(cc_retry, F);                                      \
   TEST_CASE_TEMPLATE_INVOKE(cc_self, F);                                       \

@@ -120,6 +120,117 @@ TEST_CASE("renewals go on after the server lost its scripts (a restart "
   }
 }
 
+namespace {
+
+// Chat keys that the client puts on one connection lane, so a submit of
+// them is one co_batch call.
+std::vector<std::string> same_lane(botmesh::redis_client& c, std::size_t n) {
+  std::vector<std::string> out;
+  for (int i = 0; out.size() < n; ++i) {
+    auto k = "lane" + std::to_string(i);
+    if (c.lane(k) == c.lane("lane0"))
+      out.push_back(k);
+  }
+  return out;
+}
+
+// Every one of `n` operations failed once, each error naming `needle`.
+void all_failed(const cc::submitted& r, std::size_t n, const char* needle) {
+  REQUIRE(r.calls.size() == n);
+  REQUIRE(r.failed.size() == n);
+  for (auto& [op, calls] : r.calls)
+    CHECK(calls == 1);
+  for (auto& [op, what] : r.failed) {
+    CAPTURE(what);
+    CHECK(what.find(needle) != std::string::npos);
+  }
+}
+
+} // namespace
+
+TEST_CASE("a batch that meets an error reply fails each of its operations "
+          "naming the error; what ran before it stays, and repeating each "
+          "operation finds it") {
+  auto prefix = test::unique_prefix("bmco");
+  auto client = std::make_shared<botmesh::redis_client>(
+    botmesh::redis_options{.url = test::redis_url()});
+  botmesh::redis_coordinator c{{.client = client, .prefix = prefix,
+                                .replica_id = "a"}};
+  auto k = same_lane(*client, 3);
+  // The middle chat's turn hash is a string: its HMGET fails WRONGTYPE.
+  client->call({"SET", prefix + ":co:{t:" + k[1] + "}:h", "not a hash"});
+  cc::batch b;
+  b.enter(k[0], 1);
+  b.enter(k[1], 2);
+  b.enter(k[2], 3);
+  auto r = b.run(c);
+  all_failed(*r, 3, "co_batch");
+  all_failed(*r, 3, "WRONGTYPE");
+  botmesh::blocking_coordinator sync{c};
+  // The first ran: repeated as a retry, it finds its grant.
+  auto first = sync.poll(k[0], 1);
+  REQUIRE(first.granted());
+  auto again = sync.enter(k[0], 1, true);
+  REQUIRE(again.granted());
+  CHECK(again.fence == first.fence);
+  // The last never ran: a retry takes its ticket now, once.
+  CHECK(sync.poll(k[2], 3).state == botmesh::turn_state::status::gone);
+  auto last = sync.enter(k[2], 3, true);
+  REQUIRE(last.granted());
+  CHECK(last.ticket == 1);
+  // The broken chat keeps failing, with the same clear error.
+  CHECK_THROWS_WITH_AS(sync.enter(k[1], 2, true), doctest::Contains("WRONGTYPE"),
+                       botmesh::coordination_unavailable_error);
+  CHECK(client->call({"GET", prefix + ":co:{t:" + k[1] + "}:h"}).str
+        == "not a hash");
+}
+
+TEST_CASE("a batch whose reply never comes fails each of its operations "
+          "with a timeout; repeated, they leave no ticket or turn behind") {
+  auto prefix = test::unique_prefix("bmco");
+  auto client = std::make_shared<botmesh::redis_client>(
+    botmesh::redis_options{.url = test::redis_url(),
+                           .command_timeout = "150ms"});
+  botmesh::redis_coordinator a{{.client = client, .prefix = prefix,
+                                .replica_id = "a",
+                                .lease = std::chrono::milliseconds{5000}}};
+  botmesh::redis_coordinator b{{.url = test::redis_url(), .prefix = prefix,
+                                .replica_id = "b",
+                                .lease = std::chrono::milliseconds{5000}}};
+  auto k = same_lane(*client, 4);
+  botmesh::blocking_coordinator sa{a};
+  auto held = sa.enter(k[3], 1);
+  REQUIRE(held.granted());
+  // Writes stall past the client's timeout: the batch's reply is lost.
+  botmesh::redis_client admin{{.url = test::redis_url()}};
+  admin.call({"CLIENT", "PAUSE", "600", "WRITE"});
+  cc::batch batch;
+  batch.enter(k[0], 2);
+  batch.enter(k[1], 3);
+  batch.release(k[3], held.fence);
+  batch.enter(k[2], 4);
+  all_failed(*batch.run(a), 4, "no reply within");
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  // Repeated one by one (enters as retries): each is granted once, the
+  // release ends the turn whether or not the lost call had.
+  std::vector<botmesh::turn_state> got;
+  for (auto [key, req] : {std::pair{k[0], 2}, {k[1], 3}, {k[2], 4}}) {
+    auto g = sa.enter(key, req, true);
+    REQUIRE(g.granted());
+    CHECK(g.ticket == 1);
+    got.push_back(g);
+  }
+  sa.release({k[3], held.fence});
+  for (std::size_t n = 0; n < got.size(); ++n)
+    REQUIRE(sa.release({k[n], got[n].fence}).released);
+  // Nothing is left: another replica is granted every chat at once.
+  botmesh::blocking_coordinator sb{b};
+  for (auto& key : k) {
+    CAPTURE(key);
+    CHECK(sb.enter(key, 9).granted());
+  }
+}
+
 #include <botmesh/stores/redis/redis_store.hpp>
 
 TEST_CASE("store.coordinator() shares the store's client and prefix") {

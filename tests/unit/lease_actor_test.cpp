@@ -444,6 +444,37 @@ TEST_CASE("a request given up while its enter is in flight is released, or "
   CHECK(f.coord->count(op::poll) == 0);
 }
 
+TEST_CASE("enters and releases that reach the lease actor together go to "
+          "the backend as one submit, in order; a lone one goes at once") {
+  lease_fixture f;
+  f.hold(key_b, 1, 7);
+  f.coord->submits.clear();
+  auto [other, other_log] = f.another_probe();
+  caf::send_as(f.chat, f.lease_actor, botmesh::acquire_atom::value, key_a,
+               std::uint64_t{2});
+  caf::send_as(f.chat, f.lease_actor, botmesh::release_atom::value, key_b,
+               std::uint64_t{7});
+  caf::send_as(other, f.lease_actor, botmesh::acquire_atom::value, key_b,
+               std::uint64_t{3});
+  f.vs.run();
+  REQUIRE(f.coord->submits == std::vector<std::size_t>{3});
+  // In the order decided: b's release before b's next enter.
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 3);
+  CHECK(enters[1]->key == key_a);
+  CHECK(enters[2]->key == key_b);
+  CHECK(f.releases(key_b, 7) == 1);
+  sc::answer(*enters[1], f.coord->granted(key_a, 2, 8));
+  sc::answer(*enters[2], f.coord->granted(key_b, 3, 9));
+  f.vs.run();
+  CHECK(f.chat_log->token_of(2));
+  CHECK(other_log->token_of(3));
+  f.release(key_a, 8);
+  CHECK(f.coord->submits == std::vector<std::size_t>{3, 1});
+  CHECK(f.releases(key_a, 8) == 1);
+  caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a grant for a request nobody waits for is released at once") {
   lease_fixture f;
   f.coord->push(f.coord->granted(key_a, 99, 5));

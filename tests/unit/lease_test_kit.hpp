@@ -127,6 +127,11 @@ class scripted_coordinator final : public botmesh::coordinator {
     apply(c);
   }
 
+  void submit(std::vector<turn_op> ops) override {
+    submits.push_back(ops.size());
+    coordinator::submit(std::move(ops)); // records each as its own call
+  }
+
   void leave(std::string_view key, std::uint64_t req,
              completion<bool> done) override {
     auto& c = add(op::leave, key);
@@ -168,6 +173,9 @@ class scripted_coordinator final : public botmesh::coordinator {
   }
 
   // -- the test's side ---------------------------------------------------------
+
+  /// The size of every `submit`, oldest first.
+  std::vector<std::size_t> submits;
 
   std::int64_t backend_ms() const {
     return now_();

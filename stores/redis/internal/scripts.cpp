@@ -35,6 +35,7 @@ const scripts& lua() {
     {"co_renew", lua_src::co_renew},
     {"co_lead", lua_src::co_lead},
     {"co_unlead", lua_src::co_unlead},
+    {"co_batch", lua_src::co_batch},
     {"durable_record", lua_src::durable_record},
     {"durable_settle", lua_src::durable_settle},
     {"durable_claim", lua_src::durable_claim},

@@ -33,6 +33,7 @@ struct scripts {
   redis_script co_renew;
   redis_script co_lead;
   redis_script co_unlead;
+  redis_script co_batch;
   redis_script durable_record;
   redis_script durable_settle;
   redis_script durable_claim;

@@ -1,6 +1,9 @@
 -- Shared by the co_* turn scripts; spliced in at build time where a script
--- says "--@include co_common". Every such script gets
+-- includes it. Every such script gets
 --   KEYS[1] H: the chat's hash          KEYS[2] Q: the chat's ticket queue
+-- and the functions below work on the chat named by the locals H and Q
+-- (KEYS[1] and KEYS[2] unless the script moves them: co_batch runs the
+-- operations of several chats, one after the other).
 --
 -- H fields (all written as integers with co_int):
 --   seq       last ticket handed out
@@ -15,15 +18,18 @@
 --   "<ticket> <incarnation> <req> <lease ms> <replica id>"
 --
 -- Expiry: every script refreshes both keys' PEXPIRE to the ttl the caller
--- passes (far above the lease). A holder renews within its lease and a
--- waiter polls within it, so the keys of a chat with a live holder or
--- waiter never expire; only idle chats are forgotten.
+-- passes (far above the lease), except a release that leaves the chat
+-- idle (see co_release_op). A holder renews within its lease and a waiter
+-- polls within it, so the keys of a chat with a live holder or waiter
+-- never expire; only idle chats are forgotten.
 --
 -- A grant is pushed: PUBLISH on "<channel prefix><incarnation>" with
 --   "<req> <ticket> <fence> <deadline> <now> <#prev> <prev><chat key>"
 -- and, when a release grants with something handed over (co_pass), that
 -- prefixed with "h<#handed> <handed>" (a reader that predates it fails to
 -- parse the push and finds the grant by polling).
+
+local H, Q = KEYS[1], KEYS[2]
 
 local function co_now()
   local t = redis.call('TIME')
@@ -40,17 +46,17 @@ local function co_parse(e)
 end
 
 local function co_touch(ttl)
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('PEXPIRE', KEYS[2], ttl)
+  redis.call('PEXPIRE', H, ttl)
+  redis.call('PEXPIRE', Q, ttl)
 end
 
 -- Makes (inc, req, ticket) the holder for `lease` ms; returns its grant.
 local function co_grant(now, inc, rep, req, tk, lease)
-  local fence = math.max(tonumber(redis.call('HGET', KEYS[1], 'fence') or '0') + 1,
+  local fence = math.max(tonumber(redis.call('HGET', H, 'fence') or '0') + 1,
                          now * 1024)
-  local prev = redis.call('HGET', KEYS[1], 'last') or ''
+  local prev = redis.call('HGET', H, 'last') or ''
   local dl = now + lease
-  redis.call('HSET', KEYS[1], 'fence', co_int(fence), 'o_inc', inc,
+  redis.call('HSET', H, 'fence', co_int(fence), 'o_inc', inc,
              'o_rep', rep, 'o_req', req, 'o_tk', tk, 'o_dl', co_int(dl),
              'o_prev', prev)
   return {inc, req, tk, fence, prev, dl}
@@ -60,7 +66,7 @@ end
 -- pushes the grant to its replica. Returns the grant, or nil.
 local function co_grant_next(now, skip, chan, key)
   while true do
-    local e = redis.call('LPOP', KEYS[2])
+    local e = redis.call('LPOP', Q)
     if not e then return nil end
     local tk, inc, req, lease, rep = co_parse(e)
     if tk and inc ~= skip then
@@ -75,8 +81,8 @@ end
 
 -- Ends the current holding; the holder's replica becomes `last`.
 local function co_clear(rep)
-  redis.call('HSET', KEYS[1], 'last', rep or '')
-  redis.call('HDEL', KEYS[1], 'o_inc', 'o_rep', 'o_req', 'o_tk', 'o_dl',
+  redis.call('HSET', H, 'last', rep or '')
+  redis.call('HDEL', H, 'o_inc', 'o_rep', 'o_req', 'o_tk', 'o_dl',
              'o_prev')
 end
 
@@ -85,13 +91,13 @@ end
 -- when not empty). Returns that grant and true, or nil and false when
 -- nobody waits (the turn is free).
 local function co_pass(now, rep, fence, chan, key, handed)
-  local e = redis.call('LPOP', KEYS[2])
+  local e = redis.call('LPOP', Q)
   while e do
     local tk, inc, req, lease, r = co_parse(e)
     if tk then
       local nf = math.max(fence + 1, now * 1024)
       local dl = now + tonumber(lease)
-      redis.call('HSET', KEYS[1], 'last', rep, 'fence', co_int(nf),
+      redis.call('HSET', H, 'last', rep, 'fence', co_int(nf),
                  'o_inc', inc, 'o_rep', r, 'o_req', req, 'o_tk', tk,
                  'o_dl', co_int(dl), 'o_prev', rep)
       local msg = req .. ' ' .. tk .. ' ' .. co_int(nf) .. ' ' .. co_int(dl)
@@ -102,7 +108,7 @@ local function co_pass(now, rep, fence, chan, key, handed)
       redis.call('PUBLISH', chan .. inc, msg)
       return {inc, req, tk, nf, rep, dl}, true
     end
-    e = redis.call('LPOP', KEYS[2])
+    e = redis.call('LPOP', Q)
   end
   co_clear(rep)
   return nil, false
@@ -111,10 +117,10 @@ end
 -- Removes every queued ticket of incarnation `inc`; returns how many.
 local function co_drop(inc)
   local n = 0
-  for _, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+  for _, e in ipairs(redis.call('LRANGE', Q, 0, -1)) do
     local tk, i = co_parse(e)
     if i == inc then
-      n = n + redis.call('LREM', KEYS[2], 1, e)
+      n = n + redis.call('LREM', Q, 1, e)
     end
   end
   return n
@@ -122,7 +128,7 @@ end
 
 -- Finds this request's queued entry: the entry and its ticket, or nil.
 local function co_find(inc, req)
-  for _, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+  for _, e in ipairs(redis.call('LRANGE', Q, 0, -1)) do
     local tk, i, r = co_parse(e)
     if i == inc and r == req then return e, tk end
   end
@@ -133,7 +139,7 @@ end
 -- tickets with it: it stopped renewing, so it is dead or frozen past its
 -- lease. The next ticket is granted. Returns that grant, or nil.
 local function co_expire(now, chan, key)
-  local o = redis.call('HMGET', KEYS[1], 'o_inc', 'o_dl', 'o_rep')
+  local o = redis.call('HMGET', H, 'o_inc', 'o_dl', 'o_rep')
   if o[1] and tonumber(o[2]) <= now then
     co_clear(o[3])
     co_drop(o[1])
@@ -144,9 +150,9 @@ end
 
 -- Who is in the way of a waiting request: the holder, else the head.
 local function co_blocker()
-  local h = redis.call('HGET', KEYS[1], 'o_inc')
+  local h = redis.call('HGET', H, 'o_inc')
   if h then return h end
-  local e = redis.call('LINDEX', KEYS[2], 0)
+  local e = redis.call('LINDEX', Q, 0)
   if e then
     local tk, i = co_parse(e)
     return i or ''
