@@ -724,6 +724,9 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
   });
   self->send(self, tick_atom::value);
   self->set_exit_handler([=](caf::exit_msg& msg) {
+    // What was decided goes out (its answers are not awaited): a release
+    // held back must not leave its chat blocked for a lease.
+    flush(self);
     self->state.g->close();
     self->quit(msg.reason);
   });
@@ -957,6 +960,7 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
     },
     [=](give_up_atom) {
       auto& st = self->state;
+      flush(self);
       st.repairs.clear();
       st.in_flight = 0;
       check_shutdown(self);

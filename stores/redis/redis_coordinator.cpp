@@ -315,8 +315,8 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
   }
 
   // One co_batch call for `ops` (all of one connection lane, at least
-  // two); each op's reply is parsed on its own, so a malformed one fails
-  // only that op.
+  // two); each op's reply is parsed on its own, so an error or a malformed
+  // reply of one fails only that op.
   void run_batch(std::vector<coordinator::turn_op> ops) {
     std::exception_ptr e;
     if (failed_crashed(e)) {
@@ -365,6 +365,13 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
             continue;
           }
           auto& reply = r.elements[n];
+          if (reply.type == kind::error) {
+            // This operation alone failed (co_batch runs each protected).
+            fail(ops[n], std::make_exception_ptr(coordination_unavailable_error(
+                           fmt::format("coordinator {}: script co_batch: {}",
+                                       self->replica, reply.str))));
+            continue;
+          }
           if (auto* x = std::get_if<coordinator::enter_op>(&ops[n])) {
             turn_state s;
             try {

@@ -135,6 +135,12 @@ class watched_coordinator final : public botmesh::forwarding_coordinator {
   // scheduler's leadership).
   std::atomic<std::uint64_t> started{0}, finished{0};
 
+  // Enters and releases are not watched: they go to Redis batched, as in a
+  // bot (the default would split them into single calls).
+  void submit(std::vector<turn_op> ops) override {
+    c_->submit(std::move(ops));
+  }
+
   void renew(botmesh::renewal r,
              completion<botmesh::renewal_result> done) override {
     auto t0 = std::chrono::steady_clock::now();

@@ -11,21 +11,30 @@
 -- ARGV[5] grant channel prefix; then four per operation:
 --   'e', request id, chat key, '1' on a retry     (an enter)
 --   'r', fence, chat key, what is handed on       (a release)
--- Returns one reply per operation: co_enter's or co_release's.
--- An error stops the script where it is: the operations before it are
--- done, the rest are not; the caller treats every one as a lost reply
--- (each is safe to repeat).
+-- Returns one reply per operation: co_enter's or co_release's, or the
+-- error that stopped that one operation (a broken key of one chat, say),
+-- which fails it alone as its own script would: the others still run.
 local now = co_now()
 local out = {}
 for i = 0, (#ARGV - 5) / 4 - 1 do
   H, Q = KEYS[2 * i + 1], KEYS[2 * i + 2]
   local a = 6 + 4 * i
+  local ok, r
   if ARGV[a] == 'e' then
-    out[i + 1] = co_enter_op(now, ARGV[1], ARGV[a + 1], ARGV[2], ARGV[3],
-                             ARGV[4], ARGV[5], ARGV[a + 2], ARGV[a + 3])
+    ok, r = pcall(co_enter_op, now, ARGV[1], ARGV[a + 1], ARGV[2], ARGV[3],
+                  ARGV[4], ARGV[5], ARGV[a + 2], ARGV[a + 3])
+  elseif ARGV[a] == 'r' then
+    ok, r = pcall(co_release_op, now, ARGV[1], ARGV[a + 1], ARGV[3],
+                  ARGV[5], ARGV[a + 2], ARGV[a + 3])
   else
-    out[i + 1] = co_release_op(now, ARGV[1], ARGV[a + 1], ARGV[3], ARGV[5],
-                               ARGV[a + 2], ARGV[a + 3])
+    ok, r = false, 'unknown operation ' .. tostring(ARGV[a])
+  end
+  if ok then
+    out[i + 1] = r
+  elseif type(r) == 'table' and r.err then
+    out[i + 1] = r
+  else
+    out[i + 1] = {err = tostring(r)}
   end
 end
 return out
