@@ -200,7 +200,10 @@ namespace {
 // Scripts every connection loads after it connects (see preload()).
 struct preloaded {
   std::mutex mtx;
-  std::vector<const redis_script*> scripts;
+  std::vector<const redis_script*> scripts; // only grows
+  /// scripts.size(), readable without the lock: a connection compares it
+  /// with what it loaded before each write.
+  std::atomic<std::size_t> count{0};
 
   std::vector<const redis_script*> all() {
     std::lock_guard guard{mtx};
@@ -401,8 +404,10 @@ class connection {
     // Scripts are loaded by SHA on every new connection: after a server
     // restart EVALSHA finds them (a failure here only costs the EVAL
     // fallback later).
-    for (auto* script : scripts_->all())
+    auto scripts = scripts_->all();
+    for (auto* script : scripts)
       (void) run_setup(ctx, {"SCRIPT", "LOAD", script->body()});
+    loaded_ = scripts.size();
     ctx_ = ctx;
     last_used_ = steady::now();
     std::lock_guard guard{mtx_};
@@ -449,6 +454,8 @@ class connection {
       fail_all(batch, errc::store_error, "unavailable: " + why, false);
       return;
     }
+    if (scripts_->count.load(std::memory_order_acquire) > loaded_)
+      load_new_scripts(batch);
     std::vector<const char*> argv;
     std::vector<size_t> lens;
     for (auto& r : batch) {
@@ -480,6 +487,22 @@ class connection {
     for (auto& r : batch)
       inflight_.push_back(std::move(r));
     batch.clear();
+  }
+
+  // Scripts preloaded after this connection opened are loaded ahead of
+  // `batch`, in the same write: an EVALSHA of one then never meets
+  // NOSCRIPT, whose EVAL fallback would go behind commands sent after it
+  // (a later command of the same key could run first). The replies only
+  // matter to the fallback, which stays for a server that lost them.
+  void load_new_scripts(std::vector<request>& batch) {
+    auto scripts = scripts_->all();
+    std::vector<request> loads;
+    for (auto i = loaded_; i < scripts.size(); ++i)
+      loads.push_back(request{{"SCRIPT", "LOAD", scripts[i]->body()},
+                              [](redis_reply, std::exception_ptr) {}});
+    loaded_ = scripts.size();
+    batch.insert(batch.begin(), std::make_move_iterator(loads.begin()),
+                 std::make_move_iterator(loads.end()));
   }
 
   bool write_timed_out() const {
@@ -548,6 +571,7 @@ class connection {
   redis_options opts_;
   std::string endpoint_;
   std::shared_ptr<preloaded> scripts_;
+  std::size_t loaded_ = 0; // scripts_ loaded on ctx_ (the thread's own)
   redisContext* ctx_ = nullptr;
   std::mutex mtx_;
   std::condition_variable cv_;
@@ -869,6 +893,8 @@ void redis_client::preload(const redis_script& script) {
     if (s == &script)
       return;
   impl_->scripts->scripts.push_back(&script);
+  impl_->scripts->count.store(impl_->scripts->scripts.size(),
+                              std::memory_order_release);
 }
 
 redis_reply redis_client::call_raw(command cmd) {

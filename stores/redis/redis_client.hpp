@@ -190,9 +190,13 @@ class redis_client {
                   std::vector<std::string> keys, std::vector<std::string> args,
                   callback done);
 
-  /// Loads `script` on every connection, now and after each reconnect, so
-  /// EVALSHA does not meet NOSCRIPT after a server restart (EVAL stays the
-  /// fallback). The script must outlive the client.
+  /// Loads `script` on every connection: an open one ahead of the next
+  /// commands it writes, in the same write, and each one again after every
+  /// reconnect. So EVALSHA does not meet NOSCRIPT, neither on a connection
+  /// opened before this call nor after a server restart; the EVAL fallback
+  /// stays for a server that lost its scripts otherwise (SCRIPT FLUSH, or
+  /// a reconnect refused while it was LOADING), and that EVAL is queued
+  /// behind what was sent meanwhile. The script must outlive the client.
   void preload(const redis_script& script);
 
   /// Runs a script (EVALSHA, EVAL on NOSCRIPT); throws on an error reply,

@@ -141,6 +141,33 @@ TEST_CASE("scripts run by SHA and fall back to EVAL after SCRIPT FLUSH") {
   CHECK(b->fence > a->fence);
 }
 
+TEST_CASE("a script preloaded after its connection opened runs in the order "
+          "it was sent, ahead of a later command of the same key") {
+  // A body no server has seen yet: its EVALSHA would meet NOSCRIPT, and the
+  // EVAL fallback would go behind the SET sent after it.
+  auto nonce = test::unique_prefix("order");
+  botmesh::redis_script script{
+    "order", "#!lua\n-- " + nonce + "\nredis.call('SET', KEYS[1], '1')\n"
+             "return 1\n"};
+  botmesh::redis_client c{{.url = test::redis_url(), .connections = 1}};
+  auto key = nonce + ":k";
+  c.call({"PING"}); // the connection is open before the preload
+  c.preload(script);
+  std::promise<botmesh::redis_reply> first;
+  std::promise<void> second;
+  c.eval_async(key, script, {key}, {},
+               [&](botmesh::redis_reply r, std::exception_ptr) {
+                 first.set_value(std::move(r));
+               });
+  c.async(key, {"SET", key, "2"},
+          [&](botmesh::redis_reply, std::exception_ptr) { second.set_value(); });
+  auto r = first.get_future().get();
+  second.get_future().wait();
+  CHECK(r.type == botmesh::redis_reply::kind::integer);
+  CHECK(c.call({"GET", key}).str == "2");
+  c.call({"DEL", key});
+}
+
 TEST_CASE("the database in the URL is selected") {
   auto url = test::redis_url();
   botmesh::redis_client db0{{.url = url}};
