@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -139,6 +140,8 @@ struct request {
   /// When the caller queued it: latency counts the queue too, as the
   /// caller sees it.
   std::chrono::steady_clock::time_point queued = std::chrono::steady_clock::now();
+  /// The client's own (a script load): not a command of the figures.
+  bool internal = false;
 };
 
 // Process-wide Redis figures for /metrics: every client adds to the same
@@ -172,12 +175,14 @@ redis_metrics& figures() {
 
 // Completes `r` once, with its command handed back when it asked for it.
 void complete(request& r, redis_reply reply, std::exception_ptr e) {
-  auto& m = figures();
-  m.latency.observe(std::chrono::steady_clock::now() - r.queued);
-  if (e)
-    m.failed.inc();
-  else if (reply.type == redis_reply::kind::error)
-    m.error_replies.inc();
+  if (!r.internal) {
+    auto& m = figures();
+    m.latency.observe(std::chrono::steady_clock::now() - r.queued);
+    if (e)
+      m.failed.inc();
+    else if (reply.type == redis_reply::kind::error)
+      m.error_replies.inc();
+  }
   if (r.keep)
     r.keep(std::move(reply), std::move(e), std::move(r.cmd));
   else
@@ -408,6 +413,7 @@ class connection {
     for (auto* script : scripts)
       (void) run_setup(ctx, {"SCRIPT", "LOAD", script->body()});
     loaded_ = scripts.size();
+    in_multi_ = false;
     ctx_ = ctx;
     last_used_ = steady::now();
     std::lock_guard guard{mtx_};
@@ -454,7 +460,7 @@ class connection {
       fail_all(batch, errc::store_error, "unavailable: " + why, false);
       return;
     }
-    if (scripts_->count.load(std::memory_order_acquire) > loaded_)
+    if (!in_multi_ && scripts_->count.load(std::memory_order_acquire) > loaded_)
       load_new_scripts(batch);
     std::vector<const char*> argv;
     std::vector<size_t> lens;
@@ -465,6 +471,7 @@ class connection {
         argv.push_back(a.data());
         lens.push_back(a.size());
       }
+      track_multi(r.cmd);
       if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()),
                                  argv.data(), lens.data())
           != REDIS_OK) {
@@ -494,15 +501,32 @@ class connection {
   // NOSCRIPT, whose EVAL fallback would go behind commands sent after it
   // (a later command of the same key could run first). The replies only
   // matter to the fallback, which stays for a server that lost them.
+  // Never inside a caller's MULTI block (its EXEC would answer for the
+  // load too): a batch that starts in one waits for one that does not.
   void load_new_scripts(std::vector<request>& batch) {
     auto scripts = scripts_->all();
     std::vector<request> loads;
-    for (auto i = loaded_; i < scripts.size(); ++i)
+    for (auto i = loaded_; i < scripts.size(); ++i) {
       loads.push_back(request{{"SCRIPT", "LOAD", scripts[i]->body()},
                               [](redis_reply, std::exception_ptr) {}});
+      loads.back().internal = true;
+    }
     loaded_ = scripts.size();
     batch.insert(batch.begin(), std::make_move_iterator(loads.begin()),
                  std::make_move_iterator(loads.end()));
+  }
+
+  // Whether the commands written so far leave a MULTI block open.
+  void track_multi(const redis_client::command& cmd) {
+    if (cmd.empty())
+      return;
+    auto is = [&](const char* verb) {
+      return ::strcasecmp(cmd[0].c_str(), verb) == 0;
+    };
+    if (is("MULTI"))
+      in_multi_ = true;
+    else if (is("EXEC") || is("DISCARD"))
+      in_multi_ = false;
   }
 
   bool write_timed_out() const {
@@ -572,6 +596,7 @@ class connection {
   std::string endpoint_;
   std::shared_ptr<preloaded> scripts_;
   std::size_t loaded_ = 0; // scripts_ loaded on ctx_ (the thread's own)
+  bool in_multi_ = false;   // a MULTI written on ctx_ awaits its EXEC
   redisContext* ctx_ = nullptr;
   std::mutex mtx_;
   std::condition_variable cv_;

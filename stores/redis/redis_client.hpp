@@ -191,12 +191,14 @@ class redis_client {
                   callback done);
 
   /// Loads `script` on every connection: an open one ahead of the next
-  /// commands it writes, in the same write, and each one again after every
-  /// reconnect. So EVALSHA does not meet NOSCRIPT, neither on a connection
-  /// opened before this call nor after a server restart; the EVAL fallback
-  /// stays for a server that lost its scripts otherwise (SCRIPT FLUSH, or
-  /// a reconnect refused while it was LOADING), and that EVAL is queued
-  /// behind what was sent meanwhile. The script must outlive the client.
+  /// commands it writes (in the same write, never inside a MULTI block the
+  /// caller left open), and each one again after every reconnect. So
+  /// EVALSHA does not meet NOSCRIPT, neither on a connection opened before
+  /// this call nor after a server restart. The EVAL fallback stays for a
+  /// server that refused the load or lost its scripts otherwise (SCRIPT
+  /// FLUSH, a reconnect while it was LOADING); that EVAL is queued behind
+  /// what was sent meanwhile. The loads are not counted in the client's
+  /// figures. The script must outlive the client.
   void preload(const redis_script& script);
 
   /// Runs a script (EVALSHA, EVAL on NOSCRIPT); throws on an error reply,

@@ -168,6 +168,23 @@ TEST_CASE("a script preloaded after its connection opened runs in the order "
   c.call({"DEL", key});
 }
 
+TEST_CASE("a script preloaded while a caller's MULTI block is open is loaded "
+          "after its EXEC, not inside the transaction") {
+  auto nonce = test::unique_prefix("multi");
+  botmesh::redis_script script{
+    "multi", "#!lua\n-- " + nonce + "\nreturn 7\n"};
+  botmesh::redis_client c{{.url = test::redis_url(), .connections = 1}};
+  auto key = nonce + ":k";
+  CHECK(c.call({"MULTI"}).str == "OK");
+  c.preload(script);
+  CHECK(c.call({"SET", key, "x"}).str == "QUEUED");
+  auto exec = c.call({"EXEC"});
+  REQUIRE(exec.type == botmesh::redis_reply::kind::array);
+  CHECK(exec.elements.size() == 1); // the SET's answer alone
+  CHECK(c.eval(script, {key}, {}).integer == 7);
+  c.call({"DEL", key});
+}
+
 TEST_CASE("the database in the URL is selected") {
   auto url = test::redis_url();
   botmesh::redis_client db0{{.url = url}};
