@@ -67,7 +67,7 @@ class redis_coordinator final : public coordinator {
             completion<turn_state> done) override;
   void release(turn_ref t, std::string_view handoff,
                completion<release_result> done) override;
-  /// Standalone: one co_batch call per connection lane and up to 32
+  /// Standalone: one co_batch call per connection lane and up to 8
   /// operations. A cluster client issues them one by one (a script's keys
   /// must share a slot).
   void submit(std::vector<turn_op> ops) override;
