@@ -143,6 +143,44 @@ release_result release_from(const redis_reply& r, const std::string& key) {
   return out;
 }
 
+// A script's reply `r`, turned by `parse` (which may throw) into `done`'s
+// value: an error reply fails `done` naming the script, as does a throw.
+template <class T, class Parse>
+void deliver(const redis_reply& r, std::string_view replica,
+             std::string_view script, Parse&& parse,
+             const coordinator::completion<T>& done) {
+  if (r.type == kind::error)
+    return done(T{}, std::make_exception_ptr(coordination_unavailable_error(
+                       fmt::format("coordinator {}: script {}: {}", replica,
+                                   script, r.str))));
+  T value;
+  try {
+    value = parse(r);
+  } catch (...) {
+    return done(T{}, std::current_exception());
+  }
+  done(std::move(value), nullptr);
+}
+
+// An operation of a batch, as the coordinator's calls take it.
+const std::string& key_of(const coordinator::enter_op& op) {
+  return op.key;
+}
+const std::string& key_of(const coordinator::release_op& op) {
+  return op.turn.key;
+}
+const std::string& key_of(const coordinator::turn_op& op) {
+  return std::visit([](auto& x) -> const std::string& { return key_of(x); },
+                    op);
+}
+turn_state parse_op(const coordinator::enter_op& op, const redis_reply& r) {
+  return state_from(r, op.key, op.req, "co_enter");
+}
+release_result parse_op(const coordinator::release_op& op,
+                        const redis_reply& r) {
+  return release_from(r, op.turn.key);
+}
+
 // Most operations in one co_batch call. A call blocks the server while it
 // runs (about 10 us an operation), and everything else on its connection
 // waits behind it: with 32, a durable bot's journal and outbox calls
@@ -304,28 +342,18 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
        done = std::move(done)](redis_reply r, std::exception_ptr e) {
         if (e)
           return done(T{}, self->wrap(e, "script " + script.name()));
-        if (r.type == kind::error)
-          return done(T{}, std::make_exception_ptr(coordination_unavailable_error(
-                             fmt::format("coordinator {}: script {}: {}",
-                                         self->replica, script.name(), r.str))));
-        T value;
-        try {
-          value = parse(r);
-        } catch (...) {
-          return done(T{}, std::current_exception());
-        }
-        done(std::move(value), nullptr);
+        deliver(r, self->replica, script.name(), parse, done);
       });
   }
 
   // One co_batch call for `ops` (all of one connection lane, at least
-  // two); each op's reply is parsed on its own, so an error or a malformed
-  // reply of one fails only that op.
+  // two); each op's reply is delivered on its own, so an error or a
+  // malformed reply of one fails only that op.
   void run_batch(std::vector<coordinator::turn_op> ops) {
     std::exception_ptr e;
     if (failed_crashed(e)) {
       for (auto& op : ops)
-        fail(op, e);
+        std::visit([&](auto& x) { x.done({}, e); }, op);
       return;
     }
     std::vector<std::string> keys;
@@ -334,17 +362,16 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
     keys.reserve(2 * ops.size());
     args.reserve(args.size() + 4 * ops.size());
     for (auto& op : ops) {
+      auto& key = key_of(op);
+      keys.push_back(layout->turn(key, "h"));
+      keys.push_back(layout->turn(key, "q"));
       if (auto* x = std::get_if<coordinator::enter_op>(&op)) {
-        keys.push_back(layout->turn(x->key, "h"));
-        keys.push_back(layout->turn(x->key, "q"));
-        args.insert(args.end(), {"e", std::to_string(x->req), x->key,
+        args.insert(args.end(), {"e", std::to_string(x->req), key,
                                  x->retry ? "1" : "0"});
       } else {
-        auto& r = std::get<coordinator::release_op>(op);
-        keys.push_back(layout->turn(r.turn.key, "h"));
-        keys.push_back(layout->turn(r.turn.key, "q"));
-        args.insert(args.end(), {"r", std::to_string(r.turn.fence), r.turn.key,
-                                 std::move(r.handoff)});
+        auto& y = std::get<coordinator::release_op>(op);
+        args.insert(args.end(), {"r", std::to_string(y.turn.fence), key,
+                                 std::move(y.handoff)});
       }
     }
     auto affinity = key_of(ops.front());
@@ -354,63 +381,26 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
       [self, ops = std::move(ops)](redis_reply r, std::exception_ptr e) mutable {
         if (e)
           e = self->wrap(e, "script co_batch");
-        else if (r.type == kind::error)
-          e = std::make_exception_ptr(coordination_unavailable_error(
-            fmt::format("coordinator {}: script co_batch: {}", self->replica,
-                        r.str)));
-        else if (r.type != kind::array || r.elements.size() != ops.size())
+        else if (r.type != kind::error
+                 && (r.type != kind::array || r.elements.size() != ops.size()))
           e = std::make_exception_ptr(coordination_unavailable_error(
             fmt::format("coordinator {}: script co_batch: malformed reply "
                         "({} replies for {} operations)",
                         self->replica, r.elements.size(), ops.size())));
-        for (std::size_t n = 0; n < ops.size(); ++n) {
-          if (e) {
-            fail(ops[n], e);
-            continue;
-          }
-          auto& reply = r.elements[n];
-          if (reply.type == kind::error) {
-            // This operation alone failed (co_batch runs each protected).
-            fail(ops[n], std::make_exception_ptr(coordination_unavailable_error(
-                           fmt::format("coordinator {}: script co_batch: {}",
-                                       self->replica, reply.str))));
-            continue;
-          }
-          if (auto* x = std::get_if<coordinator::enter_op>(&ops[n])) {
-            turn_state s;
-            try {
-              s = state_from(reply, x->key, x->req, "co_enter");
-            } catch (...) {
-              x->done({}, std::current_exception());
-              continue;
-            }
-            x->done(std::move(s), nullptr);
-          } else {
-            auto& y = std::get<coordinator::release_op>(ops[n]);
-            release_result out;
-            try {
-              out = release_from(reply, y.turn.key);
-            } catch (...) {
-              y.done({}, std::current_exception());
-              continue;
-            }
-            y.done(std::move(out), nullptr);
-          }
-        }
+        for (std::size_t n = 0; n < ops.size(); ++n)
+          std::visit(
+            [&](auto& x) {
+              if (e)
+                return x.done({}, e);
+              // An error reply fails every operation; an error element
+              // (co_batch runs each one protected) fails its own alone.
+              auto& one = r.type == kind::error ? r : r.elements[n];
+              deliver(one, self->replica, "co_batch",
+                      [&](const redis_reply& y) { return parse_op(x, y); },
+                      x.done);
+            },
+            ops[n]);
       });
-  }
-
-  static const std::string& key_of(const coordinator::turn_op& op) {
-    if (auto* x = std::get_if<coordinator::enter_op>(&op))
-      return x->key;
-    return std::get<coordinator::release_op>(op).turn.key;
-  }
-
-  static void fail(coordinator::turn_op& op, std::exception_ptr e) {
-    if (auto* x = std::get_if<coordinator::enter_op>(&op))
-      x->done({}, e);
-    else
-      std::get<coordinator::release_op>(op).done({}, e);
   }
 };
 
@@ -534,7 +524,7 @@ void redis_coordinator::submit(std::vector<turn_op> ops) {
   // connection its other operations use, in order.
   std::vector<std::vector<turn_op>> lanes;
   for (auto& op : ops) {
-    auto lane = i.client->lane(impl::key_of(op));
+    auto lane = i.client->lane(key_of(op));
     if (lanes.size() <= lane)
       lanes.resize(lane + 1);
     lanes[lane].push_back(std::move(op));

@@ -11,24 +11,25 @@
 -- already granted or queued returns that grant or ticket again.
 -- Cost: O(1); a retry O(queue length). The uncontended turn, on every
 -- turn's path, is four commands: one read of H, one write (the ticket
--- counter with the grant), the queue's length and H's expiry. The read
--- asks for four fields only: a script's cost grows with every element a
--- reply carries, and the holder's fields matter only when there is one
--- (o_dl is set exactly while o_inc is).
+-- counter with the grant), the queue's length and H's expiry. Each read
+-- asks only for what it needs (a script's cost grows with every element a
+-- reply carries): the holder's own fields only when there is one (o_dl is
+-- set exactly while o_inc is).
 local function co_enter_op(now, inc, req, lease, ttl, rep, chan, key, retry)
-  local o = redis.call('HMGET', H, 'o_dl', 'fence', 'last', 'seq')
-  if o[1] then
-    if tonumber(o[1]) <= now then
-      -- An expired holder is replaced first (rare).
-      co_expire(now, chan, key)
-    end
-    local h = redis.call('HMGET', H, 'o_inc', 'o_req', 'o_tk', 'fence',
-                         'o_prev', 'o_dl', 'last', 'seq')
+  local dl, fence, last, seq =
+    unpack(redis.call('HMGET', H, 'o_dl', 'fence', 'last', 'seq'))
+  if dl and tonumber(dl) <= now then
+    -- An expired holder is replaced first (rare): H changed, read it again.
+    co_expire(now, chan, key)
+    dl, fence, last, seq =
+      unpack(redis.call('HMGET', H, 'o_dl', 'fence', 'last', 'seq'))
+  end
+  if dl then
+    local h = redis.call('HMGET', H, 'o_inc', 'o_req', 'o_tk', 'o_prev')
     if h[1] == inc and h[2] == req then
       co_touch(ttl)
-      return {1, tonumber(h[3]), tonumber(h[4]), h[5], tonumber(h[6]), now}
+      return {1, tonumber(h[3]), tonumber(fence), h[4], tonumber(dl), now}
     end
-    o = {h[6], h[4], h[7], h[8]}
   end
   if retry == '1' then
     local e, tk = co_find(inc, req)
@@ -37,21 +38,21 @@ local function co_enter_op(now, inc, req, lease, ttl, rep, chan, key, retry)
       return {0, tonumber(tk), now, co_blocker()}
     end
   end
-  local tk = tonumber(o[4] or '0') + 1
-  if not o[1] and redis.call('LLEN', Q) == 0 then
+  local tk = tonumber(seq or '0') + 1
+  if not dl and redis.call('LLEN', Q) == 0 then
     -- As co_grant, with what the read above already knows. The queue is
     -- empty, so it does not exist and has no expiry to refresh.
-    local fence = math.max(tonumber(o[2] or '0') + 1, now * 1024)
-    local prev = o[3] or ''
-    local dl = now + tonumber(lease)
-    redis.call('HSET', H, 'seq', co_int(tk), 'fence', co_int(fence),
+    local nf = math.max(tonumber(fence or '0') + 1, now * 1024)
+    local prev = last or ''
+    local deadline = now + tonumber(lease)
+    redis.call('HSET', H, 'seq', co_int(tk), 'fence', co_int(nf),
                'o_inc', inc, 'o_rep', rep, 'o_req', req,
-               'o_tk', co_int(tk), 'o_dl', co_int(dl), 'o_prev', prev)
+               'o_tk', co_int(tk), 'o_dl', co_int(deadline), 'o_prev', prev)
     redis.call('PEXPIRE', H, ttl)
-    return {1, tk, fence, prev, dl, now}
+    return {1, tk, nf, prev, deadline, now}
   end
   redis.call('HSET', H, 'seq', co_int(tk))
-  if not o[1] then co_grant_next(now, '', chan, key) end
+  if not dl then co_grant_next(now, '', chan, key) end
   redis.call('RPUSH', Q, co_int(tk) .. ' ' .. inc .. ' ' .. req .. ' '
              .. lease .. ' ' .. rep)
   co_touch(ttl)
