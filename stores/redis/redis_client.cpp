@@ -868,19 +868,11 @@ void redis_client::eval_async(std::string_view affinity,
                               const redis_script& script,
                               std::vector<std::string> keys,
                               std::vector<std::string> args, callback done) {
-  auto build = [](std::string verb, const std::string& code,
-                  const std::vector<std::string>& keys,
-                  const std::vector<std::string>& args) {
-    command cmd;
-    cmd.reserve(3 + keys.size() + args.size());
-    cmd.push_back(std::move(verb));
-    cmd.push_back(code);
-    cmd.push_back(std::to_string(keys.size()));
-    cmd.insert(cmd.end(), keys.begin(), keys.end());
-    cmd.insert(cmd.end(), args.begin(), args.end());
-    return cmd;
-  };
-  auto cmd = build("EVALSHA", script.sha(), keys, args);
+  command cmd;
+  cmd.reserve(3 + keys.size() + args.size());
+  cmd.emplace_back("EVALSHA");
+  cmd.push_back(script.sha());
+  cmd.push_back(std::to_string(keys.size()));
   if (cluster_) {
     try {
       cluster::check_script_keys(script, keys);
@@ -888,20 +880,31 @@ void redis_client::eval_async(std::string_view affinity,
       done({}, std::current_exception());
       return;
     }
+  }
+  for (auto& k : keys)
+    cmd.push_back(std::move(k));
+  for (auto& a : args)
+    cmd.push_back(std::move(a));
+  if (cluster_) {
     cluster_->send(std::move(cmd), std::string{affinity}, std::move(done),
                    &script);
     return;
   }
+  // The command comes back with its reply, so the NOSCRIPT fallback
+  // rewrites it instead of keeping a copy of its keys and arguments for a
+  // reply that almost never needs them.
   auto& conn = impl_->pick(affinity);
   conn.enqueue(request{
     std::move(cmd),
-    [&conn, &script, build, keys = std::move(keys), args = std::move(args),
-     done = std::move(done)](redis_reply r, std::exception_ptr e) mutable {
+    {},
+    [&conn, &script, done = std::move(done)](
+      redis_reply r, std::exception_ptr e, command&& sent) mutable {
       if (!e && r.type == redis_reply::kind::error
-          && r.str.starts_with("NOSCRIPT")) {
+          && r.str.starts_with("NOSCRIPT") && sent.size() >= 3) {
         // Rare (an admin's SCRIPT FLUSH): EVAL also caches it by its SHA.
-        conn.enqueue(request{build("EVAL", script.body(), keys, args),
-                             std::move(done)});
+        sent[0] = "EVAL";
+        sent[1] = script.body();
+        conn.enqueue(request{std::move(sent), std::move(done)});
         return;
       }
       done(std::move(r), e);

@@ -141,6 +141,32 @@ TEST_CASE("scripts run by SHA and fall back to EVAL after SCRIPT FLUSH") {
   CHECK(b->fence > a->fence);
 }
 
+TEST_CASE("an asynchronous script call meeting NOSCRIPT runs by EVAL with "
+          "its keys and arguments") {
+  // A body the server has never seen, and no preload: the EVALSHA meets
+  // NOSCRIPT and the fallback rebuilds the call from the sent command.
+  auto nonce = test::unique_prefix("noscript");
+  botmesh::redis_script script{
+    "echo", "#!lua\n-- " + nonce + "\nreturn {KEYS[1], ARGV[1], ARGV[2]}\n"};
+  botmesh::redis_client c{{.url = test::redis_url(), .connections = 1}};
+  for (int round = 0; round < 2; ++round) { // then it is cached: EVALSHA
+    std::promise<botmesh::redis_reply> got;
+    c.eval_async(nonce, script, {nonce + ":k"}, {"a", std::string(300, 'x')},
+                 [&](botmesh::redis_reply r, std::exception_ptr e) {
+                   if (e)
+                     got.set_exception(e);
+                   else
+                     got.set_value(std::move(r));
+                 });
+    auto r = got.get_future().get();
+    REQUIRE(r.type == botmesh::redis_reply::kind::array);
+    REQUIRE(r.elements.size() == 3);
+    CHECK(r.elements[0].str == nonce + ":k");
+    CHECK(r.elements[1].str == "a");
+    CHECK(r.elements[2].str == std::string(300, 'x'));
+  }
+}
+
 TEST_CASE("a script preloaded after its connection opened runs in the order "
           "it was sent, ahead of a later command of the same key") {
   // A body no server has seen yet: its EVALSHA would meet NOSCRIPT, and the
