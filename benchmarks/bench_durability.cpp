@@ -18,7 +18,9 @@
 // Each round sends `messages` messages over `chats` chats to a fresh bot
 // and waits until every reply is out; rounds alternate plain and durable.
 // Redis from REDIS_URL. Options: --rounds N (5), --messages N (4000),
-// --chats N (200), --handoffs N (hand-offs per variant and round, 40).
+// --chats N (200), --handoffs N (hand-offs per variant and round, 40),
+// --only plain|durable (runs that variant's turns alone and stops: for
+// profiling one side; prints no ratio).
 
 #include <algorithm>
 #include <atomic>
@@ -211,6 +213,7 @@ struct handover_pair {
 
 int main(int argc, char** argv) {
   int rounds = 5, messages = 4000, chats = 200, handoffs = 40;
+  std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--rounds"))
       rounds = std::max(1, std::atoi(argv[i + 1]));
@@ -220,6 +223,8 @@ int main(int argc, char** argv) {
       chats = std::max(1, std::atoi(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--handoffs"))
       handoffs = std::max(1, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--only"))
+      only = argv[i + 1];
   }
   auto url = std::getenv("REDIS_URL");
   if (!url || !*url) {
@@ -228,6 +233,12 @@ int main(int argc, char** argv) {
   }
   std::printf("bench_durability: %d rounds of %d messages over %d chats\n",
               rounds, messages, chats);
+  if (only == "plain" || only == "durable") {
+    for (int r = 0; r < rounds; ++r)
+      std::printf("  round %d: %s %.0f turns/s\n", r, only.c_str(),
+                  round_turns(url, only == "durable", messages, chats));
+    return 0;
+  }
   std::vector<double> plain, durable;
   round_turns(url, false, messages / 4, chats); // warm-up
   for (int r = 0; r < rounds; ++r) {

@@ -75,9 +75,10 @@ struct sync {
   bool retire(std::string holder) {
     return wait<bool>([&](auto done) { b.retire(holder, std::move(done)); });
   }
-  outbox_verdict send(std::string id, std::string key, std::uint64_t fence) {
+  outbox_verdict send(std::string id, std::string key, std::uint64_t fence,
+                     std::chrono::milliseconds ttl = 60s) {
     return wait<outbox_verdict>([&](auto done) {
-      b.outbox_claim(id, key, fence, 60s, std::move(done));
+      b.outbox_claim(id, key, fence, ttl, std::move(done));
     });
   }
 };
@@ -116,6 +117,22 @@ TEST_CASE_TEMPLATE_DEFINE("a journal record is forgotten after its TTL (the "
   f.advance(F::lease * 2);
   s.claim("a", F::lease); // purges what expired
   CHECK(s.record("t:1#m1", "a", F::lease) == dc::journal_put::recorded);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("a journal record past its TTL is recorded anew "
+                          "with no beat in between",
+                          F, dc_ttl_nobeat) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  CHECK(s.record("t:1#m1", "a", F::lease) == dc::journal_put::recorded);
+  CHECK(s.confirm("t:1#m1", "a"));
+  f.advance(F::lease * 2);
+  CHECK(s.record("t:1#m1", "b", F::lease) == dc::journal_put::recorded);
+  // Recorded anew: held by its new holder, not the old tombstone.
+  CHECK_FALSE(s.confirm("t:1#m1", "a"));
+  CHECK(s.confirm("t:1#m1", "b"));
+  CHECK(s.record("t:1#m1", "a", F::lease) == dc::journal_put::duplicate);
 }
 
 TEST_CASE_TEMPLATE_DEFINE("only the holder confirms or releases a record; a "
@@ -217,6 +234,31 @@ TEST_CASE_TEMPLATE_DEFINE("the outbox sends a send id once and refuses a "
   CHECK(s.send("t:2#m1/0", "t:2", 1) == dc::outbox_verdict::send);
 }
 
+TEST_CASE_TEMPLATE_DEFINE("an outbox entry and a chat's fence are forgotten "
+                          "after their TTL; a sender without coordination "
+                          "(fence 0) is refused once a fence sent",
+                          F, dc_outbox_ttl) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  CHECK(s.send("t:1#m1/0", "t:1", 5, F::lease) == dc::outbox_verdict::send);
+  CHECK(s.send("t:1#m1/0", "t:1", 5, F::lease)
+        == dc::outbox_verdict::duplicate);
+  f.advance(F::lease * 2);
+  // Both the entry and the fence 5 expired: a send under fence 3 goes out.
+  CHECK(s.send("t:1#m1/0", "t:1", 3) == dc::outbox_verdict::send);
+  CHECK(s.send("t:1#m1/0", "t:1", 3) == dc::outbox_verdict::duplicate);
+  CHECK(s.send("t:1#m1/1", "t:1", 2) == dc::outbox_verdict::fenced);
+  CHECK(s.send("t:1#m1/1", "t:1", 3) == dc::outbox_verdict::send);
+  // Fence 0 throughout: only the send ids count.
+  CHECK(s.send("t:2#m1/0", "t:2", 0) == dc::outbox_verdict::send);
+  CHECK(s.send("t:2#m1/0", "t:2", 0) == dc::outbox_verdict::duplicate);
+  CHECK(s.send("t:2#m1/1", "t:2", 0) == dc::outbox_verdict::send);
+  CHECK(s.send("t:2#m2/0", "t:2", 4) == dc::outbox_verdict::send);
+  CHECK(s.send("t:2#m3/0", "t:2", 0) == dc::outbox_verdict::fenced);
+  CHECK(s.send("t:2#m3/0", "t:2", 4) == dc::outbox_verdict::send);
+}
+
 TEST_CASE_TEMPLATE_DEFINE("the same id recorded by two holders at once is "
                           "recorded by exactly one",
                           F, dc_race) {
@@ -241,9 +283,11 @@ TEST_CASE_TEMPLATE_DEFINE("the same id recorded by two holders at once is "
 #define BOTMESH_DURABLE_CONFORMANCE(F)                                         \
   TEST_CASE_TEMPLATE_INVOKE(dc_dup, F);                                        \
   TEST_CASE_TEMPLATE_INVOKE(dc_ttl, F);                                        \
+  TEST_CASE_TEMPLATE_INVOKE(dc_ttl_nobeat, F);                                 \
   TEST_CASE_TEMPLATE_INVOKE(dc_settle, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(dc_dead, F);                                       \
   TEST_CASE_TEMPLATE_INVOKE(dc_retire, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(dc_attempts, F);                                   \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox, F);                                     \
+  TEST_CASE_TEMPLATE_INVOKE(dc_outbox_ttl, F);                                 \
   TEST_CASE_TEMPLATE_INVOKE(dc_race, F)

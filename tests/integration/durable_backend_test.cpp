@@ -15,6 +15,8 @@
 #include "redis_server.hpp"
 #include "temp_file.hpp"
 
+using namespace std::chrono_literals;
+
 namespace {
 
 struct sqlite_durable_factory {
@@ -75,6 +77,48 @@ TEST_CASE("the Redis journal keeps each table in one hash slot") {
                   || k.str.rfind(f.prefix + ":{durable:outbox}:", 0) == 0;
     CHECK_MESSAGE(tagged, k.str);
   }
+}
+
+// The beat's sweep drops at most 1000 expired records per call; at a
+// sustained arrival rate above that per beat the journal would outgrow the
+// retry window. Writes sweep too, so it does not.
+TEST_CASE("expired Redis journal records and outbox entries are dropped by "
+          "later writes, with no beat") {
+  redis_durable_factory f;
+  auto b = f.make();
+  dc::sync s{*b};
+  auto in = f.prefix + ":{durable:inbound}:";
+  auto out = f.prefix + ":{durable:outbox}:";
+  auto count = [&](const std::string& cmd, const std::string& key) {
+    return f.client->call({cmd, key}).integer;
+  };
+  for (int i = 0; i < 10; ++i) {
+    REQUIRE(s.record("t:1#old" + std::to_string(i), "a", 100ms)
+            == dc::journal_put::recorded);
+    REQUIRE(s.send("t:1#old" + std::to_string(i) + "/0", "t:1", 7, 100ms)
+            == dc::outbox_verdict::send);
+  }
+  REQUIRE(count("HLEN", in + "rec") == 10);
+  REQUIRE(count("ZCARD", out + "sent") >= 1);
+  f.advance(200ms);
+  // Any 8 records in a row include one that sweeps up to 16.
+  for (int i = 0; i < 8; ++i)
+    REQUIRE(s.record("t:1#new" + std::to_string(i), "a")
+            == dc::journal_put::recorded);
+  CHECK(count("HLEN", in + "rec") == 8);
+  CHECK(count("ZCARD", in + "open") == 8);
+  CHECK(count("ZCARD", in + "exp") == 8);
+  // The outbox sweeps on about one millisecond in 8: writes spread over
+  // 400 ms meet one with near certainty (a miss is (7/8)^400).
+  int sends = 0;
+  for (; sends < 400 && count("ZCARD", out + "sent") != sends; ++sends) {
+    REQUIRE(s.send("t:2#new" + std::to_string(sends) + "/0", "t:2", 0)
+            == dc::outbox_verdict::send);
+    std::this_thread::sleep_for(1ms);
+  }
+  CHECK(count("ZCARD", out + "sent") == sends);
+  CHECK(count("HLEN", out + "fence") == 0);
+  CHECK(count("ZCARD", out + "fexp") == 0);
 }
 
 TEST_CASE("a corrupted Redis journal record is named: settling it fails "

@@ -1,4 +1,5 @@
 #!lua
+--@include durable_common
 -- Renews a holder's heartbeat, drops expired records, and claims records
 -- that are free or held by a holder whose heartbeat lapsed, in arrival
 -- order (keys: see durable_record.lua).
@@ -11,17 +12,11 @@
 -- lists of id, key, message, seq, attempts; corrupted lists the ids of
 -- records that are not journal records (taken out of the open set).
 -- Cost: O(open records scanned, at most 1000) + O(expired, at most 1000).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = dj_now()
 local me = ARGV[1]
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), me)
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now,
-                               'LIMIT', 0, 1000)) do
-  redis.call('HDEL', KEYS[1], id)
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('ZREM', KEYS[3], id)
-end
+dj_sweep(now, 1000)
 local limit = tonumber(ARGV[3])
 local max_attempts = tonumber(ARGV[4])
 local claimed, dropped, corrupted, n = {}, {}, {}, 0

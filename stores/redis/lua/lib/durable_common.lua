@@ -1,0 +1,17 @@
+-- Shared by the journal scripts (keys: see durable_record.lua).
+
+-- The server clock in milliseconds.
+local function dj_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Drops up to `limit` records whose expiry passed: rec, open and exp.
+local function dj_sweep(now, limit)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now,
+                                 'LIMIT', 0, limit)) do
+    redis.call('HDEL', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('ZREM', KEYS[3], id)
+  end
+end
