@@ -462,22 +462,19 @@ class connection {
     }
     if (!in_multi_ && scripts_->count.load(std::memory_order_acquire) > loaded_)
       load_new_scripts(batch);
-    std::vector<const char*> argv;
-    std::vector<size_t> lens;
+    wbuf_.clear();
     for (auto& r : batch) {
-      argv.clear();
-      lens.clear();
-      for (auto& a : r.cmd) {
-        argv.push_back(a.data());
-        lens.push_back(a.size());
-      }
+      internal::append_command(wbuf_, r.cmd);
       track_multi(r.cmd);
-      if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()),
-                                 argv.data(), lens.data())
-          != REDIS_OK) {
-        fail_connection(batch, errc::store_error, ctx_->errstr, false);
-        return;
-      }
+    }
+    auto appended = redisAppendFormattedCommand(ctx_, wbuf_.data(),
+                                                wbuf_.size());
+    // A rare huge batch does not keep its buffer for good.
+    if (wbuf_.capacity() > (1u << 20))
+      std::string{}.swap(wbuf_);
+    if (appended != REDIS_OK) {
+      fail_connection(batch, errc::store_error, ctx_->errstr, false);
+      return;
     }
     int done = 0;
     while (!done) {
@@ -597,6 +594,7 @@ class connection {
   std::shared_ptr<preloaded> scripts_;
   std::size_t loaded_ = 0; // scripts_ loaded on ctx_ (the thread's own)
   bool in_multi_ = false;   // a MULTI written on ctx_ awaits its EXEC
+  std::string wbuf_;        // the batch being written, in RESP (reused)
   redisContext* ctx_ = nullptr;
   std::mutex mtx_;
   std::condition_variable cv_;

@@ -67,6 +67,26 @@ endpoint_info parse_url(std::string_view url) {
   return ep;
 }
 
+void append_command(std::string& out, const redis_client::command& cmd) {
+  std::size_t need = 16;
+  for (auto& a : cmd)
+    need += a.size() + 24;
+  out.reserve(out.size() + need);
+  char num[24];
+  auto line = [&](char prefix, std::size_t n) {
+    out.push_back(prefix);
+    auto res = std::to_chars(num, num + sizeof num, n);
+    out.append(num, res.ptr);
+    out.append("\r\n", 2);
+  };
+  line('*', cmd.size());
+  for (auto& a : cmd) {
+    line('$', a.size());
+    out.append(a);
+    out.append("\r\n", 2);
+  }
+}
+
 redis_reply convert(const redisReply* r) {
   redis_reply out;
   switch (r->type) {

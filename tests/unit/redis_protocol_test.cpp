@@ -1,0 +1,56 @@
+// The Redis client's own command encoder (internal/protocol.hpp), checked
+// byte for byte against hiredis' formatter, which it replaced on the write
+// path.
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include <hiredis/hiredis.h>
+
+#include <botmesh/stores/redis/internal/protocol.hpp>
+
+namespace {
+
+std::string hiredis_format(const botmesh::redis_client::command& cmd) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (auto& a : cmd) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  char* out = nullptr;
+  auto n = redisFormatCommandArgv(&out, static_cast<int>(argv.size()),
+                                  argv.data(), lens.data());
+  REQUIRE(n > 0);
+  std::string s{out, static_cast<std::size_t>(n)};
+  redisFreeCommand(out);
+  return s;
+}
+
+} // namespace
+
+TEST_CASE("the Redis command encoder writes what hiredis writes, and "
+          "appends commands back to back") {
+  std::vector<botmesh::redis_client::command> cmds{
+    {"PING"},
+    {"SET", "k", ""},
+    {"EVALSHA", std::string(40, 'a'), "2", "{t:1}:h", "{t:1}:q", "arg"},
+    {"HSET", "k", "f", std::string("bin\0\r\nary", 9)},
+    {"SET", "big", std::string(100'000, 'x')},
+    {"X", "1234567890", "é"},
+  };
+  std::string all, expected;
+  for (auto& c : cmds) {
+    std::string one;
+    botmesh::internal::append_command(one, c);
+    CHECK(one == hiredis_format(c));
+    botmesh::internal::append_command(all, c);
+    expected += hiredis_format(c);
+  }
+  CHECK(all == expected);
+  std::string exact;
+  botmesh::internal::append_command(exact, {"GET", "key"});
+  CHECK(exact == "*2\r\n$3\r\nGET\r\n$3\r\nkey\r\n");
+}
