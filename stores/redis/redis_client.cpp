@@ -866,11 +866,6 @@ void redis_client::eval_async(std::string_view affinity,
                               const redis_script& script,
                               std::vector<std::string> keys,
                               std::vector<std::string> args, callback done) {
-  command cmd;
-  cmd.reserve(3 + keys.size() + args.size());
-  cmd.emplace_back("EVALSHA");
-  cmd.push_back(script.sha());
-  cmd.push_back(std::to_string(keys.size()));
   if (cluster_) {
     try {
       cluster::check_script_keys(script, keys);
@@ -879,19 +874,27 @@ void redis_client::eval_async(std::string_view affinity,
       return;
     }
   }
+  // `affinity` may view one of the keys, which are moved below.
+  std::string lane_of = cluster_ ? std::string{affinity} : std::string{};
+  auto* conn_p = cluster_ ? nullptr : &impl_->pick(affinity);
+  command cmd;
+  cmd.reserve(3 + keys.size() + args.size());
+  cmd.emplace_back("EVALSHA");
+  cmd.push_back(script.sha());
+  cmd.push_back(std::to_string(keys.size()));
   for (auto& k : keys)
     cmd.push_back(std::move(k));
   for (auto& a : args)
     cmd.push_back(std::move(a));
   if (cluster_) {
-    cluster_->send(std::move(cmd), std::string{affinity}, std::move(done),
+    cluster_->send(std::move(cmd), std::move(lane_of), std::move(done),
                    &script);
     return;
   }
   // The command comes back with its reply, so the NOSCRIPT fallback
   // rewrites it instead of keeping a copy of its keys and arguments for a
   // reply that almost never needs them.
-  auto& conn = impl_->pick(affinity);
+  auto& conn = *conn_p;
   conn.enqueue(request{
     std::move(cmd),
     {},
