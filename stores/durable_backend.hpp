@@ -95,7 +95,9 @@ class durable_backend {
     = 0;
 
   /// Marks record `id` done if `holder` holds it; false otherwise (it was
-  /// claimed by another holder after this one's heartbeat lapsed).
+  /// claimed by another holder after this one's heartbeat lapsed). A
+  /// record past its TTL may already be forgotten (backends drop expired
+  /// records at their own pace): then false too.
   virtual void confirm(std::string_view id, std::string_view holder,
                        completion<bool> done)
     = 0;
