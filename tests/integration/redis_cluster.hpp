@@ -349,4 +349,30 @@ inline bool node_sees_whole_cluster(const std::string& address, int nodes = 6) {
   }
 }
 
+/// Waits (up to `bound`) until every node sees the whole cluster: after a
+/// failover the old master rejoins as a replica, and until the gossip
+/// settled a node may still answer CLUSTERDOWN. A test that moved roles
+/// calls this before it ends, so the next cluster test starts on a whole
+/// cluster.
+inline bool await_whole_cluster(
+  std::chrono::milliseconds bound = std::chrono::seconds(30)) {
+  auto until = std::chrono::steady_clock::now() + bound;
+  for (;;) {
+    bool whole = false;
+    try {
+      auto nodes = cluster_nodes();
+      whole = nodes.size() == 6;
+      for (auto& n : nodes)
+        whole = whole && node_sees_whole_cluster(n.address);
+    } catch (const std::exception&) {
+      whole = false;
+    }
+    if (whole)
+      return true;
+    if (std::chrono::steady_clock::now() > until)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 } // namespace test

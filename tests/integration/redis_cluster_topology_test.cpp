@@ -196,7 +196,9 @@ TEST_CASE("cluster topology: a manual failover is followed and every command "
   CHECK(stale.call({"GET", key}).str == std::to_string(value));
   CHECK(test::error_count(old_master.address, "MOVED") == moved + 1);
   c.call({"DEL", key});
-  // The roles stay swapped: the cluster is healthy either way.
+  // The roles stay swapped: the cluster is healthy either way, once every
+  // node's gossip caught up.
+  REQUIRE(test::await_whole_cluster());
 }
 
 TEST_CASE("cluster topology: when a master hangs its replica takes over and "
@@ -245,4 +247,6 @@ TEST_CASE("cluster topology: when a master hangs its replica takes over and "
   // The old master rejoins as a replica of the new one.
   test::await_slot_owner(slot, replica.id);
   c.call({"DEL", key});
+  // Later cluster tests need every node to see the whole cluster again.
+  REQUIRE(test::await_whole_cluster());
 }
