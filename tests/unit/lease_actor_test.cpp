@@ -475,6 +475,21 @@ TEST_CASE("enters and releases that reach the lease actor together go to "
   caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a release held for its batch goes out when the lease actor is "
+          "told to exit right behind it") {
+  lease_fixture f;
+  f.hold(key_a, 1, 7);
+  f.coord->submits.clear();
+  // The exit is queued before the flush the release schedules, so the
+  // actor handles the exit first: its handler must send what it holds.
+  caf::send_as(f.chat, f.lease_actor, botmesh::release_atom::value, key_a,
+               std::uint64_t{7});
+  caf::anon_send_exit(f.lease_actor, caf::exit_reason::user_shutdown);
+  f.vs.run();
+  CHECK(f.releases(key_a, 7) == 1);
+  CHECK(f.coord->submits == std::vector<std::size_t>{1});
+}
+
 TEST_CASE("a grant for a request nobody waits for is released at once") {
   lease_fixture f;
   f.coord->push(f.coord->granted(key_a, 99, 5));
