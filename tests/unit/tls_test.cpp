@@ -164,7 +164,7 @@ class tls_server {
     return "https://" + host + ":" + std::to_string(port());
   }
 
-  /// Requests answered (handshakes that succeeded).
+  /// Requests answered (handshakes that succeeded and a request read).
   int answered() const {
     return answered_;
   }
@@ -193,8 +193,10 @@ class tls_server {
       res.keep_alive(false);
       res.body() = body_;
       res.prepare_payload();
-      bhttp::write(s, res, ec);
+      // Counted before the answer leaves: the client may read it and check
+      // the count before this thread runs again.
       ++answered_;
+      bhttp::write(s, res, ec);
       s.shutdown(ec);
     }
   }
