@@ -521,8 +521,8 @@ void answer_waiting(lease_actor_t* self, std::uint64_t req, waiting& w,
         // dead, and skipping it drops its queued tickets (a turn it holds
         // still runs out its lease: it may be frozen, not dead).
         w.skipping = true;
-        ++st.in_flight;
         flush(self);
+        ++st.in_flight;
         st.cfg.coordinator->skip_if_dead(
           w.key, s.blocker, [g = st.g, req](bool, std::exception_ptr e) {
             g->send(skip_done{req, e ? what_of(e) : std::string{}});

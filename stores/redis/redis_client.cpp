@@ -866,6 +866,7 @@ void redis_client::eval_async(std::string_view affinity,
                               const redis_script& script,
                               std::vector<std::string> keys,
                               std::vector<std::string> args, callback done) {
+  // `affinity` may view one of the keys: read it before they move.
   if (cluster_) {
     try {
       cluster::check_script_keys(script, keys);
@@ -873,38 +874,24 @@ void redis_client::eval_async(std::string_view affinity,
       done({}, std::current_exception());
       return;
     }
-  }
-  // `affinity` may view one of the keys, which are moved below.
-  std::string lane_of = cluster_ ? std::string{affinity} : std::string{};
-  auto* conn_p = cluster_ ? nullptr : &impl_->pick(affinity);
-  command cmd;
-  cmd.reserve(3 + keys.size() + args.size());
-  cmd.emplace_back("EVALSHA");
-  cmd.push_back(script.sha());
-  cmd.push_back(std::to_string(keys.size()));
-  for (auto& k : keys)
-    cmd.push_back(std::move(k));
-  for (auto& a : args)
-    cmd.push_back(std::move(a));
-  if (cluster_) {
-    cluster_->send(std::move(cmd), std::move(lane_of), std::move(done),
-                   &script);
+    std::string lane{affinity};
+    cluster_->send(internal::script_command(script, std::move(keys),
+                                            std::move(args)),
+                   std::move(lane), std::move(done), &script);
     return;
   }
+  auto& conn = impl_->pick(affinity);
   // The command comes back with its reply, so the NOSCRIPT fallback
   // rewrites it instead of keeping a copy of its keys and arguments for a
   // reply that almost never needs them.
-  auto& conn = *conn_p;
   conn.enqueue(request{
-    std::move(cmd),
+    internal::script_command(script, std::move(keys), std::move(args)),
     {},
     [&conn, &script, done = std::move(done)](
       redis_reply r, std::exception_ptr e, command&& sent) mutable {
       if (!e && r.type == redis_reply::kind::error
-          && r.str.starts_with("NOSCRIPT") && sent.size() >= 3) {
-        // Rare (an admin's SCRIPT FLUSH): EVAL also caches it by its SHA.
-        sent[0] = "EVAL";
-        sent[1] = script.body();
+          && r.str.starts_with("NOSCRIPT") && internal::to_eval(sent, script)) {
+        // Rare (an admin's SCRIPT FLUSH).
         conn.enqueue(request{std::move(sent), std::move(done)});
         return;
       }
@@ -1003,21 +990,12 @@ std::vector<redis_reply> redis_client::pipeline(std::vector<command> cmds) {
 redis_reply redis_client::eval(const redis_script& script,
                                const std::vector<std::string>& keys,
                                const std::vector<std::string>& args) {
-  auto build = [&](std::string verb, const std::string& code) {
-    command cmd;
-    cmd.reserve(3 + keys.size() + args.size());
-    cmd.push_back(std::move(verb));
-    cmd.push_back(code);
-    cmd.push_back(std::to_string(keys.size()));
-    cmd.insert(cmd.end(), keys.begin(), keys.end());
-    cmd.insert(cmd.end(), args.begin(), args.end());
-    return cmd;
-  };
+  auto cmd = internal::script_command(script, keys, args);
   if (cluster_) {
     cluster::check_script_keys(script, keys);
     std::promise<redis_reply> p;
     auto f = p.get_future();
-    cluster_->send(build("EVALSHA", script.sha()), std::nullopt,
+    cluster_->send(std::move(cmd), std::nullopt,
                    [&p](redis_reply r, std::exception_ptr e) {
                      if (e)
                        p.set_exception(e);
@@ -1030,9 +1008,10 @@ redis_reply redis_client::eval(const redis_script& script,
       throw_redis_error("script " + script.name(), r);
     return r;
   }
-  auto r = call_raw(build("EVALSHA", script.sha()));
-  if (r.type == redis_reply::kind::error && r.str.starts_with("NOSCRIPT"))
-    r = call_raw(build("EVAL", script.body())); // also caches it by its SHA
+  auto r = call_raw(cmd);
+  if (r.type == redis_reply::kind::error && r.str.starts_with("NOSCRIPT")
+      && internal::to_eval(cmd, script))
+    r = call_raw(std::move(cmd));
   if (r.type == redis_reply::kind::error)
     throw_redis_error("script " + script.name(), r);
   return r;

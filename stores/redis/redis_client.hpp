@@ -12,6 +12,8 @@
 
 namespace botmesh {
 
+class redis_coordinator;
+
 /// A Redis reply.
 struct redis_reply {
   enum class kind : std::uint8_t { nil, integer, string, status, error, array };
@@ -177,12 +179,6 @@ class redis_client {
   /// first failure (a lost connection or timeout fails the whole batch).
   void async_batch(std::vector<command> cmds, batch_callback done);
 
-  /// The connection `affinity` maps to (always 0 on a cluster client,
-  /// which routes by slot): commands sent with affinities of one lane run
-  /// in the order they were sent, so a batch of several keys keeps each
-  /// key's order when its keys share a lane.
-  std::size_t lane(std::string_view affinity) const noexcept;
-
   /// Runs a script asynchronously (EVALSHA, EVAL on NOSCRIPT) on the
   /// connection chosen by `affinity`; `done` gets the raw reply (an error
   /// reply is not turned into an exception).
@@ -233,6 +229,14 @@ class redis_client {
   static std::uint16_t key_slot(std::string_view key) noexcept;
 
  private:
+  friend class redis_coordinator;
+
+  // The connection `affinity` maps to (always 0 on a cluster client, which
+  // routes by slot): commands sent with affinities of one lane run in the
+  // order they were sent, so a batch of several keys keeps each key's
+  // order when its keys share a lane (the coordinator's co_batch calls).
+  std::size_t lane(std::string_view affinity) const noexcept;
+
   // For the cluster router: `async` on a single-node client that hands the
   // command back with the reply.
   void async_keep(const std::string* affinity, command cmd,

@@ -607,11 +607,9 @@ void redis_client::cluster::on_reply(const std::shared_ptr<op>& o, node* via,
     retry_later(o, std::move(why), std::move(r));
     return;
   }
-  if (text.starts_with("NOSCRIPT") && o->script && o->cmd.size() >= 2
-      && o->cmd[0] == "EVALSHA") {
-    // Not a retry: the same node, with the body (which also caches it).
-    o->cmd[0] = "EVAL";
-    o->cmd[1] = o->script->body();
+  if (text.starts_with("NOSCRIPT") && o->script
+      && internal::to_eval(o->cmd, *o->script)) {
+    // Not a retry: the same node, with the body.
     if (was_asking)
       o->ask_to = via->address;
     resend(o);

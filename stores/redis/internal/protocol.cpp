@@ -3,7 +3,9 @@
 
 #include <botmesh/stores/redis/internal/protocol.hpp>
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
 
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
@@ -85,6 +87,27 @@ void append_command(std::string& out, const redis_client::command& cmd) {
     out.append(a);
     out.append("\r\n", 2);
   }
+}
+
+redis_client::command script_command(const redis_script& script,
+                                     std::vector<std::string> keys,
+                                     std::vector<std::string> args) {
+  redis_client::command cmd;
+  cmd.reserve(3 + keys.size() + args.size());
+  cmd.emplace_back("EVALSHA");
+  cmd.push_back(script.sha());
+  cmd.push_back(std::to_string(keys.size()));
+  std::move(keys.begin(), keys.end(), std::back_inserter(cmd));
+  std::move(args.begin(), args.end(), std::back_inserter(cmd));
+  return cmd;
+}
+
+bool to_eval(redis_client::command& cmd, const redis_script& script) {
+  if (cmd.size() < 3 || cmd[0] != "EVALSHA")
+    return false;
+  cmd[0] = "EVAL";
+  cmd[1] = script.body();
+  return true;
 }
 
 redis_reply convert(const redisReply* r) {

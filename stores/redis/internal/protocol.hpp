@@ -36,6 +36,16 @@ endpoint_info parse_url(std::string_view url);
 /// formatting, which was a visible share of a busy client's CPU.
 void append_command(std::string& out, const redis_client::command& cmd);
 
+/// `EVALSHA <sha> <#keys> <keys...> <args...>` for `script`.
+redis_client::command script_command(const redis_script& script,
+                                     std::vector<std::string> keys,
+                                     std::vector<std::string> args);
+
+/// After NOSCRIPT: turns a `script_command` of `script` into its EVAL form
+/// (the body instead of the SHA; the server also caches it by its SHA).
+/// False, and `cmd` untouched, when `cmd` is not an EVALSHA.
+bool to_eval(redis_client::command& cmd, const redis_script& script);
+
 /// Copies a reply read by hiredis (any depth) into a `redis_reply`.
 redis_reply convert(const redisReply* r);
 
