@@ -39,6 +39,12 @@ struct notices {
     std::lock_guard guard{mtx};
     return seen;
   }
+
+  // Under the lock: an earlier delivery's notices may still be coming.
+  void clear() {
+    std::lock_guard guard{mtx};
+    seen.clear();
+  }
 };
 
 botmesh::inbound_message text(std::string chat, std::string id,
@@ -156,7 +162,7 @@ TEST_CASE("a bot that is stopping refuses a delivery at acceptance as stopped") 
   // stop() refuses intake before it waits for the running turn.
   notices n;
   REQUIRE(test::eventually([&] {
-    n.seen.clear();
+    n.clear();
     p->inject(text("c2", "m2", "x"), n.callbacks());
     return !n.get().empty() && n.get()[0] == "accepted:stopped";
   }));
