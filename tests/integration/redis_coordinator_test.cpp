@@ -55,6 +55,115 @@ TEST_CASE("a chat's turn state is two keys under its hash tag that expire "
   CHECK_FALSE(again.previous_holder.has_value());
 }
 
+namespace {
+
+// The keys of one chat of `prefix`, and what the test reads of them.
+struct chat_keys {
+  botmesh::redis_client raw{{.url = test::redis_url()}};
+  std::string h, q;
+
+  chat_keys(const std::string& prefix, const std::string& escaped)
+    : h(prefix + ":co:{t:" + escaped + "}:h"),
+      q(prefix + ":co:{t:" + escaped + "}:q") {}
+
+  long long now_ms() {
+    auto t = raw.call({"TIME"});
+    return std::stoll(t.elements[0].str) * 1000
+           + std::stoll(t.elements[1].str) / 1000;
+  }
+  long long pttl(const std::string& k) {
+    return raw.call({"PTTL", k}).integer;
+  }
+  long long x() {
+    return std::stoll(raw.call({"HGET", h, "x"}).str);
+  }
+  // As if the keys had last been kept `left` ms before they expire.
+  void set_left(long long left) {
+    auto until = now_ms() + left;
+    raw.call({"HSET", h, "x", std::to_string(until)});
+    raw.call({"PEXPIREAT", h, std::to_string(until)});
+  }
+  // x never promises more than the keys have: both live at least until it.
+  void check_x_is_a_lower_bound() {
+    auto now = now_ms();
+    auto x = this->x();
+    CHECK(x <= now + pttl(h) + 5);
+    if (raw.call({"EXISTS", q}).integer == 1)
+      CHECK(x <= now + pttl(q) + 5);
+  }
+};
+
+} // namespace
+
+TEST_CASE("a chat's keys are kept alive lazily: refreshed only when less "
+          "than three quarters of the ttl is left, never shortened below "
+          "what the hash says") {
+  redis_coordinator_factory f;
+  // Leases long enough that no turn expires while the test looks (the
+  // ttl is then still its 10 minute floor).
+  auto make = [&](const char* id, int lease_ms) {
+    return std::make_unique<botmesh::redis_coordinator>(
+      botmesh::redis_coordinator_options{
+        .url = test::redis_url(), .prefix = f.prefix, .replica_id = id,
+        .lease = std::chrono::milliseconds{lease_ms}});
+  };
+  auto a = make("a", 5'000);
+  auto b = make("b", 5'000);
+  botmesh::blocking_coordinator sa{*a}, sb{*b};
+  chat_keys k{f.prefix, "lazy"};
+  auto ttl = 600'000;
+
+  // A new chat: both the expiry and x are set with the first grant.
+  auto g1 = sa.enter("lazy", 1);
+  REQUIRE(g1.granted());
+  CHECK(k.pttl(k.h) > ttl - 5'000);
+  CHECK(k.x() > k.now_ms() + ttl - 5'000);
+  k.check_x_is_a_lower_bound();
+  REQUIRE(sa.release({"lazy", g1.fence}).released);
+
+  // More than three quarters left: a turn writes nothing for expiry.
+  k.set_left(500'000);
+  auto x0 = k.x();
+  auto g2 = sa.enter("lazy", 2);
+  REQUIRE(g2.granted());
+  CHECK(k.x() == x0);
+  CHECK(k.pttl(k.h) <= 500'000);
+  // A queue created now expires with the hash, not never.
+  REQUIRE(sb.enter("lazy", 3).state == botmesh::turn_state::status::waiting);
+  CHECK(k.pttl(k.q) > 0);
+  CHECK(k.pttl(k.q) <= 500'000);
+  k.check_x_is_a_lower_bound();
+  auto r = sa.release({"lazy", g2.fence});
+  REQUIRE(r.released);
+
+  // Less than three quarters left: the next script that touches the chat
+  // refreshes both keys (here b's poll of its granted turn).
+  k.set_left(400'000);
+  auto g3 = sb.poll("lazy", 3);
+  REQUIRE(g3.granted());
+  CHECK(k.pttl(k.h) > ttl - 5'000);
+  CHECK(k.x() > k.now_ms() + ttl - 5'000);
+  k.check_x_is_a_lower_bound();
+
+  // A replica with a longer lease keeps the keys for its longer ttl; one
+  // with the floor ttl that sets the expiry outright lowers x with it.
+  auto longer = make("long", 20'000);
+  botmesh::blocking_coordinator sl{*longer};
+  REQUIRE(sl.enter("lazy", 4).state == botmesh::turn_state::status::waiting);
+  k.set_left(400'000);
+  REQUIRE(sb.renew({.turns = {{"lazy", g3.fence}}}).turns.at(0) > 0);
+  k.check_x_is_a_lower_bound();
+  k.set_left(100'000);
+  REQUIRE(sl.poll("lazy", 4).state == botmesh::turn_state::status::waiting);
+  CHECK(k.pttl(k.h) > 800'000 - 5'000); // 40 leases
+  CHECK(k.pttl(k.q) > 800'000 - 5'000);
+  k.check_x_is_a_lower_bound();
+  REQUIRE(sl.leave("lazy", 4));
+  REQUIRE(sb.leave("lazy", 5) == false);
+  CHECK(k.pttl(k.h) <= ttl);
+  k.check_x_is_a_lower_bound();
+}
+
 TEST_CASE("a grant is published only on the channel of the replica that "
           "owns the ticket") {
   redis_coordinator_factory f;

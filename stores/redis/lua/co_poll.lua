@@ -12,14 +12,14 @@
 local now = co_now()
 co_expire(now, ARGV[4], ARGV[5])
 local o = redis.call('HMGET', KEYS[1], 'o_inc', 'o_req', 'o_tk', 'fence',
-                     'o_prev', 'o_dl')
+                     'o_prev', 'o_dl', 'x')
 if o[1] == ARGV[1] and o[2] == ARGV[2] then
-  co_touch(ARGV[3])
+  co_keep(now, ARGV[3], o[7])
   return {1, tonumber(o[3]), tonumber(o[4]), o[5], tonumber(o[6]), now}
 end
 local e, tk = co_find(ARGV[1], ARGV[2])
 if e then
-  co_touch(ARGV[3])
+  co_keep(now, ARGV[3], o[7])
   return {0, tonumber(tk), now, co_blocker()}
 end
 return {-1, now}

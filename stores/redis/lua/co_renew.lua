@@ -6,12 +6,20 @@
 -- lost (expired, taken over or released). Cost: O(1).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local o = redis.call('HMGET', KEYS[1], 'o_inc', 'fence', 'o_dl')
+local o = redis.call('HMGET', KEYS[1], 'o_inc', 'fence', 'o_dl', 'x')
 if o[1] ~= ARGV[1] or o[2] ~= ARGV[2] or tonumber(o[3]) <= now then
   return {0, now}
 end
 local dl = now + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'o_dl', string.format('%d', dl))
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
+local ttl = tonumber(ARGV[4])
+-- The keys' expiry as co_keep (lib/co_common.lua) keeps it: refreshed
+-- only when less than three quarters of a ttl are left of x.
+if not o[4] or tonumber(o[4]) - now < ttl * 0.75 then
+  redis.call('HSET', KEYS[1], 'o_dl', string.format('%d', dl), 'x',
+             string.format('%d', now + ttl))
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+else
+  redis.call('HSET', KEYS[1], 'o_dl', string.format('%d', dl))
+end
 return {dl, now}

@@ -17,11 +17,19 @@
 -- Q entries (a list, oldest first):
 --   "<ticket> <incarnation> <req> <lease ms> <replica id>"
 --
--- Expiry: every script refreshes both keys' PEXPIRE to the ttl the caller
--- passes (far above the lease), except a release that leaves the chat
--- idle (see co_release_op). A holder renews within its lease and a waiter
--- polls within it, so the keys of a chat with a live holder or waiter
--- never expire; only idle chats are forgotten.
+-- Expiry: H's field x is a server time (ms) until which both keys live at
+-- least. Every script that touches a chat makes sure at least three
+-- quarters of the ttl the caller passes (far above the lease) are left of
+-- it: when less is left it sets both keys' PEXPIRE to ttl and x to now +
+-- ttl (co_keep), otherwise it writes nothing for expiry. A chat touched on
+-- every turn then pays two PEXPIRE and one field per quarter ttl instead
+-- of per script (a redis.call costs about as much as a small command's
+-- own work). x is a lower bound, never more: a script that sets a shorter
+-- expiry lowers x with it (co_touch), and a queue created after x was
+-- written gets x as its expiry. A release that leaves the chat idle
+-- touches nothing (see co_release_op). A holder renews within its lease
+-- and a waiter polls within it, so the keys of a chat with a live holder
+-- or waiter never expire; only idle chats are forgotten.
 --
 -- A grant is pushed: PUBLISH on "<channel prefix><incarnation>" with
 --   "<req> <ticket> <fence> <deadline> <now> <#prev> <prev><chat key>"
@@ -45,9 +53,30 @@ local function co_parse(e)
   return string.match(e, '^(%d+) (%S+) (%d+) (%d+) (.*)$')
 end
 
-local function co_touch(ttl)
-  redis.call('PEXPIRE', H, ttl)
+-- Sets both keys to expire `ttl` ms from `now` (and x with them: another
+-- caller's ttl may have been longer). A missing H is not created.
+local function co_touch(ttl, now)
+  if redis.call('PEXPIRE', H, ttl) == 1 then
+    redis.call('HSET', H, 'x', co_int(now + tonumber(ttl)))
+  end
   redis.call('PEXPIRE', Q, ttl)
+end
+
+-- Whether less than three quarters of `ttl` are left of x (H's field, nil
+-- when unknown): then the keys' expiry is refreshed.
+local function co_stale(now, ttl, x)
+  return not x or tonumber(x) - now < tonumber(ttl) * 0.75
+end
+
+-- Keeps the chat's keys for at least three quarters of `ttl` from `now`,
+-- given x as read by the script (see Expiry above); `qnew`: Q was just
+-- created, so it has no expiry yet.
+local function co_keep(now, ttl, x, qnew)
+  if co_stale(now, ttl, x) then
+    co_touch(ttl, now)
+  elseif qnew then
+    redis.call('PEXPIREAT', Q, x)
+  end
 end
 
 -- Makes (inc, req, ticket) the holder for `lease` ms; returns its grant.
