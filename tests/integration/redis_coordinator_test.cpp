@@ -96,8 +96,8 @@ struct chat_keys {
 } // namespace
 
 TEST_CASE("a chat's keys are kept alive lazily: refreshed only when less "
-          "than three quarters of the ttl is left, never shortened below "
-          "what the hash says") {
+          "than three quarters of the ttl is left, never shortened, and never "
+          "below what the hash says") {
   redis_coordinator_factory f;
   // Leases long enough that no turn expires while the test looks (the
   // ttl is then still its 10 minute floor).
@@ -145,8 +145,9 @@ TEST_CASE("a chat's keys are kept alive lazily: refreshed only when less "
   CHECK(k.x() > k.now_ms() + ttl - 5'000);
   k.check_x_is_a_lower_bound();
 
-  // A replica with a longer lease keeps the keys for its longer ttl; one
-  // with the floor ttl that sets the expiry outright lowers x with it.
+  // A replica with a longer lease keeps the keys for its longer ttl, and
+  // no script of a replica with a shorter one cuts that back (its holder
+  // counts on the longer margin between two renewals).
   auto longer = make("long", 20'000);
   botmesh::blocking_coordinator sl{*longer};
   REQUIRE(sl.enter("lazy", 4).state == botmesh::turn_state::status::waiting);
@@ -158,10 +159,16 @@ TEST_CASE("a chat's keys are kept alive lazily: refreshed only when less "
   CHECK(k.pttl(k.h) > 800'000 - 5'000); // 40 leases
   CHECK(k.pttl(k.q) > 800'000 - 5'000);
   k.check_x_is_a_lower_bound();
-  REQUIRE(sl.leave("lazy", 4));
-  REQUIRE(sb.leave("lazy", 5) == false);
-  CHECK(k.pttl(k.h) <= ttl);
+  REQUIRE_FALSE(sb.leave("lazy", 5));
+  CHECK_FALSE(sb.skip_if_dead("lazy", "an-incarnation-long-gone"));
+  REQUIRE(sb.renew({.turns = {{"lazy", g3.fence}}}).turns.at(0) > 0);
+  auto r2 = sb.release({"lazy", g3.fence});
+  REQUIRE(r2.released);
+  CHECK(k.pttl(k.h) > 800'000 - 10'000);
   k.check_x_is_a_lower_bound();
+  // The longer replica holds now (granted by that release).
+  REQUIRE(sl.poll("lazy", 4).granted());
+  CHECK(k.pttl(k.h) > 800'000 - 10'000);
 }
 
 TEST_CASE("a grant is published only on the channel of the replica that "

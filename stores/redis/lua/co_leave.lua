@@ -21,5 +21,5 @@ co_expire(now, ARGV[4], ARGV[5])
 if not redis.call('HGET', KEYS[1], 'o_inc') then
   co_grant_next(now, '', ARGV[4], ARGV[5])
 end
-co_touch(ARGV[3], now)
+co_keep(now, ARGV[3], redis.call('HGET', KEYS[1], 'x'))
 return left

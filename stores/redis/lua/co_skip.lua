@@ -22,5 +22,5 @@ if co_drop(ARGV[1]) > 0 then skipped = 1 end
 if not redis.call('HGET', KEYS[1], 'o_inc') then
   co_grant_next(now, '', ARGV[3], ARGV[4])
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then co_touch(ARGV[2], now) end
+co_keep(now, ARGV[2], redis.call('HGET', KEYS[1], 'x'))
 return skipped

@@ -24,13 +24,21 @@
 -- ttl (co_keep), otherwise it writes nothing for expiry. A chat touched on
 -- every turn then pays two PEXPIRE and one field per quarter ttl instead
 -- of per script (a redis.call costs about as much as a small command's
--- own work). x is a lower bound, never more: a script that sets a shorter
--- expiry lowers x with it (co_touch), and a queue created after x was
--- written gets x as its expiry. A release that leaves the chat idle
--- touches nothing (see co_release_op). A holder renews within its lease
--- and a waiter polls within it, so the keys of a chat with a live holder
--- or waiter never expire; only idle chats are forgotten.
+-- own work). No script lowers the expiry (a refresh happens only when it
+-- moves x later), so replicas with different leases, hence ttls, never
+-- cut each other's margin; a queue created after x was written gets x as
+-- its expiry. A release that leaves the chat idle touches nothing (see
+-- co_release_op). A holder renews within its lease and a waiter polls
+-- within it, each leaving at least three quarters of its own ttl (40
+-- leases or more), so the keys of a chat with a live holder or waiter
+-- never expire; only idle chats are forgotten.
 --
+-- Upgrading from scripts without x: those set the expiry to their own ttl
+-- on every call, which can be less than x only when they use a shorter
+-- ttl, i.e. a lease above 15 s (ttl = max(10 min, 40 leases)) that differs
+-- from the new replicas'. Replicas with the same lease, or leases of 15 s
+-- or less, mix safely.
+
 -- A grant is pushed: PUBLISH on "<channel prefix><incarnation>" with
 --   "<req> <ticket> <fence> <deadline> <now> <#prev> <prev><chat key>"
 -- and, when a release grants with something handed over (co_pass), that
@@ -53,8 +61,8 @@ local function co_parse(e)
   return string.match(e, '^(%d+) (%S+) (%d+) (%d+) (.*)$')
 end
 
--- Sets both keys to expire `ttl` ms from `now` (and x with them: another
--- caller's ttl may have been longer). A missing H is not created.
+-- Sets both keys to expire `ttl` ms from `now`, and x with them (only
+-- when that moves x later: see co_keep). A missing H is not created.
 local function co_touch(ttl, now)
   if redis.call('PEXPIRE', H, ttl) == 1 then
     redis.call('HSET', H, 'x', co_int(now + tonumber(ttl)))
