@@ -61,15 +61,6 @@ local function co_parse(e)
   return string.match(e, '^(%d+) (%S+) (%d+) (%d+) (.*)$')
 end
 
--- Sets both keys to expire `ttl` ms from `now`, and x with them (only
--- when that moves x later: see co_keep). A missing H is not created.
-local function co_touch(ttl, now)
-  if redis.call('PEXPIRE', H, ttl) == 1 then
-    redis.call('HSET', H, 'x', co_int(now + tonumber(ttl)))
-  end
-  redis.call('PEXPIRE', Q, ttl)
-end
-
 -- Whether less than three quarters of `ttl` are left of x (H's field, nil
 -- when unknown): then the keys' expiry is refreshed.
 local function co_stale(now, ttl, x)
@@ -77,11 +68,16 @@ local function co_stale(now, ttl, x)
 end
 
 -- Keeps the chat's keys for at least three quarters of `ttl` from `now`,
--- given x as read by the script (see Expiry above); `qnew`: Q was just
--- created, so it has no expiry yet.
+-- given x as read by the script (see Expiry above): when less is left,
+-- both keys expire `ttl` from now and x says so (which moves it later; a
+-- missing H is not created). `qnew`: Q was just created, so it has no
+-- expiry yet.
 local function co_keep(now, ttl, x, qnew)
   if co_stale(now, ttl, x) then
-    co_touch(ttl, now)
+    if redis.call('PEXPIRE', H, ttl) == 1 then
+      redis.call('HSET', H, 'x', co_int(now + tonumber(ttl)))
+    end
+    redis.call('PEXPIRE', Q, ttl)
   elseif qnew then
     redis.call('PEXPIREAT', Q, x)
   end

@@ -49,17 +49,16 @@ local function co_enter_op(now, inc, req, lease, ttl, rep, chan, key, retry)
     local nf = math.max(tonumber(fence or '0') + 1, now * 1024)
     local prev = last or ''
     local deadline = now + tonumber(lease)
-    if co_stale(now, ttl, x) then
-      redis.call('HSET', H, 'seq', co_int(tk), 'fence', co_int(nf),
-                 'o_inc', inc, 'o_rep', rep, 'o_req', req,
-                 'o_tk', co_int(tk), 'o_dl', co_int(deadline), 'o_prev', prev,
-                 'x', co_int(now + tonumber(ttl)))
-      redis.call('PEXPIRE', H, ttl)
-    else
-      redis.call('HSET', H, 'seq', co_int(tk), 'fence', co_int(nf),
-                 'o_inc', inc, 'o_rep', rep, 'o_req', req,
-                 'o_tk', co_int(tk), 'o_dl', co_int(deadline), 'o_prev', prev)
+    local w = {'seq', co_int(tk), 'fence', co_int(nf), 'o_inc', inc,
+               'o_rep', rep, 'o_req', req, 'o_tk', co_int(tk),
+               'o_dl', co_int(deadline), 'o_prev', prev}
+    local stale = co_stale(now, ttl, x)
+    if stale then
+      w[#w + 1] = 'x'
+      w[#w + 1] = co_int(now + tonumber(ttl))
     end
+    redis.call('HSET', H, unpack(w))
+    if stale then redis.call('PEXPIRE', H, ttl) end
     return {1, tk, nf, prev, deadline, now}
   end
   redis.call('HSET', H, 'seq', co_int(tk))
