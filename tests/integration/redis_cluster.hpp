@@ -349,30 +349,36 @@ inline bool node_sees_whole_cluster(const std::string& address, int nodes = 6) {
   }
 }
 
-/// Waits (up to `bound`) until every node sees the whole cluster: after a
-/// failover the old master rejoins as a replica, and until the gossip
-/// settled a node may still answer CLUSTERDOWN. A test that moved roles
-/// calls this before it ends, so the next cluster test starts on a whole
-/// cluster.
+/// True when the cluster has its six nodes and every one sees the whole
+/// cluster (node_sees_whole_cluster); false while a node does not answer.
+inline bool cluster_is_whole() {
+  try {
+    auto nodes = cluster_nodes();
+    if (nodes.size() != 6)
+      return false;
+    for (auto& n : nodes)
+      if (!node_sees_whole_cluster(n.address))
+        return false;
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+/// Waits (up to `bound`) until cluster_is_whole(): after a failover the old
+/// master rejoins as a replica, and until the gossip settled a node may
+/// still answer CLUSTERDOWN. A test that moved roles calls this before it
+/// ends, so the next cluster test starts on a whole cluster.
+/// Polls every 50 ms: each look opens a client per node.
 inline bool await_whole_cluster(
   std::chrono::milliseconds bound = std::chrono::seconds(30)) {
   auto until = std::chrono::steady_clock::now() + bound;
-  for (;;) {
-    bool whole = false;
-    try {
-      auto nodes = cluster_nodes();
-      whole = nodes.size() == 6;
-      for (auto& n : nodes)
-        whole = whole && node_sees_whole_cluster(n.address);
-    } catch (const std::exception&) {
-      whole = false;
-    }
-    if (whole)
-      return true;
+  while (!cluster_is_whole()) {
     if (std::chrono::steady_clock::now() > until)
       return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  return true;
 }
 
 } // namespace test
