@@ -9,7 +9,7 @@
 -- Returns 1 when something was given up, else 0. Cost: O(queue length).
 local now = co_now()
 local left = 0
-local o = redis.call('HMGET', KEYS[1], 'o_inc', 'o_req', 'o_rep')
+local o = redis.call('HMGET', KEYS[1], 'o_inc', 'o_req', 'o_rep', 'x')
 if o[1] == ARGV[1] and o[2] == ARGV[2] then
   co_clear(o[3])
   left = 1
@@ -21,5 +21,5 @@ co_expire(now, ARGV[4], ARGV[5])
 if not redis.call('HGET', KEYS[1], 'o_inc') then
   co_grant_next(now, '', ARGV[4], ARGV[5])
 end
-co_keep(now, ARGV[3], redis.call('HGET', KEYS[1], 'x'))
+co_keep(now, ARGV[3], o[4]) -- x: only co_keep writes it
 return left

@@ -13,7 +13,7 @@
 -- Returns 1 when something was skipped, else 0. Cost: O(queue length).
 local now = co_now()
 local skipped = 0
-local o = redis.call('HMGET', KEYS[1], 'o_inc', 'o_rep', 'o_dl')
+local o = redis.call('HMGET', KEYS[1], 'o_inc', 'o_rep', 'o_dl', 'x')
 if o[1] == ARGV[1] and tonumber(o[3]) <= now then
   co_clear(o[2])
   skipped = 1
@@ -22,5 +22,5 @@ if co_drop(ARGV[1]) > 0 then skipped = 1 end
 if not redis.call('HGET', KEYS[1], 'o_inc') then
   co_grant_next(now, '', ARGV[3], ARGV[4])
 end
-co_keep(now, ARGV[2], redis.call('HGET', KEYS[1], 'x'))
+co_keep(now, ARGV[2], o[4]) -- x: only co_keep writes it
 return skipped
