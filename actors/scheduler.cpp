@@ -203,8 +203,9 @@ struct scheduler::impl final : task_owner,
       st = entry;
     }
     st->owner = weak_from_this();
-    st->id = t.opts.id;
-    st->zone = t.cron ? t.cron->zone() : std::string{};
+    if (!t.opts.id.empty() || t.cron)
+      st->named.reset(new scheduled_task::state::names{
+        t.opts.id, t.cron ? t.cron->zone() : std::string{}});
     if (t.kind == task_kind::cron) {
       auto n = t.cron->next_after(now);
       if (!n)
@@ -214,10 +215,8 @@ struct scheduler::impl final : task_owner,
       t.next = now + t.interval;
     }
     if (!t.durable) {
-      {
-        std::lock_guard guard{mtx};
-        st->handle = next_handle++;
-      }
+      // (an in-memory task is found by its entry, never by its handle)
+      st->handle = next_handle.fetch_add(1, std::memory_order_relaxed);
       ++eng->tasks;
       entry->grid = std::move(static_cast<internal::task_grid&>(t));
       entry->next = t.next;
@@ -239,7 +238,7 @@ struct scheduler::impl final : task_owner,
       if (by_id.count(t.stored_id))
         throw invalid_argument_error(
           "id", fmt::format("task id \"{}\" is already registered", t.opts.id));
-      st->handle = next_handle++;
+      st->handle = next_handle.fetch_add(1, std::memory_order_relaxed);
       by_id[t.stored_id] = st->handle; // reserved while the store answers
     }
     try {
@@ -271,7 +270,8 @@ struct scheduler::impl final : task_owner,
                      const std::shared_ptr<scheduled_task::state>* task) {
     // An in-memory task (no id; its state is its timer entry) is not in
     // the registry: its entry says whether it is still registered.
-    if (task != nullptr && (*task)->id.empty()) {
+    if (task != nullptr
+        && (!(*task)->named || (*task)->named->id.empty())) {
       auto entry = std::static_pointer_cast<internal::timer_entry>(*task);
       if (entry->registered.exchange(false)) {
         --eng->tasks;
@@ -403,10 +403,10 @@ struct scheduler::impl final : task_owner,
   caf::actor timers;
   std::once_flag store_once;
 
+  std::atomic<std::uint64_t> next_handle{1};
   std::mutex mtx; // the registry below
   std::map<std::uint64_t, caf::actor> durable;
   std::map<std::string, std::uint64_t> by_id;
-  std::uint64_t next_handle = 1;
 };
 
 // -- scheduler ------------------------------------------------------------------

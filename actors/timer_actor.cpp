@@ -95,11 +95,16 @@ using timer_actor = caf::stateful_actor<timer_state>;
 
 void arm(timer_actor* self) {
   auto& st = self->state;
-  if (!st.eng->started.load() || st.eng->paused.load()
-      || st.leading_in_flight) {
+  if (st.leading_in_flight) {
     // (the lease call's reply arms) Whatever is pending, adds send a
     // message until the actor armed again.
     st.eng->timers.armed(time_point::max());
+    return;
+  }
+  if (!st.eng->started.load() || st.eng->paused.load()) {
+    // Nothing fires until start() or poll(), and both take the inbox
+    // before anything fires: adds wait there without a message each.
+    st.eng->timers.armed(time_point::min());
     return;
   }
   auto now = st.eng->now();
@@ -197,7 +202,8 @@ void fire_batches(timer_actor* self) {
         continue;
       }
       e.running = true;
-      e.run_stop = st.stop.get_token();
+      if (e.fn)
+        e.run_stop = st.stop.get_token();
       st.jobs.emplace_back([eng, ep = &e] { run_job(eng, ep); });
     }
     if (!st.jobs.empty()) {

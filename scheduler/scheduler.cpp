@@ -55,12 +55,12 @@ void scheduled_task::cancel() {
 
 const std::string& scheduled_task::id() const noexcept {
   static const std::string empty;
-  return state_ ? state_->id : empty;
+  return state_ && state_->named ? state_->named->id : empty;
 }
 
 const std::string& scheduled_task::time_zone() const noexcept {
   static const std::string empty;
-  return state_ ? state_->zone : empty;
+  return state_ && state_->named ? state_->named->zone : empty;
 }
 
 bool scheduled_task::active() const noexcept {

@@ -88,10 +88,17 @@ class scheduled_task {
 
   /// Shared by the handles and the scheduler's task.
   struct state {
+    /// A durable task's id and a cron task's zone. Kept apart, and absent
+    /// for in-memory every/delay tasks, so that the state an in-memory
+    /// task's timer entry starts with stays small (100k timers armed touch
+    /// 100k entries).
+    struct names {
+      std::string id;
+      std::string zone;
+    };
     std::weak_ptr<task_owner> owner;
     std::uint64_t handle = 0;
-    std::string id;
-    std::string zone;
+    std::unique_ptr<const names> named; ///< null: both ""
     std::atomic<bool> active{true};
   };
 

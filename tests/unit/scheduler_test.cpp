@@ -157,6 +157,44 @@ TEST_CASE("cancelling a waiting in-memory task releases its handler at once") {
   CHECK_FALSE(task.active());
 }
 
+// Until start() the timer actor is not woken by each add (start() and
+// poll() take what was added before anything fires); a cancel still wakes
+// it, so that what the task holds goes at once. The same after stop().
+TEST_CASE("before start and after stop, in-memory tasks wait for start, and a "
+          "cancel releases its handler without a poll") {
+  botmesh::scheduler s{{.tick = "50ms"}};
+  // A task due in an hour, cancelled: its handler goes without a poll.
+  auto cancel_releases = [&] {
+    auto held = std::make_shared<int>(0);
+    std::weak_ptr<int> weak = held;
+    auto waiting = s.delay(1h, [held] { ++*held; });
+    held.reset();
+    CHECK(waiting.id().empty());
+    CHECK(waiting.time_zone().empty());
+    waiting.cancel();
+    return test::eventually([&] { return weak.expired(); });
+  };
+  std::atomic<int> runs{0};
+  for (int i = 0; i < 100; ++i)
+    s.delay(std::chrono::milliseconds{i % 10}, [&] { ++runs; });
+  auto durable = s.every(1h, {.id = "hourly"}, [](const auto&) {});
+  CHECK(durable.id() == "hourly");
+  CHECK(cancel_releases());
+  std::this_thread::sleep_for(50ms);
+  CHECK(runs == 0);
+  s.start();
+  CHECK(test::eventually([&] { return runs == 100; }));
+  s.stop();
+  s.delay(0ms, [&] { ++runs; });
+  CHECK(cancel_releases());
+  std::this_thread::sleep_for(50ms);
+  CHECK(runs == 100);
+  s.start();
+  CHECK(test::eventually([&] { return runs == 101; }));
+  s.stop();
+  durable.cancel();
+}
+
 TEST_CASE("an in-memory one-shot releases its handler once it ran, also while "
           "its handle is kept") {
   botmesh::manual_clock clk{t0()};
