@@ -143,6 +143,16 @@ void release(timer_entry& e) {
 timer_state::~timer_state() {
   for (auto& d : due.items)
     release(*d.e);
+  // Tasks still in the inbox (added while nothing fired: before start(),
+  // or after stop()) are let go too: a handler that holds its own handle
+  // would otherwise keep its entry alive for good.
+  if (!eng)
+    return;
+  eng->timers.take(added, cancelled);
+  for (auto& e : added)
+    release(*e);
+  for (auto& e : cancelled)
+    release(*e);
 }
 
 // The job of one run on the handler pool. It captures two pointers, small

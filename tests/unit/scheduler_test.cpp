@@ -195,6 +195,34 @@ TEST_CASE("before start and after stop, in-memory tasks wait for start, and a "
   durable.cancel();
 }
 
+// A handler holding its own handle is a cycle that only the scheduler
+// breaks: when it goes, whether or not it ever took the task.
+TEST_CASE("in-memory handlers that hold their own handle are released when "
+          "the scheduler goes, started or not") {
+  for (bool started : {false, true}) {
+    CAPTURE(started);
+    std::weak_ptr<botmesh::scheduled_task> before_start, after_stop;
+    {
+      botmesh::scheduler s{{.tick = "1h"}};
+      auto h = std::make_shared<botmesh::scheduled_task>();
+      before_start = h;
+      *h = s.every(1h, [h] {});
+      if (started) {
+        s.start();
+        s.stop();
+      }
+      // The timer actor took the first task by now: the next one waits in
+      // its inbox, with no message, for a start() that never comes.
+      std::this_thread::sleep_for(50ms);
+      auto g = std::make_shared<botmesh::scheduled_task>();
+      after_stop = g;
+      *g = s.delay(1h, [g] {});
+    }
+    CHECK(before_start.expired());
+    CHECK(after_stop.expired());
+  }
+}
+
 TEST_CASE("an in-memory one-shot releases its handler once it ran, also while "
           "its handle is kept") {
   botmesh::manual_clock clk{t0()};
