@@ -29,12 +29,23 @@ servers_await_exit() {
   done
 }
 
+# Stops process $1: SIGTERM, and SIGKILL if it is still there after 5 s (a
+# master may wait for its replicas on shutdown). Returns once it is gone, so
+# that no server outlives the run that started it.
+servers_kill() {
+  kill "$1" 2>/dev/null || return 0
+  servers_await_exit "$1"
+  if kill -0 "$1" 2>/dev/null; then
+    kill -9 "$1" 2>/dev/null || true
+    servers_await_exit "$1"
+  fi
+}
+
 servers_stop() {
   local pid
   for pid in "$servers_redis_pid" "${servers_cluster_pids[@]}"; do
     [ -n "$pid" ] || continue
-    kill "$pid" 2>/dev/null || true
-    servers_await_exit "$pid"
+    servers_kill "$pid"
   done
   # Nodes a test started again (cluster-<port>/start) are not our children:
   # their pid files name them.
@@ -45,7 +56,7 @@ servers_stop() {
     [ -n "$pid" ] && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" \
       | grep -q "redis-server.*:$(basename "$(dirname "$f")" | cut -d- -f2)" \
       || continue
-    kill "$pid" 2>/dev/null || true
+    servers_kill "$pid"
   done
   servers_redis_pid=""
   servers_cluster_pids=()
