@@ -270,8 +270,7 @@ struct scheduler::impl final : task_owner,
                      const std::shared_ptr<scheduled_task::state>* task) {
     // An in-memory task (no id; its state is its timer entry) is not in
     // the registry: its entry says whether it is still registered.
-    if (task != nullptr
-        && (!(*task)->named || (*task)->named->id.empty())) {
+    if (task != nullptr && !(*task)->durable()) {
       auto entry = std::static_pointer_cast<internal::timer_entry>(*task);
       if (entry->registered.exchange(false)) {
         --eng->tasks;

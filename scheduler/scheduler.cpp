@@ -1,4 +1,5 @@
 #include <botmesh/scheduler/scheduler.hpp>
+#include <botmesh/scheduler/internal/task.hpp>
 
 namespace botmesh {
 

@@ -1,6 +1,5 @@
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -86,21 +85,9 @@ class scheduled_task {
   /// False after cancel, after a one-shot ran, or for a tombstone.
   bool active() const noexcept;
 
-  /// Shared by the handles and the scheduler's task.
-  struct state {
-    /// A durable task's id and a cron task's zone. Kept apart, and absent
-    /// for in-memory every/delay tasks, so that the state an in-memory
-    /// task's timer entry starts with stays small (100k timers armed touch
-    /// 100k entries).
-    struct names {
-      std::string id;
-      std::string zone;
-    };
-    std::weak_ptr<task_owner> owner;
-    std::uint64_t handle = 0;
-    std::unique_ptr<const names> named; ///< null: both ""
-    std::atomic<bool> active{true};
-  };
+  /// Shared by the handles and the scheduler's task (defined by the
+  /// scheduler: scheduler/internal/task.hpp).
+  struct state;
 
   explicit scheduled_task(std::shared_ptr<state> st) : state_(std::move(st)) {
     // nop

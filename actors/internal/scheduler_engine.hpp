@@ -104,14 +104,15 @@ struct timer_inbox {
   bool cancel(std::shared_ptr<timer_entry> e) {
     std::lock_guard guard{mtx};
     cancelled.push_back(std::move(e));
-    if (notified)
-      return false;
-    notified = true;
-    return true;
+    return wake();
   }
   /// Under `mtx`: whether a task due at `at` needs a message.
   bool notify(time_point at) {
-    if (notified || wake_at <= at)
+    return wake_at > at && wake();
+  }
+  /// Under `mtx`: whether the caller sends the message (none is on its way).
+  bool wake() {
+    if (notified)
       return false;
     notified = true;
     return true;

@@ -4,7 +4,9 @@
 // (which runs it covers and where the calendar goes), kept apart from the
 // engine's threads and locks so the missed-run rules read in one place.
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -14,6 +16,31 @@
 #include <botmesh/scheduler/cron.hpp>
 #include <botmesh/scheduler/scheduler.hpp>
 #include <botmesh/stores/schedule_store.hpp>
+
+namespace botmesh {
+
+/// What a task's handles share with the scheduler.
+struct scheduled_task::state {
+  /// A durable task's id and a cron task's zone. Kept apart, and absent
+  /// for in-memory every/delay tasks, so that the state an in-memory
+  /// task's timer entry starts with stays small (100k timers armed touch
+  /// 100k entries).
+  struct names {
+    std::string id;
+    std::string zone;
+  };
+  std::weak_ptr<task_owner> owner;
+  std::uint64_t handle = 0;
+  std::unique_ptr<const names> named; ///< null: both ""
+  std::atomic<bool> active{true};
+
+  /// Durable tasks are the ones with an id; the rest live in memory.
+  bool durable() const noexcept {
+    return named && !named->id.empty();
+  }
+};
+
+} // namespace botmesh
 
 namespace botmesh::internal {
 
