@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/scheduler/internal/iso_time.hpp>
 #include <botmesh/scheduler/internal/zone.hpp>
 
 namespace botmesh {
@@ -60,12 +61,12 @@ std::string format_iso8601(time_point t, std::string_view zone) {
   auto tz = zone_or_throw(zone);
   auto s = to_seconds(t);
   if (zone == "UTC")
-    return cctz::format("%Y-%m-%dT%H:%M:%SZ", s, tz);
+    return cctz::format("%E4Y-%m-%dT%H:%M:%SZ", s, tz);
   // Offsets of old local mean times have seconds (Africa/Monrovia was
   // -00:44:30): printed as +HH:MM they would name another instant.
   if (tz.lookup(s).offset % 60 != 0)
-    return cctz::format("%Y-%m-%dT%H:%M:%S%E*z", s, tz);
-  return cctz::format("%Y-%m-%dT%H:%M:%S%Ez", s, tz);
+    return cctz::format("%E4Y-%m-%dT%H:%M:%S%E*z", s, tz);
+  return cctz::format("%E4Y-%m-%dT%H:%M:%S%Ez", s, tz);
 }
 
 time_point parse_iso8601(std::string_view text, std::string_view zone) {
@@ -99,7 +100,62 @@ time_point parse_iso8601(std::string_view text, std::string_view zone) {
                         text));
 }
 
+bool internal::write_iso_utc(time_point t, char* out) {
+  // Every durable run builds its occurrence key with this, so the years
+  // 0-9999 take plain arithmetic (days to a civil date, the proleptic
+  // Gregorian calendar as in cctz) and fixed-width digits instead of a
+  // zone lookup and a format string.
+  auto unix_ms = to_unix_ms(t);
+  auto secs = unix_ms / 1000;
+  auto ms = unix_ms % 1000;
+  if (ms < 0) { // floor, without overflowing next to the minimum
+    ms += 1000;
+    --secs;
+  }
+  auto days = secs / 86400;
+  auto sod = secs % 86400;
+  if (sod < 0) {
+    sod += 86400;
+    --days;
+  }
+  // Days since 1970-01-01 to year/month/day, counted in 400-year eras
+  // that start on March 1st (so the leap day ends a year).
+  auto z = days + 719468;
+  auto era = (z >= 0 ? z : z - 146096) / 146097;
+  auto doe = z - era * 146097;
+  auto yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  auto doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  auto mp = (5 * doy + 2) / 153;
+  auto day = doy - (153 * mp + 2) / 5 + 1;
+  auto month = mp < 10 ? mp + 3 : mp - 9;
+  auto year = yoe + era * 400 + (month <= 2 ? 1 : 0);
+  if (year < 0 || year > 9999)
+    return false;
+  auto put = [&](std::size_t at, long long v, int width) {
+    for (int i = width - 1; i >= 0; --i, v /= 10)
+      out[at + static_cast<std::size_t>(i)] = static_cast<char>('0' + v % 10);
+  };
+  put(0, year, 4);
+  out[4] = '-';
+  put(5, month, 2);
+  out[7] = '-';
+  put(8, day, 2);
+  out[10] = 'T';
+  put(11, sod / 3600, 2);
+  out[13] = ':';
+  put(14, sod / 60 % 60, 2);
+  out[16] = ':';
+  put(17, sod % 60, 2);
+  out[19] = '.';
+  put(20, ms, 3);
+  out[23] = 'Z';
+  return true;
+}
+
 std::string to_iso_utc(time_point t) {
+  std::string out(internal::iso_utc_size, '0');
+  if (internal::write_iso_utc(t, out.data()))
+    return out;
   auto ms = to_unix_ms(t) % 1000;
   if (ms < 0)
     ms += 1000;

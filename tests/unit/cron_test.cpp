@@ -1,6 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <random>
+#include <vector>
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/scheduler/cron.hpp>
@@ -323,6 +325,37 @@ TEST_CASE("ISO-8601 years outside 1-9999 are rejected instead of wrapping") {
         == "9999-12-31T23:59:59.000Z");
   CHECK(botmesh::to_iso_utc(botmesh::parse_iso8601("0001-01-01T00:00:00Z"))
         == "0001-01-01T00:00:00.000Z");
+}
+
+TEST_CASE("occurrence-key times agree with the zone library from year 1 to 9999") {
+  // to_iso_utc does its own calendar arithmetic; format_iso8601 goes
+  // through the zone library. Instants spread over the whole range, both
+  // sides of 1970 and of leap days, with every millisecond remainder.
+  auto lo = botmesh::to_unix_ms(botmesh::parse_iso8601("0001-01-01T00:00:00Z"));
+  auto hi = botmesh::to_unix_ms(botmesh::parse_iso8601("9999-12-31T23:59:59Z"));
+  std::mt19937_64 rng{20261201};
+  std::vector<std::int64_t> at{lo, hi, -1, 0, 1, -86'400'000, 951'782'400'000,
+                               951'868'799'999, -2'208'988'800'001};
+  for (int i = 0; i < 20'000; ++i)
+    at.push_back(lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo)));
+  for (auto ms : at) {
+    auto t = botmesh::time_point{std::chrono::milliseconds{ms}};
+    auto whole = botmesh::format_iso8601(t, "UTC"); // "...:SSZ"
+    auto frac = ((ms % 1000) + 1000) % 1000;
+    char tail[8];
+    std::snprintf(tail, sizeof tail, ".%03dZ", static_cast<int>(frac));
+    CAPTURE(ms);
+    REQUIRE(botmesh::to_iso_utc(t) == whole.substr(0, whole.size() - 1) + tail);
+  }
+  CHECK(botmesh::to_iso_utc(botmesh::parse_iso8601("2024-02-29T23:59:59.999Z"))
+        == "2024-02-29T23:59:59.999Z");
+  CHECK(botmesh::to_iso_utc(botmesh::parse_iso8601("1969-12-31T23:59:59.999Z"))
+        == "1969-12-31T23:59:59.999Z");
+  // Four-digit years also in previews, so what is printed parses back.
+  auto early = botmesh::parse_iso8601("0999-06-01T12:00:00Z");
+  CHECK(botmesh::format_iso8601(early, "UTC") == "0999-06-01T12:00:00Z");
+  CHECK(botmesh::parse_iso8601(botmesh::format_iso8601(early, "Europe/Madrid"))
+        == early);
 }
 
 TEST_CASE("counting the runs of a long stretch equals counting them one by one") {
