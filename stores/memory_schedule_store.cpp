@@ -1,5 +1,8 @@
 #include <botmesh/stores/memory_schedule_store.hpp>
 
+#include <algorithm>
+#include <functional>
+
 #include <botmesh/stores/internal/schedule_transitions.hpp>
 #include <botmesh/stores/store.hpp>
 
@@ -17,15 +20,35 @@ lease_provider::~lease_provider() {
   // nop
 }
 
-memory_schedule_store::memory_schedule_store() = default;
+namespace {
+
+constexpr std::size_t shard_count = 16;
+
+} // namespace
+
+struct memory_schedule_store::shard {
+  alignas(64) std::mutex mtx;
+  std::map<std::string, schedule_record, std::less<>> records;
+};
+
+memory_schedule_store::memory_schedule_store()
+  : shards_(std::make_unique<shard[]>(shard_count)) {
+  // nop
+}
 
 memory_schedule_store::~memory_schedule_store() = default;
 
+memory_schedule_store::shard&
+memory_schedule_store::shard_of(std::string_view id) {
+  return shards_[std::hash<std::string_view>{}(id) % shard_count];
+}
+
 std::optional<schedule_record>
 memory_schedule_store::get(std::string_view id) {
-  std::lock_guard guard{mtx_};
-  auto i = records_.find(id);
-  if (i == records_.end())
+  auto& sh = shard_of(id);
+  std::lock_guard guard{sh.mtx};
+  auto i = sh.records.find(id);
+  if (i == sh.records.end())
     return std::nullopt;
   return i->second;
 }
@@ -35,11 +58,12 @@ schedule_record memory_schedule_store::register_task(std::string_view id,
                                                      time_point first_run,
                                                      time_point now) {
   detail::check_key(id, "id");
-  std::lock_guard guard{mtx_};
-  auto i = records_.find(id);
-  bool exists = i != records_.end();
+  auto& sh = shard_of(id);
+  std::lock_guard guard{sh.mtx};
+  auto i = sh.records.find(id);
+  bool exists = i != sh.records.end();
   if (!exists)
-    i = records_.emplace(std::string{id}, schedule_record{}).first;
+    i = sh.records.emplace(std::string{id}, schedule_record{}).first;
   internal::register_record(i->second, exists, id, spec, first_run, now);
   return i->second;
 }
@@ -49,9 +73,10 @@ memory_schedule_store::claim(std::string_view id, std::string_view owner,
                              time_point now, std::chrono::milliseconds lease) {
   detail::check_key(owner, "owner");
   detail::check_ttl(lease, "lease");
-  std::lock_guard guard{mtx_};
-  auto i = records_.find(id);
-  if (i == records_.end())
+  auto& sh = shard_of(id);
+  std::lock_guard guard{sh.mtx};
+  auto i = sh.records.find(id);
+  if (i == sh.records.end())
     return std::nullopt;
   return internal::claim_record(i->second, owner, now, lease);
 }
@@ -60,9 +85,10 @@ bool memory_schedule_store::renew(std::string_view id, std::string_view owner,
                                   std::uint64_t token, time_point now,
                                   std::chrono::milliseconds lease) {
   detail::check_ttl(lease, "lease");
-  std::lock_guard guard{mtx_};
-  auto i = records_.find(id);
-  if (i == records_.end())
+  auto& sh = shard_of(id);
+  std::lock_guard guard{sh.mtx};
+  auto i = sh.records.find(id);
+  if (i == sh.records.end())
     return false;
   auto& rec = i->second;
   if (rec.deleted || rec.fencing_token != token || rec.lease_owner != owner
@@ -76,9 +102,10 @@ bool memory_schedule_store::renew(std::string_view id, std::string_view owner,
 bool memory_schedule_store::commit(std::string_view id, std::string_view owner,
                                    std::uint64_t token, time_point next_run_at,
                                    bool done, time_point now) {
-  std::lock_guard guard{mtx_};
-  auto i = records_.find(id);
-  if (i == records_.end())
+  auto& sh = shard_of(id);
+  std::lock_guard guard{sh.mtx};
+  auto i = sh.records.find(id);
+  if (i == sh.records.end())
     return false;
   auto& rec = i->second;
   if (rec.deleted || rec.fencing_token != token || rec.lease_owner != owner)
@@ -93,9 +120,10 @@ bool memory_schedule_store::commit(std::string_view id, std::string_view owner,
 }
 
 bool memory_schedule_store::remove(std::string_view id, time_point now) {
-  std::lock_guard guard{mtx_};
-  auto i = records_.find(id);
-  if (i == records_.end() || i->second.deleted)
+  auto& sh = shard_of(id);
+  std::lock_guard guard{sh.mtx};
+  auto i = sh.records.find(id);
+  if (i == sh.records.end() || i->second.deleted)
     return false;
   auto& rec = i->second;
   rec.deleted = true;
@@ -108,11 +136,15 @@ bool memory_schedule_store::remove(std::string_view id, time_point now) {
 }
 
 std::vector<schedule_record> memory_schedule_store::list() {
-  std::lock_guard guard{mtx_};
   std::vector<schedule_record> out;
-  out.reserve(records_.size());
-  for (auto& [k, v] : records_)
-    out.push_back(v);
+  for (std::size_t n = 0; n < shard_count; ++n) {
+    auto& sh = shards_[n];
+    std::lock_guard guard{sh.mtx};
+    for (auto& [k, v] : sh.records)
+      out.push_back(v);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.id < b.id; });
   return out;
 }
 
