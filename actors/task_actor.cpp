@@ -15,6 +15,7 @@
 #include <botmesh/actors/messages.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/scheduler/cron.hpp>
+#include <botmesh/scheduler/internal/iso_time.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::store_call>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::poll_ticket>)
@@ -30,9 +31,15 @@ enum class phase { idle, claiming, running, committing };
 // A claimed run: its plan and the stop of its handler calls, in one
 // allocation. The job reads the plan; the actor reads it again only once
 // the job reported its end (that message orders the two).
+// The job holds only this (one reference count, one small closure), so
+// what it needs to run and report is here too.
 struct run_ctx {
   run_plan plan;
   std::stop_source stop;
+  caf::actor me;
+  std::shared_ptr<task> t;
+  std::shared_ptr<scheduler_engine> eng;
+  std::uint64_t token = 0;
 };
 
 struct task_state {
@@ -50,6 +57,9 @@ struct task_state {
   // late reply for an older claim must not hold back the current one's
   // renewals (replies of the asynchronous face may come out of order).
   std::uint64_t renewing = 0;
+  // The previous claim's context, kept for the next one once its job let
+  // go of it (one allocation less per run).
+  std::shared_ptr<run_ctx> spare;
   // poll()'s tickets: let go once idle.
   std::vector<std::shared_ptr<poll_ticket>> polls;
   // The pending wake-up: only the latest generation counts.
@@ -115,6 +125,15 @@ void store_io(task_actor* self, Sync sync, Async async, Then then) {
 }
 
 void evaluate(task_actor* self);
+
+// A context for a new claim: the spare one, cleared, or a new one.
+std::shared_ptr<run_ctx> new_run(task_state& st) {
+  if (!st.spare)
+    return std::make_shared<run_ctx>();
+  auto c = std::move(st.spare);
+  c->stop = std::stop_source{};
+  return c;
+}
 
 void reply_if_idle(task_actor* self) {
   auto& st = self->state;
@@ -220,6 +239,14 @@ outcome after_run(const task_state& st, std::size_t ran, time_point end) {
 void finish(task_actor* self, bool retry = false) {
   auto& st = self->state;
   st.ph = phase::idle;
+  // Only this actor holds it once its job reported (the job lets go before
+  // it sends, and the message orders the two); a job that never reported
+  // keeps its own.
+  if (st.run && st.run.use_count() == 1) {
+    st.spare = std::move(st.run);
+    st.spare->me = caf::actor{}; // (set only while a job is out)
+    st.spare->plan = run_plan{}; // an idle actor keeps no slots
+  }
   st.run.reset();
   st.next_renew = time_point::max();
   if (retry)
@@ -278,37 +305,54 @@ void start_run(task_actor* self) {
     run_ended(self, 0);
     return;
   }
-  auto me = caf::actor_cast<caf::actor>(self);
-  auto t = st.t;
-  auto ctx = st.run;
-  auto token = st.claim.token;
-  auto eng = st.eng;
-  eng->execute([me, t, ctx, token, eng] {
-    auto& plan = ctx->plan;
+  auto& ctx = *st.run;
+  ctx.me = caf::actor_cast<caf::actor>(self);
+  ctx.t = st.t;
+  ctx.eng = st.eng;
+  ctx.token = st.claim.token;
+  st.eng->execute([c = st.run]() mutable {
+    auto& ctx = *c;
+    auto& t = *ctx.t;
+    auto& eng = *ctx.eng;
+    auto& plan = ctx.plan;
     std::size_t ran = 0;
     for (auto slot : plan.slots) {
-      if (ctx->stop.stop_requested())
+      if (ctx.stop.stop_requested())
         break;
       scheduled_run run;
-      run.task_id = t->opts.id;
+      run.task_id = t.opts.id;
+      // "<id>@<slot>", in one allocation.
+      auto& key = run.occurrence_key;
+      key.reserve(t.opts.id.size() + 1 + iso_utc_size);
+      key.append(t.opts.id).append(1, '@');
+      auto at = key.size();
+      key.resize(at + iso_utc_size);
+      if (!write_iso_utc(slot, key.data() + at)) {
+        key.resize(at);
+        key += to_iso_utc(slot);
+      }
       run.scheduled_at = slot;
-      run.occurrence_key = t->opts.id + "@" + to_iso_utc(slot);
-      run.fencing_token = token;
+      run.fencing_token = ctx.token;
       run.missed = plan.missed;
-      run.stop = ctx->stop.get_token();
-      eng->runs.fetch_add(1, std::memory_order_relaxed);
+      run.stop = ctx.stop.get_token();
+      eng.runs.fetch_add(1, std::memory_order_relaxed);
       try {
-        t->fn(run);
+        t.fn(run);
       } catch (const std::exception& e) {
-        eng->failed.fetch_add(1, std::memory_order_relaxed);
-        eng->log(fmt::format("durable task {} failed: {}", run.occurrence_key,
-                             e.what()));
+        eng.failed.fetch_add(1, std::memory_order_relaxed);
+        eng.log(fmt::format("durable task {} failed: {}", run.occurrence_key,
+                            e.what()));
       } catch (...) {
-        eng->failed.fetch_add(1, std::memory_order_relaxed);
-        eng->log(fmt::format("durable task {} failed", run.occurrence_key));
+        eng.failed.fetch_add(1, std::memory_order_relaxed);
+        eng.log(fmt::format("durable task {} failed", run.occurrence_key));
       }
       ++ran;
     }
+    // Let go of the context before the report: the actor may reuse it
+    // once the report arrived, and it must not keep the actor alive.
+    auto me = std::move(ctx.me);
+    auto token = ctx.token;
+    c.reset();
     caf::anon_send(me, task_done_atom::value, token, ran);
   });
 }
@@ -343,7 +387,7 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
   if (st.cancelled || eng->paused.load()) {
     // Given up meanwhile: hand the slot back untouched.
     st.claim = *claim;
-    st.run = std::make_shared<run_ctx>();
+    st.run = new_run(st);
     st.run->plan.next_if_completed = claim->record.next_run_at;
     st.ph = phase::running;
     run_ended(self, 0);
@@ -351,7 +395,7 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
   }
   st.claim = std::move(*claim);
   std::size_t skipped = 0;
-  st.run = std::make_shared<run_ctx>();
+  st.run = new_run(st);
   auto& plan = st.run->plan;
   plan = plan_claim(t, st.claim, now, eng->grace(), skipped);
   if (plan.missed)
