@@ -8,16 +8,19 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <future>
 #include <queue>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <caf/all.hpp>
 #include <cctz/civil_time.h>
 #include <cctz/time_zone.h>
 
 #include <botmesh/scheduler/cron.hpp>
 #include <botmesh/actors/scheduler.hpp>
+#include <botmesh/actors/system_setup.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>
 
@@ -204,56 +207,61 @@ void timers() {
 void durable_claims() {
   constexpr int tasks = 2'000;
   constexpr int steps = 10;
-  constexpr int rounds = 5;
+  // Many short rounds, the baseline and the scheduler in alternating order:
+  // this machine's speed drifts within a second, and the median of per-round
+  // ratios should not depend on which of the two ran first.
+  constexpr int rounds = 11;
   auto start = botmesh::parse_iso8601("2026-01-01T00:00:00Z");
-  std::vector<double> ratios;
-  std::vector<double> rates;
-  std::vector<double> raw_ratios;
-  for (int round = 0; round < rounds; ++round) {
-    // Raw store calls alone (the figure the ratio started from).
+  std::vector<std::string> ids;
+  for (int i = 0; i < tasks; ++i)
+    ids.push_back("t" + std::to_string(i));
+  // One owner for all three, as long as a scheduler's default (a random
+  // 32-character token): the store copies it with every claim.
+  const std::string owner(32, 'o');
+  // Raw store calls alone (the figure the ratio started from).
+  auto raw_calls = [&] {
     botmesh::memory_schedule_store raw;
-    std::vector<std::string> ids;
-    for (int i = 0; i < tasks; ++i) {
-      ids.push_back("t" + std::to_string(i));
-      raw.register_task(ids.back(), "every 1000", start, start);
-    }
+    for (auto& id : ids)
+      raw.register_task(id, "every 1000", start, start);
     auto t0 = clk::now();
     for (int r = 0; r < steps; ++r) {
       auto now = start + std::chrono::seconds(r);
       for (auto& id : ids)
-        if (auto c = raw.claim(id, "me", now, 60s))
-          raw.commit(id, "me", c->token, now + 1s, false, now);
+        if (auto c = raw.claim(id, owner, now, 60s))
+          raw.commit(id, owner, c->token, now + 1s, false, now);
     }
-    double raw_rate = tasks * steps / seconds_since(t0);
-    // Baseline: claim, handler on the pool, commit from the pool.
+    return tasks * steps / seconds_since(t0);
+  };
+  // Baseline: claim, handler on the pool, commit from the pool.
+  auto baseline = [&] {
     botmesh::memory_schedule_store base_store;
     for (auto& id : ids)
       base_store.register_task(id, "every 1000", start, start);
     std::atomic<long> done{0};
-    double base_rate = 0;
-    {
-      botmesh::internal::worker_pool pool{2, 8};
-      auto t1 = clk::now();
-      for (int r = 0; r < steps; ++r) {
-        auto now = start + std::chrono::seconds(r);
-        long expected = static_cast<long>(tasks) * (r + 1);
-        for (auto& id : ids)
-          if (auto c = base_store.claim(id, "me", now, 60s))
-            pool.post([&, id = std::string_view{id}, token = c->token, now] {
-              botmesh::scheduled_run run;
-              run.fencing_token = token;
-              sink += static_cast<std::int64_t>(run.fencing_token & 1);
-              base_store.commit(id, "me", token, now + 1s, false, now);
-              done.fetch_add(1, std::memory_order_release);
-            });
-        await_count(done, expected);
-      }
-      base_rate = tasks * steps / seconds_since(t1);
+    botmesh::internal::worker_pool pool{2, 8};
+    auto t1 = clk::now();
+    for (int r = 0; r < steps; ++r) {
+      auto now = start + std::chrono::seconds(r);
+      long expected = static_cast<long>(tasks) * (r + 1);
+      for (auto& id : ids)
+        if (auto c = base_store.claim(id, owner, now, 60s))
+          pool.post([&, id = std::string_view{id}, token = c->token, now] {
+            botmesh::scheduled_run run;
+            run.fencing_token = token;
+            sink += static_cast<std::int64_t>(run.fencing_token & 1);
+            base_store.commit(id, owner, token, now + 1s, false, now);
+            done.fetch_add(1, std::memory_order_release);
+          });
+      await_count(done, expected);
     }
-    // The scheduler: one task actor per id, polled once per second.
+    return tasks * steps / seconds_since(t1);
+  };
+  // The scheduler: one task actor per id, polled once per second.
+  auto actors = [&] {
     botmesh::manual_clock mc{start};
     auto store = std::make_shared<botmesh::memory_schedule_store>();
-    botmesh::scheduler s{{.store = store, .clock = &mc, .threads = 8}};
+    botmesh::scheduler s{
+      {.store = store, .owner = owner, .clock = &mc, .threads = 8}};
     std::atomic<long> runs{0};
     for (auto& id : ids)
       s.every("1s", {.id = id},
@@ -263,14 +271,93 @@ void durable_claims() {
       mc.advance(1s);
       s.poll();
     }
-    double rate = static_cast<double>(runs.load()) / seconds_since(t2);
+    return static_cast<double>(runs.load()) / seconds_since(t2);
+  };
+  // The floor of any actor-per-task engine: per run, one message to an
+  // actor (its wake-up), a job posted to the same pool, a message back when
+  // the job ends; no store, no handler, no plan. The actors live in a
+  // system set up as the scheduler sets up its own.
+  caf::actor_system_config floor_cfg;
+  botmesh::configure_scheduler(
+    floor_cfg, std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 2),
+    64);
+  floor_cfg.set("logger.file-verbosity", caf::atom("quiet"));
+  floor_cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  caf::actor_system floor_sys{floor_cfg};
+  using wake_atom = caf::atom_constant<caf::atom("wake")>;
+  using ended_atom = caf::atom_constant<caf::atom("ended")>;
+  auto floor = [&] {
+    botmesh::internal::worker_pool pool{2, 8};
+    std::atomic<long> left{0};
+    std::promise<void>* all_ended = nullptr;
+    std::vector<caf::actor> as;
+    for (int i = 0; i < tasks; ++i)
+      as.push_back(floor_sys.spawn([&](caf::event_based_actor* self) -> caf::behavior {
+        return {
+          [=, &pool](wake_atom, std::uint64_t token) {
+            pool.post([me = caf::actor_cast<caf::actor>(self), token] {
+              caf::anon_send(me, ended_atom::value, token);
+            });
+          },
+          [&](ended_atom, std::uint64_t) {
+            if (left.fetch_sub(1, std::memory_order_acq_rel) == 1)
+              all_ended->set_value();
+          },
+        };
+      }));
+    auto t3 = clk::now();
+    for (int r = 0; r < steps; ++r) {
+      // Waits as poll() does (on a future, not spinning).
+      std::promise<void> ended;
+      all_ended = &ended;
+      left = tasks;
+      for (auto& a : as)
+        caf::anon_send(a, wake_atom::value, std::uint64_t(r));
+      ended.get_future().wait();
+    }
+    double rate = tasks * steps / seconds_since(t3);
+    for (auto& a : as)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    return rate;
+  };
+  std::vector<double> ratios;
+  std::vector<double> rates;
+  std::vector<double> raw_ratios;
+  std::vector<double> floor_rates;
+  std::vector<double> floor_ratios;
+  std::vector<double> vs_floor;
+  for (int round = 0; round < rounds; ++round) {
+    double floor_rate = round % 2 == 0 ? floor() : 0;
+    double raw_rate = raw_calls();
+    double base_rate = 0;
+    double rate = 0;
+    if (round % 2 == 0) {
+      base_rate = baseline();
+      rate = actors();
+    } else {
+      rate = actors();
+      base_rate = baseline();
+    }
+    if (round % 2 == 1)
+      floor_rate = floor();
+    std::printf("# durable round %d: raw store %.0f/s, baseline %.0f/s, "
+                "scheduler %.0f/s, actor floor %.0f/s\n",
+                round, raw_rate, base_rate, rate, floor_rate);
     ratios.push_back(rate / base_rate);
     raw_ratios.push_back(rate / raw_rate);
     rates.push_back(rate);
+    floor_rates.push_back(floor_rate);
+    floor_ratios.push_back(floor_rate / base_rate);
+    vs_floor.push_back(rate / floor_rate);
   }
   std::printf("bench durable_runs_per_s %.0f per_s\n", median(rates));
   std::printf("ratio durable_vs_raw_store %.3f\n", median(ratios));
   std::printf("ratio durable_vs_bare_store_calls %.3f\n", median(raw_ratios));
+  // What the actors' messages alone allow: durable_vs_raw_store cannot pass
+  // actor_floor_vs_raw_store, whatever the engine does per run.
+  std::printf("bench durable_actor_floor_per_s %.0f per_s\n", median(floor_rates));
+  std::printf("ratio actor_floor_vs_raw_store %.3f\n", median(floor_ratios));
+  std::printf("ratio durable_vs_actor_floor %.3f\n", median(vs_floor));
 }
 
 } // namespace
