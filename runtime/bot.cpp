@@ -623,7 +623,7 @@ struct bot::impl final : chat_services,
       durable->journal(std::move(key), std::move(msg), std::move(cb));
       return;
     }
-    if (platform_id && !dedupe->insert(journal_id(key, msg.id))) {
+    if (platform_id && !dedupe->insert(journal_id(key, msg))) {
       duplicate(std::move(cb));
       return;
     }

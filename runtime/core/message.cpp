@@ -109,6 +109,7 @@ void validate(const inbound_message& msg, const message_limits& limits) {
   id_field("participant", msg.participant);
   id_field("sender", msg.sender);
   id_field("id", msg.id);
+  id_field("edit_id", msg.edit_id);
   id_field("data", msg.data);
   id_field("command", msg.command);
   id_field("media_id", msg.media_id);
@@ -168,6 +169,7 @@ std::string to_json(const inbound_message& msg) {
     out += fmt::format(",\"lat\":{},\"lon\":{}", msg.latitude, msg.longitude);
   if (msg.edited)
     out += ",\"edited\":true";
+  optional("edit_id", msg.edit_id);
   optional("lang", msg.language);
   out.push_back('}');
   return out;
@@ -248,6 +250,7 @@ inbound_message read_inbound_message(const json_reader& r) {
     msg.longitude = r.number("lon");
   if (r.has("edited"))
     msg.edited = r.boolean("edited");
+  optional("edit_id", msg.edit_id);
   optional("lang", msg.language);
   return msg;
 }

@@ -73,6 +73,12 @@ struct inbound_message {
   double longitude = 0;
   /// True when this is an edit of an earlier message (same `id`).
   bool edited = false;
+  /// For an edit: what tells this version from the original and from the
+  /// other edits (Telegram: the update's id). The duplicate check and the
+  /// inbound journal key on `id` plus this, so an edit is a message of its
+  /// own and a redelivery of the same edit is still a duplicate. Empty for
+  /// an original.
+  std::string edit_id{};
   /// The language of the text as a BCP 47 tag ("es", "pt-BR"), empty when
   /// unknown. Telegram fills it from the sender's app language; middleware
   /// may set it (a detector, a voice transcript).
@@ -226,7 +232,7 @@ typename Inspector::result_type inspect(Inspector& f, inbound_message& x) {
     caf::meta::type_name("botmesh.inbound_message"), x.id, x.provider, x.chat,
     x.participant, x.sender, x.text, type, ts, x.raw, x.data, x.command,
     x.media_id, x.media_url, x.mime_type, x.latitude, x.longitude, x.edited,
-    x.language);
+    x.edit_id, x.language);
 }
 
 template <class Inspector>

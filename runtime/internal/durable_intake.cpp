@@ -101,7 +101,7 @@ void durable_intake::start() {
 void durable_intake::journal(std::string key, inbound_message msg,
                              delivery_callbacks cb) {
   journal_record rec;
-  rec.id = journal_id(key, msg.id);
+  rec.id = journal_id(key, msg);
   rec.key = key;
   rec.message = to_json(msg);
   op([&](std::function<void()> finished) {
@@ -109,7 +109,7 @@ void durable_intake::journal(std::string key, inbound_message msg,
       std::move(rec), holder_, retry_window_,
       [this, key, msg = std::move(msg), cb = std::move(cb),
        finished](journal_put put, std::exception_ptr e) mutable {
-        auto id = journal_id(key, msg.id);
+        auto id = journal_id(key, msg);
         if (e) {
           failed(key,
                  fmt::format("recording message {} in the inbound journal",

@@ -162,6 +162,7 @@ TEST_CASE("an inbound message's button, media, location and edit fields "
   m.latitude = 40.416775;
   m.longitude = -3.70379;
   m.edited = true;
+  m.edit_id = "731";
   auto json = botmesh::to_json(m);
   CHECK(botmesh::is_valid_json(json));
   CHECK(botmesh::inbound_message_from_json(json) == m);
@@ -362,4 +363,12 @@ TEST_CASE("join puts the separator between the parts, empty ones too") {
   CHECK(join('-', {"solo"}) == "solo");
   CHECK(join('-', {}).empty());
   CHECK(botmesh::journal_id("test:ana", "m1") == "test:ana#m1");
+  // An edit shares its original's id; its journal id does not.
+  botmesh::inbound_message m;
+  m.id = "m1";
+  CHECK(botmesh::journal_id("test:ana", m) == "test:ana#m1");
+  m.edited = true;
+  CHECK(botmesh::journal_id("test:ana", m) == "test:ana#m1");
+  m.edit_id = "731";
+  CHECK(botmesh::journal_id("test:ana", m) == "test:ana#m1~731");
 }

@@ -13,6 +13,7 @@
 #include <botmesh/providers/telegram/telegram_webhook.hpp>
 #include <botmesh/runtime/botmesh.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
+#include <botmesh/stores/memory_durable_backend.hpp>
 
 #include <botmesh/runtime/core/json.hpp>
 
@@ -115,6 +116,8 @@ TEST_CASE("Telegram media, location, edits and button presses are parsed; "
     "telegram");
   CHECK(loc.kind == tg::internal::update_kind::edited_message);
   CHECK(loc.message.edited);
+  CHECK(loc.message.id == "9");
+  CHECK(loc.message.edit_id == "2");
   CHECK(loc.message.type == botmesh::message_type::location);
   CHECK(loc.message.latitude == 40.5);
   CHECK(loc.message.longitude == -3.25);
@@ -255,6 +258,59 @@ TEST_CASE("a duplicate Telegram update is answered 200 and handled once") {
   REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
   CHECK(handled.load() == 2);
   CHECK(p->stats().duplicates == 1);
+}
+
+namespace {
+
+// An edit of message `message_id`, delivered as update `update_id`.
+std::string tg_edit_update(std::int64_t update_id, std::int64_t chat,
+                           std::int64_t message_id, const std::string& text) {
+  auto u = test::tg_text_update(update_id, chat, text, message_id);
+  u.replace(u.find("\"message\""), 9, "\"edited_message\"");
+  return u.insert(u.rfind('}'), ",\"edit_date\":1700000100");
+}
+
+// Posts a message, two edits of it and a redelivery of each; every version
+// is handled once, in order.
+void edits_are_messages_of_their_own(botmesh::bot_options o) {
+  auto api = test::fake_telegram();
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  o.provider = p;
+  botmesh::bot bot{std::move(o)};
+  std::mutex mtx;
+  std::vector<std::pair<std::string, bool>> seen;
+  bot.on_message([&](botmesh::context& c) {
+    std::lock_guard guard{mtx};
+    seen.emplace_back(c.message().text, c.message().edited);
+  });
+  bot.start();
+  auto post = poster_for(*p);
+  CHECK(post.post(test::tg_text_update(20, 42, "hola", 9)).status == 200);
+  CHECK(post.post(tg_edit_update(21, 42, 9, "hola!")).status == 200);
+  CHECK(post.post(tg_edit_update(22, 42, 9, "hola!!")).status == 200);
+  CHECK(post.post(tg_edit_update(21, 42, 9, "hola!")).status == 200);
+  CHECK(post.post(test::tg_text_update(20, 42, "hola", 9)).status == 200);
+  REQUIRE(test::eventually([&] { return bot.stats().handled >= 3; }));
+  bot.stop();
+  std::lock_guard guard{mtx};
+  REQUIRE(seen.size() == 3);
+  CHECK(seen[0] == std::pair<std::string, bool>{"hola", false});
+  CHECK(seen[1] == std::pair<std::string, bool>{"hola!", true});
+  CHECK(seen[2] == std::pair<std::string, bool>{"hola!!", true});
+}
+
+} // namespace
+
+TEST_CASE("an edit of a Telegram message is handled, not taken for a "
+          "redelivery of the original") {
+  edits_are_messages_of_their_own({});
+}
+
+TEST_CASE("with durability, each edit of a Telegram message is journaled "
+          "and handled once") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  edits_are_messages_of_their_own(
+    {.durability = botmesh::durability_options{.backend = backend}});
 }
 
 TEST_CASE("with durability a Telegram update is answered 200 only once "

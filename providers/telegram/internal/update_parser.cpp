@@ -171,6 +171,7 @@ parsed_update read_update(object u, std::string_view provider,
     out.kind = update_kind::edited_message;
     read_message(msg, m, username);
     m.edited = true;
+    m.edit_id = std::to_string(out.update_id);
   } else if (object cq; u["callback_query"].get(cq) == simdjson::SUCCESS) {
     out.kind = update_kind::callback_query;
     out.callback_query_id = std::string{str(cq, "id")};
