@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/providers/http/signature.hpp>
+#include <botmesh/providers/internal/recent_ids.hpp>
 #include <botmesh/providers/meta/internal/payload.hpp>
 #include <botmesh/runtime/core/error.hpp>
 
@@ -49,9 +50,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   provider_host* host = nullptr;
   std::atomic<provider_state> st{provider_state::closed};
 
-  std::mutex dedup_mtx;
-  std::unordered_set<std::string> seen;
-  std::deque<std::string> seen_order;
+  botmesh::internal::recent_ids<std::string> seen;
 
   std::mutex phone_mtx;
   std::unordered_map<std::string, std::string> phone_of_chat;
@@ -61,7 +60,8 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     n_duplicates{0}, n_verifications{0}, n_sent{0}, n_retried{0};
 
   explicit impl(webhook_options o)
-    : opts(std::move(o)), api(opts.http), flood(opts.flood) {
+    : opts(std::move(o)), api(opts.http), flood(opts.flood),
+      seen(opts.dedup_window) {
     auth = "Bearer " + opts.access_token;
   }
 
@@ -71,22 +71,11 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   }
 
   bool remember(const std::string& id) {
-    if (id.empty())
-      return true;
-    std::lock_guard guard{dedup_mtx};
-    if (!seen.insert(id).second)
-      return false;
-    seen_order.push_back(id);
-    while (seen_order.size() > std::max<std::size_t>(1, opts.dedup_window)) {
-      seen.erase(seen_order.front());
-      seen_order.pop_front();
-    }
-    return true;
+    return id.empty() || seen.remember(id);
   }
 
   void forget(const std::string& id) {
-    std::lock_guard guard{dedup_mtx};
-    seen.erase(id);
+    seen.forget(id);
   }
 
   void on_verify(http::request& req, http::responder r) {
@@ -135,12 +124,19 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
           // nop: a listener's failure is not the platform's
         }
       }
+    // Only the new ones count towards the answer; each is remembered as it
+    // is handed over, so a failure in the middle forgets what it did not
+    // hand over and Meta's retry brings it again.
     std::vector<std::size_t> fresh;
-    for (std::size_t i = 0; i < p.messages.size(); ++i) {
-      if (remember(p.messages[i].id))
-        fresh.push_back(i);
-      else
-        ++n_duplicates;
+    {
+      std::unordered_set<std::string_view> in_payload;
+      for (std::size_t i = 0; i < p.messages.size(); ++i) {
+        auto& id = p.messages[i].id;
+        if ((!id.empty() && seen.contains(id)) || (!id.empty() && !in_payload.insert(id).second))
+          ++n_duplicates;
+        else
+          fresh.push_back(i);
+      }
     }
     if (fresh.empty()) {
       r.respond(200);
@@ -148,17 +144,25 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     }
     auto answer = std::make_shared<payload_answer>(std::move(r), fresh.size());
     auto self = shared_from_this();
-    for (auto i : fresh) {
-      auto& msg = p.messages[i];
-      if (!p.phone_number_ids[i].empty() && opts.phone_number_id.empty()) {
+    for (std::size_t k = 0; k < fresh.size(); ++k) {
+      auto& msg = p.messages[fresh[k]];
+      if (!remember(msg.id)) { // (a concurrent POST delivered it meanwhile)
+        ++n_duplicates;
+        answer->one_done();
+        continue;
+      }
+      if (!p.phone_number_ids[fresh[k]].empty() && opts.phone_number_id.empty()) {
         std::lock_guard guard{phone_mtx};
         if (phone_of_chat.size() > 100000)
           phone_of_chat.clear();
-        phone_of_chat[msg.chat] = p.phone_number_ids[i];
+        phone_of_chat[msg.chat] = p.phone_number_ids[fresh[k]];
       }
       ++n_messages;
+      auto reported = std::make_shared<std::atomic<bool>>(false);
       delivery_callbacks cb;
-      cb.accepted = [self, answer, id = msg.id](errc code) {
+      cb.accepted = [self, answer, reported, id = msg.id](errc code) {
+        if (reported->exchange(true))
+          return;
         if (code == errc::none) {
           ++self->n_accepted;
         } else if (retry_later(code)) {
@@ -167,7 +171,20 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         }
         answer->one_done();
       };
-      h->deliver(std::move(msg), std::move(cb));
+      auto id = msg.id;
+      try {
+        h->deliver(std::move(msg), std::move(cb));
+      } catch (...) {
+        // This one and the rest were not handed over: forgotten, and the
+        // answer asks for the retry once the ones handed over are done.
+        answer->retry = true;
+        forget(id);
+        if (!reported->exchange(true))
+          answer->one_done();
+        for (auto rest = k + 1; rest < fresh.size(); ++rest)
+          answer->one_done();
+        throw;
+      }
     }
   }
 

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/providers/http/signature.hpp>
+#include <botmesh/providers/internal/recent_ids.hpp>
 #include <botmesh/providers/telegram/bot_api.hpp>
 #include <botmesh/providers/telegram/internal/methods.hpp>
 #include <botmesh/providers/telegram/internal/update_parser.hpp>
@@ -51,9 +52,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   provider_host* host = nullptr; // under host_mtx
   std::atomic<provider_state> st{provider_state::closed};
 
-  std::mutex dedup_mtx;
-  std::unordered_set<std::int64_t> seen;
-  std::deque<std::int64_t> seen_order;
+  botmesh::internal::recent_ids<std::int64_t> seen;
 
   std::mutex held_mtx;
   std::unordered_map<std::string, std::shared_ptr<held_answer>> held;
@@ -67,7 +66,8 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     n_malformed{0}, n_unknown{0}, n_duplicates{0}, n_refused{0},
     n_in_webhook{0}, n_expired{0}, n_sent{0}, n_retried{0};
 
-  explicit impl(webhook_options o) : opts(std::move(o)), flood(opts.flood) {
+  explicit impl(webhook_options o)
+    : opts(std::move(o)), flood(opts.flood), seen(opts.dedup_window) {
     // nop
   }
 
@@ -78,20 +78,11 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
 
   // False when `id` was seen within the window.
   bool remember(std::int64_t id) {
-    std::lock_guard guard{dedup_mtx};
-    if (!seen.insert(id).second)
-      return false;
-    seen_order.push_back(id);
-    while (seen_order.size() > std::max<std::size_t>(1, opts.dedup_window)) {
-      seen.erase(seen_order.front());
-      seen_order.pop_front();
-    }
-    return true;
+    return seen.remember(id);
   }
 
   void forget(std::int64_t id) {
-    std::lock_guard guard{dedup_mtx};
-    seen.erase(id);
+    seen.forget(id);
   }
 
   void on_request(http::request& req, http::responder r) {

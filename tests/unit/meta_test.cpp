@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <mutex>
+#include <stdexcept>
 
 #include <botmesh/providers/http/http_server.hpp>
 #include <botmesh/providers/http/signature.hpp>
@@ -12,6 +13,7 @@
 #include <botmesh/runtime/core/json.hpp>
 
 #include "fake_platform.hpp"
+#include "gated_backend.hpp"
 #include "test_util.hpp"
 
 using namespace std::chrono_literals;
@@ -142,6 +144,31 @@ TEST_CASE("Messenger and Instagram payloads share entry[].messaging[]: text, "
                   botmesh::invalid_argument_error);
 }
 
+TEST_CASE("Messenger receipts report every message they cover; a postback "
+          "without mid keeps one id across redeliveries; an unsend is not a "
+          "message") {
+  auto body = std::string{R"({"object":"page","entry":[{"id":"PAGE","time":1,"messaging":[
+      {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1700000000000,"delivery":{"mids":["m1","m2","m3"],"watermark":1}},
+      {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1700000000001,"read":{"mid":"m4"}},
+      {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1700000000002,"postback":{"title":"Empezar","payload":"START"}},
+      {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1700000000003,"message":{"mid":"m5","is_deleted":true}}]}]})"};
+  auto p = meta::internal::parse_payload(body, meta::platform::instagram, "ig");
+  REQUIRE(p.statuses.size() == 4);
+  CHECK(p.statuses[0].message_id == "m1");
+  CHECK(p.statuses[1].message_id == "m2");
+  CHECK(p.statuses[2].message_id == "m3");
+  CHECK(p.statuses[2].status == "delivered");
+  CHECK(p.statuses[3].message_id == "m4");
+  CHECK(p.statuses[3].status == "read");
+  REQUIRE(p.messages.size() == 1);
+  CHECK(p.messages[0].data == "START");
+  CHECK_FALSE(p.messages[0].id.empty());
+  CHECK(p.unknown == 1); // the unsend
+  auto again = meta::internal::parse_payload(body, meta::platform::instagram, "ig");
+  REQUIRE(again.messages.size() == 1);
+  CHECK(again.messages[0].id == p.messages[0].id);
+}
+
 TEST_CASE("WhatsApp replies with up to three buttons become reply buttons "
           "and more become a list; media go by link or id") {
   botmesh::outgoing_message m;
@@ -226,6 +253,75 @@ TEST_CASE("a signed WhatsApp message is answered 200 and the reply reaches "
   REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
   std::lock_guard guard{mtx};
   CHECK(statuses == std::vector<std::string>{"delivered"});
+}
+
+TEST_CASE("a WhatsApp message refused for a retry keeps its whole duplicate "
+          "window once the retry is accepted") {
+  auto api = fake_graph();
+  auto o = wa_options(*api);
+  o.dedup_window = 2;
+  auto p = std::make_shared<meta::webhook_provider>(o);
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  backend->fail_records = true;
+  botmesh::bot bot{{.provider = p,
+                    .durability = botmesh::durability_options{
+                      .backend = backend, .lease = "300ms"}}};
+  bot.on_message([](botmesh::context&) {});
+  bot.start();
+  signed_poster post{p->server().url() + "/whatsapp"};
+  auto m1 = wa_payload("[" + wa_text("w1", "346", "uno") + "]");
+  auto m2 = wa_payload("[" + wa_text("w2", "346", "dos") + "]");
+  CHECK(post.post(m1).status == 503); // the journal failed: forgotten
+  backend->fail_records = false;
+  CHECK(post.post(m1).status == 200);
+  CHECK(post.post(m2).status == 200);
+  // w1 and w2 fill the window of two; w1's first, forgotten entry must not
+  // push the live one out.
+  CHECK(post.post(m1).status == 200);
+  CHECK(p->stats().duplicates == 1);
+  bot.stop();
+}
+
+namespace {
+
+// Takes every message, except that handing over `fail_on` throws once.
+struct throwing_host final : botmesh::provider_host {
+  std::mutex mtx;
+  std::vector<std::string> ids;
+  std::string fail_on;
+
+  void deliver(botmesh::inbound_message msg) override {
+    std::lock_guard guard{mtx};
+    if (!fail_on.empty() && msg.id == fail_on) {
+      fail_on.clear();
+      throw std::runtime_error("host failed");
+    }
+    ids.push_back(msg.id);
+  }
+  void state_changed(botmesh::provider_state) override {}
+  void input_closed() override {}
+};
+
+} // namespace
+
+TEST_CASE("when handing over one message of a WhatsApp payload fails, it and "
+          "the rest are not taken for duplicates on Meta's retry") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  throwing_host host;
+  host.fail_on = "w2";
+  p->start(host);
+  signed_poster post{p->server().url() + "/whatsapp"};
+  auto body = wa_payload("[" + wa_text("w1", "346", "uno") + ","
+                         + wa_text("w2", "346", "dos") + ","
+                         + wa_text("w3", "346", "tres") + "]");
+  CHECK(post.post(body).status == 503);
+  CHECK(post.post(body).status == 200);
+  p->stop();
+  std::lock_guard guard{host.mtx};
+  CHECK(host.ids == std::vector<std::string>{"w1", "w2", "w3"});
+  CHECK(p->stats().duplicates == 1); // w1, on the retry
 }
 
 TEST_CASE("a Graph API rate limit is waited out and retried in order; a "

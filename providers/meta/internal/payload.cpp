@@ -200,9 +200,16 @@ void read_messaging(object entry, parsed_payload& out, std::string_view provider
     if (ev["timestamp"].get(ts) == simdjson::SUCCESS && ts > 0)
       msg.timestamp = from_unix_ms(ts);
     if (ev["message"].get(m) == simdjson::SUCCESS) {
-      bool echo = false;
-      if (m["is_echo"].get(echo) == simdjson::SUCCESS && echo) {
+      bool flag = false;
+      if (m["is_echo"].get(flag) == simdjson::SUCCESS && flag) {
         ++out.unknown; // our own message echoed back
+        continue;
+      }
+      if (m["is_deleted"].get(flag) == simdjson::SUCCESS && flag) {
+        // Instagram's unsend: it carries the original's mid, so as a
+        // message it would be taken for the original's redelivery (or run
+        // as an empty text). Counted with the kinds not handled.
+        ++out.unknown;
         continue;
       }
       msg.id = std::string{str(m, "mid")};
@@ -244,22 +251,39 @@ void read_messaging(object entry, parsed_payload& out, std::string_view provider
       msg.type = message_type::button;
       msg.data = std::string{str(m, "payload")};
       msg.text = std::string{str(m, "title")};
+      // Older Get Started buttons send no mid. An id made of what the
+      // platform sends again on a redelivery keeps a retried POST from
+      // running the postback twice (the bot would give each delivery an
+      // id of its own).
+      if (msg.id.empty() && ts > 0)
+        msg.id = fmt::format("postback:{}:{}:{}", msg.sender, ts, msg.data);
     } else if (object d; ev["delivery"].get(d) == simdjson::SUCCESS
                          || ev["read"].get(d) == simdjson::SUCCESS) {
       status_event st;
       st.recipient = msg.sender;
       st.status = ev["delivery"].error() == simdjson::SUCCESS ? "delivered" : "read";
       st.at = msg.timestamp;
+      // One event per message: a delivery receipt lists every message it
+      // covers (Instagram's read names one, as "mid").
+      std::string_view one;
       array mids;
-      if (d["mids"].get(mids) == simdjson::SUCCESS)
+      auto before = out.statuses.size();
+      if (d["mids"].get(mids) == simdjson::SUCCESS) {
         for (element me : mids) {
           std::string_view mid;
           if (me.get(mid) == simdjson::SUCCESS) {
             st.message_id = std::string{mid};
-            break;
+            out.statuses.push_back(st);
           }
         }
-      out.statuses.push_back(std::move(st));
+        if (out.statuses.size() == before)
+          out.statuses.push_back(std::move(st)); // no id given
+      } else if (d["mid"].get(one) == simdjson::SUCCESS) {
+        st.message_id = std::string{one};
+        out.statuses.push_back(std::move(st));
+      } else {
+        out.statuses.push_back(std::move(st)); // a read up to a watermark
+      }
       continue;
     } else {
       ++out.unknown;
