@@ -11,6 +11,7 @@
 
 #include <botmesh/providers/telegram/bot_api.hpp>
 #include <botmesh/providers/telegram/internal/update_parser.hpp>
+#include <botmesh/runtime/core/log.hpp>
 #include <botmesh/runtime/core/error.hpp>
 
 namespace botmesh::telegram {
@@ -27,7 +28,7 @@ struct polling_provider::impl {
   std::atomic<provider_state> st{provider_state::closed};
   std::atomic<std::int64_t> offset{0};
   std::atomic<std::uint64_t> n_polls{0}, n_updates{0}, n_unknown{0},
-    n_conflicts{0}, n_errors{0}, n_sent{0};
+    n_conflicts{0}, n_errors{0}, n_sent{0}, n_malformed{0};
 
   explicit impl(polling_options o) : opts(std::move(o)), flood(opts.flood) {
     // nop
@@ -133,6 +134,17 @@ struct polling_provider::impl {
       bool refused = false;
       errc refused_code = errc::none;
       for (auto& u : updates) {
+        if (u.kind == internal::update_kind::malformed) {
+          // Skipped, named and counted; the offset moves past it like past
+          // any other (Telegram would send it again, forever).
+          ++n_malformed;
+          log::warn("telegram",
+                    fmt::format("{}: skipping update {} of getUpdates: {}",
+                                opts.id, u.update_id, u.unknown_kind));
+          if (u.update_id >= next)
+            next = u.update_id + 1;
+          continue;
+        }
         if (u.update_id < next)
           continue; // already handled (a replay after a restart)
         if (u.kind == internal::update_kind::unknown) {
@@ -257,8 +269,8 @@ void polling_provider::send(const outgoing_message& msg) {
 
 polling_stats polling_provider::stats() const {
   auto& i = *impl_;
-  return polling_stats{i.n_polls,     i.n_updates, i.n_unknown, i.n_conflicts,
-                       i.n_errors,    i.n_sent,    i.offset.load()};
+  return polling_stats{i.n_polls,  i.n_updates, i.n_unknown,     i.n_conflicts,
+                       i.n_errors, i.n_sent,    i.offset.load(), i.n_malformed};
 }
 
 } // namespace botmesh::telegram

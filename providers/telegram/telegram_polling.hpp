@@ -44,6 +44,8 @@ struct polling_stats {
   std::uint64_t errors = 0;    ///< failed polls (network, 5xx, bad answers)
   std::uint64_t sent = 0;
   std::int64_t offset = 0;     ///< the next offset asked for
+  /// Updates skipped because they did not parse (each logged with why).
+  std::uint64_t malformed = 0;
 };
 
 /// `exclusive_session`: with coordination, only the elected replica runs it.

@@ -115,6 +115,37 @@ TEST_CASE("long polling delivers updates, keeps the next offset in the store "
   CHECK(std::find(asked.begin(), asked.end(), 4) != asked.end());
 }
 
+TEST_CASE("an update that does not parse is skipped, logged and counted; "
+          "the ones around it are handled and the offset moves on") {
+  update_feed feed;
+  auto api = test::fake_telegram();
+  feed.attach(*api);
+  feed.push(10, 42, "antes");
+  {
+    std::lock_guard guard{feed.mtx};
+    // A message without its chat, and an item that is not an object.
+    feed.updates.emplace_back(11, R"({"update_id":11,"message":{"message_id":1,"text":"x"}})");
+    feed.updates.emplace_back(12, R"("not an update")");
+  }
+  feed.push(13, 42, "despues");
+  auto store = std::make_shared<botmesh::memory_store>();
+  auto p = std::make_shared<tg::polling_provider>(options(*api, store));
+  botmesh::bot bot{{.provider = p, .store = store}};
+  std::mutex mtx;
+  std::vector<std::string> texts;
+  bot.on_message([&](botmesh::context& c) {
+    std::lock_guard guard{mtx};
+    texts.push_back(c.text());
+  });
+  bot.start();
+  REQUIRE(test::eventually([&] { return p->stats().offset == 14; }));
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
+  bot.stop();
+  CHECK(p->stats().malformed == 2);
+  std::lock_guard guard{mtx};
+  CHECK(texts == std::vector<std::string>{"antes", "despues"});
+}
+
 TEST_CASE("a 409 Conflict on getUpdates yields the leadership instead of "
           "fighting the other poller") {
   update_feed feed; // outlives the fake API, whose thread calls it

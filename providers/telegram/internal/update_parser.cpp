@@ -278,10 +278,20 @@ std::vector<parsed_update> parse_updates(std::string_view result_json,
   std::vector<parsed_update> out;
   for (element e : arr) {
     object u;
-    if (e.get(u) != simdjson::SUCCESS)
-      throw invalid_argument_error("result",
-                                   "getUpdates result holds a non-object");
-    out.push_back(read_update(u, provider, simdjson::minify(e), username));
+    try {
+      if (e.get(u) != simdjson::SUCCESS)
+        throw invalid_argument_error("result",
+                                     "getUpdates result holds a non-object");
+      out.push_back(read_update(u, provider, simdjson::minify(e), username));
+    } catch (const invalid_argument_error& err) {
+      parsed_update bad;
+      bad.kind = update_kind::malformed;
+      bad.unknown_kind = err.what();
+      std::int64_t id = 0;
+      if (e.is_object() && u["update_id"].get(id) == simdjson::SUCCESS)
+        bad.update_id = id;
+      out.push_back(std::move(bad));
+    }
   }
   return out;
 }

@@ -20,12 +20,17 @@ enum class update_kind : std::uint8_t {
   /// Valid JSON with an update_id but a kind the bot does not handle
   /// (channel posts, polls, inline queries...): answered 200, counted.
   unknown,
+  /// In a getUpdates batch: an item that does not parse (a message without
+  /// its chat...). `unknown_kind` holds why; `update_id` is 0 when the item
+  /// had none. The others of the batch parse on their own.
+  malformed,
 };
 
 struct parsed_update {
   std::int64_t update_id = 0;
   update_kind kind = update_kind::unknown;
-  /// For `unknown`: the update's field that names its kind ("poll"...).
+  /// For `unknown`: the update's field that names its kind ("poll"...);
+  /// for `malformed`: what was wrong.
   std::string unknown_kind{};
   inbound_message message{};
   /// For `callback_query`: the id to answer with answerCallbackQuery.
@@ -51,7 +56,9 @@ parsed_update parse_update_in_place(const std::string& json, std::string_view pr
                            std::string_view username = {});
 
 /// Parses a getUpdates answer's `result` array (the raw JSON of the array).
-/// Throws like `parse_update` (field "result").
+/// Throws (field "result") when the answer is not a JSON array; an item that
+/// does not parse becomes a `malformed` update, so one bad update cannot
+/// hold the offset (and every update after it) back forever.
 std::vector<parsed_update> parse_updates(std::string_view result_json,
                                          std::string_view provider,
                                          std::string_view username = {});
