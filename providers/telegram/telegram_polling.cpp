@@ -10,15 +10,32 @@
 #include <fmt/format.h>
 
 #include <botmesh/providers/telegram/bot_api.hpp>
+#include <botmesh/providers/telegram/internal/callback_answers.hpp>
 #include <botmesh/providers/telegram/internal/update_parser.hpp>
 #include <botmesh/runtime/core/log.hpp>
 #include <botmesh/runtime/core/error.hpp>
 
 namespace botmesh::telegram {
 
+namespace {
+
+void answer_callback(bot_api& api, const std::string& id) {
+  try {
+    api.answer_callback_query(id);
+  } catch (const std::exception&) {
+    // nop: the button's spinner stops by itself
+  }
+}
+
+} // namespace
+
 struct polling_provider::impl {
   polling_options opts;
-  std::unique_ptr<bot_api> api;
+  // Shared with the turn-end notices of pressed buttons, which may outlive
+  // the provider.
+  std::shared_ptr<bot_api> api;
+  std::shared_ptr<internal::callback_answers> callbacks =
+    std::make_shared<internal::callback_answers>();
   http::flood_control flood;
   std::mutex mtx;
   std::condition_variable cv;
@@ -159,6 +176,16 @@ struct polling_provider::impl {
         bool done = false;
         errc code = errc::none;
         delivery_callbacks cb;
+        if (!u.callback_query_id.empty() && opts.answer_callback_queries) {
+          callbacks->open(u.callback_query_id);
+          cb.turn_ended = [api = api, cbs = callbacks,
+                           id = u.callback_query_id](turn_outcome o) {
+            // (Only after a turn ran: other ends may come from a thread
+            // that must not wait for the Bot API.)
+            if (cbs->close(id) && o == turn_outcome::handled)
+              answer_callback(*api, id);
+          };
+        }
         cb.accepted = [&](errc c) {
           std::lock_guard guard{m};
           code = c;
@@ -204,7 +231,7 @@ polling_provider::polling_provider(polling_options opts) {
     throw invalid_argument_error("api_url", e.what());
   }
   impl_ = std::make_unique<impl>(std::move(opts));
-  impl_->api = std::make_unique<bot_api>(
+  impl_->api = std::make_shared<bot_api>(
     bot_api_options{impl_->opts.token, impl_->opts.api_url, impl_->opts.http});
 }
 
@@ -265,6 +292,9 @@ void polling_provider::send(const outgoing_message& msg) {
   bool group = !msg.chat.empty() && msg.chat.front() == '-';
   http::send_with_retry(i.flood, msg.chat, group, [&] { i.api->send(msg); });
   ++i.n_sent;
+  if (!msg.reply_to.empty() && i.opts.answer_callback_queries
+      && i.callbacks->close(msg.reply_to))
+    answer_callback(*i.api, msg.reply_to);
 }
 
 polling_stats polling_provider::stats() const {

@@ -32,6 +32,9 @@ struct polling_options {
   std::shared_ptr<botmesh::store> offset_store{};
   /// Waits after a failed poll grow from this up to 30 s.
   duration retry_backoff = "1s";
+  /// Answer a pressed button's callback query (stops its spinner): with
+  /// the handler's first reply, else once its turn ran.
+  bool answer_callback_queries = true;
   http::flood_limits flood = http::flood_limits::telegram();
   http::client_options http{};
 };

@@ -11,6 +11,7 @@
 #include <botmesh/providers/http/signature.hpp>
 #include <botmesh/providers/internal/recent_ids.hpp>
 #include <botmesh/providers/telegram/bot_api.hpp>
+#include <botmesh/providers/telegram/internal/callback_answers.hpp>
 #include <botmesh/providers/telegram/internal/methods.hpp>
 #include <botmesh/providers/telegram/internal/update_parser.hpp>
 #include <botmesh/runtime/core/error.hpp>
@@ -59,8 +60,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   std::deque<std::weak_ptr<held_answer>> held_order;
   bool ticking = false; // under held_mtx
 
-  std::mutex cq_mtx;
-  std::unordered_set<std::string> open_callbacks;
+  internal::callback_answers open_callbacks;
 
   std::atomic<std::uint64_t> n_updates{0}, n_accepted{0}, n_unauthorized{0},
     n_malformed{0}, n_unknown{0}, n_duplicates{0}, n_refused{0},
@@ -143,9 +143,17 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     delivery_callbacks cb;
     if (!opts.reply_in_webhook) {
       if (!u.callback_query_id.empty() && opts.answer_callback_queries) {
-        std::lock_guard guard{cq_mtx};
-        if (open_callbacks.size() < 100000)
-          open_callbacks.insert(u.callback_query_id);
+        // Answered by the handler's first reply, or else when its turn
+        // ran (a handler that sends nothing). Other ends leave it to the
+        // press's redelivery or to the client's own timeout: they may come
+        // from a thread that must not wait for the Bot API.
+        open_callbacks.open(u.callback_query_id);
+        cb.turn_ended = [self, id = u.callback_query_id](turn_outcome o) {
+          if (o == turn_outcome::handled)
+            self->answer_callback(id);
+          else
+            self->open_callbacks.close(id);
+        };
       }
       cb.accepted = [self, r = std::move(r), uid](errc code) {
         self->answer_acceptance(code, r, uid);
@@ -252,11 +260,8 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   }
 
   void answer_callback(const std::string& id) {
-    {
-      std::lock_guard guard{cq_mtx};
-      if (open_callbacks.erase(id) == 0)
-        return;
-    }
+    if (!open_callbacks.close(id))
+      return;
     try {
       api->answer_callback_query(id);
     } catch (const std::exception&) {
@@ -368,6 +373,15 @@ void webhook_provider::send(const outgoing_message& msg) {
                         .body = internal::to_webhook_answer(call),
                         .content_type = "application/json"})) {
         ++i.n_in_webhook;
+        // The response carries one method, the reply: a pressed button's
+        // answer goes through the API.
+        if (!p->callback_query_id.empty() && i.opts.answer_callback_queries) {
+          try {
+            i.api->answer_callback_query(p->callback_query_id);
+          } catch (const std::exception&) {
+            // nop: the button's spinner stops by itself
+          }
+        }
         return;
       }
     }

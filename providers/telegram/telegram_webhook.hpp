@@ -47,8 +47,10 @@ struct webhook_options {
   /// Update ids remembered to drop duplicates (Telegram resends an update
   /// it got no 200 for). Per process.
   std::size_t dedup_window = 4096;
-  /// Answer a pressed button's callback query (stops its spinner) when the
-  /// handler replies, or in the webhook response when it sends nothing.
+  /// Answer a pressed button's callback query (stops its spinner): with
+  /// the handler's first reply, else once its turn ran (with
+  /// `reply_in_webhook`: in the webhook response when it sends nothing,
+  /// through the API when that response carries its reply).
   bool answer_callback_queries = true;
   http::flood_limits flood = http::flood_limits::telegram();
   http::client_options http{};

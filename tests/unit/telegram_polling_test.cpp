@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include <botmesh/providers/telegram/telegram_polling.hpp>
@@ -144,6 +145,37 @@ TEST_CASE("an update that does not parse is skipped, logged and counted; "
   CHECK(p->stats().malformed == 2);
   std::lock_guard guard{mtx};
   CHECK(texts == std::vector<std::string>{"antes", "despues"});
+}
+
+TEST_CASE("long polling answers a pressed button whose turn sent nothing, "
+          "and one that was replied to only once") {
+  update_feed feed;
+  auto api = test::fake_telegram();
+  feed.attach(*api);
+  {
+    std::lock_guard guard{feed.mtx};
+    for (auto [id, cq] : {std::pair{1, "silent"}, std::pair{2, "replied"}})
+      feed.updates.emplace_back(
+        id, R"({"update_id":)" + std::to_string(id) + R"(,"callback_query":{"id":")"
+              + cq + R"(","from":{"id":42},"message":{"message_id":5,"chat":{"id":42,"type":"private"}},"data":")"
+              + cq + R"("}})");
+  }
+  auto p = std::make_shared<tg::polling_provider>(options(*api, nullptr));
+  botmesh::bot bot{{.provider = p}};
+  bot.on_message([](botmesh::context& c) {
+    if (c.message().data == "replied")
+      c.reply("ok");
+  });
+  bot.start();
+  REQUIRE(api->wait_for_calls("answerCallbackQuery", 2));
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
+  bot.stop();
+  std::vector<std::string> answered;
+  for (auto& call : api->calls("answerCallbackQuery"))
+    answered.push_back(call.body);
+  std::sort(answered.begin(), answered.end());
+  CHECK(answered == std::vector<std::string>{R"({"callback_query_id":"replied"})",
+                                             R"({"callback_query_id":"silent"})"});
 }
 
 TEST_CASE("a 409 Conflict on getUpdates yields the leadership instead of "

@@ -484,6 +484,58 @@ TEST_CASE("a pressed button arrives with its data and the reply answers "
   CHECK(seen == "button:yes");
 }
 
+namespace {
+
+std::string tg_press(std::int64_t update_id, const std::string& cq) {
+  return R"({"update_id":)" + std::to_string(update_id)
+         + R"(,"callback_query":{"id":")" + cq
+         + R"(","from":{"id":42},"message":{"message_id":5,"chat":{"id":42,"type":"private"}},"data":"yes"}})";
+}
+
+} // namespace
+
+TEST_CASE("every pressed button gets one answer: from its reply, or once a "
+          "turn that sent nothing ran") {
+  for (bool in_webhook : {false, true}) {
+    CAPTURE(in_webhook);
+    auto api = test::fake_telegram();
+    auto o = options(*api);
+    o.reply_in_webhook = in_webhook;
+    auto p = std::make_shared<tg::webhook_provider>(o);
+    botmesh::bot bot{{.provider = p}};
+    bot.on_message([&](botmesh::context& c) {
+      if (c.message().data == "yes" && c.message().id == "cq-reply")
+        c.reply("ok");
+    });
+    bot.start();
+    auto post = poster_for(*p);
+    // Many silent presses: none may be left spinning, however many came.
+    for (int i = 0; i < 20; ++i)
+      REQUIRE(post.post(tg_press(100 + i, "cq-silent-" + std::to_string(i))).status
+              == 200);
+    auto replied = post.post(tg_press(200, "cq-reply"));
+    REQUIRE(replied.status == 200);
+    REQUIRE(test::eventually([&] { return bot.stats().handled == 21; }));
+    REQUIRE(api->wait_for_calls("answerCallbackQuery", in_webhook ? 1 : 21));
+    bot.stop();
+    std::vector<std::string> answered;
+    for (auto& call : api->calls("answerCallbackQuery"))
+      answered.push_back(call.body);
+    if (in_webhook) {
+      // The silent ones are answered in their webhook responses; the
+      // replied one carries its reply there, and its answer goes through
+      // the API.
+      CHECK(answered == std::vector<std::string>{R"({"callback_query_id":"cq-reply"})"});
+      CHECK(replied.body.find("sendMessage") != std::string::npos);
+    } else {
+      CHECK(answered.size() == 21);
+      CHECK(std::count(answered.begin(), answered.end(),
+                       R"({"callback_query_id":"cq-reply"})")
+            == 1);
+    }
+  }
+}
+
 TEST_CASE("a stopping bot answers Telegram 503 for new updates and its held "
           "answers are given before the server closes") {
   auto api = test::fake_telegram();
