@@ -30,9 +30,9 @@ enum class phase { idle, claiming, running, committing };
 
 // A claimed run: its plan and the stop of its handler calls, in one
 // allocation. The job reads the plan; the actor reads it again only once
-// the job reported its end (that message orders the two).
-// The job holds only this (one reference count, one small closure), so
-// what it needs to run and report is here too.
+// the job reported its end (that message orders the two). The job holds
+// only this (one reference count, one small closure), so what it needs to
+// run and report is here too.
 struct run_ctx {
   run_plan plan;
   std::stop_source stop;
@@ -57,9 +57,6 @@ struct task_state {
   // late reply for an older claim must not hold back the current one's
   // renewals (replies of the asynchronous face may come out of order).
   std::uint64_t renewing = 0;
-  // The previous claim's context, kept for the next one once its job let
-  // go of it (one allocation less per run).
-  std::shared_ptr<run_ctx> spare;
   // poll()'s tickets: let go once idle.
   std::vector<std::shared_ptr<poll_ticket>> polls;
   // The pending wake-up: only the latest generation counts.
@@ -125,15 +122,6 @@ void store_io(task_actor* self, Sync sync, Async async, Then then) {
 }
 
 void evaluate(task_actor* self);
-
-// A context for a new claim: the spare one, cleared, or a new one.
-std::shared_ptr<run_ctx> new_run(task_state& st) {
-  if (!st.spare)
-    return std::make_shared<run_ctx>();
-  auto c = std::move(st.spare);
-  c->stop = std::stop_source{};
-  return c;
-}
 
 void reply_if_idle(task_actor* self) {
   auto& st = self->state;
@@ -239,14 +227,6 @@ outcome after_run(const task_state& st, std::size_t ran, time_point end) {
 void finish(task_actor* self, bool retry = false) {
   auto& st = self->state;
   st.ph = phase::idle;
-  // Only this actor holds it once its job reported (the job lets go before
-  // it sends, and the message orders the two); a job that never reported
-  // keeps its own.
-  if (st.run && st.run.use_count() == 1) {
-    st.spare = std::move(st.run);
-    st.spare->me = caf::actor{}; // (set only while a job is out)
-    st.spare->plan = run_plan{}; // an idle actor keeps no slots
-  }
   st.run.reset();
   st.next_renew = time_point::max();
   if (retry)
@@ -310,7 +290,7 @@ void start_run(task_actor* self) {
   ctx.t = st.t;
   ctx.eng = st.eng;
   ctx.token = st.claim.token;
-  st.eng->execute([c = st.run]() mutable {
+  st.eng->execute([c = st.run] {
     auto& ctx = *c;
     auto& t = *ctx.t;
     auto& eng = *ctx.eng;
@@ -321,16 +301,7 @@ void start_run(task_actor* self) {
         break;
       scheduled_run run;
       run.task_id = t.opts.id;
-      // "<id>@<slot>", in one allocation.
-      auto& key = run.occurrence_key;
-      key.reserve(t.opts.id.size() + 1 + iso_utc_size);
-      key.append(t.opts.id).append(1, '@');
-      auto at = key.size();
-      key.resize(at + iso_utc_size);
-      if (!write_iso_utc(slot, key.data() + at)) {
-        key.resize(at);
-        key += to_iso_utc(slot);
-      }
+      run.occurrence_key = occurrence_key(t.opts.id, slot);
       run.scheduled_at = slot;
       run.fencing_token = ctx.token;
       run.missed = plan.missed;
@@ -348,12 +319,10 @@ void start_run(task_actor* self) {
       }
       ++ran;
     }
-    // Let go of the context before the report: the actor may reuse it
-    // once the report arrived, and it must not keep the actor alive.
+    // Moved out: the context outlives the job in the actor's state until
+    // the commit, and it must not keep the actor alive meanwhile.
     auto me = std::move(ctx.me);
-    auto token = ctx.token;
-    c.reset();
-    caf::anon_send(me, task_done_atom::value, token, ran);
+    caf::anon_send(me, task_done_atom::value, ctx.token, ran);
   });
 }
 
@@ -387,7 +356,7 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
   if (st.cancelled || eng->paused.load()) {
     // Given up meanwhile: hand the slot back untouched.
     st.claim = *claim;
-    st.run = new_run(st);
+    st.run = std::make_shared<run_ctx>();
     st.run->plan.next_if_completed = claim->record.next_run_at;
     st.ph = phase::running;
     run_ended(self, 0);
@@ -395,7 +364,7 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
   }
   st.claim = std::move(*claim);
   std::size_t skipped = 0;
-  st.run = new_run(st);
+  st.run = std::make_shared<run_ctx>();
   auto& plan = st.run->plan;
   plan = plan_claim(t, st.claim, now, eng->grace(), skipped);
   if (plan.missed)

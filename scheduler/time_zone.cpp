@@ -100,7 +100,13 @@ time_point parse_iso8601(std::string_view text, std::string_view zone) {
                         text));
 }
 
-bool internal::write_iso_utc(time_point t, char* out) {
+namespace {
+
+constexpr std::size_t iso_utc_size = 24; // "2026-03-29T01:00:00.000Z"
+
+// Writes to_iso_utc(t) to out[0..iso_utc_size); false, nothing written,
+// for a year outside 0-9999.
+bool write_iso_utc(time_point t, char* out) {
   // Every durable run builds its occurrence key with this, so the years
   // 0-9999 take plain arithmetic (days to a civil date, the proleptic
   // Gregorian calendar as in cctz) and fixed-width digits instead of a
@@ -152,9 +158,11 @@ bool internal::write_iso_utc(time_point t, char* out) {
   return true;
 }
 
+} // namespace
+
 std::string to_iso_utc(time_point t) {
-  std::string out(internal::iso_utc_size, '0');
-  if (internal::write_iso_utc(t, out.data()))
+  std::string out(iso_utc_size, '0');
+  if (write_iso_utc(t, out.data()))
     return out;
   auto ms = to_unix_ms(t) % 1000;
   if (ms < 0)
@@ -163,6 +171,19 @@ std::string to_iso_utc(time_point t) {
   auto c = cctz::convert(to_seconds(t), cctz::utc_time_zone());
   return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", c.year(),
                      c.month(), c.day(), c.hour(), c.minute(), c.second(), ms);
+}
+
+std::string internal::occurrence_key(std::string_view task_id, time_point slot) {
+  std::string key;
+  key.reserve(task_id.size() + 1 + iso_utc_size);
+  key.append(task_id).append(1, '@');
+  auto at = key.size();
+  key.resize(at + iso_utc_size);
+  if (!write_iso_utc(slot, key.data() + at)) {
+    key.resize(at);
+    key += to_iso_utc(slot);
+  }
+  return key;
 }
 
 } // namespace botmesh
