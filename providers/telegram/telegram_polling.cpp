@@ -17,18 +17,6 @@
 
 namespace botmesh::telegram {
 
-namespace {
-
-void answer_callback(bot_api& api, const std::string& id) {
-  try {
-    api.answer_callback_query(id);
-  } catch (const std::exception&) {
-    // nop: the button's spinner stops by itself
-  }
-}
-
-} // namespace
-
 struct polling_provider::impl {
   polling_options opts;
   // Shared with the turn-end notices of pressed buttons, which may outlive
@@ -180,10 +168,7 @@ struct polling_provider::impl {
           callbacks->open(u.callback_query_id);
           cb.turn_ended = [api = api, cbs = callbacks,
                            id = u.callback_query_id](turn_outcome o) {
-            // (Only after a turn ran: other ends may come from a thread
-            // that must not wait for the Bot API.)
-            if (cbs->close(id) && o == turn_outcome::handled)
-              answer_callback(*api, id);
+            cbs->ended(*api, id, o);
           };
         }
         cb.accepted = [&](errc c) {
@@ -292,9 +277,8 @@ void polling_provider::send(const outgoing_message& msg) {
   bool group = !msg.chat.empty() && msg.chat.front() == '-';
   http::send_with_retry(i.flood, msg.chat, group, [&] { i.api->send(msg); });
   ++i.n_sent;
-  if (!msg.reply_to.empty() && i.opts.answer_callback_queries
-      && i.callbacks->close(msg.reply_to))
-    answer_callback(*i.api, msg.reply_to);
+  if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
+    i.callbacks->replied(*i.api, msg.reply_to);
 }
 
 polling_stats polling_provider::stats() const {

@@ -4,7 +4,6 @@
 #include <deque>
 #include <mutex>
 #include <unordered_map>
-#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -143,16 +142,9 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     delivery_callbacks cb;
     if (!opts.reply_in_webhook) {
       if (!u.callback_query_id.empty() && opts.answer_callback_queries) {
-        // Answered by the handler's first reply, or else when its turn
-        // ran (a handler that sends nothing). Other ends leave it to the
-        // press's redelivery or to the client's own timeout: they may come
-        // from a thread that must not wait for the Bot API.
         open_callbacks.open(u.callback_query_id);
         cb.turn_ended = [self, id = u.callback_query_id](turn_outcome o) {
-          if (o == turn_outcome::handled)
-            self->answer_callback(id);
-          else
-            self->open_callbacks.close(id);
+          self->open_callbacks.ended(*self->api, id, o);
         };
       }
       cb.accepted = [self, r = std::move(r), uid](errc code) {
@@ -257,16 +249,6 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     auto p = std::move(i->second);
     held.erase(i);
     return p;
-  }
-
-  void answer_callback(const std::string& id) {
-    if (!open_callbacks.close(id))
-      return;
-    try {
-      api->answer_callback_query(id);
-    } catch (const std::exception&) {
-      // nop: the button's spinner stops by itself
-    }
   }
 };
 
@@ -375,13 +357,8 @@ void webhook_provider::send(const outgoing_message& msg) {
         ++i.n_in_webhook;
         // The response carries one method, the reply: a pressed button's
         // answer goes through the API.
-        if (!p->callback_query_id.empty() && i.opts.answer_callback_queries) {
-          try {
-            i.api->answer_callback_query(p->callback_query_id);
-          } catch (const std::exception&) {
-            // nop: the button's spinner stops by itself
-          }
-        }
+        if (!p->callback_query_id.empty() && i.opts.answer_callback_queries)
+          internal::callback_answers::answer(*i.api, p->callback_query_id);
         return;
       }
     }
@@ -398,7 +375,7 @@ void webhook_provider::send(const outgoing_message& msg) {
   });
   ++i.n_sent;
   if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
-    i.answer_callback(msg.reply_to);
+    i.open_callbacks.replied(*i.api, msg.reply_to);
 }
 
 http::server& webhook_provider::server() noexcept {
