@@ -49,11 +49,6 @@ class recent_ids {
     seen_.erase(id);
   }
 
-  bool contains(const Id& id) const {
-    std::lock_guard guard{mtx_};
-    return seen_.count(id) != 0;
-  }
-
  private:
   // An order entry whose id was forgotten, or remembered again, since.
   bool stale(const std::pair<std::uint64_t, Id>& e) const {
@@ -62,7 +57,7 @@ class recent_ids {
   }
 
   std::size_t window_;
-  mutable std::mutex mtx_;
+  std::mutex mtx_;
   std::uint64_t seq_ = 0;
   std::unordered_map<Id, std::uint64_t> seen_; // id -> its place in order_
   std::deque<std::pair<std::uint64_t, Id>> order_;

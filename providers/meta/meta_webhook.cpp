@@ -1,10 +1,8 @@
 #include <botmesh/providers/meta/meta_webhook.hpp>
 
 #include <atomic>
-#include <deque>
 #include <mutex>
 #include <unordered_map>
-#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -19,14 +17,14 @@ namespace {
 
 // The answer to one POST: 200 once every message was accepted, 503 when
 // one was refused for a reason a retry may overcome (the bot is stopping,
-// the inbound journal failed).
+// the inbound journal failed). It starts with one pending part, the POST's
+// own handling, so it cannot answer before every message was handed over.
 struct payload_answer {
   http::responder r;
-  std::atomic<std::size_t> pending;
+  std::atomic<std::size_t> pending{1};
   std::atomic<bool> retry{false};
 
-  payload_answer(http::responder resp, std::size_t n)
-    : r(std::move(resp)), pending(n) {
+  explicit payload_answer(http::responder resp) : r(std::move(resp)) {
     // nop
   }
 
@@ -124,40 +122,25 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
           // nop: a listener's failure is not the platform's
         }
       }
-    // Only the new ones count towards the answer; each is remembered as it
-    // is handed over, so a failure in the middle forgets what it did not
-    // hand over and Meta's retry brings it again.
-    std::vector<std::size_t> fresh;
-    {
-      std::unordered_set<std::string_view> in_payload;
-      for (std::size_t i = 0; i < p.messages.size(); ++i) {
-        auto& id = p.messages[i].id;
-        if ((!id.empty() && seen.contains(id)) || (!id.empty() && !in_payload.insert(id).second))
-          ++n_duplicates;
-        else
-          fresh.push_back(i);
-      }
-    }
-    if (fresh.empty()) {
-      r.respond(200);
-      return;
-    }
-    auto answer = std::make_shared<payload_answer>(std::move(r), fresh.size());
+    // Each id is remembered as its message is handed over, so when handing
+    // one over fails, the ones after it were never remembered and Meta's
+    // retry brings them again.
+    auto answer = std::make_shared<payload_answer>(std::move(r));
     auto self = shared_from_this();
-    for (std::size_t k = 0; k < fresh.size(); ++k) {
-      auto& msg = p.messages[fresh[k]];
-      if (!remember(msg.id)) { // (a concurrent POST delivered it meanwhile)
+    for (std::size_t i = 0; i < p.messages.size(); ++i) {
+      auto& msg = p.messages[i];
+      if (!remember(msg.id)) {
         ++n_duplicates;
-        answer->one_done();
         continue;
       }
-      if (!p.phone_number_ids[fresh[k]].empty() && opts.phone_number_id.empty()) {
+      if (!p.phone_number_ids[i].empty() && opts.phone_number_id.empty()) {
         std::lock_guard guard{phone_mtx};
         if (phone_of_chat.size() > 100000)
           phone_of_chat.clear();
-        phone_of_chat[msg.chat] = p.phone_number_ids[fresh[k]];
+        phone_of_chat[msg.chat] = p.phone_number_ids[i];
       }
       ++n_messages;
+      ++answer->pending;
       auto reported = std::make_shared<std::atomic<bool>>(false);
       delivery_callbacks cb;
       cb.accepted = [self, answer, reported, id = msg.id](errc code) {
@@ -175,17 +158,17 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       try {
         h->deliver(std::move(msg), std::move(cb));
       } catch (...) {
-        // This one and the rest were not handed over: forgotten, and the
-        // answer asks for the retry once the ones handed over are done.
+        // Not handed over: forgotten, and the answer asks for the retry
+        // once the ones handed over are done.
         answer->retry = true;
         forget(id);
         if (!reported->exchange(true))
           answer->one_done();
-        for (auto rest = k + 1; rest < fresh.size(); ++rest)
-          answer->one_done();
+        answer->one_done(); // the POST's own part
         throw;
       }
     }
+    answer->one_done(); // the POST's own part
   }
 
   std::string url_for(const outgoing_message& msg) {

@@ -264,25 +264,23 @@ void read_messaging(object entry, parsed_payload& out, std::string_view provider
       st.status = ev["delivery"].error() == simdjson::SUCCESS ? "delivered" : "read";
       st.at = msg.timestamp;
       // One event per message: a delivery receipt lists every message it
-      // covers (Instagram's read names one, as "mid").
-      std::string_view one;
+      // covers, Instagram's read names one ("mid"), Messenger's read none
+      // (it reads up to a watermark): then one event without an id.
+      std::vector<std::string_view> ids;
       array mids;
-      auto before = out.statuses.size();
+      std::string_view mid;
       if (d["mids"].get(mids) == simdjson::SUCCESS) {
-        for (element me : mids) {
-          std::string_view mid;
-          if (me.get(mid) == simdjson::SUCCESS) {
-            st.message_id = std::string{mid};
-            out.statuses.push_back(st);
-          }
-        }
-        if (out.statuses.size() == before)
-          out.statuses.push_back(std::move(st)); // no id given
-      } else if (d["mid"].get(one) == simdjson::SUCCESS) {
-        st.message_id = std::string{one};
+        for (element me : mids)
+          if (me.get(mid) == simdjson::SUCCESS)
+            ids.push_back(mid);
+      } else if (d["mid"].get(mid) == simdjson::SUCCESS) {
+        ids.push_back(mid);
+      }
+      if (ids.empty())
         out.statuses.push_back(std::move(st));
-      } else {
-        out.statuses.push_back(std::move(st)); // a read up to a watermark
+      for (auto id : ids) {
+        st.message_id = std::string{id};
+        out.statuses.push_back(st);
       }
       continue;
     } else {
