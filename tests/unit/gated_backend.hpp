@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
+#include <botmesh/runtime/bot.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/memory_durable_backend.hpp>
 
@@ -84,5 +86,19 @@ class gated_backend final : public botmesh::durable_backend {
     inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
   }
 };
+
+// An open gated backend whose journal writes fail until the test clears
+// `fail_records`.
+inline std::shared_ptr<gated_backend> failing_journal() {
+  auto b = std::make_shared<gated_backend>();
+  b->open();
+  b->fail_records = true;
+  return b;
+}
+
+// Durable processing over `b`, with a short lease.
+inline botmesh::durability_options durable_over(std::shared_ptr<gated_backend> b) {
+  return botmesh::durability_options{.backend = std::move(b), .lease = "300ms"};
+}
 
 } // namespace test

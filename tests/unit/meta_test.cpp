@@ -261,12 +261,8 @@ TEST_CASE("a WhatsApp message refused for a retry keeps its whole duplicate "
   auto o = wa_options(*api);
   o.dedup_window = 2;
   auto p = std::make_shared<meta::webhook_provider>(o);
-  auto backend = std::make_shared<test::gated_backend>();
-  backend->open();
-  backend->fail_records = true;
-  botmesh::bot bot{{.provider = p,
-                    .durability = botmesh::durability_options{
-                      .backend = backend, .lease = "300ms"}}};
+  auto backend = test::failing_journal();
+  botmesh::bot bot{{.provider = p, .durability = test::durable_over(backend)}};
   bot.on_message([](botmesh::context&) {});
   bot.start();
   signed_poster post{p->server().url() + "/whatsapp"};

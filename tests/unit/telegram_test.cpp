@@ -318,12 +318,8 @@ TEST_CASE("with durability a Telegram update is answered 200 only once "
           "handled once") {
   auto api = test::fake_telegram();
   auto p = std::make_shared<tg::webhook_provider>(options(*api));
-  auto backend = std::make_shared<test::gated_backend>();
-  backend->open();
-  backend->fail_records = true;
-  botmesh::bot bot{{.provider = p,
-                    .durability = botmesh::durability_options{
-                      .backend = backend, .lease = "300ms"}}};
+  auto backend = test::failing_journal();
+  botmesh::bot bot{{.provider = p, .durability = test::durable_over(backend)}};
   std::atomic<int> handled{0};
   bot.on_message([&](botmesh::context&) { ++handled; });
   bot.start();
