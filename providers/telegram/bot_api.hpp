@@ -16,6 +16,12 @@
 
 namespace botmesh::telegram {
 
+// Chat ids. An inbound message's `chat` is Telegram's chat id ("42",
+// "-1001234567890"), or `<chat id>/<message_thread_id>` for a message in a
+// forum topic: each topic is a conversation of its own, and a reply to that
+// chat lands in the same topic (sent with `message_thread_id`). Sends accept
+// both forms, and "@channelusername".
+
 struct bot_api_options {
   /// The bot's token from @BotFather. Required.
   std::string token{};

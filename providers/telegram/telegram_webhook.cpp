@@ -363,8 +363,10 @@ void webhook_provider::send(const outgoing_message& msg) {
       }
     }
   }
-  bool group = !msg.chat.empty() && msg.chat.front() == '-';
-  http::send_with_retry(i.flood, msg.chat, group, [&] {
+  // Topics share their group's limits.
+  auto to = internal::split_chat(msg.chat).chat_id;
+  bool group = !to.empty() && to.front() == '-';
+  http::send_with_retry(i.flood, to, group, [&] {
     try {
       i.api->send(msg);
     } catch (const platform_error& e) {

@@ -75,6 +75,36 @@ TEST_CASE("a Telegram update is parsed into a message with its command, "
   CHECK(botmesh::to_unix_ms(u.message.timestamp) == 1700000000000);
 }
 
+TEST_CASE("a message in a forum topic is a conversation of its own and its "
+          "reply goes to the same topic") {
+  auto in_topic = [](int update_id, int thread, bool topic) {
+    return fmt::format(
+      R"({{"update_id":{},"message":{{"message_id":{},"from":{{"id":42}},"chat":{{"id":-100123,"type":"supergroup","is_forum":true}},"date":1700000000,"message_thread_id":{},{}"text":"hola"}}}})",
+      update_id, update_id, thread, topic ? R"("is_topic_message":true,)" : "");
+  };
+  auto a = tg::internal::parse_update(in_topic(1, 7, true), "telegram");
+  auto b = tg::internal::parse_update(in_topic(2, 9, true), "telegram");
+  CHECK(a.message.chat == "-100123/7");
+  CHECK(b.message.chat == "-100123/9");
+  CHECK(botmesh::chat_key(a.message) != botmesh::chat_key(b.message));
+  // A reply thread in a group that is no forum: the group itself.
+  CHECK(tg::internal::parse_update(in_topic(3, 7, false), "telegram").message.chat
+        == "-100123");
+  botmesh::outgoing_message m;
+  m.chat = a.message.chat;
+  m.text = "eco";
+  auto c = tg::internal::to_method_call(m);
+  CHECK(c.body.starts_with(R"({"chat_id":-100123,"message_thread_id":7,)"));
+  auto split = tg::internal::split_chat("@channel/12");
+  CHECK(split.chat_id == "@channel");
+  CHECK(split.thread_id == "12");
+  // Not a topic: the whole text is the chat.
+  for (std::string_view odd : {"-100123/", "-100123/0", "-100123/x", "/5", "42"}) {
+    CHECK(tg::internal::split_chat(odd).chat_id == odd);
+    CHECK(tg::internal::split_chat(odd).thread_id.empty());
+  }
+}
+
 TEST_CASE("with the bot's username a command for another bot is no command; "
           "the sender's language is kept") {
   auto update = [](std::string_view text, std::size_t len) {
@@ -362,6 +392,30 @@ TEST_CASE("with reply in webhook the first reply goes back in the webhook "
   CHECK(empty.body.empty());
   CHECK(p->stats().replies_in_webhook == 1);
   CHECK(api->calls("sendMessage").size() == 1);
+}
+
+TEST_CASE("replies to a forum topic, in the webhook response and through the "
+          "Bot API, name the topic") {
+  auto api = test::fake_telegram();
+  auto o = options(*api);
+  o.reply_in_webhook = true;
+  auto p = std::make_shared<tg::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  bot.on_message([](botmesh::context& c) {
+    c.reply("uno");
+    c.reply("dos");
+  });
+  bot.start();
+  auto post = poster_for(*p);
+  auto res = post.post(
+    R"({"update_id":5,"message":{"message_id":11,"from":{"id":42},"chat":{"id":-100777,"type":"supergroup","is_forum":true},"date":1700000000,"message_thread_id":3,"is_topic_message":true,"text":"hola"}})");
+  CHECK(res.status == 200);
+  CHECK(res.body.starts_with(
+    R"({"method":"sendMessage","chat_id":-100777,"message_thread_id":3,)"));
+  REQUIRE(api->wait_for_calls("sendMessage", 1));
+  auto body = api->calls("sendMessage")[0].body;
+  CHECK(body.find(R"("chat_id":-100777,"message_thread_id":3)") != std::string::npos);
+  CHECK(body.find("dos") != std::string::npos);
 }
 
 TEST_CASE("with reply in webhook a slow handler's held answer is released "

@@ -36,7 +36,33 @@ void field_str(std::string& out, std::string_view name, std::string_view v) {
   append_json_string(out, v);
 }
 
+bool is_positive_integer(std::string_view s) {
+  if (s.empty() || s.front() == '0')
+    return false;
+  for (char c : s)
+    if (c < '0' || c > '9')
+      return false;
+  return is_integer(s);
+}
+
 } // namespace
+
+chat_address split_chat(std::string_view chat) noexcept {
+  auto slash = chat.rfind('/');
+  if (slash == std::string_view::npos || slash == 0
+      || !is_positive_integer(chat.substr(slash + 1)))
+    return {chat, {}};
+  return {chat.substr(0, slash), chat.substr(slash + 1)};
+}
+
+std::string topic_chat(std::string_view chat_id, std::string_view thread_id) {
+  std::string out;
+  out.reserve(chat_id.size() + thread_id.size() + 1);
+  out += chat_id;
+  out.push_back('/');
+  out += thread_id;
+  return out;
+}
 
 method_call to_method_call(const outgoing_message& msg) {
   validate(msg);
@@ -44,10 +70,13 @@ method_call to_method_call(const outgoing_message& msg) {
   std::string& b = call.body;
   b.reserve(64 + msg.text.size());
   b.push_back('{');
-  if (is_integer(msg.chat))
-    field_raw(b, "chat_id", msg.chat);
+  auto to = split_chat(msg.chat);
+  if (is_integer(to.chat_id))
+    field_raw(b, "chat_id", to.chat_id);
   else
-    field_str(b, "chat_id", msg.chat);
+    field_str(b, "chat_id", to.chat_id);
+  if (!to.thread_id.empty())
+    field_raw(b, "message_thread_id", to.thread_id);
   std::string_view text_field = "text";
   if (msg.has_media()) {
     std::string_view key;

@@ -10,12 +10,27 @@
 
 namespace botmesh::telegram::internal {
 
+/// A chat id as botmesh writes it: `chat_id`, or `chat_id/thread_id` for a
+/// forum topic (update_parser fills it so; the same text addresses a send).
+struct chat_address {
+  std::string_view chat_id{};
+  std::string_view thread_id{}; ///< empty outside a topic
+};
+
+/// Splits `chat` at its last '/' when what follows is a positive integer;
+/// otherwise the whole text is the chat id.
+chat_address split_chat(std::string_view chat) noexcept;
+
+/// `chat_id/thread_id`.
+std::string topic_chat(std::string_view chat_id, std::string_view thread_id);
+
 struct method_call {
   std::string method{}; ///< "sendMessage", "sendPhoto"...
   std::string body{};   ///< the JSON parameters
 };
 
-/// The method call that sends `msg` (validated first: throws
+/// The method call that sends `msg` (a topic chat adds `message_thread_id`;
+/// validated first: throws
 /// `invalid_argument_error` naming the field, or "buttons" for callback
 /// data over Telegram's 64 bytes).
 method_call to_method_call(const outgoing_message& msg);

@@ -6,6 +6,7 @@
 #include <simdjson.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/providers/telegram/internal/methods.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 
 namespace botmesh::telegram::internal {
@@ -90,6 +91,18 @@ void read_message(object msg, inbound_message& m, std::string_view username) {
       || (m.chat = number_text(chat_id)).empty())
     throw invalid_argument_error("message.chat.id",
                                  "telegram update: message chat has no id");
+  // A forum topic is a conversation of its own, and a reply must name it or
+  // it lands in the General topic: the chat id carries it (see
+  // topic_chat()). Only topic messages: in other supergroups the field
+  // names a reply thread, which sending cannot target.
+  bool in_topic = false;
+  element thread;
+  if (msg["is_topic_message"].get(in_topic) == simdjson::SUCCESS && in_topic
+      && msg["message_thread_id"].get(thread) == simdjson::SUCCESS) {
+    auto t = number_text(thread);
+    if (!t.empty())
+      m.chat = topic_chat(m.chat, t);
+  }
   element id;
   if (msg["message_id"].get(id) == simdjson::SUCCESS)
     m.id = number_text(id);
