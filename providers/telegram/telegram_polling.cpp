@@ -1,9 +1,11 @@
 #include <botmesh/providers/telegram/telegram_polling.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <thread>
 
@@ -11,6 +13,7 @@
 
 #include <botmesh/providers/telegram/bot_api.hpp>
 #include <botmesh/providers/telegram/internal/callback_answers.hpp>
+#include <botmesh/providers/telegram/internal/methods.hpp>
 #include <botmesh/providers/telegram/internal/update_parser.hpp>
 #include <botmesh/runtime/core/log.hpp>
 #include <botmesh/runtime/core/error.hpp>
@@ -33,7 +36,7 @@ struct polling_provider::impl {
   std::atomic<provider_state> st{provider_state::closed};
   std::atomic<std::int64_t> offset{0};
   std::atomic<std::uint64_t> n_polls{0}, n_updates{0}, n_unknown{0},
-    n_conflicts{0}, n_errors{0}, n_sent{0}, n_malformed{0};
+    n_conflicts{0}, n_errors{0}, n_sent{0}, n_malformed{0}, n_id_restarts{0};
 
   explicit impl(polling_options o) : opts(std::move(o)), flood(opts.flood) {
     // nop
@@ -43,28 +46,46 @@ struct polling_provider::impl {
     return "provider:" + opts.id;
   }
 
+  // Update ids are the bot's own: a token of another bot under the same
+  // provider id must not start from this one's offset.
+  std::string offset_field() const {
+    return "telegram_offset:" + opts.token.substr(0, opts.token.find(':'));
+  }
+
   void load_offset() {
     if (!opts.offset_store)
       return;
+    std::optional<std::string> v;
     try {
-      if (auto v = opts.offset_store->get_user_data(offset_user(), "botmesh",
-                                                    "telegram_offset")) {
-        std::int64_t n = 0;
-        std::from_chars(v->data(), v->data() + v->size(), n);
-        if (n > offset)
-          offset = n;
-      }
-    } catch (const std::exception&) {
-      // nop: start from Telegram's own confirmed offset
+      v = opts.offset_store->get_user_data(offset_user(), "botmesh",
+                                          offset_field());
+    } catch (const std::exception& e) {
+      log::warn("telegram", fmt::format("{}: cannot read the stored offset "
+                                        "({}): starting from Telegram's own",
+                                        opts.id, e.what()));
+      return;
     }
+    if (!v)
+      return;
+    std::int64_t n = 0;
+    auto r = std::from_chars(v->data(), v->data() + v->size(), n);
+    if (r.ec != std::errc{} || r.ptr != v->data() + v->size() || n < 0) {
+      log::warn("telegram",
+                fmt::format("{}: the stored offset \"{}\" is no update id: "
+                            "starting from Telegram's own",
+                            opts.id, v->substr(0, 64)));
+      return;
+    }
+    if (n > offset)
+      offset = n;
   }
 
   void save_offset(std::int64_t n) {
     if (!opts.offset_store)
       return;
     try {
-      opts.offset_store->set_user_data(offset_user(), "botmesh",
-                                       "telegram_offset", std::to_string(n));
+      opts.offset_store->set_user_data(offset_user(), "botmesh", offset_field(),
+                                       std::to_string(n));
     } catch (const std::exception&) {
       // nop: retried with the next batch
     }
@@ -136,6 +157,20 @@ struct polling_provider::impl {
         continue;
       }
       auto next = offset.load();
+      // Telegram picks new update ids at random after a week without
+      // updates, and then answers ids below the offset asked for. Skipping
+      // them as handled would drop every message from then on: the batch
+      // starts a new sequence.
+      if (std::any_of(updates.begin(), updates.end(),
+                      [&](auto& u) { return u.update_id < next; })) {
+        ++n_id_restarts;
+        log::warn("telegram",
+                  fmt::format("{}: getUpdates answered ids below the offset {} "
+                              "(Telegram restarted its update ids): taking "
+                              "them as new",
+                              opts.id, next));
+        next = 0;
+      }
       bool refused = false;
       errc refused_code = errc::none;
       for (auto& u : updates) {
@@ -151,7 +186,7 @@ struct polling_provider::impl {
           continue;
         }
         if (u.update_id < next)
-          continue; // already handled (a replay after a restart)
+          continue; // twice in one answer
         if (u.kind == internal::update_kind::unknown) {
           ++n_unknown;
           next = u.update_id + 1;
@@ -274,8 +309,10 @@ void polling_provider::stop() {
 
 void polling_provider::send(const outgoing_message& msg) {
   auto& i = *impl_;
-  bool group = !msg.chat.empty() && msg.chat.front() == '-';
-  http::send_with_retry(i.flood, msg.chat, group, [&] { i.api->send(msg); });
+  // Topics share their group's limits.
+  auto to = internal::split_chat(msg.chat).chat_id;
+  bool group = !to.empty() && to.front() == '-';
+  http::send_with_retry(i.flood, to, group, [&] { i.api->send(msg); });
   ++i.n_sent;
   if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
     i.callbacks->replied(*i.api, msg.reply_to);
@@ -284,7 +321,8 @@ void polling_provider::send(const outgoing_message& msg) {
 polling_stats polling_provider::stats() const {
   auto& i = *impl_;
   return polling_stats{i.n_polls,  i.n_updates, i.n_unknown,     i.n_conflicts,
-                       i.n_errors, i.n_sent,    i.offset.load(), i.n_malformed};
+                       i.n_errors, i.n_sent,    i.offset.load(), i.n_malformed,
+                       i.n_id_restarts};
 }
 
 } // namespace botmesh::telegram

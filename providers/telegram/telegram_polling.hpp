@@ -27,7 +27,9 @@ struct polling_options {
   /// getUpdates' long-poll timeout (the request's own bound is 10 s more).
   duration poll_timeout = "25s";
   /// Where the next offset is kept (user data "provider:<id>" / "botmesh" /
-  /// "telegram_offset"), so a new leader resumes without replaying handled
+  /// "telegram_offset:<bot id>", the bot id being the token up to ':'; a
+  /// value that is no update id is logged and ignored), so a new leader
+  /// resumes without replaying handled
   /// updates. Usually the bot's store; null: kept in memory only.
   std::shared_ptr<botmesh::store> offset_store{};
   /// Waits after a failed poll grow from this up to 30 s.
@@ -49,6 +51,10 @@ struct polling_stats {
   std::int64_t offset = 0;     ///< the next offset asked for
   /// Updates skipped because they did not parse (each logged with why).
   std::uint64_t malformed = 0;
+  /// Answers with ids below the offset asked for: Telegram restarted its
+  /// update ids (it does after a week without updates); they were handled
+  /// as new and the offset follows the new ids.
+  std::uint64_t id_restarts = 0;
 };
 
 /// `exclusive_session`: with coordination, only the elected replica runs it.

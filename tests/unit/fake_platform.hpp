@@ -149,12 +149,13 @@ class fake_api {
   std::vector<botmesh::http::responder> held_;
 };
 
-/// A fake Telegram Bot API for token "123:abc".
+/// A fake Telegram Bot API for token "123:abc" (or `token`).
 inline constexpr const char* telegram_token = "123:abc";
 
-inline std::unique_ptr<fake_api> fake_telegram() {
+inline std::unique_ptr<fake_api> fake_telegram(
+  const std::string& token = telegram_token) {
   return std::make_unique<fake_api>(
-    std::string{"/bot"} + telegram_token + "/",
+    "/bot" + token + "/",
     std::vector<std::string>{"sendMessage", "sendPhoto", "sendDocument",
                              "answerCallbackQuery", "getUpdates", "setWebhook",
                              "deleteWebhook", "getWebhookInfo"},

@@ -24,6 +24,9 @@ struct update_feed {
   std::mutex mtx;
   std::vector<std::pair<std::int64_t, std::string>> updates;
   std::vector<std::int64_t> offsets_asked;
+  /// As Telegram after it restarted its update ids: an offset that is no
+  /// successor of a queued id (an old one, above them all) hides none.
+  bool restarted = false;
 
   void attach(test::fake_api& api) {
     auto* srv = &api.server();
@@ -35,6 +38,10 @@ struct update_feed {
       {
         std::lock_guard guard{mtx};
         offsets_asked.push_back(offset);
+        if (restarted
+            && std::all_of(updates.begin(), updates.end(),
+                           [&](auto& u) { return u.first + 1 < offset; }))
+          offset = 0;
         for (auto& [id, json] : updates)
           if (id >= offset) {
             if (result.size() > 1)
@@ -64,9 +71,10 @@ struct update_feed {
 };
 
 tg::polling_options options(const test::fake_api& api,
-                            std::shared_ptr<botmesh::store> store) {
+                            std::shared_ptr<botmesh::store> store,
+                            std::string token = test::telegram_token) {
   tg::polling_options o;
-  o.token = test::telegram_token;
+  o.token = std::move(token);
   o.api_url = api.url();
   o.poll_timeout = "1s";
   o.retry_backoff = "50ms";
@@ -97,7 +105,8 @@ TEST_CASE("long polling delivers updates, keeps the next offset in the store "
     REQUIRE(api->wait_for_calls("sendMessage", 3));
     REQUIRE(test::eventually([&] { return p->stats().offset == 4; }));
   }
-  CHECK(store->get_user_data("provider:telegram", "botmesh", "telegram_offset")
+  CHECK(store->get_user_data("provider:telegram", "botmesh",
+                             "telegram_offset:123")
         == std::optional<std::string>{"4"});
   feed.push(4, 42, "4");
   auto p2 = std::make_shared<tg::polling_provider>(options(*api, store));
@@ -114,6 +123,83 @@ TEST_CASE("long polling delivers updates, keeps the next offset in the store "
   // The second poller's first request already asked from 4.
   CHECK(std::count(asked.begin(), asked.end(), 1) == 0);
   CHECK(std::find(asked.begin(), asked.end(), 4) != asked.end());
+}
+
+TEST_CASE("when Telegram restarts its update ids below the offset, the new "
+          "updates are handled, not skipped as seen, and the offset follows") {
+  update_feed feed;
+  auto api = test::fake_telegram();
+  feed.attach(*api);
+  auto store = std::make_shared<botmesh::memory_store>();
+  for (int i = 100; i <= 102; ++i)
+    feed.push(i, 42, "viejo" + std::to_string(i));
+  auto p = std::make_shared<tg::polling_provider>(options(*api, store));
+  botmesh::bot bot{{.provider = p, .store = store}};
+  std::mutex mtx;
+  std::vector<std::string> texts;
+  bot.on_message([&](botmesh::context& c) {
+    std::lock_guard guard{mtx};
+    texts.push_back(c.text());
+  });
+  bot.start();
+  REQUIRE(test::eventually([&] { return p->stats().offset == 103; }));
+  {
+    std::lock_guard guard{feed.mtx};
+    feed.updates.clear();
+    feed.restarted = true;
+  }
+  feed.push(7, 42, "nuevo7");
+  feed.push(8, 42, "nuevo8");
+  REQUIRE(test::eventually([&] { return p->stats().offset == 9; }));
+  feed.push(9, 42, "nuevo9");
+  REQUIRE(test::eventually([&] { return p->stats().offset == 10; }));
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 6; }));
+  bot.stop();
+  CHECK(p->stats().id_restarts == 1);
+  CHECK(store->get_user_data("provider:telegram", "botmesh",
+                             "telegram_offset:123")
+        == std::optional<std::string>{"10"});
+  std::lock_guard guard{mtx};
+  CHECK(texts == std::vector<std::string>{"viejo100", "viejo101", "viejo102",
+                                          "nuevo7", "nuevo8", "nuevo9"});
+}
+
+namespace {
+
+/// A poller of bot `token` over `store` handles the update `id` queued on
+/// a fresh fake; returns the first offset it asked for.
+std::int64_t first_offset_asked(std::shared_ptr<botmesh::store> store,
+                                const std::string& token, std::int64_t id) {
+  update_feed feed; // outlives the fake API, whose thread calls it
+  auto api = test::fake_telegram(token);
+  feed.attach(*api);
+  feed.push(id, 42, "hola");
+  auto p = std::make_shared<tg::polling_provider>(options(*api, store, token));
+  botmesh::bot bot{{.provider = p, .store = store}};
+  std::atomic<int> handled{0};
+  bot.on_message([&](botmesh::context&) { ++handled; });
+  bot.start();
+  REQUIRE(test::eventually([&] { return handled.load() == 1; }));
+  bot.stop();
+  CHECK(p->stats().offset == id + 1);
+  CHECK(p->stats().id_restarts == 0);
+  return feed.asked().front();
+}
+
+} // namespace
+
+TEST_CASE("the stored offset belongs to its bot: another token under the same "
+          "provider id starts from its own, and a corrupt one is ignored") {
+  auto store = std::make_shared<botmesh::memory_store>();
+  CHECK(first_offset_asked(store, "999:xyz", 500) == 0);
+  // Bot 123's ids are below bot 999's offset (501): they are not skipped.
+  CHECK(first_offset_asked(store, test::telegram_token, 5) == 0);
+  CHECK(first_offset_asked(store, test::telegram_token, 6) == 6);
+  // A stored value that is no update id: logged, and polling starts from
+  // Telegram's own offset.
+  store->set_user_data("provider:telegram", "botmesh", "telegram_offset:123",
+                       "\"not-a-number\"");
+  CHECK(first_offset_asked(store, test::telegram_token, 7) == 0);
 }
 
 TEST_CASE("an update that does not parse is skipped, logged and counted; "
