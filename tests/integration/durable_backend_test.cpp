@@ -129,8 +129,14 @@ TEST_CASE("a corrupted Redis journal record is named: settling it fails "
   REQUIRE(s.record("t:1#bad", "a") == dc::journal_put::recorded);
   REQUIRE(s.record("t:1#good", "a") == dc::journal_put::recorded);
   REQUIRE(s.release("t:1#good", "a"));
-  f.client->call({"HSET", f.prefix + ":{durable:inbound}:rec", "t:1#bad",
-                  "not json"});
+  REQUIRE(s.record("t:1#nomsg", "a") == dc::journal_put::recorded);
+  REQUIRE(s.record("t:1#numkey", "a") == dc::journal_put::recorded);
+  auto rec = f.prefix + ":{durable:inbound}:rec";
+  f.client->call({"HSET", rec, "t:1#bad", "not json"});
+  // JSON with a journal record's state, but no message / a key that is no
+  // string: claimed with good records, they made the whole reply unreadable.
+  f.client->call({"HSET", rec, "t:1#nomsg", R"({"st":1,"a":1,"h":"","s":3,"k":"t:1"})"});
+  f.client->call({"HSET", rec, "t:1#numkey", R"({"st":1,"a":1,"h":"","s":4,"k":5,"m":"x"})"});
   try {
     s.confirm("t:1#bad", "a");
     FAIL("confirm of a corrupted record did not fail");
@@ -141,7 +147,8 @@ TEST_CASE("a corrupted Redis journal record is named: settling it fails "
   f.advance(redis_durable_factory::lease * 2); // a is dead: both claimable
   auto c = s.claim("b", redis_durable_factory::lease);
   CHECK(dc::ids(c.records) == std::vector<std::string>{"t:1#good"});
-  CHECK(c.corrupted == std::vector<std::string>{"t:1#bad"});
+  CHECK(c.corrupted
+        == std::vector<std::string>{"t:1#bad", "t:1#nomsg", "t:1#numkey"});
   CHECK(s.claim("b", redis_durable_factory::lease).corrupted.empty());
 }
 

@@ -27,8 +27,12 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
     redis.call('ZREM', KEYS[2], id)
   else
     local ok, r = pcall(cjson.decode, v)
+    -- Every field the claim passes on is checked: one bad record must not
+    -- make the whole reply unreadable after the good ones were taken.
     if not ok or type(r) ~= 'table' or type(r.st) ~= 'number'
-       or type(r.a) ~= 'number' or type(r.h) ~= 'string' then
+       or type(r.a) ~= 'number' or type(r.h) ~= 'string'
+       or type(r.k) ~= 'string' or type(r.m) ~= 'string'
+       or type(r.s) ~= 'number' then
       redis.call('ZREM', KEYS[2], id)
       corrupted[#corrupted + 1] = id
     elseif r.st == 1 or (r.st == 0 and r.h ~= me
@@ -48,8 +52,8 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
       list[#list + 1] = id
       list[#list + 1] = r.k
       list[#list + 1] = r.m
-      list[#list + 1] = tostring(r.s)
-      list[#list + 1] = tostring(r.a)
+      list[#list + 1] = string.format('%d', r.s)
+      list[#list + 1] = string.format('%d', r.a)
       if list == dropped then r.m = '' end
       redis.call('HSET', KEYS[1], id, cjson.encode(r))
     end
