@@ -98,6 +98,9 @@ struct chat_event {
   /// With durability: how many holders took the record so far (1 for a
   /// message that just arrived, more when it is handled again).
   std::uint32_t attempt = 0;
+  /// With durability, on a first attempt: the intake's heartbeat epoch when
+  /// the record was written (see durable_intake::heartbeat_epoch).
+  std::uint64_t heartbeat_epoch = 0;
   /// When the runtime queued the message for its turn (unset for timers
   /// and events that did not come through the bot's intake): the turn-wait
   /// metric and the queue-depth gauge count from it.

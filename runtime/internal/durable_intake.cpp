@@ -104,10 +104,12 @@ void durable_intake::journal(std::string key, inbound_message msg,
   rec.id = journal_id(key, msg);
   rec.key = key;
   rec.message = to_json(msg);
+  // Read before the write leaves: a gap found while it travels counts.
+  auto epoch = hb_gaps_.load();
   op([&](std::function<void()> finished) {
     backend_->record(
       std::move(rec), holder_, retry_window_,
-      [this, key, msg = std::move(msg), cb = std::move(cb),
+      [this, key, epoch, msg = std::move(msg), cb = std::move(cb),
        finished](journal_put put, std::exception_ptr e) mutable {
         auto id = journal_id(key, msg);
         if (e) {
@@ -136,6 +138,7 @@ void durable_intake::journal(std::string key, inbound_message msg,
           chat_event ev{std::move(msg), 0, {}};
           ev.journal = std::move(id);
           ev.attempt = 1;
+          ev.heartbeat_epoch = epoch;
           host_.accept(std::move(ev), std::move(cb));
         }
         finished();
@@ -165,15 +168,31 @@ void durable_intake::settle(const std::string& key, const std::string& id,
 // dead replicas, re-injected in arrival order (from one thread, so the
 // router sees that order).
 void durable_intake::beat(std::function<void()> done) {
+  // The heartbeat this beat renews lasts a lease from when the backend ran
+  // it, which is after `sent`: counted from `sent`, minus a margin, it is
+  // never believed longer than it lasts.
+  auto sent = steady::now().time_since_epoch().count();
   op([&](std::function<void()> finished) {
     backend_->beat_and_claim(
       holder_, lease_, host_.may_claim() ? claim_batch_ : 0, max_attempts_,
-      [this, done = std::move(done), finished](durable_backend::claim_result r,
-                                               std::exception_ptr e) {
-        if (e)
+      [this, sent, done = std::move(done),
+       finished](durable_backend::claim_result r, std::exception_ptr e) {
+        if (e) {
           failed({}, "the journal beat (heartbeat and claim)", e);
-        else
+        } else {
+          auto until = sent
+                       + std::chrono::duration_cast<steady::duration>(
+                           lease_ - lease_ / 10)
+                           .count();
+          auto prev = hb_valid_until_.load();
+          if (prev != 0 && sent >= prev)
+            ++hb_gaps_; // it may have lapsed before this beat landed
+          while (prev < until
+                 && !hb_valid_until_.compare_exchange_weak(prev, until)) {
+            // nop: another beat's completion moved it meanwhile
+          }
           claimed(std::move(r));
+        }
         done();
         finished();
       });
@@ -224,18 +243,26 @@ void durable_intake::claimed(durable_backend::claim_result r) {
   }
 }
 
-// On a record's first attempt no earlier send of it can exist: the entry is
+bool durable_intake::heartbeat_kept(std::uint64_t epoch) const noexcept {
+  return hb_gaps_.load() == epoch
+         && steady::now().time_since_epoch().count() < hb_valid_until_.load();
+}
+
+// On a record's first attempt no earlier send of it can exist while the
+// holder's heartbeat was kept since the record was written (otherwise a
+// replica may have claimed it and sent): the entry is
 // written ahead of the send (queued to the backend before the provider is
 // called, on the connection that later carries the record's confirm or
 // release) without waiting for the verdict; the turn's fence was checked
-// locally just before, as for every send. From the second attempt on, the
-// send waits for the verdict.
+// locally just before, as for every send. From the second attempt on, or
+// after a gap in the heartbeat (a freeze, a backend outage), the send waits
+// for the verdict.
 bool durable_intake::outbox_allows(const std::string& chat_key) {
   auto* t = current;
   if (!t)
     return true;
   auto send_id = fmt::format("{}/{}", *t->record, t->sends++);
-  if (t->attempt == 1) {
+  if (t->attempt == 1 && heartbeat_kept(t->heartbeat_epoch)) {
     op([&](std::function<void()> finished) {
       backend_->outbox_claim(
         send_id, chat_key, t->fence, retry_window_,

@@ -33,6 +33,8 @@ struct durable_turn {
   const std::string* key = nullptr;
   std::uint64_t fence = 0;
   std::uint32_t attempt = 0; // of the record (1: its first holder)
+  /// durable_intake::heartbeat_epoch() when the record was written.
+  std::uint64_t heartbeat_epoch = 0;
   std::uint32_t sends = 0;
   bool lost = false;
 };
@@ -125,7 +127,21 @@ class durable_intake {
 
   durable_counters stats() const noexcept;
 
+  /// Counts the beats that may have come after this holder's heartbeat
+  /// lapsed (each sent later than the last one's lease, minus a margin):
+  /// while it is unchanged and the heartbeat valid, no other replica can
+  /// have claimed a record this one holds.
+  std::uint64_t heartbeat_epoch() const noexcept {
+    return hb_gaps_.load();
+  }
+
  private:
+  using steady = std::chrono::steady_clock;
+
+  /// The heartbeat was valid without a gap since `epoch` was read, and
+  /// still is.
+  bool heartbeat_kept(std::uint64_t epoch) const noexcept;
+
   void op(std::function<void(std::function<void()>)> run);
   void failed(const std::string& key, std::string what, std::exception_ptr e);
   void claimed(durable_backend::claim_result r);
@@ -142,6 +158,9 @@ class durable_intake {
   std::size_t inflight_ = 0;
   std::atomic<std::uint64_t> reprocessed_{0}, outbox_skipped_{0},
     journal_errors_{0};
+  // Written by beat completions, read by handler threads before a send.
+  std::atomic<steady::rep> hb_valid_until_{0}; // 0: no beat landed yet
+  std::atomic<std::uint64_t> hb_gaps_{0};
 };
 
 } // namespace botmesh::internal

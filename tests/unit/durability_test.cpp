@@ -471,6 +471,47 @@ TEST_CASE("with durability a first attempt writes its outbox entries ahead "
   CHECK(pv.get_future().get() == botmesh::outbox_verdict::duplicate);
 }
 
+TEST_CASE("with durability a first attempt after its heartbeat lapsed waits "
+          "for the outbox: what a replica that took the record over sent is "
+          "not sent again") {
+  auto g = std::make_shared<test::gated_backend>();
+  g->open();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = test::durable_over(g)}};
+  errors.attach(b);
+  std::promise<void> started;
+  std::promise<void> go;
+  auto resume = go.get_future().share();
+  b.on_message([&](botmesh::context& c) {
+    started.set_value();
+    resume.wait(); // frozen, as far as the journal can tell
+    c.reply("uno");
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  started.get_future().wait();
+  g->fail_beats = true;
+  std::this_thread::sleep_for(700ms); // past the 300 ms lease: it lapsed
+  // Another replica takes the record over (attempt 2) and sends the reply.
+  auto id = botmesh::journal_id("test:ana", "m1");
+  std::promise<botmesh::durable_backend::claim_result> pc;
+  g->inner.beat_and_claim("other/0", 300ms, 10, 5,
+                          [&](auto r, std::exception_ptr) { pc.set_value(r); });
+  auto taken = pc.get_future().get();
+  REQUIRE(taken.records.size() == 1);
+  CHECK(taken.records[0].attempts == 2);
+  std::promise<botmesh::outbox_verdict> pv;
+  g->inner.outbox_claim(id + "/0", "test:ana", 0, 1h,
+                        [&](auto v, std::exception_ptr) { pv.set_value(v); });
+  REQUIRE(pv.get_future().get() == botmesh::outbox_verdict::send);
+  g->fail_beats = false;
+  go.set_value();
+  REQUIRE(test::eventually([&] { return b.stats().handled == 1; }));
+  b.stop();
+  CHECK(p->sent().empty());
+}
+
 TEST_CASE("durability options are checked when the bot is built") {
   auto p = std::make_shared<botmesh::testing_provider>();
   auto field = [&](botmesh::durability_options d) -> std::string {

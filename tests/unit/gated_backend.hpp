@@ -25,6 +25,7 @@ class gated_backend final : public botmesh::durable_backend {
   bool gate_open = false;
   std::atomic<bool> fail_records{false};
   std::atomic<bool> lose_record_replies{false}; // the write lands, its reply is lost
+  std::atomic<bool> fail_beats{false}; // the heartbeat is not renewed
 
   void open() {
     std::vector<std::function<void()>> run;
@@ -75,6 +76,9 @@ class gated_backend final : public botmesh::durable_backend {
   void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
                       std::size_t limit, std::uint32_t max_attempts,
                       completion<claim_result> done) override {
+    if (fail_beats)
+      return done({}, std::make_exception_ptr(botmesh::error(
+                        botmesh::errc::store_error, "simulated beat failure")));
     inner.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
   }
   void retire(std::string_view holder, completion<bool> done) override {
