@@ -101,6 +101,8 @@ struct chat_event {
   /// With durability, on a first attempt: the intake's heartbeat epoch when
   /// the record was written (see durable_intake::heartbeat_epoch).
   std::uint64_t heartbeat_epoch = 0;
+  /// With durability: the intake's holder generation that holds the record.
+  std::uint32_t journal_gen = 0;
   /// When the runtime queued the message for its turn (unset for timers
   /// and events that did not come through the bot's intake): the turn-wait
   /// metric and the queue-depth gauge count from it.

@@ -500,7 +500,7 @@ struct bot::impl final : chat_services,
   // released (to be handled again) otherwise.
   void settle_record(const std::string& key, const chat_event& ev, bool keep) {
     if (durable && !ev.journal.empty())
-      durable->settle(key, ev.journal, keep);
+      durable->settle(key, ev, keep);
   }
 
   void reinject(chat_event ev) override {

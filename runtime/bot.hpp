@@ -278,6 +278,12 @@ struct coordination_options {
 ///   are not lost. A released or re-injected message takes a new ticket:
 ///   messages of its chat that reached a live replica meanwhile may be
 ///   handled before it.
+/// - A backend failure strands nothing: when a confirm or release fails,
+///   or a claim's reply is lost, the replica journals and claims under a
+///   new holder name from its next beat on, and retires the old one once
+///   the messages it holds in process are settled; what the old one still
+///   held is then claimed and handled again (a failed confirm: handled
+///   twice, its sends skipped by the outbox).
 /// - Outbox: every send of a journaled turn has a deterministic id (the
 ///   record and the send's position in the turn) and the turn's fence; a
 ///   replayed step skips the sends it made before (`bot_stats::
@@ -289,7 +295,10 @@ struct coordination_options {
 ///   the backend without waiting for its verdict (the fence is checked
 ///   locally, as for every send, and a late `fenced` verdict is reported
 ///   as an `errc::lease_lost` error event); from the second attempt on
-///   each send waits for the verdict. A crash in the microseconds between
+///   each send waits for the verdict, and so does a first attempt whose
+///   replica's journal heartbeat may have lapsed since the record was
+///   written (a freeze, a backend outage: another replica may have claimed
+///   it and sent). A crash in the microseconds between
 ///   queuing that entry and the backend writing it can let a replay send
 ///   again.
 ///

@@ -106,10 +106,12 @@ void durable_intake::journal(std::string key, inbound_message msg,
   rec.message = to_json(msg);
   // Read before the write leaves: a gap found while it travels counts.
   auto epoch = hb_gaps_.load();
+  // Open from here: its generation is not retired under a write in flight.
+  auto gen = open_one();
   op([&](std::function<void()> finished) {
     backend_->record(
-      std::move(rec), holder_, retry_window_,
-      [this, key, epoch, msg = std::move(msg), cb = std::move(cb),
+      std::move(rec), holder_of(gen), retry_window_,
+      [this, key, epoch, gen, msg = std::move(msg), cb = std::move(cb),
        finished](journal_put put, std::exception_ptr e) mutable {
         auto id = journal_id(key, msg);
         if (e) {
@@ -131,14 +133,16 @@ void durable_intake::journal(std::string key, inbound_message msg,
           // dropped connection): free the record, so a beat hands it to a
           // live replica instead of it staying held here, unhandled, while
           // the platform's retry is dropped as a duplicate.
-          settle(key, id, false);
+          settle_as(key, id, false, gen, true);
         } else if (put == journal_put::duplicate) {
+          close_one(gen);
           host_.duplicate(std::move(cb));
         } else {
           chat_event ev{std::move(msg), 0, {}};
           ev.journal = std::move(id);
           ev.attempt = 1;
           ev.heartbeat_epoch = epoch;
+          ev.journal_gen = gen;
           host_.accept(std::move(ev), std::move(cb));
         }
         finished();
@@ -146,22 +150,78 @@ void durable_intake::journal(std::string key, inbound_message msg,
   });
 }
 
-void durable_intake::settle(const std::string& key, const std::string& id,
+void durable_intake::settle(const std::string& key, const chat_event& ev,
                             bool keep) {
+  settle_as(key, ev.journal, keep, ev.journal_gen, true);
+}
+
+// `counted`: the record was opened (open_one) and closes once this landed.
+void durable_intake::settle_as(const std::string& key, const std::string& id,
+                               bool keep, std::uint32_t gen, bool counted) {
   op([&](std::function<void()> finished) {
-    auto done = [this, key, id, keep, finished](bool, std::exception_ptr e) {
-      if (e)
+    auto done = [this, key, id, keep, gen, counted,
+                 finished](bool, std::exception_ptr e) {
+      if (e) {
         failed(key,
                fmt::format("{} of journal record {}",
                            keep ? "confirming" : "releasing", id),
                e);
+        // It may still be held here, with nothing left to handle it.
+        suspect(gen);
+      }
+      if (counted)
+        close_one(gen);
       finished();
     };
     if (keep)
-      backend_->confirm(id, holder_, std::move(done));
+      backend_->confirm(id, holder_of(gen), std::move(done));
     else
-      backend_->release(id, holder_, std::move(done));
+      backend_->release(id, holder_of(gen), std::move(done));
   });
+}
+
+std::string durable_intake::holder_of(std::uint32_t gen) const {
+  return gen == 0 ? holder_ : fmt::format("{}~{}", holder_, gen);
+}
+
+// One more record of the current generation being written or in process.
+std::uint32_t durable_intake::open_one() {
+  std::lock_guard guard{mtx_};
+  ++open_[gen_];
+  return gen_;
+}
+
+void durable_intake::close_one(std::uint32_t gen) {
+  std::lock_guard guard{mtx_};
+  if (auto i = open_.find(gen); i != open_.end() && i->second > 0)
+    --i->second;
+}
+
+void durable_intake::suspect(std::uint32_t gen) {
+  std::lock_guard guard{mtx_};
+  if (gen == gen_)
+    rotate_ = true;
+}
+
+// A beat of the current generation landed (sent at `sent`): the heartbeat
+// holds until `sent` + lease - a tenth. A new generation's first beat
+// always counts as a gap: the old one's records are no longer known to be
+// held without one.
+void durable_intake::renewed(steady::rep sent, bool new_generation) {
+  auto until = sent
+               + std::chrono::duration_cast<steady::duration>(lease_
+                                                               - lease_ / 10)
+                   .count();
+  auto prev = hb_valid_until_.load();
+  if (new_generation || (prev != 0 && sent >= prev))
+    ++hb_gaps_; // it may have lapsed before this beat landed
+  if (new_generation) {
+    hb_valid_until_ = until;
+    return;
+  }
+  while (prev < until && !hb_valid_until_.compare_exchange_weak(prev, until)) {
+    // nop: another beat's completion moved it meanwhile
+  }
 }
 
 // Renews this replica's heartbeat and takes over what is free or held by
@@ -172,26 +232,83 @@ void durable_intake::beat(std::function<void()> done) {
   // it, which is after `sent`: counted from `sent`, minus a margin, it is
   // never believed longer than it lasts.
   auto sent = steady::now().time_since_epoch().count();
+  std::uint32_t gen = 0;
+  bool rotate = false;
+  std::vector<std::uint32_t> retire_now, keep_alive;
+  {
+    std::lock_guard guard{mtx_};
+    gen = gen_;
+    rotate = rotate_;
+    for (auto& [g, n] : open_)
+      if (g != gen)
+        (n == 0 ? retire_now : keep_alive).push_back(g);
+  }
+  // Old generations: beaten while their events run, then retired (again
+  // at the next beat if that failed).
+  for (auto g : retire_now)
+    op([&](std::function<void()> finished) {
+      backend_->retire(holder_of(g), [this, g, finished](bool,
+                                                         std::exception_ptr e) {
+        if (!e) {
+          std::lock_guard guard{mtx_};
+          if (auto i = open_.find(g); i != open_.end() && i->second == 0)
+            open_.erase(i);
+        }
+        finished();
+      });
+    });
+  for (auto g : keep_alive)
+    op([&](std::function<void()> finished) {
+      backend_->beat_and_claim(
+        holder_of(g), lease_, 0, max_attempts_,
+        [this, finished](durable_backend::claim_result, std::exception_ptr e) {
+          if (e)
+            failed({}, "the journal beat of an earlier generation", e);
+          finished();
+        });
+    });
+  if (rotate) {
+    // The new generation's first beat claims nothing: its heartbeat must
+    // be in place before a record is written under it (a record whose
+    // holder has no heartbeat passes for a dead replica's).
+    auto next = gen + 1;
+    op([&](std::function<void()> finished) {
+      backend_->beat_and_claim(
+        holder_of(next), lease_, 0, max_attempts_,
+        [this, sent, gen, next, done = std::move(done),
+         finished](durable_backend::claim_result, std::exception_ptr e) {
+          if (e) {
+            failed({}, "the journal beat (heartbeat and claim)", e);
+          } else {
+            {
+              std::lock_guard guard{mtx_};
+              if (gen_ == gen) {
+                gen_ = next;
+                rotate_ = false;
+                open_.try_emplace(next, 0);
+              }
+            }
+            renewed(sent, true);
+          }
+          done();
+          finished();
+        });
+    });
+    return;
+  }
+  auto limit = host_.may_claim() ? claim_batch_ : 0;
   op([&](std::function<void()> finished) {
     backend_->beat_and_claim(
-      holder_, lease_, host_.may_claim() ? claim_batch_ : 0, max_attempts_,
-      [this, sent, done = std::move(done),
+      holder_of(gen), lease_, limit, max_attempts_,
+      [this, sent, gen, limit, done = std::move(done),
        finished](durable_backend::claim_result r, std::exception_ptr e) {
         if (e) {
           failed({}, "the journal beat (heartbeat and claim)", e);
+          if (limit > 0)
+            suspect(gen); // it may have claimed records, its reply lost
         } else {
-          auto until = sent
-                       + std::chrono::duration_cast<steady::duration>(
-                           lease_ - lease_ / 10)
-                           .count();
-          auto prev = hb_valid_until_.load();
-          if (prev != 0 && sent >= prev)
-            ++hb_gaps_; // it may have lapsed before this beat landed
-          while (prev < until
-                 && !hb_valid_until_.compare_exchange_weak(prev, until)) {
-            // nop: another beat's completion moved it meanwhile
-          }
-          claimed(std::move(r));
+          renewed(sent, false);
+          claimed(std::move(r), gen);
         }
         done();
         finished();
@@ -200,16 +317,29 @@ void durable_intake::beat(std::function<void()> done) {
 }
 
 void durable_intake::retire(std::function<void()> done) {
-  op([&](std::function<void()> finished) {
-    backend_->retire(holder_, [done = std::move(done),
-                               finished](bool, std::exception_ptr) {
-      done();
-      finished();
+  std::vector<std::uint32_t> gens;
+  {
+    std::lock_guard guard{mtx_};
+    for (auto& [g, n] : open_)
+      gens.push_back(g);
+    if (rotate_)
+      gens.push_back(gen_ + 1); // its first beat may have landed unanswered
+  }
+  auto left = std::make_shared<std::atomic<std::size_t>>(gens.size());
+  auto shared_done = std::make_shared<std::function<void()>>(std::move(done));
+  for (auto g : gens)
+    op([&](std::function<void()> finished) {
+      backend_->retire(holder_of(g), [left, shared_done,
+                                      finished](bool, std::exception_ptr) {
+        if (--*left == 0)
+          (*shared_done)();
+        finished();
+      });
     });
-  });
 }
 
-void durable_intake::claimed(durable_backend::claim_result r) {
+void durable_intake::claimed(durable_backend::claim_result r,
+                             std::uint32_t gen) {
   for (auto& id : r.corrupted)
     host_.report(errc::corrupted_record,
                  fmt::format("journal record {} cannot be decoded: set aside",
@@ -232,13 +362,18 @@ void durable_intake::claimed(durable_backend::claim_result r) {
                                "and is dropped: {}",
                                rec.key, rec.id, e.what()),
                    rec.key);
-      settle(rec.key, rec.id, true);
+      settle_as(rec.key, rec.id, true, gen, false);
       continue;
     }
     ++reprocessed_;
     chat_event ev{std::move(msg), 0, {}};
     ev.journal = std::move(rec.id);
     ev.attempt = rec.attempts;
+    ev.journal_gen = gen;
+    {
+      std::lock_guard guard{mtx_};
+      ++open_[gen];
+    }
     host_.reinject(std::move(ev));
   }
 }

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -104,13 +105,14 @@ class durable_intake {
   /// once the record landed, or the provider hears the error.
   void journal(std::string key, inbound_message msg, delivery_callbacks cb);
 
-  /// The end of a journaled event: confirmed when `keep`, else released.
-  void settle(const std::string& key, const std::string& id, bool keep);
+  /// The end of a journaled event (`ev.journal`, held by the generation
+  /// `ev.journal_gen`): confirmed when `keep`, else released.
+  void settle(const std::string& key, const chat_event& ev, bool keep);
 
   /// One beat: heartbeat, then claimed records re-injected in order.
   void beat(std::function<void()> done);
 
-  /// Ends the heartbeat (an orderly stop).
+  /// Ends the heartbeat of every generation (an orderly stop).
   void retire(std::function<void()> done);
 
   /// Before a send of the journaled turn on this thread (if any): false to
@@ -143,8 +145,15 @@ class durable_intake {
   bool heartbeat_kept(std::uint64_t epoch) const noexcept;
 
   void op(std::function<void(std::function<void()>)> run);
+  std::string holder_of(std::uint32_t gen) const;
+  std::uint32_t open_one();
+  void close_one(std::uint32_t gen);
+  void suspect(std::uint32_t gen);
+  void settle_as(const std::string& key, const std::string& id, bool keep,
+                 std::uint32_t gen, bool counted);
+  void renewed(steady::rep sent, bool new_generation);
   void failed(const std::string& key, std::string what, std::exception_ptr e);
-  void claimed(durable_backend::claim_result r);
+  void claimed(durable_backend::claim_result r, std::uint32_t gen);
 
   std::shared_ptr<durable_backend> backend_;
   std::uint32_t max_attempts_;
@@ -153,9 +162,20 @@ class durable_intake {
   std::chrono::milliseconds lease_;
   std::chrono::milliseconds retry_window_;
   durable_host& host_;
-  std::mutex mtx_; // guards inflight_ only
+  std::mutex mtx_; // guards inflight_ and the generations below
   std::condition_variable cv_;
   std::size_t inflight_ = 0;
+  // Generations. A settle or a beat whose failure may leave records held
+  // by this process that nothing here will handle (a release or confirm
+  // that did not land, a claim whose reply was lost) marks the current
+  // generation suspect. The next beat then starts a new holder name
+  // (`holder_~<gen>`) for new records and claims, and the old generation
+  // is kept beating until the events it holds in process are settled, then
+  // retired: what it still holds becomes claimable, and is handled again.
+  std::uint32_t gen_ = 0;
+  bool rotate_ = false;
+  /// Per live generation: its records being written or in process.
+  std::map<std::uint32_t, std::size_t> open_{{0, 0}};
   std::atomic<std::uint64_t> reprocessed_{0}, outbox_skipped_{0},
     journal_errors_{0};
   // Written by beat completions, read by handler threads before a send.

@@ -372,6 +372,53 @@ TEST_CASE("with durability a turn whose effect was lost releases its record: "
   CHECK(errors.count(errc::store_error) == 1);
 }
 
+TEST_CASE("with durability a release that failed leaves no record stuck: "
+          "once the backend is back the message is handled again") {
+  auto g = std::make_shared<test::gated_backend>();
+  g->open();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = test::durable_over(g)}};
+  errors.attach(b);
+  std::atomic<int> runs{0};
+  b.on_message([&](botmesh::context& c) {
+    if (++runs == 1) {
+      g->fail_settles = true; // the release of this lost turn fails too
+      throw botmesh::error(errc::store_error, "simulated checkpoint failure");
+    }
+    c.reply("hecho");
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(test::eventually([&] { return errors.count(errc::store_error) >= 2; }));
+  g->fail_settles = false;
+  REQUIRE(p->wait_for_sent(1, 5s));
+  b.stop();
+  CHECK(runs == 2);
+  CHECK(texts(*p) == std::vector<std::string>{"hecho"});
+}
+
+TEST_CASE("with durability a claim whose reply was lost leaves no record "
+          "stuck: the claimed records are handled") {
+  auto g = std::make_shared<test::gated_backend>();
+  g->open();
+  for (auto [id, text] : {std::pair{"m1", "uno"}, {"m2", "dos"}})
+    orphan(g->inner, msg("ana", id, text));
+  g->lose_claim_replies = true;
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = test::durable_over(g)}};
+  errors.attach(b);
+  b.on_message([&](botmesh::context& c) { c.reply(c.text()); });
+  b.start();
+  REQUIRE(p->wait_for_sent(2, 5s));
+  // In order, once each.
+  CHECK(texts(*p) == std::vector<std::string>{"uno", "dos"});
+  CHECK(errors.count(errc::timeout) == 1);
+  b.stop();
+  CHECK(texts(*p).size() == 2);
+}
+
 TEST_CASE("with durability a message refused because the bot stops is "
           "released and handled by the next replica") {
   auto backend = std::make_shared<botmesh::memory_durable_backend>();

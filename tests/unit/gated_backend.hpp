@@ -26,6 +26,8 @@ class gated_backend final : public botmesh::durable_backend {
   std::atomic<bool> fail_records{false};
   std::atomic<bool> lose_record_replies{false}; // the write lands, its reply is lost
   std::atomic<bool> fail_beats{false}; // the heartbeat is not renewed
+  std::atomic<bool> fail_settles{false}; // confirms and releases fail, unrun
+  std::atomic<bool> lose_claim_replies{false}; // a claim runs, its reply is lost
 
   void open() {
     std::vector<std::function<void()>> run;
@@ -67,10 +69,14 @@ class gated_backend final : public botmesh::durable_backend {
   }
   void confirm(std::string_view id, std::string_view holder,
                completion<bool> done) override {
+    if (fail_settles)
+      return done(false, settle_failure());
     inner.confirm(id, holder, std::move(done));
   }
   void release(std::string_view id, std::string_view holder,
                completion<bool> done) override {
+    if (fail_settles)
+      return done(false, settle_failure());
     inner.release(id, holder, std::move(done));
   }
   void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
@@ -79,7 +85,17 @@ class gated_backend final : public botmesh::durable_backend {
     if (fail_beats)
       return done({}, std::make_exception_ptr(botmesh::error(
                         botmesh::errc::store_error, "simulated beat failure")));
+    if (limit > 0 && lose_claim_replies.exchange(false)) {
+      inner.beat_and_claim(holder, lease, limit, max_attempts,
+                           [](claim_result, std::exception_ptr) {});
+      return done({}, std::make_exception_ptr(botmesh::error(
+                        botmesh::errc::timeout, "simulated lost reply")));
+    }
     inner.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
+  }
+  static std::exception_ptr settle_failure() {
+    return std::make_exception_ptr(
+      botmesh::error(botmesh::errc::store_error, "simulated settle failure"));
   }
   void retire(std::string_view holder, completion<bool> done) override {
     inner.retire(holder, std::move(done));
