@@ -213,7 +213,10 @@ void durable_intake::renewed(steady::rep sent, bool new_generation) {
                                                                - lease_ / 10)
                    .count();
   auto prev = hb_valid_until_.load();
-  if (new_generation || (prev != 0 && sent >= prev))
+  // Completed after the last validity ran out: it may have run after, too
+  // (a beat sent in time can wait in a stalled connection).
+  if (new_generation
+      || (prev != 0 && steady::now().time_since_epoch().count() >= prev))
     ++hb_gaps_; // it may have lapsed before this beat landed
   if (new_generation) {
     hb_valid_until_ = until;
@@ -242,6 +245,10 @@ void durable_intake::beat(std::function<void()> done) {
     for (auto& [g, n] : open_)
       if (g != gen)
         (n == 0 ? retire_now : keep_alive).push_back(g);
+    // Until the next generation's first beat landed, records still go
+    // under this one: its heartbeat must not lapse meanwhile.
+    if (rotate)
+      keep_alive.push_back(gen);
   }
   // Old generations: beaten while their events run, then retired (again
   // at the next beat if that failed).
@@ -378,9 +385,13 @@ void durable_intake::claimed(durable_backend::claim_result r,
   }
 }
 
+// The validity is read first: renewed() counts a gap before it moves the
+// validity on, so a validity that a gap came with is never seen with the
+// count from before it.
 bool durable_intake::heartbeat_kept(std::uint64_t epoch) const noexcept {
+  auto until = hb_valid_until_.load();
   return hb_gaps_.load() == epoch
-         && steady::now().time_since_epoch().count() < hb_valid_until_.load();
+         && steady::now().time_since_epoch().count() < until;
 }
 
 // On a record's first attempt no earlier send of it can exist while the

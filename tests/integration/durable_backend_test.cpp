@@ -137,6 +137,11 @@ TEST_CASE("a corrupted Redis journal record is named: settling it fails "
   // string: claimed with good records, they made the whole reply unreadable.
   f.client->call({"HSET", rec, "t:1#nomsg", R"({"st":1,"a":1,"h":"","s":3,"k":"t:1"})"});
   f.client->call({"HSET", rec, "t:1#numkey", R"({"st":1,"a":1,"h":"","s":4,"k":5,"m":"x"})"});
+  // Counts that are no whole number: read back, they failed the reply.
+  REQUIRE(s.record("t:1#negseq", "a") == dc::journal_put::recorded);
+  REQUIRE(s.record("t:1#halfa", "a") == dc::journal_put::recorded);
+  f.client->call({"HSET", rec, "t:1#negseq", R"({"st":1,"a":1,"h":"","s":-1,"k":"t:1","m":"x"})"});
+  f.client->call({"HSET", rec, "t:1#halfa", R"({"st":1,"a":1.5,"h":"","s":6,"k":"t:1","m":"x"})"});
   try {
     s.confirm("t:1#bad", "a");
     FAIL("confirm of a corrupted record did not fail");
@@ -148,7 +153,8 @@ TEST_CASE("a corrupted Redis journal record is named: settling it fails "
   auto c = s.claim("b", redis_durable_factory::lease);
   CHECK(dc::ids(c.records) == std::vector<std::string>{"t:1#good"});
   CHECK(c.corrupted
-        == std::vector<std::string>{"t:1#bad", "t:1#nomsg", "t:1#numkey"});
+        == std::vector<std::string>{"t:1#bad", "t:1#nomsg", "t:1#numkey",
+                                    "t:1#negseq", "t:1#halfa"});
   CHECK(s.claim("b", redis_durable_factory::lease).corrupted.empty());
 }
 

@@ -383,16 +383,15 @@ TEST_CASE("with durability a release that failed leaves no record stuck: "
   std::atomic<int> runs{0};
   b.on_message([&](botmesh::context& c) {
     if (++runs == 1) {
-      g->fail_settles = true; // the release of this lost turn fails too
+      g->fail_settles = 1; // the release of this lost turn fails too
       throw botmesh::error(errc::store_error, "simulated checkpoint failure");
     }
     c.reply("hecho");
   });
   b.start();
   p->inject(msg("ana", "m1", "hola"));
-  REQUIRE(test::eventually([&] { return errors.count(errc::store_error) >= 2; }));
-  g->fail_settles = false;
   REQUIRE(p->wait_for_sent(1, 5s));
+  REQUIRE(test::eventually([&] { return errors.count(errc::store_error) == 2; }));
   b.stop();
   CHECK(runs == 2);
   CHECK(texts(*p) == std::vector<std::string>{"hecho"});
@@ -530,7 +529,10 @@ TEST_CASE("with durability a first attempt after its heartbeat lapsed waits "
   std::promise<void> started;
   std::promise<void> go;
   auto resume = go.get_future().share();
+  std::atomic<int> runs{0};
   b.on_message([&](botmesh::context& c) {
+    if (++runs > 1)
+      return;
     started.set_value();
     resume.wait(); // frozen, as far as the journal can tell
     c.reply("uno");
@@ -552,6 +554,11 @@ TEST_CASE("with durability a first attempt after its heartbeat lapsed waits "
   g->inner.outbox_claim(id + "/0", "test:ana", 0, 1h,
                         [&](auto v, std::exception_ptr) { pv.set_value(v); });
   REQUIRE(pv.get_future().get() == botmesh::outbox_verdict::send);
+  std::promise<bool> pk;
+  g->inner.confirm(id, "other/0", [&](bool ok, std::exception_ptr) {
+    pk.set_value(ok);
+  });
+  REQUIRE(pk.get_future().get());
   g->fail_beats = false;
   go.set_value();
   REQUIRE(test::eventually([&] { return b.stats().handled == 1; }));

@@ -26,7 +26,7 @@ class gated_backend final : public botmesh::durable_backend {
   std::atomic<bool> fail_records{false};
   std::atomic<bool> lose_record_replies{false}; // the write lands, its reply is lost
   std::atomic<bool> fail_beats{false}; // the heartbeat is not renewed
-  std::atomic<bool> fail_settles{false}; // confirms and releases fail, unrun
+  std::atomic<int> fail_settles{0}; // this many confirms/releases fail, unrun
   std::atomic<bool> lose_claim_replies{false}; // a claim runs, its reply is lost
 
   void open() {
@@ -69,13 +69,13 @@ class gated_backend final : public botmesh::durable_backend {
   }
   void confirm(std::string_view id, std::string_view holder,
                completion<bool> done) override {
-    if (fail_settles)
+    if (take_settle_failure())
       return done(false, settle_failure());
     inner.confirm(id, holder, std::move(done));
   }
   void release(std::string_view id, std::string_view holder,
                completion<bool> done) override {
-    if (fail_settles)
+    if (take_settle_failure())
       return done(false, settle_failure());
     inner.release(id, holder, std::move(done));
   }
@@ -92,6 +92,13 @@ class gated_backend final : public botmesh::durable_backend {
                         botmesh::errc::timeout, "simulated lost reply")));
     }
     inner.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
+  }
+  bool take_settle_failure() {
+    int n = fail_settles.load();
+    while (n > 0 && !fail_settles.compare_exchange_weak(n, n - 1)) {
+      // nop: n reloaded
+    }
+    return n > 0;
   }
   static std::exception_ptr settle_failure() {
     return std::make_exception_ptr(

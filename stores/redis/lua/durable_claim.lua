@@ -30,9 +30,9 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
     -- Every field the claim passes on is checked: one bad record must not
     -- make the whole reply unreadable after the good ones were taken.
     if not ok or type(r) ~= 'table' or type(r.st) ~= 'number'
-       or type(r.a) ~= 'number' or type(r.h) ~= 'string'
+       or not dj_count(r.a) or type(r.h) ~= 'string'
        or type(r.k) ~= 'string' or type(r.m) ~= 'string'
-       or type(r.s) ~= 'number' then
+       or not dj_count(r.s) then
       redis.call('ZREM', KEYS[2], id)
       corrupted[#corrupted + 1] = id
     elseif r.st == 1 or (r.st == 0 and r.h ~= me

@@ -15,3 +15,10 @@ local function dj_sweep(now, limit)
     redis.call('ZREM', KEYS[3], id)
   end
 end
+
+-- Whether `v` is a count a record may hold (a whole number from 0 to 2^53,
+-- which string.format('%d') writes exactly).
+local function dj_count(v)
+  return type(v) == 'number' and v >= 0 and v <= 9007199254740992
+         and v == math.floor(v)
+end
