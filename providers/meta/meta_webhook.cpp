@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <mutex>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -49,9 +48,6 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   std::atomic<provider_state> st{provider_state::closed};
 
   botmesh::internal::recent_ids<std::string> seen;
-
-  std::mutex phone_mtx;
-  std::unordered_map<std::string, std::string> phone_of_chat;
 
   std::atomic<std::uint64_t> n_payloads{0}, n_messages{0}, n_accepted{0},
     n_statuses{0}, n_unauthorized{0}, n_malformed{0}, n_unknown{0},
@@ -133,11 +129,12 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         ++n_duplicates;
         continue;
       }
-      if (!p.phone_number_ids[i].empty() && opts.phone_number_id.empty()) {
-        std::lock_guard guard{phone_mtx};
-        if (phone_of_chat.size() > 100000)
-          phone_of_chat.clear();
-        phone_of_chat[msg.chat] = p.phone_number_ids[i];
+      // The chat names the number it came to unless that is the configured
+      // one: any replica, at any later time, replies from the right number.
+      if (auto& phone = p.phone_number_ids[i];
+          !phone.empty() && phone != opts.phone_number_id) {
+        msg.chat += '@';
+        msg.chat += phone;
       }
       ++n_messages;
       ++answer->pending;
@@ -177,17 +174,16 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       base.pop_back();
     if (opts.kind != platform::whatsapp)
       return fmt::format("{}/{}/me/messages", base, opts.api_version);
-    auto phone = opts.phone_number_id;
-    if (phone.empty()) {
-      std::lock_guard guard{phone_mtx};
-      if (auto i = phone_of_chat.find(msg.chat); i != phone_of_chat.end())
-        phone = i->second;
-    }
+    std::string_view phone = internal::split_whatsapp_chat(msg.chat)
+                               .phone_number_id;
+    if (phone.empty())
+      phone = opts.phone_number_id;
     if (phone.empty())
       throw invalid_argument_error(
         "phone_number_id",
         fmt::format("whatsapp {}: no phone_number_id to send to {} from (set "
-                    "webhook_options.phone_number_id)",
+                    "webhook_options.phone_number_id, or send to "
+                    "\"<wa_id>@<phone_number_id>\")",
                     opts.id, msg.chat));
     return fmt::format("{}/{}/{}/messages", base, opts.api_version, phone);
   }

@@ -49,8 +49,11 @@ struct webhook_options {
   bool allow_unauthenticated = false;
   /// Compared with hub.verify_token on the GET verification. Required.
   std::string verify_token{};
-  /// WhatsApp: the business phone number id messages are sent from; when
-  /// empty, the one the answered message arrived on.
+  /// WhatsApp: the business phone number id messages are sent from. A
+  /// message that arrives on another number (or on any, when this is
+  /// empty) has chat `<wa_id>@<phone_number_id>`: a conversation of that
+  /// number, whose replies go out from it. A send's chat may name the
+  /// number the same way; a bare wa_id is sent from this one.
   std::string phone_number_id{};
   /// The Graph API's base URL (tests: a local fake over plain HTTP).
   std::string api_url = "https://graph.facebook.com";

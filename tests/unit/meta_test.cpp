@@ -24,9 +24,11 @@ namespace {
 
 constexpr const char* app_secret = "app-secret";
 
-std::string wa_payload(const std::string& messages, const std::string& statuses = "[]") {
-  return R"({"object":"whatsapp_business_account","entry":[{"id":"1","changes":[{"field":"messages","value":{"messaging_product":"whatsapp","metadata":{"display_phone_number":"34600","phone_number_id":"PHONE1"},"messages":)"
-         + messages + R"(,"statuses":)" + statuses + "}}]}]}";
+std::string wa_payload(const std::string& messages, const std::string& statuses = "[]",
+                       const std::string& phone = "PHONE1") {
+  return R"({"object":"whatsapp_business_account","entry":[{"id":"1","changes":[{"field":"messages","value":{"messaging_product":"whatsapp","metadata":{"display_phone_number":"34600","phone_number_id":")"
+         + phone + R"("},"messages":)" + messages + R"(,"statuses":)" + statuses
+         + "}}]}]}";
 }
 
 std::string wa_text(const std::string& id, const std::string& from,
@@ -52,7 +54,8 @@ struct signed_poster {
 
 std::unique_ptr<test::fake_api> fake_graph() {
   return std::make_unique<test::fake_api>(
-    "/v21.0/", std::vector<std::string>{"PHONE1/messages", "me/messages"},
+    "/v21.0/",
+    std::vector<std::string>{"PHONE1/messages", "PHONE2/messages", "me/messages"},
     R"({"messaging_product":"whatsapp","messages":[{"id":"wamid.out"}]})");
 }
 
@@ -253,6 +256,46 @@ TEST_CASE("a signed WhatsApp message is answered 200 and the reply reaches "
   REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
   std::lock_guard guard{mtx};
   CHECK(statuses == std::vector<std::string>{"delivered"});
+}
+
+TEST_CASE("a WhatsApp user writing to two business numbers has two "
+          "conversations, each answered from its number, by any replica") {
+  auto api = fake_graph();
+  auto o = wa_options(*api);
+  o.phone_number_id = "PHONE1";
+  auto p = std::make_shared<meta::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  std::mutex mtx;
+  std::vector<std::string> chats;
+  bot.on_message([&](botmesh::context& c) {
+    {
+      std::lock_guard guard{mtx};
+      chats.push_back(c.message().chat);
+    }
+    c.reply("eco: " + c.text());
+  });
+  bot.start();
+  signed_poster post{p->server().url() + "/whatsapp"};
+  CHECK(post.post(wa_payload("[" + wa_text("w1", "346", "uno") + "]")).status == 200);
+  REQUIRE(api->wait_for_calls("PHONE1/messages", 1));
+  CHECK(post.post(wa_payload("[" + wa_text("w2", "346", "dos") + "]", "[]", "PHONE2"))
+          .status
+        == 200);
+  REQUIRE(api->wait_for_calls("PHONE2/messages", 1));
+  CHECK(api->calls("PHONE2/messages")[0].body.find(R"("to":"346")")
+        != std::string::npos);
+  CHECK(api->calls("PHONE2/messages")[0].body.find("dos") != std::string::npos);
+  {
+    std::lock_guard guard{mtx};
+    CHECK(chats == std::vector<std::string>{"346", "346@PHONE2"});
+  }
+  // A send from elsewhere (another replica, a scheduled message) needs no
+  // memory of what arrived: the chat names the number.
+  bot.send({.provider = "whatsapp", .chat = "347@PHONE2", .text = "hola"});
+  REQUIRE(api->wait_for_calls("PHONE2/messages", 2));
+  CHECK(api->calls("PHONE2/messages")[1].body.find(R"("to":"347")")
+        != std::string::npos);
+  CHECK(api->calls("PHONE1/messages").size() == 1);
 }
 
 TEST_CASE("a WhatsApp message refused for a retry keeps its whole duplicate "

@@ -327,6 +327,17 @@ std::string_view media_key(message_type t) {
   }
 }
 
+} // namespace
+
+whatsapp_address split_whatsapp_chat(std::string_view chat) noexcept {
+  auto at = chat.rfind('@');
+  if (at == std::string_view::npos)
+    return {chat, {}};
+  return {chat.substr(0, at), chat.substr(at + 1)};
+}
+
+namespace {
+
 std::string whatsapp_body(const outgoing_message& msg) {
   std::vector<const button*> buttons;
   for (auto& row : msg.buttons)
@@ -335,7 +346,7 @@ std::string whatsapp_body(const outgoing_message& msg) {
   std::string out = "{";
   field(out, "messaging_product", "whatsapp");
   field(out, "recipient_type", "individual");
-  field(out, "to", msg.chat);
+  field(out, "to", split_whatsapp_chat(msg.chat).to);
   if (msg.quote && !msg.reply_to.empty()) {
     out += ",\"context\":{";
     field(out, "message_id", msg.reply_to);

@@ -34,6 +34,18 @@ parsed_payload parse_payload(std::string_view json, platform kind,
 parsed_payload parse_payload_in_place(const std::string& json, platform kind,
                                       std::string_view provider);
 
+/// A WhatsApp chat id as the webhook writes it: the user's wa_id, or
+/// `<wa_id>@<phone_number_id>` for a message that arrived on a business
+/// number other than `webhook_options::phone_number_id` (or when none is
+/// configured), so a reply goes out from the number it answers.
+struct whatsapp_address {
+  std::string_view to{};
+  std::string_view phone_number_id{}; ///< empty: the configured one
+};
+
+/// Splits `chat` at its last '@' (a wa_id has none).
+whatsapp_address split_whatsapp_chat(std::string_view chat) noexcept;
+
 /// The Graph API request body that sends `msg` (validated first; throws
 /// `invalid_argument_error` naming the field, "buttons" over the platform's
 /// limits: WhatsApp 10 rows, titles of 20/24 characters; Messenger 13).
