@@ -125,7 +125,9 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     auto self = shared_from_this();
     for (std::size_t i = 0; i < p.messages.size(); ++i) {
       auto& msg = p.messages[i];
-      if (!remember(msg.id)) {
+      // An edit carries its original's mid: each version is its own.
+      auto id = msg.edit_id.empty() ? msg.id : msg.id + '~' + msg.edit_id;
+      if (!remember(id)) {
         ++n_duplicates;
         continue;
       }
@@ -140,7 +142,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       ++answer->pending;
       auto reported = std::make_shared<std::atomic<bool>>(false);
       delivery_callbacks cb;
-      cb.accepted = [self, answer, reported, id = msg.id](errc code) {
+      cb.accepted = [self, answer, reported, id](errc code) {
         if (reported->exchange(true))
           return;
         if (code == errc::none) {
@@ -151,7 +153,6 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         }
         answer->one_done();
       };
-      auto id = msg.id;
       try {
         h->deliver(std::move(msg), std::move(cb));
       } catch (...) {

@@ -131,9 +131,20 @@ TEST_CASE("Messenger and Instagram payloads share entry[].messaging[]: text, "
       {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1,"message":{"mid":"m2","text":"Sí","quick_reply":{"payload":"YES"}}},
       {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1,"postback":{"mid":"m3","title":"Empezar","payload":"START"}},
       {"sender":{"id":"PAGE"},"recipient":{"id":"PSID1"},"timestamp":1,"message":{"mid":"m4","text":"eco","is_echo":true}},
-      {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1,"read":{"watermark":1}}]}]})",
+      {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1,"read":{"watermark":1}},
+      {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1700000009000,"message_edit":{"mid":"m1","text":"hola!","num_edit":1}},
+      {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1700000010000,"message_edit":{"mid":"m1","text":"hola!!","num_edit":"2"}}]}]})",
     meta::platform::messenger, "messenger");
-  REQUIRE(p.messages.size() == 3);
+  REQUIRE(p.messages.size() == 5);
+  // Edits: the original's id, the new text, told apart by their count.
+  for (int i : {3, 4}) {
+    CHECK(p.messages[i].id == "m1");
+    CHECK(p.messages[i].edited);
+    CHECK(p.messages[i].edit_id == std::to_string(i - 2));
+    CHECK(botmesh::journal_id("messenger:PSID1", p.messages[i])
+          != botmesh::journal_id("messenger:PSID1", p.messages[0]));
+  }
+  CHECK(p.messages[4].text == "hola!!");
   CHECK(p.messages[0].chat == "PSID1");
   CHECK(p.messages[0].text == "hola");
   CHECK(p.messages[1].data == "YES");
@@ -296,6 +307,38 @@ TEST_CASE("a WhatsApp user writing to two business numbers has two "
   CHECK(api->calls("PHONE2/messages")[1].body.find(R"("to":"347")")
         != std::string::npos);
   CHECK(api->calls("PHONE1/messages").size() == 1);
+}
+
+TEST_CASE("a Messenger edit reaches the handler as an edit, once, not as "
+          "its original's duplicate") {
+  auto api = fake_graph();
+  auto o = wa_options(*api);
+  o.kind = meta::platform::messenger;
+  o.id = "messenger";
+  o.path = "/messenger";
+  auto p = std::make_shared<meta::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  std::mutex mtx;
+  std::vector<std::string> seen;
+  bot.on_message([&](botmesh::context& c) {
+    std::lock_guard guard{mtx};
+    seen.push_back((c.message().edited ? "edit:" : "") + c.text());
+  });
+  bot.start();
+  signed_poster post{p->server().url() + "/messenger"};
+  auto event = [](const std::string& inner) {
+    return R"({"object":"page","entry":[{"id":"PAGE","time":1,"messaging":[{"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1700000000000,)"
+           + inner + "}]}]}";
+  };
+  CHECK(post.post(event(R"("message":{"mid":"m1","text":"hola"})")).status == 200);
+  auto edit = event(R"("message_edit":{"mid":"m1","text":"hola!","num_edit":1})");
+  CHECK(post.post(edit).status == 200);
+  CHECK(post.post(edit).status == 200); // Meta's retry of the same edit
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
+  bot.stop();
+  CHECK(p->stats().duplicates == 1);
+  std::lock_guard guard{mtx};
+  CHECK(seen == std::vector<std::string>{"hola", "edit:hola!"});
 }
 
 TEST_CASE("a WhatsApp message refused for a retry keeps its whole duplicate "

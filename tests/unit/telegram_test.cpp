@@ -142,9 +142,11 @@ TEST_CASE("Telegram media, location, edits and button presses are parsed; "
   CHECK(photo.message.media_id == "big");
   CHECK(photo.message.text == "mira");
   auto loc = tg::internal::parse_update(
-    R"({"update_id":2,"edited_message":{"message_id":9,"chat":{"id":5,"type":"private"},"location":{"latitude":40.5,"longitude":-3.25}}})",
+    R"({"update_id":2,"edited_message":{"message_id":9,"chat":{"id":5,"type":"private"},"date":1700000000,"edit_date":1700000300,"location":{"latitude":40.5,"longitude":-3.25}}})",
     "telegram");
   CHECK(loc.kind == tg::internal::update_kind::edited_message);
+  // Stamped when edited, not when first sent.
+  CHECK(botmesh::to_unix_ms(loc.message.timestamp) == 1700000300000);
   CHECK(loc.message.edited);
   CHECK(loc.message.id == "9");
   CHECK(loc.message.edit_id == "2");

@@ -246,6 +246,22 @@ void read_messaging(object entry, parsed_payload& out, std::string_view provider
           }
           break;
         }
+    } else if (ev["message_edit"].get(m) == simdjson::SUCCESS) {
+      // A user's edit (the message_edits field): the original's mid with
+      // the new text. The edit count tells the versions apart, so the
+      // duplicate check takes each edit for a message of its own.
+      msg.id = std::string{str(m, "mid")};
+      msg.text = std::string{str(m, "text")};
+      msg.edited = true;
+      element n;
+      if (m["num_edit"].get(n) == simdjson::SUCCESS)
+        msg.edit_id = id_text(n);
+      if (msg.edit_id.empty() && ts > 0)
+        msg.edit_id = std::to_string(ts);
+      if (msg.id.empty() || msg.edit_id.empty()) {
+        ++out.unknown;
+        continue;
+      }
     } else if (ev["postback"].get(m) == simdjson::SUCCESS) {
       msg.id = std::string{str(m, "mid")};
       msg.type = message_type::button;

@@ -185,6 +185,10 @@ parsed_update read_update(object u, std::string_view provider,
     read_message(msg, m, username);
     m.edited = true;
     m.edit_id = std::to_string(out.update_id);
+    // When the edit was made, not when the original was sent.
+    std::int64_t edited_at = 0;
+    if (msg["edit_date"].get(edited_at) == simdjson::SUCCESS && edited_at > 0)
+      m.timestamp = from_unix_ms(edited_at * 1000);
   } else if (object cq; u["callback_query"].get(cq) == simdjson::SUCCESS) {
     out.kind = update_kind::callback_query;
     out.callback_query_id = std::string{str(cq, "id")};
