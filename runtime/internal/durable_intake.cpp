@@ -152,7 +152,70 @@ void durable_intake::journal(std::string key, inbound_message msg,
 
 void durable_intake::settle(const std::string& key, const chat_event& ev,
                             bool keep) {
+  {
+    std::lock_guard guard{mtx_};
+    if (auto i = unlanded_.find(ev.journal); i != unlanded_.end()) {
+      auto& u = i->second;
+      u.settle_held = true;
+      u.keep = keep;
+      u.key = key;
+      u.gen = ev.journal_gen;
+      return; // settled once its entries landed (entry_landed)
+    }
+  }
   settle_as(key, ev.journal, keep, ev.journal_gen, true);
+}
+
+// An outbox entry of `record` was answered: written, or `failed` (kept to
+// be written again at the next beat). The last one to land releases the
+// settle held back for it.
+void durable_intake::entry_landed(const std::string& record,
+                                  const entry* failed) {
+  std::string key;
+  bool keep = false;
+  std::uint32_t gen = 0;
+  {
+    std::lock_guard guard{mtx_};
+    auto i = unlanded_.find(record);
+    if (i == unlanded_.end())
+      return;
+    auto& u = i->second;
+    --u.in_flight;
+    if (failed)
+      u.failed.push_back(*failed);
+    if (u.in_flight > 0 || !u.failed.empty())
+      return;
+    bool held = u.settle_held;
+    key = std::move(u.key);
+    keep = u.keep;
+    gen = u.gen;
+    unlanded_.erase(i);
+    if (!held)
+      return;
+  }
+  settle_as(key, record, keep, gen, true);
+}
+
+void durable_intake::write_entry(const std::string& record, entry e) {
+  op([&](std::function<void()> finished) {
+    backend_->outbox_claim(
+      e.send_id, e.key, e.fence, retry_window_,
+      [this, record, e, finished](outbox_verdict v, std::exception_ptr x) {
+        if (x) {
+          failed(e.key, fmt::format("writing outbox entry {}", e.send_id), x);
+          entry_landed(record, &e);
+        } else {
+          if (v == outbox_verdict::fenced)
+            host_.report(errc::lease_lost,
+                         fmt::format("chat {}: outbox entry {} was written "
+                                     "after a later holder of the chat sent",
+                                     e.key, e.send_id),
+                         e.key);
+          entry_landed(record, nullptr);
+        }
+        finished();
+      });
+  });
 }
 
 // `counted`: the record was opened (open_one) and closes once this landed.
@@ -250,6 +313,20 @@ void durable_intake::beat(std::function<void()> done) {
     if (rotate)
       keep_alive.push_back(gen);
   }
+  // Outbox entries of first attempts that failed: written again, ahead of
+  // the beat (their records' settles wait for them).
+  std::vector<std::pair<std::string, entry>> rewrite;
+  {
+    std::lock_guard guard{mtx_};
+    for (auto& [record, u] : unlanded_) {
+      for (auto& e : u.failed)
+        rewrite.emplace_back(record, std::move(e));
+      u.in_flight += u.failed.size();
+      u.failed.clear();
+    }
+  }
+  for (auto& [record, e] : rewrite)
+    write_entry(record, std::move(e));
   // Old generations: beaten while their events run, then retired (again
   // at the next beat if that failed).
   for (auto g : retire_now)
@@ -409,22 +486,11 @@ bool durable_intake::outbox_allows(const std::string& chat_key) {
     return true;
   auto send_id = fmt::format("{}/{}", *t->record, t->sends++);
   if (t->attempt == 1 && heartbeat_kept(t->heartbeat_epoch)) {
-    op([&](std::function<void()> finished) {
-      backend_->outbox_claim(
-        send_id, chat_key, t->fence, retry_window_,
-        [this, key = chat_key, send_id,
-         finished](outbox_verdict v, std::exception_ptr e) {
-          if (e)
-            failed(key, fmt::format("writing outbox entry {}", send_id), e);
-          else if (v == outbox_verdict::fenced)
-            host_.report(errc::lease_lost,
-                         fmt::format("chat {}: outbox entry {} was written "
-                                     "after a later holder of the chat sent",
-                                     key, send_id),
-                         key);
-          finished();
-        });
-    });
+    {
+      std::lock_guard guard{mtx_};
+      ++unlanded_[*t->record].in_flight;
+    }
+    write_entry(*t->record, entry{std::move(send_id), chat_key, t->fence});
     return true;
   }
   std::promise<outbox_verdict> p;

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <botmesh/actors/chat_services.hpp>
 #include <botmesh/providers/provider.hpp>
@@ -152,6 +153,12 @@ class durable_intake {
   void settle_as(const std::string& key, const std::string& id, bool keep,
                  std::uint32_t gen, bool counted);
   void renewed(steady::rep sent, bool new_generation);
+  struct entry {
+    std::string send_id, key;
+    std::uint64_t fence = 0;
+  };
+  void entry_landed(const std::string& record, const entry* failed);
+  void write_entry(const std::string& record, entry e);
   void failed(const std::string& key, std::string what, std::exception_ptr e);
   void claimed(durable_backend::claim_result r, std::uint32_t gen);
 
@@ -176,6 +183,20 @@ class durable_intake {
   bool rotate_ = false;
   /// Per live generation: its records being written or in process.
   std::map<std::uint32_t, std::size_t> open_{{0, 0}};
+  // A first attempt's send goes out before its outbox entry is known to be
+  // written. Until every entry of the record landed, its settle is held
+  // back (and its generation stays open): a replay must find the entries,
+  // or it would send again. Entries that failed are written again at each
+  // beat.
+  struct unlanded {
+    std::size_t in_flight = 0;
+    std::vector<entry> failed{};
+    bool settle_held = false;
+    bool keep = false;
+    std::string key{};
+    std::uint32_t gen = 0;
+  };
+  std::map<std::string, unlanded> unlanded_; // by record id
   std::atomic<std::uint64_t> reprocessed_{0}, outbox_skipped_{0},
     journal_errors_{0};
   // Written by beat completions, read by handler threads before a send.

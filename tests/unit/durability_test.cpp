@@ -418,6 +418,33 @@ TEST_CASE("with durability a claim whose reply was lost leaves no record "
   CHECK(texts(*p).size() == 2);
 }
 
+TEST_CASE("with durability a first attempt's send whose outbox entry failed "
+          "is not sent again by the replay: the entry is written again before "
+          "the record is released") {
+  auto g = std::make_shared<test::gated_backend>();
+  g->open();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = test::durable_over(g)}};
+  errors.attach(b);
+  std::atomic<int> runs{0};
+  b.on_message([&](botmesh::context& c) {
+    if (++runs == 1)
+      g->fail_outbox = 2; // the entry of the send below, and its first rewrite
+    c.reply("primero");
+    if (runs == 1)
+      throw botmesh::error(errc::store_error, "simulated checkpoint failure");
+    c.reply("segundo");
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(p->wait_for_sent(2, 5s));
+  REQUIRE(test::eventually([&] { return runs == 2; }));
+  b.stop();
+  CHECK(texts(*p) == std::vector<std::string>{"primero", "segundo"});
+  CHECK(b.stats().outbox_skipped == 1);
+}
+
 TEST_CASE("with durability a message refused because the bot stops is "
           "released and handled by the next replica") {
   auto backend = std::make_shared<botmesh::memory_durable_backend>();

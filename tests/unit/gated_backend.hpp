@@ -27,6 +27,7 @@ class gated_backend final : public botmesh::durable_backend {
   std::atomic<bool> lose_record_replies{false}; // the write lands, its reply is lost
   std::atomic<bool> fail_beats{false}; // the heartbeat is not renewed
   std::atomic<int> fail_settles{0}; // this many confirms/releases fail, unrun
+  std::atomic<int> fail_outbox{0};  // this many outbox entry writes fail, unrun
   std::atomic<bool> lose_claim_replies{false}; // a claim runs, its reply is lost
 
   void open() {
@@ -69,13 +70,13 @@ class gated_backend final : public botmesh::durable_backend {
   }
   void confirm(std::string_view id, std::string_view holder,
                completion<bool> done) override {
-    if (take_settle_failure())
+    if (take(fail_settles))
       return done(false, settle_failure());
     inner.confirm(id, holder, std::move(done));
   }
   void release(std::string_view id, std::string_view holder,
                completion<bool> done) override {
-    if (take_settle_failure())
+    if (take(fail_settles))
       return done(false, settle_failure());
     inner.release(id, holder, std::move(done));
   }
@@ -93,9 +94,10 @@ class gated_backend final : public botmesh::durable_backend {
     }
     inner.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
   }
-  bool take_settle_failure() {
-    int n = fail_settles.load();
-    while (n > 0 && !fail_settles.compare_exchange_weak(n, n - 1)) {
+  // Takes one of `count`'s failures, if any is left.
+  static bool take(std::atomic<int>& count) {
+    int n = count.load();
+    while (n > 0 && !count.compare_exchange_weak(n, n - 1)) {
       // nop: n reloaded
     }
     return n > 0;
@@ -110,6 +112,10 @@ class gated_backend final : public botmesh::durable_backend {
   void outbox_claim(std::string_view send_id, std::string_view key,
                     std::uint64_t fence, std::chrono::milliseconds ttl,
                     completion<botmesh::outbox_verdict> done) override {
+    if (take(fail_outbox))
+      return done(botmesh::outbox_verdict::send,
+                  std::make_exception_ptr(botmesh::error(
+                    botmesh::errc::store_error, "simulated outbox failure")));
     inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
   }
 };
