@@ -292,7 +292,9 @@ struct coordination_options {
 ///   The entry is written before the provider is called: a crash between
 ///   the two loses that send (at most once per id). On a record's first
 ///   attempt no earlier send of it can exist, so the entry is queued to
-///   the backend without waiting for its verdict (the fence is checked
+///   the backend without waiting for its verdict (the record is settled
+///   only once its entries landed; one that failed is written again at
+///   each beat until it does; the fence is checked
 ///   locally, as for every send, and a late `fenced` verdict is reported
 ///   as an `errc::lease_lost` error event); from the second attempt on
 ///   each send waits for the verdict, and so does a first attempt whose
