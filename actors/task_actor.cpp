@@ -353,8 +353,17 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
     reply_if_idle(self);
     return;
   }
-  if (st.cancelled || eng->paused.load()) {
-    // Given up meanwhile: hand the slot back untouched.
+  auto lease = t.opts.lease.ms();
+  bool stale = eng->now() >= now + lease - lease / 10;
+  if (st.cancelled || eng->paused.load() || stale) {
+    // Given up meanwhile, or the reply came after the claim's lease ran out
+    // (it counts from `now`, before the request left: a slow store, a
+    // freeze): another replica may already run the slot. Handed back
+    // untouched; the commit is refused if a newer claim exists.
+    if (stale)
+      eng->log(fmt::format("claim of {} (token {}) answered after its lease "
+                           "ran out: not run, handed back",
+                           t.stored_id, claim->token));
     st.claim = *claim;
     st.run = std::make_shared<run_ctx>();
     st.run->plan.next_if_completed = claim->record.next_run_at;

@@ -871,6 +871,8 @@ class test_store final : public test::forwarding_schedule_store,
   std::map<std::uint64_t, int> renewals; // renew calls per token
   std::uint64_t hold_renewal_of = 0;     // this token's first renewal is held
   done<bool> held;
+  bool hold_claims = false;              // claims run; their replies are held
+  std::function<void()> held_claim;
 
   bool blocks() const noexcept override {
     return false;
@@ -902,7 +904,33 @@ class test_store final : public test::forwarding_schedule_store,
     r.claim = claim(id, owner, now, lease);
     if (!r.claim)
       r.current = get(id);
+    {
+      std::lock_guard guard{mtx};
+      if (hold_claims) {
+        held_claim = [fn = std::move(fn), r = std::move(r)]() mutable {
+          fn(std::move(r), nullptr);
+        };
+        return; // answered later, by answer_held_claim()
+      }
+    }
     fn(std::move(r), nullptr);
+  }
+  bool answer_held_claim() {
+    std::function<void()> fn;
+    {
+      std::lock_guard guard{mtx};
+      fn = std::move(held_claim);
+      held_claim = nullptr;
+      hold_claims = false;
+    }
+    if (!fn)
+      return false;
+    fn();
+    return true;
+  }
+  bool claim_held() {
+    std::lock_guard guard{mtx};
+    return static_cast<bool>(held_claim);
   }
   void renew_async(std::string_view id, std::string_view owner,
                    std::uint64_t token, botmesh::time_point now,
@@ -953,6 +981,36 @@ class test_store final : public test::forwarding_schedule_store,
 
 
 } // namespace
+
+TEST_CASE("a claim answered after its lease ran out is not run: the replica "
+          "that took the slot over runs it alone") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<test_store>();
+  store->hold_claims = true;
+  // B shares A's data without the held replies.
+  std::shared_ptr<botmesh::schedule_store> shared{store, &store->inner};
+  recorder rec_a;
+  recorder rec_b;
+  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec_a.logger()}};
+  botmesh::scheduler b{{.store = shared, .clock = &clk}};
+  a.every("1m", {.id = "job", .lease = "30s"}, rec_a.handler());
+  b.every("1m", {.id = "job", .lease = "30s"}, rec_b.handler());
+  clk.advance(1min);
+  std::thread a_poll{[&] { a.poll(); }};
+  REQUIRE(test::eventually([&] { return store->claim_held(); }));
+  // A's claim landed, its reply is slow: the lease runs out meanwhile and
+  // B takes the slot over.
+  clk.advance(31s);
+  b.poll();
+  REQUIRE(rec_b.count() == 1);
+  CHECK(store->answer_held_claim());
+  a_poll.join();
+  a.poll();
+  CHECK(rec_a.count() == 0);
+  CHECK(rec_a.logs_containing("answered after its lease ran out") == 1);
+  CHECK(rec_a.logs_containing("rejected") == 1); // the hand-back is refused
+  CHECK(store->get("job")->next_run_at == t0() + 2min);
+}
 
 TEST_CASE("a started durable task goes on after a failed commit") {
   auto store = std::make_shared<test_store>();
