@@ -1,5 +1,7 @@
 #include <botmesh/providers/http/http_client.hpp>
 
+#include <poll.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -108,6 +110,13 @@ struct connection {
   beast::tcp_stream& lowest() {
     return secure ? beast::get_lowest_layer(*secure) : *plain;
   }
+
+  // Idle, nothing may be readable: EOF, a reset or stray bytes mean the
+  // server closed it or the stream cannot be trusted.
+  bool closed_by_peer() {
+    pollfd pfd{lowest().socket().native_handle(), POLLIN | POLLRDHUP, 0};
+    return ::poll(&pfd, 1, 0) != 0;
+  }
 };
 
 // Runs one asynchronous operation to completion on `c`'s io_context.
@@ -133,6 +142,7 @@ struct client::impl {
   std::mutex mtx;
   std::condition_variable cv;
   std::unordered_map<std::string, host_pool> pools;
+  std::atomic<std::uint64_t> n_stale{0};
   std::atomic<std::uint64_t> n_requests{0}, n_opened{0}, n_reused{0},
     n_retried{0};
 
@@ -229,10 +239,13 @@ struct client::impl {
         auto c = std::move(pool.idle.back());
         pool.idle.pop_back();
         if (now - c->idle_since < opts.idle_timeout.ms()) {
-          reused = true;
-          return c;
+          if (!c->closed_by_peer()) {
+            reused = true;
+            return c;
+          }
+          ++n_stale;
         }
-        --pool.open; // too old: the server has likely closed it
+        --pool.open; // too old, or closed: the server has closed it
       }
       if (pool.open < opts.max_connections_per_host) {
         ++pool.open;
@@ -317,6 +330,16 @@ struct client::impl {
   }
 };
 
+namespace {
+
+bool idempotent(const client_request& req) {
+  return req.idempotent || req.method == "GET" || req.method == "HEAD"
+         || req.method == "OPTIONS" || req.method == "PUT"
+         || req.method == "DELETE";
+}
+
+} // namespace
+
 client::client(client_options opts) : impl_(std::make_unique<impl>()) {
   if (opts.max_connections_per_host == 0)
     throw invalid_argument_error(
@@ -377,11 +400,12 @@ client_response client::request(const client_request& req) {
       return r;
     }
     i.give_back(key, std::move(c), false);
-    // A pooled connection the server closed while it was idle: resend once.
+    // A pooled connection the server closed meanwhile: resend once, only
+    // what may run twice (the server may have run it before closing).
     if (req.stop.stop_requested())
       ec = net::error::operation_aborted;
-    if (reused && attempt == 0 && !answer_started && ec != beast::error::timeout
-        && ec != net::error::operation_aborted) {
+    if (reused && attempt == 0 && !answer_started && idempotent(req)
+        && ec != beast::error::timeout && ec != net::error::operation_aborted) {
       ++i.n_retried;
       continue;
     }
@@ -391,7 +415,7 @@ client_response client::request(const client_request& req) {
 
 client_stats client::stats() const {
   return client_stats{impl_->n_requests, impl_->n_opened, impl_->n_reused,
-                      impl_->n_retried};
+                      impl_->n_retried, impl_->n_stale};
 }
 
 } // namespace botmesh::http

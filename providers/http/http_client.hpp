@@ -32,6 +32,10 @@ struct client_request {
   /// Cancels the request from another thread (a long poll when its
   /// provider stops): it then throws `botmesh::error` with `errc::stopped`.
   std::stop_token stop{};
+  /// Whether sending it twice does no harm (a long poll, a read). A request
+  /// that failed on a pooled connection after it was written is resent
+  /// only then; GET, HEAD, OPTIONS, PUT and DELETE always are.
+  bool idempotent = false;
 };
 
 struct client_response {
@@ -70,7 +74,8 @@ struct client_stats {
   std::uint64_t requests = 0;
   std::uint64_t connections_opened = 0;
   std::uint64_t reused = 0;  ///< requests sent on a pooled connection
-  std::uint64_t retried = 0; ///< resent once after a pooled connection was found closed
+  std::uint64_t retried = 0; ///< idempotent requests resent once after a pooled connection failed
+  std::uint64_t stale = 0;   ///< pooled connections found closed before use
 };
 
 /// The server's certificate was refused during the TLS handshake (HTTPS with
@@ -97,9 +102,12 @@ class tls_verification_error : public error {
 /// own), so it needs no I/O thread of its own.
 ///
 /// Cost: a pooled connection is reused while the server keeps it alive;
-/// a new one costs a TCP (and TLS) handshake. A request that fails on a
-/// pooled connection before any answer arrived (the server closed it while
-/// idle) is resent once on a new connection.
+/// a new one costs a TCP (and TLS) handshake. A pooled connection is looked
+/// at before it is used: one the server closed (or that has anything
+/// unasked to read) is dropped for a new one. An idempotent request that
+/// still fails on a pooled connection before any answer arrived (the server
+/// closed it meanwhile) is resent once on a new connection; any other one
+/// fails, since the server may have run it (a POST is never sent twice).
 class client {
  public:
   /// Throws `invalid_argument_error` for `max_connections_per_host` 0 or a

@@ -44,6 +44,9 @@ std::string bot_api::call(std::string_view method, std::string_view json_body,
   req.body = std::string{json_body};
   req.timeout = timeout;
   req.stop = std::move(stop);
+  // Reads and settings may be sent twice; a send may not.
+  req.idempotent = method.starts_with("get") || method == "setWebhook"
+                   || method == "deleteWebhook";
   auto res = impl_->http.request(req);
   return internal::check_answer(method, res.status, res.body);
 }

@@ -223,6 +223,111 @@ TEST_CASE("the HTTP client resends once on a new connection when the server "
   CHECK(c.request({.url = s.url() + "/m"}).status == 200);
   CHECK(calls.load() == 2);
   CHECK(c.stats().connections_opened == 2);
+  // Seen closed before it was used: nothing was sent on it.
+  CHECK(c.stats().stale == 1);
+  CHECK(c.stats().retried == 0);
+}
+
+namespace {
+
+/// A loopback server that answers the first request of its first
+/// connection, then reads a second request on it and closes without an
+/// answer (a crash after it ran the request); later connections are
+/// answered. Counts the requests it read.
+class closing_server {
+ public:
+  closing_server() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    REQUIRE(::listen(fd_, 8) == 0);
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread{[this] { serve(); }};
+  }
+
+  ~closing_server() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+
+  std::string url() const {
+    return "http://127.0.0.1:" + std::to_string(port_) + "/m";
+  }
+
+  std::atomic<int> requests{0};
+
+ private:
+  // One request (header and Content-Length body); false on EOF.
+  bool read_request(int fd) {
+    std::string in;
+    char buf[4096];
+    for (;;) {
+      auto end = in.find("\r\n\r\n");
+      if (end != std::string::npos) {
+        std::size_t length = 0;
+        if (auto at = in.find("Content-Length: "); at != std::string::npos)
+          length = std::stoul(in.substr(at + 16));
+        if (in.size() >= end + 4 + length)
+          break;
+      }
+      auto n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0)
+        return false;
+      in.append(buf, static_cast<std::size_t>(n));
+    }
+    ++requests;
+    return true;
+  }
+
+  void answer(int fd) {
+    std::string_view ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+    (void) !::send(fd, ok.data(), ok.size(), MSG_NOSIGNAL);
+  }
+
+  void serve() {
+    for (int n = 0;; ++n) {
+      int fd = ::accept(fd_, nullptr, nullptr);
+      if (fd < 0)
+        return;
+      if (read_request(fd)) {
+        answer(fd);
+        if (n > 0)
+          while (read_request(fd))
+            answer(fd);
+        else
+          read_request(fd); // ran, never answered
+      }
+      ::close(fd);
+    }
+  }
+
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+} // namespace
+
+TEST_CASE("a POST whose pooled connection closes after it was written is not "
+          "sent again; an idempotent request is") {
+  {
+    closing_server srv;
+    http::client c;
+    REQUIRE(c.request({.url = srv.url(), .body = "{}"}).status == 200);
+    CHECK_THROWS_AS(c.request({.url = srv.url(), .body = "{}"}), botmesh::error);
+    CHECK(srv.requests.load() == 2);
+    CHECK(c.stats().retried == 0);
+  }
+  closing_server srv;
+  http::client c;
+  REQUIRE(c.request({.method = "GET", .url = srv.url()}).status == 200);
+  CHECK(c.request({.method = "GET", .url = srv.url()}).status == 200);
+  CHECK(srv.requests.load() == 3);
   CHECK(c.stats().retried == 1);
 }
 
