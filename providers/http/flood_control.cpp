@@ -71,8 +71,10 @@ struct flood_control::impl {
     return w;
   }
 
+  // Amortized: a sweep runs once the map doubled since the last one left
+  // it, so with many chats still refilling each send does not walk them all.
   void prune(steady::time_point now) {
-    if (chats.size() <= 10000)
+    if (chats.size() <= prune_at)
       return;
     for (auto i = chats.begin(); i != chats.end();) {
       // Groups and chats share the map; a full bucket holds no state.
@@ -82,7 +84,9 @@ struct flood_control::impl {
       else
         ++i;
     }
+    prune_at = std::max<std::size_t>(10000, 2 * chats.size());
   }
+  std::size_t prune_at = 10000;
 };
 
 flood_control::flood_control(flood_limits limits)

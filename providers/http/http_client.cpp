@@ -310,6 +310,12 @@ struct client::impl {
     ec = run(c, [&](auto h) { bhttp::async_write(stream, out, h); });
     if (ec)
       return {};
+    // A stop that came before the read started spent its cancel on the
+    // write (or on nothing): the read would wait for the whole answer.
+    if (req.stop.stop_requested()) {
+      ec = net::error::operation_aborted;
+      return {};
+    }
     bhttp::response_parser<bhttp::string_body> parser;
     parser.body_limit(opts.max_response_bytes);
     ec = run(c, [&](auto h) { bhttp::async_read(stream, c.buffer, parser, h); });

@@ -182,6 +182,36 @@ TEST_CASE("the HTTP client times out on a platform that never answers") {
     r.respond(200);
 }
 
+TEST_CASE("a stop requested before the answer is read stops the request at "
+          "once, on a new connection and on a pooled one") {
+  http::server s;
+  std::mutex mtx;
+  std::vector<http::responder> held;
+  s.route("POST", "/slow", [&](http::request&, http::responder r) {
+    std::lock_guard guard{mtx};
+    held.push_back(r);
+  });
+  s.route("POST", "/fast", [](http::request&, http::responder r) { r.respond(200); });
+  s.start();
+  http::client c;
+  std::stop_source stopped;
+  stopped.request_stop();
+  for (int round = 0; round < 2; ++round) {
+    try {
+      c.request({.url = s.url() + "/slow", .body = "{}", .timeout = 20s,
+                 .stop = stopped.get_token()});
+      FAIL("expected a stop");
+    } catch (const botmesh::error& e) {
+      CHECK(e.code() == botmesh::errc::stopped);
+    }
+    // The next round finds a pooled connection.
+    REQUIRE(c.request({.url = s.url() + "/fast"}).status == 200);
+  }
+  std::lock_guard guard{mtx};
+  for (auto& r : held)
+    r.respond(200);
+}
+
 TEST_CASE("the HTTP client reports a refused connection as a provider error "
           "and a bad URL as an invalid argument") {
   std::uint16_t port;
