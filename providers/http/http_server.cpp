@@ -549,8 +549,35 @@ class session : public std::enable_shared_from_this<session> {
     if (req_.body.capacity() > keep_capacity)
       std::string{}.swap(req_.body);
     if (!keep)
-      return close();
+      return linger_ ? linger() : close();
     read_request();
+  }
+
+  // After refusing a request whose rest is still arriving (a body over the
+  // cap): closing at once with unread bytes makes the kernel answer with a
+  // reset, and a client still writing its body never reads the answer. The
+  // sending side is shut, and what comes is read and dropped until the
+  // client closes or the read timeout passes (the sweep closes it then).
+  void linger() {
+    beast::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_send, ec);
+    if (ec)
+      return close();
+    deadline_ = steady::now() + srv_->opts.read_timeout.ms();
+    out_.resize(read_chunk);
+    drain();
+  }
+
+  void drain() {
+    socket_.async_read_some(net::buffer(out_.data(), out_.size()),
+                            [self = shared_from_this()](beast::error_code ec,
+                                                        std::size_t) {
+                              if (self->closed_)
+                                return;
+                              if (ec)
+                                return self->close();
+                              self->drain();
+                            });
   }
 
   void fail(beast::error_code ec) {
@@ -570,6 +597,7 @@ class session : public std::enable_shared_from_this<session> {
     ++counter;
     handling_ = true;
     keep_alive_ = false;
+    linger_ = true;
     write(response{status, std::move(body), "text/plain; charset=utf-8", {}});
   }
 
@@ -601,6 +629,7 @@ class session : public std::enable_shared_from_this<session> {
   bool writing_ = false;
   bool closing_ = false;
   bool closed_ = false;
+  bool linger_ = false; // refused mid-request: drain before closing
   std::atomic<bool> gone_{false};
 };
 
