@@ -193,7 +193,11 @@ int weekday_number(const cctz::civil_day& d) {
   return (static_cast<int>(cctz::get_weekday(d)) + 1) % 7;
 }
 
-constexpr int horizon_days = 4 * 366 + 2;
+// The longest wait between two runs of an expression that runs at all is
+// 40 years: Feb 29 on one weekday ("0 0 29 2 */7" runs in 2032, then 2060;
+// across 2100, which is no leap year, gaps reach 40). A shorter horizon
+// would end such a task after its run, and plain "0 0 29 2 *" after 2096.
+constexpr int horizon_days = 41 * 366;
 
 // Days of the month whose weekday matches, by the weekday of the 1st: bit d
 // is day d (1-31). Seven masks, built once per schedule.
@@ -462,7 +466,7 @@ cron_schedule::cron_schedule(std::string_view expr, std::string_view zone,
   impl_ = std::move(i);
   if (!next_after(now))
     throw invalid_argument_error(
-      "cron", fmt::format("cron expression \"{}\" never runs within four "
+      "cron", fmt::format("cron expression \"{}\" never runs within 41 "
                           "years after {} in time zone {}",
                           expr, format_iso8601(now, zone), zone));
 }

@@ -98,7 +98,9 @@ class cron_expr {
 ///   occurrence; a wildcard hour runs in both passes.
 /// - a transition at midnight: `0 0 * * *` runs at 01:00 that day; day of
 ///   month and day of week stay those of the calendar.
-/// The search looks up to four years ahead, so `0 0 29 2 *` always runs.
+/// The search looks up to 41 years ahead: every expression that runs at all
+/// has its next run within that (the longest gap, 40 years, is Feb 29 on
+/// one weekday).
 ///
 /// Cost: the search runs on the local calendar first (a month at a time
 /// with bit masks, so `0 0 29 2 *` costs about as much as `0 9 * * *`) and
@@ -112,12 +114,12 @@ class cron_schedule {
   /// or "local" (the process zone, from TZ or /etc/localtime). Throws
   /// `invalid_argument_error`: see `cron_expr::parse`, field "time_zone"
   /// for an unknown zone, and field "cron" when the expression has no run
-  /// within four years after `now` ("never runs ...").
+  /// within 41 years after `now` ("never runs ...").
   cron_schedule(std::string_view expr, std::string_view zone = "local",
                 time_point now = clock::system().now());
 
   /// The first run instant strictly after `from`, or nothing when there is
-  /// none within four years.
+  /// none within 41 years.
   std::optional<time_point> next_after(time_point from) const;
 
   /// How many run instants fall in (`after`, `until`]: the ones

@@ -129,9 +129,20 @@ TEST_CASE("an unknown time zone is rejected naming time_zone") {
   CHECK(cron_schedule{"0 9 * * *", "local"}.spec() == "0 9 * * *");
 }
 
-TEST_CASE("Feb 29 runs inside the four-year horizon") {
+TEST_CASE("Feb 29 runs inside the horizon, also across 2100 and on one "
+          "weekday") {
   CHECK(next_runs("0 0 29 2 *", "UTC", "2026-03-01T00:00:00Z", 2)
         == v{"2028-02-29T00:00:00Z", "2032-02-29T00:00:00Z"});
+  // 2100 is no leap year: eight years between runs.
+  CHECK(next_runs("0 0 29 2 *", "UTC", "2096-03-01T00:00:00Z", 1)
+        == v{"2104-02-29T00:00:00Z"});
+  // Feb 29 on a Sunday, Tuesday, Thursday or Saturday (both fields
+  // restricted with a step: the AND rule): 2032, then 2048.
+  CHECK(next_runs("0 0 29 2 */2", "UTC", "2032-03-01T00:00:00Z", 1)
+        == v{"2048-02-29T00:00:00Z"});
+  // Feb 29 on a Sunday only (*/7 is 0): 2032, then 28 years later.
+  CHECK(next_runs("0 0 29 2 */7", "UTC", "2020-03-01T00:00:00Z", 2)
+        == v{"2032-02-29T00:00:00Z", "2060-02-29T00:00:00Z"});
   // 13th or Friday: the OR rule.
   CHECK(next_runs("0 9 13 * 5", "UTC", "2026-11-11T00:00:00Z", 3)
         == v{"2026-11-13T09:00:00Z", "2026-11-20T09:00:00Z",
