@@ -53,6 +53,10 @@ struct task_state {
   schedule_claim claim;
   std::shared_ptr<run_ctx> run;
   time_point next_renew = time_point::max();
+  // Until when the claim surely holds: its last successful claim or renewal
+  // was sent at T, so the store holds it until T + lease (a tenth less, for
+  // the clocks). Failed renewals past it mean the lease is lost.
+  time_point held_until = time_point::max();
   // The claim whose renewal is in flight (0: none). A token, not a flag: a
   // late reply for an older claim must not hold back the current one's
   // renewals (replies of the asynchronous face may come out of order).
@@ -179,12 +183,22 @@ void renew(task_actor* self) {
         st.renewing = 0;
       if (st.ph != phase::running || st.claim.token != token)
         return;
-      if (!failure.empty()) {
-        // Try again next tick; the lease may still hold.
+      if (!failure.empty() && eng->now() < st.held_until) {
+        // Try again next tick; the lease still holds.
         eng->log_failure(fmt::format("renewing the lease of {} failed: {}", id, failure));
         st.next_renew = now + eng->opts.tick.ms();
-      } else if (ok) {
+      } else if (failure.empty() && ok) {
+        st.held_until = now + lease - lease / 10;
         st.next_renew = now + lease / 3;
+      } else if (!failure.empty()) {
+        // Renewals failed until the lease ran out: another replica may take
+        // the slot over now. The run stops, as on a lost lease.
+        eng->log(fmt::format("lease of {} (token {}) ran out while its "
+                             "renewals failed ({}): its run is asked to stop",
+                             id, token, failure));
+        st.run->stop.request_stop();
+        st.next_renew = time_point::max();
+        return;
       } else {
         eng->log(fmt::format("lease of {} (token {}) lost: its run is asked to "
                              "stop",
@@ -202,6 +216,7 @@ void renew(task_actor* self) {
 struct outcome {
   std::optional<time_point> next;
   bool done = false;
+  bool exhausted = false; // a calendar with no next slot: ended
 };
 
 outcome after_run(const task_state& st, std::size_t ran, time_point end) {
@@ -219,6 +234,15 @@ outcome after_run(const task_state& st, std::size_t ran, time_point end) {
     auto slot = st.claim.record.next_run_at;
     o.next = t.opts.missed == missed_policy::skip ? t.first_slot_after(slot, end)
                                                   : t.slot_after(slot);
+    if (!o.next) {
+      // No slot after this one (none within the cron search's horizon,
+      // which every expression that runs at all fits): the task ends, as a
+      // one-shot does. Left uncommitted, the claim would lapse and the
+      // same slot run again after every lease.
+      o.next = slot;
+      o.done = true;
+      o.exhausted = true;
+    }
   }
   return o;
 }
@@ -248,6 +272,10 @@ void run_ended(task_actor* self, std::size_t ran) {
     finish(self);
     return;
   }
+  if (o.exhausted)
+    eng->log(fmt::format("{}: its calendar has no slot after {}: the task "
+                         "ends",
+                         st.t->stored_id, format_iso8601(*o.next, "UTC")));
   st.ph = phase::committing;
   auto id = st.t->stored_id;
   auto token = st.claim.token;
@@ -297,7 +325,9 @@ void start_run(task_actor* self) {
     auto& plan = ctx.plan;
     std::size_t ran = 0;
     for (auto slot : plan.slots) {
-      if (ctx.stop.stop_requested())
+      // cancel() clears `active` before it returns; the actor hears of it
+      // later (a catch-up's next slot must not run after a cancel).
+      if (ctx.stop.stop_requested() || !t.st->active.load())
         break;
       scheduled_run run;
       run.task_id = t.opts.id;
@@ -384,6 +414,7 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
                          t.stored_id, plan.slots.size(), skipped));
   st.ph = phase::running;
   st.next_renew = now + t.opts.lease.ms() / 3;
+  st.held_until = now + lease - lease / 10;
   arm_renewal(self);
   start_run(self);
 }

@@ -399,6 +399,24 @@ TEST_CASE("missed slots follow skip, run-once and catch-up") {
   }
 }
 
+TEST_CASE("a catch-up cancelled by its own handler runs no further slot") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .clock = &clk, .log = rec.logger()}};
+  botmesh::scheduled_task handle;
+  handle = s.every("1m", {.id = "job", .missed = missed_policy::catch_up,
+                          .max_catch_up = 4},
+                   [&](const scheduled_run& r) {
+                     rec.handler()(r);
+                     handle.cancel(); // returns before the next slot
+                   });
+  clk.advance(10min + 30s);
+  s.poll();
+  CHECK(rec.count() == 1);
+  CHECK_FALSE(handle.active());
+}
+
 TEST_CASE("a slot claimed within the grace period is not missed") {
   botmesh::manual_clock clk{t0()};
   recorder rec;
@@ -871,6 +889,7 @@ class test_store final : public test::forwarding_schedule_store,
   std::map<std::uint64_t, int> renewals; // renew calls per token
   std::uint64_t hold_renewal_of = 0;     // this token's first renewal is held
   done<bool> held;
+  std::atomic<bool> failing_renewals{false}; // every renewal throws
   bool hold_claims = false;              // claims run; their replies are held
   std::function<void()> held_claim;
 
@@ -935,6 +954,11 @@ class test_store final : public test::forwarding_schedule_store,
   void renew_async(std::string_view id, std::string_view owner,
                    std::uint64_t token, botmesh::time_point now,
                    std::chrono::milliseconds lease, done<bool> fn) override {
+    if (failing_renewals.load()) {
+      fn(false, std::make_exception_ptr(botmesh::error(
+                  botmesh::errc::store_error, "store is down")));
+      return;
+    }
     bool ok = renew(id, owner, token, now, lease);
     {
       std::lock_guard guard{mtx};
@@ -1010,6 +1034,29 @@ TEST_CASE("a claim answered after its lease ran out is not run: the replica "
   CHECK(rec_a.logs_containing("answered after its lease ran out") == 1);
   CHECK(rec_a.logs_containing("rejected") == 1); // the hand-back is refused
   CHECK(store->get("job")->next_run_at == t0() + 2min);
+}
+
+TEST_CASE("a run whose renewals fail until its lease ran out is asked to "
+          "stop") {
+  auto store = std::make_shared<test_store>();
+  store->failing_renewals = true;
+  recorder rec;
+  std::atomic<bool> saw_stop{false};
+  botmesh::scheduler s{{.store = store, .tick = "50ms", .log = rec.logger()}};
+  s.every(100ms, {.id = "job", .lease = std::chrono::milliseconds{300}},
+          [&](const scheduled_run& r) {
+            if (rec.count() > 0)
+              return;
+            rec.handler()(r);
+            // Longer than the lease; a stop ends it early.
+            saw_stop = test::eventually([&] { return r.stop.stop_requested(); },
+                                        10s);
+          });
+  s.start();
+  REQUIRE(test::eventually([&] { return rec.count() == 1; }));
+  REQUIRE(test::eventually([&] { return saw_stop.load(); }, 15s));
+  s.stop();
+  CHECK(rec.logs_containing("ran out while its renewals failed") == 1);
 }
 
 TEST_CASE("a started durable task goes on after a failed commit") {
