@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <stop_token>
 #include <string>
 #include <string_view>
 
@@ -122,6 +123,14 @@ class provider_host {
   /// coordination, or a shared session; the default): the provider backs
   /// off and retries by itself. Never blocks.
   virtual bool yield_leadership(std::string_view reason);
+
+  /// Fires when the host gives up on the handlers still running (its stop
+  /// passed its bound): a send waiting in the provider (flood control, a
+  /// 429's retry_after) should give up then with `errc::stopped` instead of
+  /// holding the stop up. The default never fires.
+  virtual std::stop_token stopping() const {
+    return {};
+  }
 };
 
 /// A transport to a chat platform.

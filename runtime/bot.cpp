@@ -575,6 +575,10 @@ struct bot::impl final : chat_services,
 
   // -- provider_host ---------------------------------------------------------
 
+  std::stop_token stopping() const override {
+    return stop_source.get_token();
+  }
+
   void deliver(inbound_message msg) override {
     delivery_callbacks none;
     intake(msg, none);

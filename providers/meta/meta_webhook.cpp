@@ -287,16 +287,23 @@ void webhook_provider::send(const outgoing_message& msg) {
   req.url = i.url_for(msg);
   req.body = internal::to_graph_body(msg, i.opts.kind);
   req.headers.emplace_back("Authorization", i.auth);
-  http::send_with_retry(i.flood, msg.chat, false, [&] {
-    auto res = i.api.request(req);
-    try {
-      internal::check_graph_answer(res.status, res.body);
-    } catch (const platform_error& e) {
-      if (e.code() == errc::retry_after)
-        ++i.n_retried;
-      throw;
-    }
-  });
+  std::stop_token stopping;
+  if (auto* h = i.current_host())
+    stopping = h->stopping();
+  req.stop = stopping;
+  http::send_with_retry(
+    i.flood, msg.chat, false,
+    [&] {
+      auto res = i.api.request(req);
+      try {
+        internal::check_graph_answer(res.status, res.body);
+      } catch (const platform_error& e) {
+        if (e.code() == errc::retry_after)
+          ++i.n_retried;
+        throw;
+      }
+    },
+    5, stopping);
   ++i.n_sent;
 }
 

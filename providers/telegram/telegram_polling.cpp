@@ -312,7 +312,14 @@ void polling_provider::send(const outgoing_message& msg) {
   // Topics share their group's limits.
   auto to = internal::split_chat(msg.chat).chat_id;
   bool group = !to.empty() && to.front() == '-';
-  http::send_with_retry(i.flood, to, group, [&] { i.api->send(msg); });
+  std::stop_token stopping;
+  {
+    std::lock_guard guard{i.mtx};
+    if (i.host)
+      stopping = i.host->stopping();
+  }
+  http::send_with_retry(i.flood, to, group, [&] { i.api->send(msg); }, 5,
+                        stopping);
   ++i.n_sent;
   if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
     i.callbacks->replied(*i.api, msg.reply_to);

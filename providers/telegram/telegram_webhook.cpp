@@ -366,15 +366,21 @@ void webhook_provider::send(const outgoing_message& msg) {
   // Topics share their group's limits.
   auto to = internal::split_chat(msg.chat).chat_id;
   bool group = !to.empty() && to.front() == '-';
-  http::send_with_retry(i.flood, to, group, [&] {
-    try {
-      i.api->send(msg);
-    } catch (const platform_error& e) {
-      if (e.code() == errc::retry_after)
-        ++i.n_retried;
-      throw;
-    }
-  });
+  std::stop_token stopping;
+  if (auto* h = i.current_host())
+    stopping = h->stopping();
+  http::send_with_retry(
+    i.flood, to, group,
+    [&] {
+      try {
+        i.api->send(msg);
+      } catch (const platform_error& e) {
+        if (e.code() == errc::retry_after)
+          ++i.n_retried;
+        throw;
+      }
+    },
+    5, stopping);
   ++i.n_sent;
   if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
     i.open_callbacks.replied(*i.api, msg.reply_to);

@@ -470,6 +470,27 @@ TEST_CASE("a 429 with retry_after is waited out and retried, keeping the "
   CHECK(errors.all().empty());
 }
 
+TEST_CASE("a send waiting out a long retry_after gives up when the bot's "
+          "stop passes its bound, instead of holding the stop") {
+  auto api = test::fake_telegram();
+  for (int i = 0; i < 5; ++i)
+    api->script("sendMessage", 429,
+                R"({"ok":false,"error_code":429,"description":"Too Many Requests: retry after 60","parameters":{"retry_after":60}})");
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  botmesh::bot bot{{.provider = p, .stop_timeout = "200ms"}};
+  test::error_log errors;
+  errors.attach(bot);
+  bot.on_message([](botmesh::context& c) { c.reply(c.text()); });
+  bot.start();
+  auto post = poster_for(*p);
+  REQUIRE(post.post(test::tg_text_update(1, 42, "hola")).status == 200);
+  REQUIRE(api->wait_for_calls("sendMessage", 1));
+  // Without the stop reaching the wait, this takes minutes (5 x 60 s).
+  auto stopped = std::async(std::launch::async, [&] { bot.stop(); });
+  REQUIRE(stopped.wait_for(20s) == std::future_status::ready);
+  CHECK(api->calls("sendMessage").size() == 1);
+}
+
 TEST_CASE("a blocked user's 403 reaches the handler as a forbidden "
           "platform error, and a Bot API that never answers as a timeout") {
   auto api = test::fake_telegram();
