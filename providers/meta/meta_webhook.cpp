@@ -112,6 +112,13 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     n_statuses += p.statuses.size();
     if (opts.on_status)
       for (auto& s : p.statuses) {
+        // Meta redelivers a whole POST when it is not answered 200 (and
+        // this one may be, for its messages): each status is reported once.
+        if (!remember(fmt::format("status:{}:{}:{}:{}", s.message_id,
+                                  s.recipient, s.status, to_unix_ms(s.at)))) {
+          ++n_duplicates;
+          continue;
+        }
         try {
           opts.on_status(s);
         } catch (const std::exception&) {

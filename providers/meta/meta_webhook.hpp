@@ -65,7 +65,8 @@ struct webhook_options {
   std::size_t dedup_window = 4096;
   http::flood_limits flood = http::flood_limits::whatsapp();
   http::client_options http{};
-  /// Receives delivery receipts, on an I/O thread (keep it short).
+  /// Receives delivery receipts, on an I/O thread (keep it short). Each
+  /// once: the same receipt in a redelivered POST counts as a duplicate.
   std::function<void(const status_event&)> on_status{};
 };
 
