@@ -159,6 +159,19 @@ void arm_renewal(task_actor* self) {
   self->delayed_send(self, delay, task_renew_atom::value, st.claim.token);
 }
 
+// The claim's lease surely ran out (renewals failed or went unanswered
+// past it): another replica may take the slot over now. The run is asked to
+// stop, as on a lost lease; said once.
+void lease_ran_out(task_actor* self, std::string_view why) {
+  auto& st = self->state;
+  st.eng->log(fmt::format("lease of {} (token {}) ran out {}: its run is asked "
+                          "to stop",
+                          st.t->stored_id, st.claim.token, why));
+  st.run->stop.request_stop();
+  st.next_renew = time_point::max();
+  st.held_until = time_point::max();
+}
+
 void renew(task_actor* self) {
   auto& st = self->state;
   if (st.ph != phase::running || st.renewing == st.claim.token)
@@ -169,6 +182,10 @@ void renew(task_actor* self) {
   auto token = st.claim.token;
   auto lease = st.t->opts.lease.ms();
   auto now = eng->now();
+  // If this reply does not come back in time, evaluate() sees the lease
+  // run out.
+  if (st.held_until != time_point::max())
+    arm(self, st.held_until);
   store_io<bool>(
     self,
     [=](scheduler_engine& e) {
@@ -191,13 +208,7 @@ void renew(task_actor* self) {
         st.held_until = now + lease - lease / 10;
         st.next_renew = now + lease / 3;
       } else if (!failure.empty()) {
-        // Renewals failed until the lease ran out: another replica may take
-        // the slot over now. The run stops, as on a lost lease.
-        eng->log(fmt::format("lease of {} (token {}) ran out while its "
-                             "renewals failed ({}): its run is asked to stop",
-                             id, token, failure));
-        st.run->stop.request_stop();
-        st.next_renew = time_point::max();
+        lease_ran_out(self, fmt::format("while its renewals failed ({})", failure));
         return;
       } else {
         eng->log(fmt::format("lease of {} (token {}) lost: its run is asked to "
@@ -253,6 +264,7 @@ void finish(task_actor* self, bool retry = false) {
   st.ph = phase::idle;
   st.run.reset();
   st.next_renew = time_point::max();
+  st.held_until = time_point::max();
   if (retry)
     arm(self, st.eng->now() + st.eng->opts.tick.ms()); // (a started scheduler)
   else
@@ -356,6 +368,11 @@ void start_run(task_actor* self) {
   });
 }
 
+void hand_back(task_actor* self, schedule_claim claim);
+void run_claimed(task_actor* self, schedule_claim claim, time_point claimed_at,
+                 time_point held_from);
+void confirm_late(task_actor* self, schedule_claim claim, time_point now);
+
 void claimed(task_actor* self, std::optional<schedule_claim> claim,
              std::optional<schedule_record> current, time_point now) {
   auto& st = self->state;
@@ -383,29 +400,42 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
     reply_if_idle(self);
     return;
   }
-  auto lease = t.opts.lease.ms();
-  bool stale = eng->now() >= now + lease - lease / 10;
-  if (st.cancelled || eng->paused.load() || stale) {
-    // Given up meanwhile, or the reply came after the claim's lease ran out
-    // (it counts from `now`, before the request left: a slow store, a
-    // freeze): another replica may already run the slot. Handed back
-    // untouched; the commit is refused if a newer claim exists.
-    if (stale)
-      eng->log(fmt::format("claim of {} (token {}) answered after its lease "
-                           "ran out: not run, handed back",
-                           t.stored_id, claim->token));
-    st.claim = *claim;
-    st.run = std::make_shared<run_ctx>();
-    st.run->plan.next_if_completed = claim->record.next_run_at;
-    st.ph = phase::running;
-    run_ended(self, 0);
+  if (st.cancelled || eng->paused.load()) {
+    hand_back(self, std::move(*claim));
     return;
   }
-  st.claim = std::move(*claim);
+  auto lease = t.opts.lease.ms();
+  if (eng->now() >= now + lease - lease / 10) {
+    confirm_late(self, std::move(*claim), now);
+    return;
+  }
+  run_claimed(self, std::move(*claim), now, now);
+}
+
+// Given up while the claim was on its way: the slot goes back untouched
+// (the commit is refused if a newer claim exists).
+void hand_back(task_actor* self, schedule_claim claim) {
+  auto& st = self->state;
+  st.claim = std::move(claim);
+  st.run = std::make_shared<run_ctx>();
+  st.run->plan.next_if_completed = st.claim.record.next_run_at;
+  st.ph = phase::running;
+  run_ended(self, 0);
+}
+
+// Runs what `claim` (sent at `claimed_at`) covers; the store holds it for a
+// lease from `held_from`, when the request that last extended it was sent.
+void run_claimed(task_actor* self, schedule_claim claim, time_point claimed_at,
+                 time_point held_from) {
+  auto& st = self->state;
+  auto& t = *st.t;
+  auto* eng = st.eng.get();
+  auto lease = t.opts.lease.ms();
+  st.claim = std::move(claim);
   std::size_t skipped = 0;
   st.run = std::make_shared<run_ctx>();
   auto& plan = st.run->plan;
-  plan = plan_claim(t, st.claim, now, eng->grace(), skipped);
+  plan = plan_claim(t, st.claim, claimed_at, eng->grace(), skipped);
   if (plan.missed)
     eng->missed.fetch_add(1, std::memory_order_relaxed);
   if (skipped > 0)
@@ -413,10 +443,50 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
                          "skips {} more (max_catch_up)",
                          t.stored_id, plan.slots.size(), skipped));
   st.ph = phase::running;
-  st.next_renew = now + t.opts.lease.ms() / 3;
-  st.held_until = now + lease - lease / 10;
+  st.next_renew = held_from + lease / 3;
+  st.held_until = held_from + lease - lease / 10;
   arm_renewal(self);
   start_run(self);
+}
+
+// The claim's reply came after its lease ran out (it counts from when the
+// request was sent: a slow store, a freeze): another replica may run the
+// slot already. A renewal tells: if it still holds, it runs; otherwise it
+// is left to lapse, untouched, so whoever claims next takes it over as
+// interrupted (keeping when it was first claimed: not missed).
+void confirm_late(task_actor* self, schedule_claim claim, time_point now) {
+  auto& st = self->state;
+  auto* eng = st.eng.get();
+  auto id = st.t->stored_id;
+  auto token = claim.token;
+  auto lease = st.t->opts.lease.ms();
+  auto sent = eng->now();
+  store_io<bool>(
+    self,
+    [=](scheduler_engine& e) {
+      return e.store->renew(id, e.owner, token, sent, lease);
+    },
+    [=](async_schedule_store& a, scheduler_engine& e, auto done) {
+      a.renew_async(id, e.owner, token, sent, lease, std::move(done));
+    },
+    [=](bool ok, const std::string& failure) {
+      auto& st = self->state;
+      if (st.cancelled || eng->paused.load()) {
+        hand_back(self, claim);
+        return;
+      }
+      if (failure.empty() && ok && eng->now() < sent + lease - lease / 10) {
+        run_claimed(self, claim, now, sent);
+        return;
+      }
+      eng->log(fmt::format("claim of {} (token {}) answered after its lease "
+                           "ran out, and not renewed: not run, left to lapse",
+                           id, token));
+      st.ph = phase::idle;
+      eng->run_finished();
+      arm(self, eng->now() + eng->opts.tick.ms());
+      reply_if_idle(self);
+    });
 }
 
 void claim(task_actor* self, time_point now) {
@@ -467,6 +537,15 @@ void evaluate(task_actor* self) {
     return;
   auto now = st.eng->now();
   if (st.ph == phase::running) {
+    // A renewal that does not come back in time (a hung store call) must
+    // not keep the run going past its lease either.
+    if (st.renewing == st.claim.token && st.run) {
+      if (now >= st.held_until) {
+        lease_ran_out(self, "with a renewal unanswered");
+        return;
+      }
+      arm(self, st.held_until); // look again then
+    }
     if (st.next_renew <= now)
       renew(self);
     return;

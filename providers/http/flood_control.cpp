@@ -74,8 +74,12 @@ struct flood_control::impl {
   // Amortized: a sweep runs once the map doubled since the last one left
   // it, so with many chats still refilling each send does not walk them all.
   void prune(steady::time_point now) {
-    if (chats.size() <= prune_at)
+    // Also once a minute: after a burst the map would keep its stale
+    // buckets until it doubled again.
+    if (chats.size() <= 10000
+        || (chats.size() <= prune_at && now - pruned < std::chrono::minutes(1)))
       return;
+    pruned = now;
     for (auto i = chats.begin(); i != chats.end();) {
       // Groups and chats share the map; a full bucket holds no state.
       if (i->second.full(lim.per_chat_per_second, chat_cap(false), now)
@@ -87,6 +91,7 @@ struct flood_control::impl {
     prune_at = std::max<std::size_t>(10000, 2 * chats.size());
   }
   std::size_t prune_at = 10000;
+  steady::time_point pruned{};
 };
 
 flood_control::flood_control(flood_limits limits)

@@ -559,6 +559,8 @@ class session : public std::enable_shared_from_this<session> {
   // sending side is shut, and what comes is read and dropped until the
   // client closes or the read timeout passes (the sweep closes it then).
   void linger() {
+    if (closing_ || srv_->stopping)
+      return close(); // a stopping server waits for nobody's drain
     beast::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_send, ec);
     if (ec)

@@ -294,10 +294,11 @@ void webhook_provider::send(const outgoing_message& msg) {
   req.url = i.url_for(msg);
   req.body = internal::to_graph_body(msg, i.opts.kind);
   req.headers.emplace_back("Authorization", i.auth);
+  // Only the flood-control wait gives up on it: a request already written
+  // may have been delivered, and cutting it off would report a failure.
   std::stop_token stopping;
   if (auto* h = i.current_host())
     stopping = h->stopping();
-  req.stop = stopping;
   http::send_with_retry(
     i.flood, msg.chat, false,
     [&] {
