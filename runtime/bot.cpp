@@ -21,6 +21,7 @@
 #include <botmesh/actors/session_actor.hpp>
 #include <botmesh/actors/turn_token.hpp>
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/delivery_id.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/runtime/core/log.hpp>
@@ -629,7 +630,8 @@ struct bot::impl final : chat_services,
       durable->journal(std::move(key), std::move(msg), std::move(cb));
       return;
     }
-    if (platform_id && !dedupe->insert(journal_id(key, msg))) {
+    if (platform_id
+        && !dedupe->insert(journal_id(key, internal::delivery_id(msg)))) {
       duplicate(std::move(cb));
       return;
     }

@@ -10,8 +10,6 @@
 
 namespace botmesh {
 
-struct inbound_message;
-
 /// One inbound message in the journal.
 struct journal_record {
   /// The record's id: provider, chat key and the platform's message id
@@ -52,12 +50,6 @@ std::string_view to_string(outbox_verdict v) noexcept;
 /// The journal id of a platform message: `<chat key>#<platform id>` (the
 /// chat key already names the provider).
 std::string journal_id(std::string_view chat_key, std::string_view message_id);
-
-/// The journal id of `msg`, which the duplicate check also uses: as above
-/// for an original, `<chat key>#<platform id>~<edit id>` for an edit that
-/// has an `edit_id` (an edit shares its original's platform id, and was
-/// taken for its redelivery).
-std::string journal_id(std::string_view chat_key, const inbound_message& msg);
 
 /// The storage of durable processing: the inbound journal (every message
 /// recorded on arrival, confirmed once its effect is kept, reprocessed

@@ -9,7 +9,6 @@
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
-#include <botmesh/runtime/core/message.hpp>
 
 namespace botmesh {
 
@@ -43,12 +42,6 @@ std::string_view to_string(outbox_verdict v) noexcept {
 
 std::string journal_id(std::string_view chat_key, std::string_view message_id) {
   return internal::join('#', {chat_key, message_id}); // per inbound message
-}
-
-std::string journal_id(std::string_view chat_key, const inbound_message& msg) {
-  if (!msg.edited || msg.edit_id.empty())
-    return journal_id(chat_key, msg.id);
-  return internal::join('#', {chat_key, msg.id}) + '~' + msg.edit_id;
 }
 
 // -- memory_durable_backend ---------------------------------------------------

@@ -9,6 +9,7 @@
 #include <botmesh/providers/internal/recent_ids.hpp>
 #include <botmesh/providers/meta/internal/payload.hpp>
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/delivery_id.hpp>
 
 namespace botmesh::meta {
 
@@ -132,8 +133,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     auto self = shared_from_this();
     for (std::size_t i = 0; i < p.messages.size(); ++i) {
       auto& msg = p.messages[i];
-      // An edit carries its original's mid: each version is its own.
-      auto id = msg.edit_id.empty() ? msg.id : msg.id + '~' + msg.edit_id;
+      auto id = botmesh::internal::delivery_id(msg);
       if (!remember(id)) {
         ++n_duplicates;
         continue;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/bot.hpp>
+#include <botmesh/runtime/core/internal/delivery_id.hpp>
 
 namespace botmesh::internal {
 
@@ -101,7 +102,7 @@ void durable_intake::start() {
 void durable_intake::journal(std::string key, inbound_message msg,
                              delivery_callbacks cb) {
   journal_record rec;
-  rec.id = journal_id(key, msg);
+  rec.id = journal_id(key, delivery_id(msg));
   rec.key = key;
   rec.message = to_json(msg);
   // Read before the write leaves: a gap found while it travels counts.
@@ -109,11 +110,12 @@ void durable_intake::journal(std::string key, inbound_message msg,
   // Open from here: its generation is not retired under a write in flight.
   auto gen = open_one();
   op([&](std::function<void()> finished) {
+    auto id = rec.id;
     backend_->record(
       std::move(rec), holder_of(gen), retry_window_,
-      [this, key, epoch, gen, msg = std::move(msg), cb = std::move(cb),
+      [this, key, id = std::move(id), epoch, gen, msg = std::move(msg),
+       cb = std::move(cb),
        finished](journal_put put, std::exception_ptr e) mutable {
-        auto id = journal_id(key, msg);
         if (e) {
           failed(key,
                  fmt::format("recording message {} in the inbound journal",

@@ -10,6 +10,7 @@
 #include <botmesh/providers/meta/internal/payload.hpp>
 #include <botmesh/providers/meta/meta_webhook.hpp>
 #include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/runtime/core/internal/delivery_id.hpp>
 #include <botmesh/runtime/core/json.hpp>
 
 #include "fake_platform.hpp"
@@ -141,8 +142,9 @@ TEST_CASE("Messenger and Instagram payloads share entry[].messaging[]: text, "
     CHECK(p.messages[i].id == "m1");
     CHECK(p.messages[i].edited);
     CHECK(p.messages[i].edit_id == std::to_string(i - 2));
-    CHECK(botmesh::journal_id("messenger:PSID1", p.messages[i])
-          != botmesh::journal_id("messenger:PSID1", p.messages[0]));
+    using botmesh::internal::delivery_id;
+    CHECK(botmesh::journal_id("messenger:PSID1", delivery_id(p.messages[i]))
+          != botmesh::journal_id("messenger:PSID1", delivery_id(p.messages[0])));
   }
   CHECK(p.messages[4].text == "hola!!");
   CHECK(p.messages[0].chat == "PSID1");
