@@ -98,8 +98,8 @@ struct chat_event {
   /// With durability: how many holders took the record so far (1 for a
   /// message that just arrived, more when it is handled again).
   std::uint32_t attempt = 0;
-  /// With durability, on a first attempt: the intake's heartbeat epoch when
-  /// the record was written (see durable_intake::heartbeat_epoch).
+  /// With durability, on a first attempt: the intake's heartbeat gap count
+  /// when the record was written (see durable_intake::hb_gaps_).
   std::uint64_t heartbeat_epoch = 0;
   /// With durability: the intake's holder generation that holds the record.
   std::uint32_t journal_gen = 0;

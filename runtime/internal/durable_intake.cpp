@@ -256,6 +256,11 @@ std::uint32_t durable_intake::open_one() {
   return gen_;
 }
 
+void durable_intake::open_in(std::uint32_t gen) {
+  std::lock_guard guard{mtx_};
+  ++open_[gen];
+}
+
 void durable_intake::close_one(std::uint32_t gen) {
   std::lock_guard guard{mtx_};
   if (auto i = open_.find(gen); i != open_.end() && i->second > 0)
@@ -303,6 +308,9 @@ void durable_intake::beat(std::function<void()> done) {
   std::uint32_t gen = 0;
   bool rotate = false;
   std::vector<std::uint32_t> retire_now, keep_alive;
+  // Outbox entries of first attempts that failed: written again, ahead of
+  // the beat (their records' settles wait for them).
+  std::vector<std::pair<std::string, entry>> rewrite;
   {
     std::lock_guard guard{mtx_};
     gen = gen_;
@@ -314,12 +322,6 @@ void durable_intake::beat(std::function<void()> done) {
     // under this one: its heartbeat must not lapse meanwhile.
     if (rotate)
       keep_alive.push_back(gen);
-  }
-  // Outbox entries of first attempts that failed: written again, ahead of
-  // the beat (their records' settles wait for them).
-  std::vector<std::pair<std::string, entry>> rewrite;
-  {
-    std::lock_guard guard{mtx_};
     for (auto& [record, u] : unlanded_) {
       for (auto& e : u.failed)
         rewrite.emplace_back(record, std::move(e));
@@ -456,10 +458,7 @@ void durable_intake::claimed(durable_backend::claim_result r,
     ev.journal = std::move(rec.id);
     ev.attempt = rec.attempts;
     ev.journal_gen = gen;
-    {
-      std::lock_guard guard{mtx_};
-      ++open_[gen];
-    }
+    open_in(gen);
     host_.reinject(std::move(ev));
   }
 }

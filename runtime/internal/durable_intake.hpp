@@ -35,7 +35,7 @@ struct durable_turn {
   const std::string* key = nullptr;
   std::uint64_t fence = 0;
   std::uint32_t attempt = 0; // of the record (1: its first holder)
-  /// durable_intake::heartbeat_epoch() when the record was written.
+  /// The intake's heartbeat gap count when the record was written.
   std::uint64_t heartbeat_epoch = 0;
   std::uint32_t sends = 0;
   bool lost = false;
@@ -130,14 +130,6 @@ class durable_intake {
 
   durable_counters stats() const noexcept;
 
-  /// Counts the beats that may have come after this holder's heartbeat
-  /// lapsed (each sent later than the last one's lease, minus a margin):
-  /// while it is unchanged and the heartbeat valid, no other replica can
-  /// have claimed a record this one holds.
-  std::uint64_t heartbeat_epoch() const noexcept {
-    return hb_gaps_.load();
-  }
-
  private:
   using steady = std::chrono::steady_clock;
 
@@ -148,6 +140,7 @@ class durable_intake {
   void op(std::function<void(std::function<void()>)> run);
   std::string holder_of(std::uint32_t gen) const;
   std::uint32_t open_one();
+  void open_in(std::uint32_t gen);
   void close_one(std::uint32_t gen);
   void suspect(std::uint32_t gen);
   void settle_as(const std::string& key, const std::string& id, bool keep,
@@ -201,6 +194,10 @@ class durable_intake {
     journal_errors_{0};
   // Written by beat completions, read by handler threads before a send.
   std::atomic<steady::rep> hb_valid_until_{0}; // 0: no beat landed yet
+  // The beats that may have come after the heartbeat lapsed (each sent or
+  // answered later than the last one's validity): while it is unchanged and
+  // the heartbeat valid, no other replica can have claimed a record held
+  // here.
   std::atomic<std::uint64_t> hb_gaps_{0};
 };
 
