@@ -159,6 +159,23 @@ void arm_renewal(task_actor* self) {
   self->delayed_send(self, delay, task_renew_atom::value, st.claim.token);
 }
 
+// Until when a claim or renewal sent at `sent` surely holds: the store
+// keeps it a lease from when it ran, after `sent`; a tenth less, for the
+// clocks.
+time_point holds_until(time_point sent, ms lease) {
+  return sent + lease - lease / 10;
+}
+
+// A claim that was not taken (its call failed, or its late reply could not
+// be confirmed): idle, and claiming again at the next tick.
+void claim_again_later(task_actor* self, time_point now) {
+  auto& st = self->state;
+  st.ph = phase::idle;
+  st.eng->run_finished();
+  arm(self, now + st.eng->opts.tick.ms());
+  reply_if_idle(self);
+}
+
 // The claim's lease surely ran out (renewals failed or went unanswered
 // past it): another replica may take the slot over now. The run is asked to
 // stop, as on a lost lease; said once.
@@ -200,16 +217,18 @@ void renew(task_actor* self) {
         st.renewing = 0;
       if (st.ph != phase::running || st.claim.token != token)
         return;
-      if (!failure.empty() && eng->now() < st.held_until) {
+      if (!failure.empty()) {
+        if (eng->now() >= st.held_until) {
+          lease_ran_out(self, fmt::format("while its renewals failed ({})",
+                                          failure));
+          return;
+        }
         // Try again next tick; the lease still holds.
         eng->log_failure(fmt::format("renewing the lease of {} failed: {}", id, failure));
         st.next_renew = now + eng->opts.tick.ms();
-      } else if (failure.empty() && ok) {
-        st.held_until = now + lease - lease / 10;
+      } else if (ok) {
+        st.held_until = holds_until(now, lease);
         st.next_renew = now + lease / 3;
-      } else if (!failure.empty()) {
-        lease_ran_out(self, fmt::format("while its renewals failed ({})", failure));
-        return;
       } else {
         eng->log(fmt::format("lease of {} (token {}) lost: its run is asked to "
                              "stop",
@@ -405,7 +424,7 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
     return;
   }
   auto lease = t.opts.lease.ms();
-  if (eng->now() >= now + lease - lease / 10) {
+  if (eng->now() >= holds_until(now, lease)) {
     confirm_late(self, std::move(*claim), now);
     return;
   }
@@ -444,7 +463,7 @@ void run_claimed(task_actor* self, schedule_claim claim, time_point claimed_at,
                          t.stored_id, plan.slots.size(), skipped));
   st.ph = phase::running;
   st.next_renew = held_from + lease / 3;
-  st.held_until = held_from + lease - lease / 10;
+  st.held_until = holds_until(held_from, lease);
   arm_renewal(self);
   start_run(self);
 }
@@ -475,17 +494,14 @@ void confirm_late(task_actor* self, schedule_claim claim, time_point now) {
         hand_back(self, claim);
         return;
       }
-      if (failure.empty() && ok && eng->now() < sent + lease - lease / 10) {
+      if (failure.empty() && ok && eng->now() < holds_until(sent, lease)) {
         run_claimed(self, claim, now, sent);
         return;
       }
       eng->log(fmt::format("claim of {} (token {}) answered after its lease "
                            "ran out, and not renewed: not run, left to lapse",
                            id, token));
-      st.ph = phase::idle;
-      eng->run_finished();
-      arm(self, eng->now() + eng->opts.tick.ms());
-      reply_if_idle(self);
+      claim_again_later(self, eng->now());
     });
 }
 
@@ -519,11 +535,7 @@ void claim(task_actor* self, time_point now) {
     [=](result& r, const std::string& failure) {
       if (!failure.empty()) {
         eng->log_failure(fmt::format("claiming {} failed: {}", id, failure));
-        auto& st = self->state;
-        st.ph = phase::idle;
-        eng->run_finished();
-        arm(self, now + eng->opts.tick.ms()); // retry next tick
-        reply_if_idle(self);
+        claim_again_later(self, now);
         return;
       }
       eng->failure_ended();
