@@ -49,7 +49,7 @@ struct polling_provider::impl {
   // Update ids are the bot's own: a token of another bot under the same
   // provider id must not start from this one's offset.
   std::string offset_field() const {
-    return "telegram_offset:" + opts.token.substr(0, opts.token.find(':'));
+    return "telegram_offset:" + internal::bot_id(opts.token);
   }
 
   void load_offset() {
@@ -264,8 +264,7 @@ std::string polling_provider::id() const {
 }
 
 std::string polling_provider::connection_id() const {
-  auto& token = impl_->opts.token;
-  return token.substr(0, token.find(':'));
+  return internal::bot_id(impl_->opts.token);
 }
 
 provider_capabilities polling_provider::capabilities() const {
@@ -309,17 +308,15 @@ void polling_provider::stop() {
 
 void polling_provider::send(const outgoing_message& msg) {
   auto& i = *impl_;
-  // Topics share their group's limits.
-  auto to = internal::split_chat(msg.chat).chat_id;
-  bool group = !to.empty() && to.front() == '-';
+  auto to = internal::split_chat(msg.chat);
   std::stop_token stopping;
   {
     std::lock_guard guard{i.mtx};
     if (i.host)
       stopping = i.host->stopping();
   }
-  http::send_with_retry(i.flood, to, group, [&] { i.api->send(msg); }, 5,
-                        stopping);
+  http::send_with_retry(i.flood, to.chat_id, to.group(),
+                        [&] { i.api->send(msg); }, 5, stopping);
   ++i.n_sent;
   if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
     i.callbacks->replied(*i.api, msg.reply_to);

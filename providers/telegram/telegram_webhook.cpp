@@ -296,8 +296,7 @@ std::string webhook_provider::id() const {
 }
 
 std::string webhook_provider::connection_id() const {
-  auto& token = impl_->opts.token;
-  return token.substr(0, token.find(':'));
+  return internal::bot_id(impl_->opts.token);
 }
 
 provider_state webhook_provider::state() const {
@@ -363,14 +362,12 @@ void webhook_provider::send(const outgoing_message& msg) {
       }
     }
   }
-  // Topics share their group's limits.
-  auto to = internal::split_chat(msg.chat).chat_id;
-  bool group = !to.empty() && to.front() == '-';
+  auto to = internal::split_chat(msg.chat);
   std::stop_token stopping;
   if (auto* h = i.current_host())
     stopping = h->stopping();
   http::send_with_retry(
-    i.flood, to, group,
+    i.flood, to.chat_id, to.group(),
     [&] {
       try {
         i.api->send(msg);

@@ -37,12 +37,7 @@ void field_str(std::string& out, std::string_view name, std::string_view v) {
 }
 
 bool is_positive_integer(std::string_view s) {
-  if (s.empty() || s.front() == '0')
-    return false;
-  for (char c : s)
-    if (c < '0' || c > '9')
-      return false;
-  return is_integer(s);
+  return !s.empty() && s.front() >= '1' && s.front() <= '9' && is_integer(s);
 }
 
 } // namespace

@@ -15,6 +15,12 @@ namespace botmesh::telegram::internal {
 struct chat_address {
   std::string_view chat_id{};
   std::string_view thread_id{}; ///< empty outside a topic
+
+  /// A group or supergroup (negative ids): its own flood limits, which its
+  /// topics share.
+  bool group() const noexcept {
+    return !chat_id.empty() && chat_id.front() == '-';
+  }
 };
 
 /// Splits `chat` at its last '/' when what follows is a positive integer;
@@ -23,6 +29,11 @@ chat_address split_chat(std::string_view chat) noexcept;
 
 /// `chat_id/thread_id`.
 std::string topic_chat(std::string_view chat_id, std::string_view thread_id);
+
+/// The bot's numeric id: its token up to ':'.
+inline std::string bot_id(std::string_view token) {
+  return std::string{token.substr(0, token.find(':'))};
+}
 
 struct method_call {
   std::string method{}; ///< "sendMessage", "sendPhoto"...
