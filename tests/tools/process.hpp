@@ -170,4 +170,16 @@ inline run_result run(const std::string& path, std::vector<std::string> args,
   return {rc, p.out(), p.err()};
 }
 
+/// The digits right after `marker` in `text` (a port in a "ready" line);
+/// empty when the marker is missing.
+inline std::string number_after(const std::string& text,
+                                const std::string& marker) {
+  auto at = text.find(marker);
+  if (at == std::string::npos)
+    return {};
+  at += marker.size();
+  auto end = text.find_first_not_of("0123456789", at);
+  return text.substr(at, end == std::string::npos ? end : end - at);
+}
+
 } // namespace test

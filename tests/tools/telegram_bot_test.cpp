@@ -23,10 +23,9 @@ bool contains(const std::string& s, const std::string& part) {
 
 /// The port in telegram_bot's "webhook mode on port N, ready" line.
 std::string ready_port(const std::string& err) {
-  auto at = err.find("on port ");
-  REQUIRE(at != std::string::npos);
-  at += 8;
-  return err.substr(at, err.find(',', at) - at);
+  auto port = test::number_after(err, "on port ");
+  REQUIRE_FALSE(port.empty());
+  return port;
 }
 
 } // namespace

@@ -19,10 +19,9 @@ constexpr const char* secret = "app-secret";
 
 /// The port in whatsapp_bot's "listening on port N" line.
 std::string listening_port(const std::string& err) {
-  auto at = err.find("listening on port ");
-  REQUIRE(at != std::string::npos);
-  at += 18;
-  return err.substr(at, err.find('\n', at) - at);
+  auto port = test::number_after(err, "listening on port ");
+  REQUIRE_FALSE(port.empty());
+  return port;
 }
 
 } // namespace

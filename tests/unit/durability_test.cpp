@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <future>
 #include <latch>
 #include <mutex>
@@ -347,17 +348,30 @@ TEST_CASE("with durability the standby of an exclusive transport takes no "
   b.b->stop();
 }
 
-TEST_CASE("with durability a turn whose effect was lost releases its record: "
-          "it is handled again and the replayed step does not send twice") {
-  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+namespace {
+
+struct replayed {
+  std::vector<std::string> sent;
+  botmesh::bot_stats stats;
+  std::size_t store_errors = 0;
+};
+
+// A bot over `backend` whose turn sends "primero", is lost on its first run
+// (a store error after that send) and sends "primero", "segundo" when its
+// record is replayed; `first_run` runs before the first send.
+replayed lose_then_replay(std::shared_ptr<botmesh::durable_backend> backend,
+                          std::function<void()> first_run = {}) {
   auto p = std::make_shared<botmesh::testing_provider>();
   test::error_log errors;
-  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  botmesh::bot b{{.provider = p, .durability = durable(std::move(backend))}};
   errors.attach(b);
   std::atomic<int> runs{0};
   b.on_message([&](botmesh::context& c) {
+    bool first = ++runs == 1;
+    if (first && first_run)
+      first_run();
     c.reply("primero");
-    if (++runs == 1)
+    if (first)
       throw botmesh::error(errc::store_error, "simulated checkpoint failure");
     c.reply("segundo");
   });
@@ -366,10 +380,18 @@ TEST_CASE("with durability a turn whose effect was lost releases its record: "
   REQUIRE(p->wait_for_sent(2, 5s));
   REQUIRE(test::eventually([&] { return runs == 2; }));
   b.stop();
-  CHECK(texts(*p) == std::vector<std::string>{"primero", "segundo"});
-  CHECK(b.stats().outbox_skipped == 1);
-  CHECK(b.stats().reprocessed == 1);
-  CHECK(errors.count(errc::store_error) == 1);
+  return {texts(*p), b.stats(), errors.count(errc::store_error)};
+}
+
+} // namespace
+
+TEST_CASE("with durability a turn whose effect was lost releases its record: "
+          "it is handled again and the replayed step does not send twice") {
+  auto r = lose_then_replay(std::make_shared<botmesh::memory_durable_backend>());
+  CHECK(r.sent == std::vector<std::string>{"primero", "segundo"});
+  CHECK(r.stats.outbox_skipped == 1);
+  CHECK(r.stats.reprocessed == 1);
+  CHECK(r.store_errors == 1);
 }
 
 TEST_CASE("with durability a release that failed leaves no record stuck: "
@@ -423,26 +445,10 @@ TEST_CASE("with durability a first attempt's send whose outbox entry failed "
           "the record is released") {
   auto g = std::make_shared<test::gated_backend>();
   g->open();
-  auto p = std::make_shared<botmesh::testing_provider>();
-  test::error_log errors;
-  botmesh::bot b{{.provider = p, .durability = test::durable_over(g)}};
-  errors.attach(b);
-  std::atomic<int> runs{0};
-  b.on_message([&](botmesh::context& c) {
-    if (++runs == 1)
-      g->fail_outbox = 2; // the entry of the send below, and its first rewrite
-    c.reply("primero");
-    if (runs == 1)
-      throw botmesh::error(errc::store_error, "simulated checkpoint failure");
-    c.reply("segundo");
-  });
-  b.start();
-  p->inject(msg("ana", "m1", "hola"));
-  REQUIRE(p->wait_for_sent(2, 5s));
-  REQUIRE(test::eventually([&] { return runs == 2; }));
-  b.stop();
-  CHECK(texts(*p) == std::vector<std::string>{"primero", "segundo"});
-  CHECK(b.stats().outbox_skipped == 1);
+  // The entry of the first send, and its first rewrite, fail.
+  auto r = lose_then_replay(g, [&] { g->fail_outbox = 2; });
+  CHECK(r.sent == std::vector<std::string>{"primero", "segundo"});
+  CHECK(r.stats.outbox_skipped == 1);
 }
 
 TEST_CASE("with durability a message refused because the bot stops is "

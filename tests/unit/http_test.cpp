@@ -67,6 +67,32 @@ class raw_socket {
   int fd_ = -1;
 };
 
+/// POST `path` on `s` never answers by itself: its responders are held,
+/// and answered 200 when this goes (declare it after the server).
+class silent_route {
+ public:
+  silent_route(http::server& s, std::string path)
+    : srv_(s), path_(std::move(path)) {
+    srv_.route("POST", path_, [this](http::request&, http::responder r) {
+      std::lock_guard guard{mtx_};
+      held_.push_back(r);
+    });
+  }
+
+  ~silent_route() {
+    srv_.remove_route("POST", path_);
+    std::lock_guard guard{mtx_};
+    for (auto& r : held_)
+      r.respond(200);
+  }
+
+ private:
+  http::server& srv_;
+  std::string path_;
+  std::mutex mtx_;
+  std::vector<http::responder> held_;
+};
+
 http::client_request get(const http::server& s, std::string path) {
   return {.method = "GET", .url = s.url() + path};
 }
@@ -168,12 +194,7 @@ TEST_CASE("an unparsable request is answered 400") {
 
 TEST_CASE("the HTTP client times out on a platform that never answers") {
   http::server s;
-  std::mutex mtx;
-  std::vector<http::responder> held;
-  s.route("POST", "/slow", [&](http::request&, http::responder r) {
-    std::lock_guard guard{mtx};
-    held.push_back(r);
-  });
+  silent_route slow{s, "/slow"};
   s.start();
   http::client c;
   try {
@@ -183,20 +204,12 @@ TEST_CASE("the HTTP client times out on a platform that never answers") {
     CHECK(e.code() == botmesh::errc::timeout);
     CHECK(std::string{e.what()}.find("127.0.0.1") != std::string::npos);
   }
-  std::lock_guard guard{mtx};
-  for (auto& r : held)
-    r.respond(200);
 }
 
 TEST_CASE("a stop requested before the answer is read stops the request at "
           "once, on a new connection and on a pooled one") {
   http::server s;
-  std::mutex mtx;
-  std::vector<http::responder> held;
-  s.route("POST", "/slow", [&](http::request&, http::responder r) {
-    std::lock_guard guard{mtx};
-    held.push_back(r);
-  });
+  silent_route slow{s, "/slow"};
   s.route("POST", "/fast", [](http::request&, http::responder r) { r.respond(200); });
   s.start();
   http::client c;
@@ -213,9 +226,6 @@ TEST_CASE("a stop requested before the answer is read stops the request at "
     // The next round finds a pooled connection.
     REQUIRE(c.request({.url = s.url() + "/fast"}).status == 200);
   }
-  std::lock_guard guard{mtx};
-  for (auto& r : held)
-    r.respond(200);
 }
 
 TEST_CASE("the HTTP client reports a refused connection as a provider error "

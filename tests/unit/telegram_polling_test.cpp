@@ -70,6 +70,24 @@ struct update_feed {
   }
 };
 
+/// The texts a bot handled, in order (thread-safe).
+struct text_log {
+  std::mutex mtx;
+  std::vector<std::string> texts;
+
+  void attach(botmesh::bot& bot) {
+    bot.on_message([this](botmesh::context& c) {
+      std::lock_guard guard{mtx};
+      texts.push_back(c.text());
+    });
+  }
+
+  std::vector<std::string> all() {
+    std::lock_guard guard{mtx};
+    return texts;
+  }
+};
+
 tg::polling_options options(const test::fake_api& api,
                             std::shared_ptr<botmesh::store> store,
                             std::string token = test::telegram_token) {
@@ -135,12 +153,8 @@ TEST_CASE("when Telegram restarts its update ids below the offset, the new "
     feed.push(i, 42, "viejo" + std::to_string(i));
   auto p = std::make_shared<tg::polling_provider>(options(*api, store));
   botmesh::bot bot{{.provider = p, .store = store}};
-  std::mutex mtx;
-  std::vector<std::string> texts;
-  bot.on_message([&](botmesh::context& c) {
-    std::lock_guard guard{mtx};
-    texts.push_back(c.text());
-  });
+  text_log handled;
+  handled.attach(bot);
   bot.start();
   REQUIRE(test::eventually([&] { return p->stats().offset == 103; }));
   {
@@ -159,9 +173,9 @@ TEST_CASE("when Telegram restarts its update ids below the offset, the new "
   CHECK(store->get_user_data("provider:telegram", "botmesh",
                              "telegram_offset:123")
         == std::optional<std::string>{"10"});
-  std::lock_guard guard{mtx};
-  CHECK(texts == std::vector<std::string>{"viejo100", "viejo101", "viejo102",
-                                          "nuevo7", "nuevo8", "nuevo9"});
+  CHECK(handled.all() == std::vector<std::string>{"viejo100", "viejo101",
+                                                  "viejo102", "nuevo7", "nuevo8",
+                                                  "nuevo9"});
 }
 
 namespace {
@@ -218,19 +232,14 @@ TEST_CASE("an update that does not parse is skipped, logged and counted; "
   auto store = std::make_shared<botmesh::memory_store>();
   auto p = std::make_shared<tg::polling_provider>(options(*api, store));
   botmesh::bot bot{{.provider = p, .store = store}};
-  std::mutex mtx;
-  std::vector<std::string> texts;
-  bot.on_message([&](botmesh::context& c) {
-    std::lock_guard guard{mtx};
-    texts.push_back(c.text());
-  });
+  text_log handled;
+  handled.attach(bot);
   bot.start();
   REQUIRE(test::eventually([&] { return p->stats().offset == 14; }));
   REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
   bot.stop();
   CHECK(p->stats().malformed == 2);
-  std::lock_guard guard{mtx};
-  CHECK(texts == std::vector<std::string>{"antes", "despues"});
+  CHECK(handled.all() == std::vector<std::string>{"antes", "despues"});
 }
 
 TEST_CASE("long polling answers a pressed button whose turn sent nothing, "
