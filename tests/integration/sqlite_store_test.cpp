@@ -174,6 +174,47 @@ TEST_CASE("a schedule row with a time out of range is a corrupted record "
         == std::numeric_limits<std::int64_t>::min() + 1);
 }
 
+TEST_CASE("a schedule row whose number columns hold text or a real is a "
+          "corrupted record naming its id and column, not a zero") {
+  test::temp_file file;
+  botmesh::sqlite_store s{{.path = file.path()}};
+  s.start();
+  auto sched = s.schedules();
+  sched->register_task("job", "every 1000", botmesh::from_unix_ms(1),
+                       botmesh::from_unix_ms(0));
+  sched->register_task("other", "every 1000", botmesh::from_unix_ms(1),
+                       botmesh::from_unix_ms(0));
+  auto expect_corrupt = [&](const std::string& column, const std::string& shown) {
+    for (auto f : std::vector<std::function<void()>>{
+           [&] { sched->get("job"); },
+           [&] { sched->list(); },
+           [&] { sched->claim("job", "me", botmesh::from_unix_ms(5),
+                              std::chrono::seconds(1)); }}) {
+      try {
+        f();
+        FAIL("read a damaged schedule");
+      } catch (const botmesh::error& e) {
+        std::string what = e.what();
+        CHECK(e.code() == botmesh::errc::corrupted_record);
+        CHECK(what.find("sqlite schedule job") != std::string::npos);
+        CHECK(what.find(column) != std::string::npos);
+        CHECK(what.find(shown) != std::string::npos);
+      }
+    }
+  };
+  // INTEGER affinity keeps text that is not a number as text.
+  raw_sql(file.path(), "UPDATE schedules SET next_run_at='soon' WHERE id='job'");
+  expect_corrupt("next_run_at", "\"soon\"");
+  raw_sql(file.path(), "UPDATE schedules SET next_run_at=1, fencing_token=2.5 "
+                       "WHERE id='job'");
+  expect_corrupt("fencing_token", "2.5");
+  // The other row reads as it was written; the damaged one is left alone.
+  CHECK(sched->get("other")->next_run_at == botmesh::from_unix_ms(1));
+  CHECK(raw_int(file.path(), "SELECT typeof(fencing_token)='real' FROM "
+                             "schedules WHERE id='job'")
+        == 1);
+}
+
 TEST_CASE("compare-and-set holds across separate connections to one file") {
   test::temp_file file;
   constexpr int writers = 4;

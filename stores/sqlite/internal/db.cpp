@@ -101,7 +101,25 @@ std::string stmt::text(int col) const {
 }
 
 std::int64_t stmt::int64(int col) const {
-  return sqlite3_column_int64(s_, col);
+  switch (sqlite3_column_type(s_, col)) {
+    case SQLITE_INTEGER:
+      return sqlite3_column_int64(s_, col);
+    case SQLITE_NULL:
+      return 0;
+    case SQLITE_FLOAT:
+      throw error(errc::corrupted_record,
+                  fmt::format("column {} holds the real {}, not an integer",
+                              sqlite3_column_name(s_, col),
+                              sqlite3_column_double(s_, col)));
+    default: {
+      auto shown = text(col);
+      if (shown.size() > 40)
+        shown = shown.substr(0, 40) + "...";
+      throw error(errc::corrupted_record,
+                  fmt::format("column {} holds \"{}\", not an integer",
+                              sqlite3_column_name(s_, col), shown));
+    }
+  }
 }
 
 bool stmt::is_null(int col) const {

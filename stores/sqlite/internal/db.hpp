@@ -61,6 +61,11 @@ class stmt {
   int run();
 
   std::string text(int col) const;
+  /// The column's integer; NULL reads as 0 (an aggregate over no rows).
+  /// Throws `errc::corrupted_record` naming the column when it holds text,
+  /// a real or a blob: an INTEGER column only keeps those when something
+  /// other than this store wrote the row, and reading them as 0 would turn
+  /// a damaged record into a plausible one.
   std::int64_t int64(int col) const;
   bool is_null(int col) const;
 

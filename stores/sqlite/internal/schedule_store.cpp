@@ -1,5 +1,8 @@
 #include <botmesh/stores/sqlite/internal/schedule_store.hpp>
 
+#include <fmt/format.h>
+
+#include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/internal/schedule_transitions.hpp>
 #include <botmesh/stores/sqlite/internal/db.hpp>
 #include <botmesh/stores/store.hpp>
@@ -8,13 +11,7 @@ namespace botmesh::internal {
 
 namespace {
 
-constexpr const char* columns =
-  "id, spec, next_run_at, fencing_token, lease_owner, lease_until, "
-  "claimed_at, done, deleted, updated_at";
-
-schedule_record read(const stmt& s) {
-  schedule_record r;
-  r.id = s.text(0);
+void read_fields(const stmt& s, schedule_record& r) {
   r.spec = s.text(1);
   r.next_run_at = from_unix_ms(s.int64(2));
   r.fencing_token = static_cast<std::uint64_t>(s.int64(3));
@@ -24,6 +21,23 @@ schedule_record read(const stmt& s) {
   r.done = s.int64(7) != 0;
   r.deleted = s.int64(8) != 0;
   r.updated_at = from_unix_ms(s.int64(9));
+}
+
+constexpr const char* columns =
+  "id, spec, next_run_at, fencing_token, lease_owner, lease_until, "
+  "claimed_at, done, deleted, updated_at";
+
+schedule_record read(const stmt& s) {
+  schedule_record r;
+  r.id = s.text(0);
+  try {
+    read_fields(s, r);
+  } catch (const error& e) {
+    if (e.code() != errc::corrupted_record)
+      throw;
+    throw error(errc::corrupted_record,
+                fmt::format("sqlite schedule {}: {}", r.id, e.what()));
+  }
   check_record_times(r, "sqlite schedule " + r.id);
   return r;
 }
