@@ -1,6 +1,8 @@
 #include <botmesh/stores/redis/redis_durable_backend.hpp>
 
 #include <charconv>
+#include <functional>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -10,13 +12,6 @@
 namespace botmesh {
 
 namespace {
-
-// The chat part of a journal id (`<key>#<platform id>`): operations on one
-// chat share a connection, so they run in the order they were issued.
-std::string_view affinity_of(std::string_view id) {
-  auto pos = id.rfind('#');
-  return pos == std::string_view::npos ? id : id.substr(0, pos);
-}
 
 std::exception_ptr reply_error(std::string_view what, const redis_reply& r) {
   if (r.type == redis_reply::kind::error) {
@@ -69,10 +64,187 @@ std::vector<journal_record> records_of(const redis_reply& r) {
 
 } // namespace
 
+// Record, confirm, release and outbox claims are queued, and what was
+// queued while a call was in flight goes out as the next call: one
+// durable_journal and one durable_outbox script for the whole batch,
+// written back to back on one connection. A busy bot then pays one script
+// call (one Redis command, one reply to parse, one wake-up) per batch
+// rather than three per message, and a single call in flight costs an
+// idle bot nothing. The completions run once both replies are in, in the
+// order the operations were issued.
+class op_batcher : public std::enable_shared_from_this<op_batcher> {
+ public:
+  // The reply of one operation (an element of its script's reply), or the
+  // failure of the whole call.
+  using done_fn = std::function<void(const redis_reply*, std::exception_ptr)>;
+
+  op_batcher(std::shared_ptr<redis_client> client, std::string inbound,
+             std::string outbox)
+    : client_(std::move(client)),
+      in_keys_{inbound + "rec", inbound + "open", inbound + "exp",
+               inbound + "seq"},
+      out_keys_{outbox + "sent", outbox + "fence", outbox + "fexp"} {
+    // nop
+  }
+
+  // `outbox` chooses the script; `args` are the operation's, appended to
+  // that script's arguments.
+  void submit(bool outbox, std::vector<std::string> args, done_fn done) {
+    std::vector<op> batch;
+    {
+      std::lock_guard guard{mtx_};
+      queued_.push_back(op{outbox, std::move(args), std::move(done)});
+      if (in_flight_)
+        return;
+      in_flight_ = true;
+      batch = take();
+    }
+    send(std::move(batch));
+  }
+
+ private:
+  struct op {
+    bool outbox;
+    std::vector<std::string> args;
+    done_fn done;
+  };
+
+  // A call carries at most this many operations and (past its first
+  // operation) this many bytes of arguments, so one call never holds the
+  // server for long; the rest waits for the next call.
+  static constexpr std::size_t max_ops = 256;
+  static constexpr std::size_t max_bytes = 1 << 20;
+
+  std::vector<op> take() {
+    std::size_t n = 0, bytes = 0;
+    while (n < queued_.size() && n < max_ops) {
+      for (auto& a : queued_[n].args)
+        bytes += a.size();
+      if (n > 0 && bytes > max_bytes)
+        break;
+      ++n;
+    }
+    std::vector<op> out;
+    if (n == queued_.size()) {
+      out.swap(queued_);
+    } else {
+      auto end = queued_.begin() + static_cast<std::ptrdiff_t>(n);
+      out.assign(std::make_move_iterator(queued_.begin()),
+                 std::make_move_iterator(end));
+      queued_.erase(queued_.begin(), end);
+    }
+    return out;
+  }
+
+  struct call {
+    std::vector<op> ops;
+    int pending = 0;
+    redis_reply journal, outbox;
+    std::exception_ptr journal_error, outbox_error;
+  };
+
+  void send(std::vector<op> batch) {
+    auto c = std::make_shared<call>();
+    c->ops = std::move(batch);
+    std::vector<std::string> in_args, out_args;
+    for (auto& o : c->ops) {
+      auto& to = o.outbox ? out_args : in_args;
+      for (auto& a : o.args)
+        to.push_back(std::move(a));
+      o.args.clear();
+    }
+    c->pending = (in_args.empty() ? 0 : 1) + (out_args.empty() ? 0 : 1);
+    auto self = shared_from_this();
+    // One lane for both: on a standalone server they are written together
+    // and answered in order (a cluster routes each by its slot).
+    auto issue = [&](bool outbox, std::vector<std::string> args) {
+      client_->eval_async(
+        "durable", outbox ? internal::lua().durable_outbox
+                          : internal::lua().durable_journal,
+        outbox ? out_keys_ : in_keys_, std::move(args),
+        [self, c, outbox](redis_reply r, std::exception_ptr e) {
+          (outbox ? c->outbox : c->journal) = std::move(r);
+          (outbox ? c->outbox_error : c->journal_error) = e;
+          // Both replies come on one connection's thread on a standalone
+          // server; a cluster may answer them on two.
+          std::unique_lock guard{self->mtx_};
+          if (--c->pending > 0)
+            return;
+          self->ready_.push_back(c);
+          if (self->delivering_)
+            return; // the thread delivering takes it next, in order
+          self->delivering_ = true;
+          self->pump(guard);
+        });
+    };
+    if (!in_args.empty())
+      issue(false, std::move(in_args));
+    if (!out_args.empty())
+      issue(true, std::move(out_args));
+  }
+
+  // Sends the next batch and runs the completions of completed calls, in
+  // order. `guard` holds mtx_; it is released around the sends and the
+  // completions (which may submit again).
+  void pump(std::unique_lock<std::mutex>& guard) {
+    while (!ready_.empty()) {
+      auto c = std::move(ready_.front());
+      ready_.erase(ready_.begin());
+      std::vector<op> next;
+      if (!queued_.empty())
+        next = take();
+      else
+        in_flight_ = false;
+      guard.unlock();
+      if (!next.empty())
+        send(std::move(next));
+      complete(*c);
+      guard.lock();
+    }
+    delivering_ = false;
+  }
+
+  static void complete(call& c) {
+    std::size_t in_i = 0, out_i = 0;
+    for (auto& o : c.ops) {
+      auto& r = o.outbox ? c.outbox : c.journal;
+      auto e = o.outbox ? c.outbox_error : c.journal_error;
+      auto& i = o.outbox ? out_i : in_i;
+      const redis_reply* mine = nullptr;
+      if (!e) {
+        auto what = o.outbox ? "durable_outbox" : "durable_journal";
+        if (r.type == redis_reply::kind::error)
+          e = reply_error(what, r);
+        else if (r.type != redis_reply::kind::array)
+          e = bad_reply(what, r);
+        else if (i >= r.elements.size())
+          e = std::make_exception_ptr(error(
+            errc::corrupted_record,
+            fmt::format("{}: {} replies for more operations", what,
+                        r.elements.size())));
+        else
+          mine = &r.elements[i];
+      }
+      ++i;
+      o.done(mine, e);
+    }
+  }
+
+  std::shared_ptr<redis_client> client_;
+  std::vector<std::string> in_keys_;
+  std::vector<std::string> out_keys_;
+  std::mutex mtx_;
+  std::vector<op> queued_;
+  bool in_flight_ = false;
+  std::vector<std::shared_ptr<call>> ready_;
+  bool delivering_ = false;
+};
+
 struct redis_durable_backend::impl {
   std::shared_ptr<redis_client> client;
   std::string inbound; // p:{durable:inbound}:
   std::string outbox;  // p:{durable:outbox}:
+  std::shared_ptr<op_batcher> batch;
 
   std::vector<std::string> in_keys(std::initializer_list<const char*> parts) const {
     std::vector<std::string> out;
@@ -93,6 +265,8 @@ redis_durable_backend::redis_durable_backend(redis_durable_options opts)
   impl_->client = std::move(opts.client);
   impl_->inbound = opts.prefix + ":{durable:inbound}:";
   impl_->outbox = opts.prefix + ":{durable:outbox}:";
+  impl_->batch = std::make_shared<op_batcher>(impl_->client, impl_->inbound,
+                                              impl_->outbox);
 }
 
 redis_durable_backend::~redis_durable_backend() {
@@ -101,46 +275,41 @@ redis_durable_backend::~redis_durable_backend() {
 
 void redis_durable_backend::start() {
   auto& l = internal::lua();
-  for (auto* s : {&l.durable_record, &l.durable_settle, &l.durable_claim,
-                  &l.durable_outbox})
+  for (auto* s : {&l.durable_journal, &l.durable_claim, &l.durable_outbox})
     impl_->client->preload(*s);
 }
 
 void redis_durable_backend::record(journal_record rec, std::string_view holder,
                                    std::chrono::milliseconds ttl,
                                    completion<journal_put> done) {
-  auto aff = rec.key; // one chat's records are written in order
-  impl_->client->eval_async(
-    aff, internal::lua().durable_record,
-    impl_->in_keys({"rec", "open", "exp", "seq"}),
-    {rec.id, rec.key, rec.message, std::string{holder},
-     std::to_string(ttl.count())},
-    [done = std::move(done)](redis_reply r, std::exception_ptr e) {
+  impl_->batch->submit(
+    false,
+    {"r", std::move(rec.id), std::move(rec.key), std::move(rec.message),
+     std::string{holder}, std::to_string(ttl.count())},
+    [done = std::move(done)](const redis_reply* r, std::exception_ptr e) {
       if (!e)
-        e = reply_error("durable_record", r);
-      if (!e && r.type != redis_reply::kind::integer)
-        e = bad_reply("durable_record", r);
+        e = reply_error("durable_journal (record)", *r);
+      if (!e && r->type != redis_reply::kind::integer)
+        e = bad_reply("durable_journal (record)", *r);
       if (e)
         return done(journal_put::duplicate, e);
-      done(r.integer == 0 ? journal_put::duplicate : journal_put::recorded,
+      done(r->integer == 0 ? journal_put::duplicate : journal_put::recorded,
            nullptr);
     });
 }
 
 namespace {
 
-void settle(redis_client& c, const std::vector<std::string>& keys,
-            std::string_view id, std::string_view holder, const char* mode,
-            durable_backend::completion<bool> done) {
-  c.eval_async(affinity_of(id), internal::lua().durable_settle, keys,
-               {std::string{id}, std::string{holder}, mode},
-               [done = std::move(done)](redis_reply r, std::exception_ptr e) {
-                 if (!e)
-                   e = reply_error("durable_settle", r);
-                 if (!e && r.type != redis_reply::kind::integer)
-                   e = bad_reply("durable_settle", r);
-                 done(!e && r.integer == 1, e);
-               });
+void settle(op_batcher& b, std::string_view id, std::string_view holder,
+            const char* mode, durable_backend::completion<bool> done) {
+  b.submit(false, {mode, std::string{id}, std::string{holder}},
+           [done = std::move(done)](const redis_reply* r, std::exception_ptr e) {
+             if (!e)
+               e = reply_error("durable_journal (settle)", *r);
+             if (!e && r->type != redis_reply::kind::integer)
+               e = bad_reply("durable_journal (settle)", *r);
+             done(!e && r->integer == 1, e);
+           });
 }
 
 } // namespace
@@ -148,15 +317,13 @@ void settle(redis_client& c, const std::vector<std::string>& keys,
 void redis_durable_backend::confirm(std::string_view id,
                                     std::string_view holder,
                                     completion<bool> done) {
-  settle(*impl_->client, impl_->in_keys({"rec", "open"}), id, holder, "done",
-         std::move(done));
+  settle(*impl_->batch, id, holder, "d", std::move(done));
 }
 
 void redis_durable_backend::release(std::string_view id,
                                     std::string_view holder,
                                     completion<bool> done) {
-  settle(*impl_->client, impl_->in_keys({"rec", "open"}), id, holder, "free",
-         std::move(done));
+  settle(*impl_->batch, id, holder, "f", std::move(done));
 }
 
 void redis_durable_backend::beat_and_claim(std::string_view holder,
@@ -206,21 +373,20 @@ void redis_durable_backend::outbox_claim(std::string_view send_id,
                                          std::uint64_t fence,
                                          std::chrono::milliseconds ttl,
                                          completion<outbox_verdict> done) {
-  auto& o = impl_->outbox;
-  impl_->client->eval_async(
-    key, internal::lua().durable_outbox, {o + "sent", o + "fence", o + "fexp"},
+  impl_->batch->submit(
+    true,
     {std::string{send_id}, std::string{key}, std::to_string(fence),
      std::to_string(ttl.count())},
-    [done = std::move(done)](redis_reply r, std::exception_ptr e) {
+    [done = std::move(done)](const redis_reply* r, std::exception_ptr e) {
       if (!e)
-        e = reply_error("durable_outbox", r);
-      if (!e && r.type != redis_reply::kind::integer)
-        e = bad_reply("durable_outbox", r);
+        e = reply_error("durable_outbox", *r);
+      if (!e && r->type != redis_reply::kind::integer)
+        e = bad_reply("durable_outbox", *r);
       if (e)
         return done(outbox_verdict::fenced, e);
-      done(r.integer > 0    ? outbox_verdict::send
-           : r.integer == 0 ? outbox_verdict::duplicate
-                            : outbox_verdict::fenced,
+      done(r->integer > 0    ? outbox_verdict::send
+           : r->integer == 0 ? outbox_verdict::duplicate
+                             : outbox_verdict::fenced,
            nullptr);
     });
 }

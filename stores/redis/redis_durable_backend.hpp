@@ -22,10 +22,16 @@ struct redis_durable_options {
 ///   p:{durable:inbound}:rec|open|exp|seq|hb   the inbound journal
 ///   p:{durable:outbox}:sent|fence|fexp        the outbox
 ///
-/// (see lua/durable_*.lua for each key's encoding). Every operation is one
+/// (see lua/durable_*.lua for each key's encoding). Every operation is a
 /// Lua script run through the client's asynchronous face (the completion
-/// runs on a connection's thread); operations on one chat run on one
-/// connection, in the order they were issued. Times are the server's.
+/// runs on a connection's thread). Record, confirm, release and outbox
+/// claims are batched: one call is in flight at a time, and what was
+/// issued meanwhile goes out as the next call (one journal and one outbox
+/// script), so a busy bot pays one script call per batch instead of three
+/// per message. Their completions run in the order the operations were
+/// issued. The cost: an operation issued while a call is in flight waits
+/// for that call's reply (one round trip; up to `command_timeout` when the
+/// server does not answer). Times are the server's.
 ///
 /// Errors (passed to the completion): `errc::store_error` naming the script
 /// for a server error reply or a lost connection, `errc::timeout`, and

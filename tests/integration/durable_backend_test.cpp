@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <future>
 #include <latch>
+#include <mutex>
 #include <thread>
 
 #include <conformance/durable_conformance.hpp>
@@ -156,6 +157,90 @@ TEST_CASE("a corrupted Redis journal record is named: settling it fails "
         == std::vector<std::string>{"t:1#bad", "t:1#nomsg", "t:1#numkey",
                                     "t:1#negseq", "t:1#halfa"});
   CHECK(s.claim("b", redis_durable_factory::lease).corrupted.empty());
+}
+
+TEST_CASE("Redis journal operations issued together go out in a few script "
+          "calls, each with its own result, completed in the order issued") {
+  test::redis_process server;
+  auto client = std::make_shared<botmesh::redis_client>(
+    botmesh::redis_options{.url = server.url()});
+  botmesh::redis_durable_backend b{{.client = client, .prefix = "bmbatch"}};
+  b.start();
+  dc::sync s{b};
+  REQUIRE(s.record("t:1#bad", "a") == dc::journal_put::recorded);
+  REQUIRE(s.record("t:1#dup", "a") == dc::journal_put::recorded);
+  client->call({"HSET", "bmbatch:{durable:inbound}:rec", "t:1#bad", "not json"});
+  client->call({"CONFIG", "RESETSTAT"});
+  constexpr int n = 100;
+  std::mutex mtx;
+  std::vector<std::string> order; // "<op> <result>" in completion order
+  std::vector<std::string> issued;
+  std::latch all{3 * n + 2};
+  auto note = [&](std::string what) {
+    std::lock_guard guard{mtx};
+    order.push_back(std::move(what));
+    all.count_down();
+  };
+  auto failure = [](std::exception_ptr e) -> std::string {
+    try {
+      std::rethrow_exception(e);
+    } catch (const botmesh::error& err) {
+      return std::string{botmesh::to_string(err.code())} + " " + err.what();
+    }
+  };
+  for (int i = 0; i < n; ++i) {
+    auto id = "t:2#m" + std::to_string(i);
+    issued.push_back("record " + id + " recorded");
+    b.record({.id = id, .key = "t:2", .message = "{}"}, "a",
+             std::chrono::minutes(1),
+             [&, id](dc::journal_put r, std::exception_ptr e) {
+               note("record " + id
+                    + (e ? " failed"
+                         : r == dc::journal_put::recorded ? " recorded"
+                                                          : " duplicate"));
+             });
+    issued.push_back("send " + id + "/0 send");
+    b.outbox_claim(id + "/0", "t:2", 1, std::chrono::minutes(1),
+                   [&, id](dc::outbox_verdict v, std::exception_ptr e) {
+                     note("send " + id + "/0"
+                          + (e ? " failed"
+                               : v == dc::outbox_verdict::send ? " send"
+                                                               : " other"));
+                   });
+    issued.push_back("confirm " + id + " true");
+    b.confirm(id, "a", [&, id](bool held, std::exception_ptr e) {
+      note("confirm " + id + (e ? " failed" : held ? " true" : " false"));
+    });
+    if (i == n / 2) {
+      // Amid the others: a damaged record fails alone, a duplicate is one.
+      issued.push_back("confirm t:1#bad corrupted");
+      b.confirm("t:1#bad", "a", [&](bool, std::exception_ptr e) {
+        auto what = e ? failure(e) : std::string{};
+        CHECK(what.find("t:1#bad") != std::string::npos);
+        note(what.starts_with("corrupted_record") ? "confirm t:1#bad corrupted"
+                                                  : "confirm t:1#bad " + what);
+      });
+      issued.push_back("record t:1#dup duplicate");
+      b.record({.id = "t:1#dup", .key = "t:1", .message = "{}"}, "a",
+               std::chrono::minutes(1),
+               [&](dc::journal_put r, std::exception_ptr e) {
+                 note(std::string{"record t:1#dup "}
+                      + (e ? "failed"
+                           : r == dc::journal_put::duplicate ? "duplicate"
+                                                             : "recorded"));
+               });
+    }
+  }
+  all.wait();
+  CHECK(order == issued);
+  // 302 operations; those issued while a call was in flight share the next.
+  auto stats = client->call({"INFO", "commandstats"}).str;
+  auto at = stats.find("cmdstat_evalsha:calls=");
+  REQUIRE(at != std::string::npos);
+  auto calls = std::stoi(stats.substr(at + 22));
+  MESSAGE("script calls for 302 operations: " << calls);
+  CHECK(calls <= 60);
+  CHECK(s.record("t:2#m7", "a") == dc::journal_put::duplicate);
 }
 
 TEST_CASE("a Redis journal call while the server is down fails with a "

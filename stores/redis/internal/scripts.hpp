@@ -34,8 +34,7 @@ struct scripts {
   redis_script co_lead;
   redis_script co_unlead;
   redis_script co_batch;
-  redis_script durable_record;
-  redis_script durable_settle;
+  redis_script durable_journal;
   redis_script durable_claim;
   redis_script durable_outbox;
   // The cluster:v1 layout's own (the rest are shared with legacy).
