@@ -25,7 +25,10 @@ struct entry {
   event_ptr ev;
   std::uint64_t req = 0;             // with coordination: its request
   std::shared_ptr<turn_token> token; // granted
-  bool wait_armed = false;           // its turn_wait bound is counting
+  // Its turn_wait bound, when counting: the number its timer carries
+  // (unique in the chat). Not the request id: a grant can move a request
+  // to another entry, and the bound must stay with the entry.
+  std::uint64_t wait = 0;
 };
 
 // A chat's FIFO: a vector and a head index (one allocation for a burst,
@@ -210,6 +213,7 @@ struct chat_state {
   bool busy = false;
   bool first = true;   // the next turn is the first of this activation
   bool asking = false; // an idle request to the router is in flight
+  std::uint64_t waits = 0; // turn_wait bounds armed so far
   std::uint64_t received = 0;
   std::vector<caf::typed_response_promise<bool>> drain_waiters;
 
@@ -242,7 +246,7 @@ using chat_actor_t = caf::stateful_actor<chat_state>;
 void enter(chat_actor_t* self, entry& e) {
   e.req = next_request.fetch_add(1, std::memory_order_relaxed);
   e.token.reset();
-  e.wait_armed = false;
+  e.wait = 0;
   self->send(self->state.cfg().lease, acquire_atom::value, self->state.key,
              e.req);
 }
@@ -283,10 +287,10 @@ void next_turn(chat_actor_t* self) {
   auto& head = q.front();
   if (!head.token) {
     // Waiting for the head's turn: bounded by turn_wait from now.
-    if (!head.wait_armed) {
-      head.wait_armed = true;
+    if (head.wait == 0) {
+      head.wait = ++st.waits;
       self->delayed_send(self, st.cfg().turn_wait, turn_wait_atom::value,
-                         head.req);
+                         head.wait);
     }
     return;
   }
@@ -335,7 +339,7 @@ void push(chat_actor_t* self, event_ptr ev) {
     return;
   }
   auto& q = st.q();
-  q.push_back(entry{std::move(ev), 0, nullptr, false});
+  q.push_back(entry{std::move(ev), 0, nullptr, 0});
   if (st.coordinated())
     enter(self, q.back());
   next_turn(self);
@@ -401,8 +405,9 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       auto& q = self->state.queue;
       for (std::size_t j = 0; j < i; ++j) {
         if (!q[j].token) {
+          // The request moves; each entry's turn_wait bound stays its
+          // own (q[j]'s is moot now that it is granted).
           std::swap(q[j].req, q[i].req);
-          std::swap(q[j].wait_armed, q[i].wait_armed);
           e = &q[j];
           break;
         }
@@ -421,15 +426,15 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       enter_again(self, i);
       next_turn(self);
     },
-    [=](turn_wait_atom, std::uint64_t req) {
+    [=](turn_wait_atom, std::uint64_t wait) {
       auto& st = self->state;
       if (st.empty() || st.busy)
         return;
       auto& q = st.queue;
       auto& head = q.front();
-      if (head.req != req || head.token)
-        return; // stale: granted, or entered again
-      self->send(st.cfg().lease, leave_atom::value, st.key, req);
+      if (head.wait != wait || head.token)
+        return; // stale: granted, entered again, or another entry's
+      self->send(st.cfg().lease, leave_atom::value, st.key, head.req);
       auto ev = std::move(head.ev->ev);
       q.pop_front();
       st.cfg().services->turn_failed(

@@ -221,10 +221,16 @@ void observe(lease_actor_t* self, clk::time_point sent, std::int64_t now_ms) {
 }
 
 // A lease the replica may assume for a grant or renewal answered at
-// backend time `now_ms`, its request sent at `sent`.
+// backend time `now_ms`, its request sent at `sent`. Never more than the
+// lease it asks for from when the request left: a deadline read against
+// another clock reading than the one that set it (a cluster's nodes, a
+// coordinator's bug) must not stretch the turn past what the backend
+// holds.
 clk::time_point valid_from_reply(lease_actor_t* self, clk::time_point sent,
                                  std::int64_t deadline_ms, std::int64_t now_ms) {
-  return sent + milliseconds{deadline_ms - now_ms} - self->state.margin;
+  auto left = std::min(milliseconds{deadline_ms - now_ms},
+                       std::chrono::duration_cast<milliseconds>(self->state.lease));
+  return sent + left - self->state.margin;
 }
 
 // The same for a pushed grant, which carries no send time of ours.
@@ -593,6 +599,8 @@ void on_renewed(lease_actor_t* self, renew_done& d) {
       lose(self, ref.key, turn_end::expired);
       continue;
     }
+    if (d.res.turns[i] == renewal_result::failed)
+      continue; // unknown: its validity runs on, and out, as it was
     auto v = valid_from_reply(self, d.sent, d.res.turns[i], d.res.now_ms);
     if (v > h->second.valid_until) {
       h->second.valid_until = v;
@@ -611,6 +619,8 @@ void on_renewed(lease_actor_t* self, renew_done& d) {
       continue;
     }
     auto& lead = l->second;
+    if (d.res.lead_failed(i))
+      continue; // unknown: its validity runs on, and out, as it was
     if (d.sent < lead.answered_sent)
       continue; // a later renewal was answered already
     lead.answered_sent = d.sent;

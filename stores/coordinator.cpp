@@ -4,6 +4,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/schedule_store.hpp>
 
 namespace botmesh {
@@ -77,6 +78,9 @@ std::optional<leadership> blocking_coordinator::lead(std::string_view name) {
   renewal r;
   r.leads.emplace_back(name);
   auto res = renew(std::move(r));
+  if (res.lead_failed(0))
+    throw coordination_unavailable_error(
+      res.errors.empty() ? std::string{"leading failed"} : res.errors.front());
   return res.leads.empty() ? std::nullopt : res.leads.front();
 }
 

@@ -87,13 +87,28 @@ struct renewal {
 };
 
 struct renewal_result {
+  /// A turn whose renewal met an error of its own (a cluster slot whose
+  /// master is down, a damaged key): neither renewed nor known lost. Its
+  /// lease runs out unless a later renewal succeeds; the batch's other
+  /// turns and leaderships are unaffected.
+  static constexpr std::int64_t failed = -1;
   /// The backend clock when the batch ran.
   std::int64_t now_ms = 0;
-  /// Per turn of the request, in order: its new deadline, or 0 when lost
-  /// (expired, taken over, or released).
+  /// Per turn of the request, in order: its new deadline, 0 when lost
+  /// (expired, taken over, or released), or `failed`.
   std::vector<std::int64_t> turns{};
-  /// Per name: the leadership, or nothing while another replica leads.
+  /// Per name: the leadership, or nothing while another replica leads (or
+  /// when `leads_failed` says its renewal failed).
   std::vector<std::optional<leadership>> leads{};
+  /// Per name, when any failed: true for a leadership whose renewal met an
+  /// error of its own (neither renewed nor known lost). Empty when none.
+  std::vector<bool> leads_failed{};
+  /// The errors met, one line each, for logs.
+  std::vector<std::string> errors{};
+
+  bool lead_failed(std::size_t i) const noexcept {
+    return i < leads_failed.size() && leads_failed[i];
+  }
 };
 
 struct release_result {
@@ -218,7 +233,10 @@ class coordinator {
   virtual void submit(std::vector<turn_op> ops);
 
   /// Renews this incarnation's heartbeat, the turns and the leaderships of
-  /// `r` in one batch (one round trip).
+  /// `r` in one batch (one round trip). An error that concerns one turn or
+  /// one leadership (or the heartbeat alone) fails only that part (see
+  /// `renewal_result::failed`); the completion gets an error only when the
+  /// batch as a whole failed (no reply, a lost connection).
   virtual void renew(renewal r, completion<renewal_result> done) = 0;
 
   /// Gives a leadership up if this incarnation holds it at `fence`.

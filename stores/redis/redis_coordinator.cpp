@@ -294,24 +294,40 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
       throw coordination_unavailable_error("renewal: malformed TIME reply");
     out.now_ms = std::stoll(time.elements[0].str) * 1000
                  + std::stoll(time.elements[1].str) / 1000;
+    // Each part fails alone: one slot's master down (or one damaged key)
+    // must not cost every other turn and leadership its renewal.
     if (replies.at(1).type == kind::error)
-      throw coordination_unavailable_error(fmt::format(
-        "coordinator {}: heartbeat failed: {}", replica, replies[1].str));
+      out.errors.push_back(fmt::format("coordinator {}: heartbeat failed: {}",
+                                       replica, replies[1].str));
     std::size_t at = 2;
     for (std::size_t n = 0; n < r.turns.size(); ++n, ++at) {
       auto& reply = replies.at(at);
-      if (reply.type == kind::error)
-        throw coordination_unavailable_error(
-          fmt::format("coordinator {}: renewing {}: {}", replica,
-                      r.turns[n].key, reply.str));
-      out.turns.push_back(int_at(reply, 0, "co_renew"));
+      if (reply.type == kind::error) {
+        out.errors.push_back(fmt::format("coordinator {}: renewing {}: {}",
+                                         replica, r.turns[n].key, reply.str));
+        out.turns.push_back(renewal_result::failed);
+        continue;
+      }
+      // The deadline as a length from the script's own clock reading, put
+      // on TIME's: the lease actor counts from the TIME reading, and the
+      // writes may run well after it (a CLIENT PAUSE WRITE, a failover's
+      // pause, another node of a cluster), so the script's deadline read
+      // against TIME would stretch the turn by that gap.
+      auto dl = int_at(reply, 0, "co_renew");
+      out.turns.push_back(dl == 0 ? 0
+                                  : out.now_ms
+                                      + (dl - int_at(reply, 1, "co_renew")));
     }
     for (std::size_t n = 0; n < r.leads.size(); ++n, ++at) {
       auto& reply = replies.at(at);
-      if (reply.type == kind::error)
-        throw coordination_unavailable_error(
-          fmt::format("coordinator {}: leading {}: {}", replica, r.leads[n],
-                      reply.str));
+      if (reply.type == kind::error) {
+        out.errors.push_back(fmt::format("coordinator {}: leading {}: {}",
+                                         replica, r.leads[n], reply.str));
+        out.leads.emplace_back();
+        out.leads_failed.resize(r.leads.size());
+        out.leads_failed[n] = true;
+        continue;
+      }
       auto term = int_at(reply, 0, "co_lead");
       if (term == 0) {
         out.leads.emplace_back();
@@ -598,8 +614,14 @@ void redis_coordinator::skip_if_dead(std::string_view key,
                                             std::exception_ptr e) mutable {
       if (e)
         return done(false, self->wrap(e, "heartbeat lookup"));
+      // An error reply (LOADING, CLUSTERDOWN, NOAUTH) says nothing about
+      // the blocker: reported, so the caller retries and it is seen.
+      if (r.type == kind::error)
+        return done(false, std::make_exception_ptr(
+                             coordination_unavailable_error(fmt::format(
+                               "heartbeat lookup of {}: {}", dead, r.str))));
       if (r.type != kind::integer || r.integer != 0)
-        return done(false, nullptr); // alive (or an error reply: keep it)
+        return done(false, nullptr); // alive
       self->run<bool>(k, internal::lua().co_skip,
                       {dead, self->ttl_arg, self->channel_prefix, k},
                       [](const redis_reply& r) {

@@ -236,6 +236,59 @@ TEST_CASE("renewals go on after the server lost its scripts (a restart "
   }
 }
 
+TEST_CASE("a renewal whose writes ran well after its TIME reading reports "
+          "no more than the lease from that reading") {
+  // CLIENT PAUSE WRITE lets the batch's TIME run and holds its heartbeat
+  // and co_renew back, as a failover's pause or another cluster node would.
+  test::redis_process server;
+  constexpr std::int64_t lease = 2000;
+  botmesh::redis_coordinator c{{.url = server.url(),
+                                .prefix = "bmpause",
+                                .replica_id = "a",
+                                .lease = std::chrono::milliseconds{lease}}};
+  botmesh::blocking_coordinator b{c};
+  auto held = b.enter("chat", 1);
+  REQUIRE(held.granted());
+  botmesh::redis_client admin{{.url = server.url()}};
+  admin.call({"CLIENT", "PAUSE", "700", "WRITE"});
+  auto r = b.renew({.turns = {{"chat", held.fence}}});
+  REQUIRE(r.turns.size() == 1);
+  REQUIRE(r.turns[0] > 0);
+  CHECK(r.turns[0] - r.now_ms <= lease);
+  CHECK(r.turns[0] - r.now_ms > lease - 200);
+}
+
+TEST_CASE("a renewal whose turn key is damaged fails for that turn alone; "
+          "the other turn and the leadership are renewed") {
+  test::redis_process server;
+  botmesh::redis_coordinator c{{.url = server.url(),
+                                .prefix = "bmpart",
+                                .replica_id = "a",
+                                .lease = std::chrono::milliseconds{5000}}};
+  botmesh::blocking_coordinator b{c};
+  auto one = b.enter("one", 1);
+  auto two = b.enter("two", 2);
+  REQUIRE(one.granted());
+  REQUIRE(two.granted());
+  REQUIRE(b.lead("scheduler"));
+  botmesh::redis_client admin{{.url = server.url()}};
+  auto keys = admin.call({"KEYS", "bmpart:*one*:h"});
+  REQUIRE(keys.elements.size() == 1);
+  admin.call({"DEL", keys.elements[0].str});
+  admin.call({"SET", keys.elements[0].str, "not a hash"});
+  auto r = b.renew({.turns = {{"one", one.fence}, {"two", two.fence}},
+                    .leads = {"scheduler"}});
+  REQUIRE(r.turns.size() == 2);
+  CHECK(r.turns[0] == botmesh::renewal_result::failed);
+  CHECK(r.turns[1] > r.now_ms);
+  REQUIRE(r.leads.size() == 1);
+  CHECK(r.leads[0].has_value());
+  CHECK_FALSE(r.lead_failed(0));
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].find("renewing one") != std::string::npos);
+  CHECK(r.errors[0].find("WRONGTYPE") != std::string::npos);
+}
+
 namespace {
 
 // Chat keys for a client of one connection: a submit of them is one

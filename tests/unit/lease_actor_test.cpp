@@ -231,6 +231,36 @@ TEST_CASE("a renewal that says a turn is lost ends it as expired and tells "
   CHECK(f.releases(key_a, 7) == 1);
 }
 
+TEST_CASE("a renewal that failed for one turn leaves that turn's validity "
+          "as it was and renews the others and the leaderships") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  auto a = f.hold(key_a, 1, 7); // the backend holds both until 3000
+  auto b = f.hold(key_b, 2, 8);
+  f.tell(session, botmesh::lead_atom::value, lead_name);
+  REQUIRE(session_log->leaders.size() == 1);
+  f.coord->set_policy(op::renew, [&](call& c) {
+    auto r = f.coord->renewed(c);
+    for (std::size_t i = 0; i < c.renewal.turns.size(); ++i)
+      if (c.renewal.turns[i].key == key_a)
+        r.turns[i] = botmesh::renewal_result::failed;
+    r.errors.push_back("renewing a: CLUSTERDOWN");
+    sc::answer(c, r);
+  });
+  f.vs.advance_to(2699);
+  CHECK(a->valid());
+  CHECK(b->valid());
+  CHECK(f.chat_log->losses.empty());
+  // a's lease was never extended: it lapses as frozen before the backend
+  // would let it go; b and the leadership are renewed all along.
+  f.vs.advance_to(2700);
+  CHECK(a->ended() == turn_end::frozen);
+  f.vs.advance_to(6000);
+  CHECK(b->valid());
+  CHECK(session_log->followers.empty());
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("renewals that fail for the whole lease end the turn as frozen "
           "before the backend would expire it") {
   lease_fixture f;
@@ -847,6 +877,30 @@ TEST_CASE("a grant that crosses the chat's turn_wait on the way is released "
   f.vs.advance(3000ms);
   CHECK(f.services.runs.empty());
   CHECK(f.releases(f.key, 7) == 1);
+}
+
+TEST_CASE("a message whose request moved to the running one in a grant "
+          "keeps a turn_wait bound of its own once it waits at the head") {
+  chat_fixture f{100ms};
+  f.inject("uno");
+  f.inject("dos");
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 2);
+  // The later request is granted first: "uno" runs in that turn, and "dos"
+  // waits with the earlier request, which is never granted.
+  sc::answer(*enters[1], f.coord->granted(f.key, enters[1]->req, 7));
+  f.vs.run();
+  REQUIRE(f.services.runs.size() == 1);
+  // "uno" runs past the bound armed for it when it waited at the head.
+  f.vs.advance(150ms);
+  CHECK(f.services.failed.empty());
+  f.services.runs[0].done();
+  f.vs.run();
+  // "dos" now waits at the head: turn_wait from now, not at once, not never.
+  f.vs.advance(99ms);
+  CHECK(f.services.failed.empty());
+  f.vs.advance(2ms);
+  CHECK(f.services.failed.size() == 1);
 }
 
 TEST_CASE("a chat's turn lost before its step ran is asked for again, in "
