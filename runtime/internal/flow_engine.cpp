@@ -489,9 +489,18 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
         uncertain(c.key);
         throw;
       }
+      if (!cleared && !lapsed(c)) {
+        // The store moved past this copy (a handed or in-memory copy that
+        // another holder went on from): it must not go on and send, as a
+        // refused write would not let it either.
+        c.superseded = true;
+        superseded(c.key, c.def->name, c.revision, c.current);
+        return;
+      }
       if (!cleared)
-        uncertain(c.key); // the store holds someone else's checkpoint
+        uncertain(c.key); // lapsed: a new conversation may have begun
       c.revision = 0;
+      c.lapses_at.reset();
       c.marker = false;
     }
     return;
@@ -536,6 +545,12 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
   std::optional<std::uint64_t> rev;
   try {
     rev = host_.flow_store().set_checkpoint_if(cp, c.revision);
+    // This conversation's own ephemeral checkpoint expired while it waited
+    // (an answer after the ttl, a re-ask after a long wait): the store
+    // forgot it, nobody wrote over it. Written as new; if another
+    // conversation began meanwhile that write is refused too.
+    if (!rev && c.revision != 0 && lapsed(c))
+      rev = host_.flow_store().set_checkpoint_if(cp, 0);
   } catch (...) {
     uncertain(c.key); // it may have landed
     throw;
@@ -550,6 +565,8 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     return;
   }
   c.revision = *rev;
+  c.lapses_at = cp.ephemeral ? std::optional<time_point>{cp.expires_at}
+                             : std::nullopt;
   c.marker = mode == cp_mode::marker;
   if (cp.saved_answer && c.answer_saved && cp.saved_answer->id == c.current.id)
     *c.answer_saved = true;
@@ -620,7 +637,11 @@ void flow_engine::drive(conversation& c) {
       return;
     } catch (const std::exception& e) {
       // A store failure (a checkpoint write that did not land) keeps its
-      // code: with durability the message is then handled again.
+      // code: with durability the message is then handled again. It keeps
+      // the checkpoint too: the last one that landed (with the answer it
+      // saved) is where the conversation resumes, on the replay or on the
+      // user's next message; clearing it would lose the conversation for
+      // a write that merely failed.
       auto code = errc::handler_failed;
       if (auto* be = dynamic_cast<const error*>(&e);
           be && (be->code() == errc::store_error || be->code() == errc::timeout))
@@ -630,7 +651,7 @@ void flow_engine::drive(conversation& c) {
                                     c.key, c.def->name,
                                     c.def->steps[c.step].name, e.what()),
                         c.key, &c.current);
-      finish(c, true);
+      finish(c, code == errc::handler_failed);
       return;
     } catch (...) {
       host_.raise_error(errc::handler_failed,
@@ -715,6 +736,10 @@ void flow_engine::superseded(const std::string& key, std::string_view flow,
                     key, &msg);
 }
 
+bool flow_engine::lapsed(const conversation& c) const {
+  return c.lapses_at && *c.lapses_at <= clock::system().now();
+}
+
 void flow_engine::uncertain(const std::string& key) {
   if (!looks_for_checkpoints())
     return;
@@ -794,6 +819,8 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
   c.step = *step;
   c.current = msg;
   c.revision = cp->revision;
+  c.lapses_at = cp->ephemeral ? std::optional<time_point>{cp->expires_at}
+                              : std::nullopt;
   if (hands_over())
     c.stored = *cp;
   c.created = cp->created_at;

@@ -147,6 +147,10 @@ struct conversation {
   /// The live checkpoint at `revision` is a waiting marker.
   bool marker = false;
   std::uint64_t revision = 0;
+  /// When the checkpoint at `revision` expires (an ephemeral one): past
+  /// it the store has forgotten it, and refuses a write or clear against
+  /// `revision` although nobody else wrote.
+  std::optional<time_point> lapses_at;
   /// The checkpoint at `revision` as written or read (what a handover
   /// message carries); meaningful while `revision != 0`.
   flow_checkpoint stored;
@@ -236,6 +240,8 @@ class flow_engine {
   /// failed or was refused): nothing is handed over and the next message
   /// without a conversation reads the store.
   void uncertain(const std::string& key);
+  // This conversation's ephemeral checkpoint has expired by now.
+  bool lapsed(const conversation& c) const;
   /// A write refused because the store moved past `revision`: the turn is
   /// lost (an error event) and the chat uncertain.
   void superseded(const std::string& key, std::string_view flow,

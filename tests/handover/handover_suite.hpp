@@ -323,7 +323,15 @@ struct gated_pair {
 
   template <class Env>
   gated_pair(Env& env, const botmesh::handover_options& h)
-    : a{env, "a", h}, b{env, "b", h} {
+    : gated_pair(env, h, h) {
+    // nop
+  }
+
+  /// a and b with handover options of their own (a rolling deploy).
+  template <class Env>
+  gated_pair(Env& env, const botmesh::handover_options& ha,
+             const botmesh::handover_options& hb)
+    : a{env, "a", ha}, b{env, "b", hb} {
     a.bot->use(gate_a.hold());
     b.bot->use(gate_b.hold());
     for (auto* r : {&a, &b}) {
@@ -433,6 +441,28 @@ TEST_CASE_TEMPLATE_DEFINE("handover: an expired ephemeral checkpoint is not "
   REQUIRE(eventually([&] { return !env.store->get_checkpoint("test:x"); }));
   REQUIRE(b.say("café", 1));
   CHECK(b.last() == "nuevo: café");
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: a conversation whose own ephemeral "
+                          "checkpoint expired goes on where it waits, and "
+                          "writes its checkpoint anew",
+                          Env, handover_25) {
+  using namespace test::handover;
+  Env env;
+  botmesh::handover_options h = forward();
+  h.ttl = "300ms";
+  replica a{env, "a", h};
+  a.bot->add_flow(order_flow());
+  a.bot->start();
+  REQUIRE(a.say("pedido", 1));
+  REQUIRE(eventually([&] { return !env.store->get_checkpoint("test:x"); }));
+  // The same replica still has the conversation, and nobody took the chat.
+  REQUIRE(a.say("café", 2));
+  CHECK(a.last() == "¿Cantidad?");
+  auto cp = waiting_at(env, "cantidad");
+  REQUIRE(cp);
+  CHECK(cp->ephemeral);
+  CHECK(a.error_count() == 0);
 }
 
 TEST_CASE_TEMPLATE_DEFINE("handover: a replica that does not forward resumes "
@@ -1244,4 +1274,5 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write whose reply timed "
   TEST_CASE_TEMPLATE_INVOKE(handover_21, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_22, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_23, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_24, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_24, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_25, Env);

@@ -355,10 +355,13 @@ TEST_CASE("a do step co_awaits sends and sleeps, holding the chat's turn") {
 
 namespace {
 
-// A memory store that counts checkpoint reads.
+// A memory store that counts checkpoint reads, and fails the next
+// checkpoint write of a conversation waiting at step `fail_wait_at` once.
 class counting_store final : public botmesh::store {
  public:
   std::atomic<int> checkpoint_reads{0};
+  std::atomic<int> failed_writes{0};
+  std::string fail_wait_at; // set before start()
   botmesh::memory_store inner;
 
   void save_chat(const botmesh::chat_record& r) override { inner.save_chat(r); }
@@ -399,6 +402,10 @@ class counting_store final : public botmesh::store {
   }
   std::optional<std::uint64_t>
   set_checkpoint_if(const botmesh::flow_checkpoint& c, std::uint64_t r) override {
+    if (c.waiting && !fail_wait_at.empty() && c.step == fail_wait_at
+        && failed_writes.fetch_add(1) == 0)
+      throw botmesh::error(botmesh::errc::store_error,
+                           "checkpoint write failed (test)");
     return inner.set_checkpoint_if(c, r);
   }
   bool clear_checkpoint_if(std::string_view k, std::uint64_t r) override {
@@ -436,6 +443,41 @@ class counting_store final : public botmesh::store {
 };
 
 } // namespace
+
+TEST_CASE("a wait's checkpoint write that fails keeps the last checkpoint "
+          "that landed: the next message resumes the conversation") {
+  auto store = std::make_shared<counting_store>();
+  store->fail_wait_at = "cantidad";
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .store = store}};
+  errors.attach(b);
+  b.add_flow(order_flow());
+  b.on_message([](botmesh::context& c) { c.reply("nuevo: " + c.text()); });
+  b.start();
+  p->inject("ana", "pedido");
+  REQUIRE(p->wait_for_sent(1, 5s));
+  p->inject("ana", "café");
+  REQUIRE(test::eventually(
+    [&] { return errors.count(botmesh::errc::store_error) == 1; }));
+  CHECK(store->failed_writes.load() == 1);
+  REQUIRE(test::eventually([&] { return b.stats().conversations == 0; }));
+  // The conversation is still in the store, where it last landed.
+  auto cp = store->get_checkpoint("test:ana");
+  REQUIRE(cp);
+  CHECK(cp->flow == "pedido");
+  // Waiting for the product, or (the write before the failed one) at the
+  // quantity with the product kept.
+  CHECK((cp->step == "producto" || cp->step == "cantidad"));
+  auto before = p->sent().size();
+  p->inject("ana", "3");
+  REQUIRE(p->wait_for_sent(before + 1, 5s));
+  // Resumed, not routed as new: the saved "café" answered the product
+  // and "3" the quantity, or "3" answered the product.
+  auto last = p->sent().back().text;
+  CAPTURE(last);
+  CHECK((last == "¿Confirmas 3 x café? (sí/no)" || last == "¿Cuántas unidades?"));
+}
 
 TEST_CASE("checkpoints are read once per chat activation, not per message") {
   auto store = std::make_shared<counting_store>();

@@ -282,6 +282,32 @@ TEST_CASE("a handed checkpoint that is not the store's latest cannot write "
   CHECK(cp->waiting);
 }
 
+TEST_CASE("a handed checkpoint that is not the store's latest, taken by a "
+          "replica that does not forward, is superseded before anything of "
+          "the stale position is sent") {
+  using namespace test::handover;
+  rewriting_env env;
+  *env.rewrite = change_checkpoint(
+    [](botmesh::flow_checkpoint& cp) { cp.revision -= 1; });
+  // a forwards (a rolling deploy: b still keeps flows in memory only).
+  gated_pair p{env, forward(), botmesh::handover_options{}};
+  auto &a = p.a, &b = p.b;
+  auto& gate = p.gate_a;
+  REQUIRE(a.say("pedido", 1));
+  gate.arm("café");
+  REQUIRE(a.say("café", 2));
+  b.provider->inject("x", "3");
+  std::this_thread::sleep_for(300ms);
+  gate.open = true;
+  REQUIRE(eventually([&] { return b.errors_with(botmesh::errc::lease_lost) > 0; }));
+  CHECK(b.error_text(botmesh::errc::lease_lost).find("superseded")
+        != std::string::npos);
+  CHECK(b.provider->sent().empty());
+  auto cp = env.store->get_checkpoint("test:x");
+  REQUIRE(cp);
+  CHECK(cp->step == "cantidad");
+}
+
 TEST_CASE("a checkpoint over 64 KiB is not handed over: the taker reads the "
           "store") {
   using namespace test::handover;
