@@ -528,18 +528,35 @@ struct bot::impl final : chat_services,
                    std::string why) override {
     ++turn_failures;
     dequeued(ev, false);
+    // Called on the chat actor: the error listeners (user code that may
+    // block) run on the handler pool, or a burst of failed turns while
+    // Redis is down would hold the CAF workers the lease actor needs.
     if (ev.is_timer()) {
-      raise(errc::coordination_unavailable,
-            fmt::format("chat {}: a flow timer got no turn {}", key, why), key,
-            std::nullopt);
+      raise_later(errc::coordination_unavailable,
+                  fmt::format("chat {}: a flow timer got no turn {}", key, why),
+                  key, std::nullopt);
       return;
     }
     settle_record(key, ev, false);
     ev.end(turn_outcome::failed);
     auto id = ev.message.id;
-    raise(errc::coordination_unavailable,
-          fmt::format("chat {}: message {} got no turn {}", key, id, why), key,
-          std::move(ev.message));
+    raise_later(errc::coordination_unavailable,
+                fmt::format("chat {}: message {} got no turn {}", key, id, why),
+                key, std::move(ev.message));
+  }
+
+  // raise() on the handler pool (on this thread once the pool is shut
+  // down), for callers on an actor's thread.
+  void raise_later(errc code, std::string what, std::string key,
+                   std::optional<inbound_message> msg) {
+    if (!pool) {
+      raise(code, std::move(what), std::move(key), std::move(msg));
+      return;
+    }
+    post_event([this, code, what = std::move(what), key = std::move(key),
+                msg = std::move(msg)]() mutable {
+      raise(code, std::move(what), std::move(key), std::move(msg));
+    });
   }
 
   void timer_turn(const std::string& key, std::uint64_t id) {
@@ -563,7 +580,7 @@ struct bot::impl final : chat_services,
     // handles it.
     settle_record(key, ev, false);
     ev.end(turn_outcome::refused);
-    raise(code, std::move(why), key, std::move(ev.message));
+    raise_later(code, std::move(why), key, std::move(ev.message));
   }
 
   void chat_activated(const std::string&) override {

@@ -253,6 +253,47 @@ TEST_CASE("a message that cannot get its turn within turn_wait gets "
   REQUIRE(b.provider->wait_for_sent(1, 5s));
 }
 
+TEST_CASE("an error listener that blocks on a failed turn holds no CAF "
+          "worker: other chats go on meanwhile") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  std::latch a_running{1};
+  std::latch a_release{1};
+  replica a{hub, store, "a"};
+  auto provider = std::make_shared<botmesh::testing_provider>();
+  botmesh::coordination_options co;
+  co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "b"});
+  co.turn_wait = "100ms";
+  // One CAF worker: a listener run on it would stop every chat actor.
+  botmesh::bot b{{.provider = provider, .store = store,
+                  .scheduler_threads = 1, .coordination = co}};
+  std::atomic<int> answered_meanwhile{-1};
+  b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
+    if (e.code != botmesh::errc::coordination_unavailable)
+      return;
+    // Another chat's message, answered while this listener still blocks.
+    provider->inject("y", "hola");
+    answered_meanwhile = provider->wait_for_sent(1, 5s) ? 1 : 0;
+  });
+  a.bot->on_message([&](botmesh::context&) {
+    a_running.count_down();
+    a_release.wait();
+  });
+  b.on_message([](botmesh::context& c) { c.reply("b " + c.text()); });
+  a.bot->start();
+  b.start();
+  a.provider->inject("x", "uno");
+  a_running.wait();
+  provider->inject("x", "dos"); // waits for a's turn past turn_wait
+  REQUIRE(test::eventually([&] { return answered_meanwhile.load() != -1; },
+                           10s));
+  CHECK(answered_meanwhile.load() == 1);
+  CHECK(provider->sent_to("y").size() == 1);
+  a_release.count_down();
+  b.stop();
+}
+
 namespace {
 
 // A memory coordinator whose first enter is lost before it ran (as a
