@@ -549,6 +549,14 @@ class connection {
     }
     pollfd fds[2] = {{ctx_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     int rc = ::poll(fds, 2, static_cast<int>(left.count()) + 1);
+    if (rc > 0 && (fds[1].revents & POLLIN)) {
+      // Drained whenever it is readable, not only when kicked_ says so: a
+      // kick whose write came after the loop's read (kicked_ already
+      // cleared) leaves a count that would wake every poll at once, and
+      // the thread would spin until the replies came.
+      std::uint64_t n;
+      (void) !::read(wake_fd_, &n, sizeof n);
+    }
     if (rc < 0 || (fds[0].revents == 0))
       return; // woken for new requests, a signal, or loop again to time out
     guard_.refused = -1;
@@ -650,6 +658,12 @@ class subscriber {
       return nullptr;
     }
     bound_reader(ctx, &guard_);
+    // AUTH and SUBSCRIBE wait for their replies at most command_timeout (a
+    // server that accepts and never answers would hold this thread, and
+    // the client's destructor, for good); keepalive finds a peer gone
+    // without a word.
+    redisSetTimeout(ctx, to_timeval(opts_.command_timeout.ms()));
+    redisEnableKeepAlive(ctx);
     // Pub/sub ignores the database: no SELECT.
     if (authenticate(ctx, ep_, false) || run_setup(ctx, {"SUBSCRIBE", channel_})) {
       redisFree(ctx);
@@ -671,19 +685,49 @@ class subscriber {
           continue;
         }
         backoff = std::chrono::milliseconds{50};
+        heard_ = steady::now();
+        ping_sent_.reset();
         // Messages published before this point were not received.
         if (on_subscribed_)
           on_subscribed_();
       }
       pollfd pfd{ctx->fd, POLLIN, 0};
       int rc = ::poll(&pfd, 1, 100);
-      if (rc <= 0)
+      auto t = steady::now();
+      if (rc <= 0) {
+        // A subscription that hears nothing may be dead without a word (a
+        // dropped NAT entry, a hung server): nobody would know, and every
+        // push would be missed until the process restarts. Quiet for
+        // command_timeout, it is pinged; no answer within command_timeout
+        // more, it is made anew (and on_subscribed says pushes were
+        // missed).
+        if (ping_sent_ && t - *ping_sent_ >= opts_.command_timeout.ms()) {
+          redisFree(ctx);
+          ctx = nullptr;
+          continue;
+        }
+        if (!ping_sent_ && t - heard_ >= opts_.command_timeout.ms()) {
+          int done = 0;
+          redisAppendCommand(ctx, "PING");
+          while (!done)
+            if (redisBufferWrite(ctx, &done) != REDIS_OK)
+              break;
+          if (!done) {
+            redisFree(ctx);
+            ctx = nullptr;
+            continue;
+          }
+          ping_sent_ = t;
+        }
         continue;
+      }
       if (redisBufferRead(ctx) != REDIS_OK) {
         redisFree(ctx);
         ctx = nullptr;
         continue;
       }
+      heard_ = t; // anything read shows the connection alive
+      ping_sent_.reset();
       void* raw = nullptr;
       while (redisGetReplyFromReader(ctx, &raw) == REDIS_OK && raw) {
         auto r = static_cast<redisReply*>(raw);
@@ -708,6 +752,9 @@ class subscriber {
   std::function<void(std::string_view)> fn_;
   std::function<void()> on_subscribed_;
   internal::reader_guard guard_{opts_.max_reply_elements};
+  // The loop thread's: when it last read anything, and its unanswered PING.
+  steady::time_point heard_{};
+  std::optional<steady::time_point> ping_sent_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -207,7 +207,9 @@ class redis_client {
   /// with a poll() loop (the hiredis 0.14 asynchronous API aborts on sharded
   /// messages). `on_message` runs on that thread with each payload and must
   /// not block. The subscription reconnects after a dropped connection
-  /// (messages in between are lost: pub/sub is at most once);
+  /// (messages in between are lost: pub/sub is at most once), and after a
+  /// silent one: quiet for `command_timeout`, it is pinged, and without an
+  /// answer within `command_timeout` more it is made anew;
   /// `on_subscribed` runs on that thread after each (re)subscription, so
   /// the owner knows when messages may have been missed. Ends with the
   /// client. On a cluster it is made on the master serving the channel's

@@ -263,12 +263,7 @@ redis_client::cluster::node_at(const std::string& address) {
   if (!n) {
     auto [host, port] = internal::split_address(address);
     auto o = opts.node;
-    std::string cred;
-    if (!opts.password.empty())
-      cred = (opts.user.empty() ? opts.password
-                                : opts.user + ":" + opts.password)
-             + "@";
-    o.url = fmt::format("redis://{}{}:{}", cred, host, port);
+    o.url = internal::node_url(opts.user, opts.password, host, port);
     n = std::make_unique<node>();
     n->address = address;
     n->client = std::make_unique<redis_client>(std::move(o));

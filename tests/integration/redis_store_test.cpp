@@ -2,7 +2,9 @@
 
 #include <atomic>
 #include <set>
+#include <functional>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -416,6 +418,79 @@ TEST_CASE("a reply slower than the command timeout fails with timeout and the "
     }
   }
   CHECK(ok);
+}
+
+namespace {
+
+// Polls `pred` every 10 ms until it holds; false after `timeout`.
+bool until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  auto end = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  return true;
+}
+
+} // namespace
+
+TEST_CASE("a subscription on a server that stops answering is made anew "
+          "once it answers again, and hears what is published then") {
+  test::redis_process server;
+  botmesh::redis_client c{{.url = server.url(), .command_timeout = "300ms",
+                           .max_backoff = "100ms"}};
+  std::atomic<int> subscribed{0};
+  std::mutex mtx;
+  std::vector<std::string> heard;
+  c.subscribe(
+    "bm-quiet",
+    [&](std::string_view m) {
+      std::lock_guard guard{mtx};
+      heard.emplace_back(m);
+    },
+    [&] { ++subscribed; });
+  REQUIRE(until([&] { return subscribed.load() == 1; }, 5s));
+  // The server hangs for 2 s: the subscription's PING goes unanswered.
+  std::thread sleeper{[&] {
+    botmesh::redis_client admin{{.url = server.url()}};
+    admin.call({"DEBUG", "SLEEP", "2"});
+  }};
+  sleeper.join();
+  REQUIRE(until([&] { return subscribed.load() >= 2; }, 5s));
+  botmesh::redis_client pub{{.url = server.url()}};
+  REQUIRE(until(
+    [&] {
+      pub.call({"PUBLISH", "bm-quiet", "hola"});
+      std::lock_guard guard{mtx};
+      return !heard.empty();
+    },
+    5s));
+  std::lock_guard guard{mtx};
+  CHECK(heard.front() == "hola");
+}
+
+TEST_CASE("a client subscribed to a server that accepts and never answers "
+          "is destroyed within its timeouts") {
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(lfd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(lfd, 16) == 0); // the kernel accepts; nobody answers
+  socklen_t len = sizeof addr;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
+  auto url = "redis://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  auto gone = std::async(std::launch::async, [url] {
+    botmesh::redis_client c{{.url = url, .command_timeout = "200ms",
+                             .connect_timeout = "200ms",
+                             .max_backoff = "100ms"}};
+    c.subscribe("bm-never", [](std::string_view) {});
+    std::this_thread::sleep_for(300ms);
+  });
+  CHECK(gone.wait_for(10s) == std::future_status::ready);
+  ::close(lfd);
 }
 
 TEST_CASE("AUTH uses the password from the URL; a wrong one is a clear error") {

@@ -54,3 +54,22 @@ TEST_CASE("the Redis command encoder writes what hiredis writes, and "
   botmesh::internal::append_command(exact, {"GET", "key"});
   CHECK(exact == "*2\r\n$3\r\nGET\r\n$3\r\nkey\r\n");
 }
+
+TEST_CASE("a cluster node's URL keeps a password holding ':' or '@' whole, "
+          "with or without a user") {
+  using botmesh::internal::node_url;
+  using botmesh::internal::parse_url;
+  auto a = parse_url(node_url("", "p:q", "10.0.0.1", 7000));
+  CHECK(a.user.empty());
+  CHECK(a.password == "p:q");
+  CHECK(a.host == "10.0.0.1");
+  CHECK(a.port == 7000);
+  auto b = parse_url(node_url("bot", "x@y:z", "h", 7001));
+  CHECK(b.user == "bot");
+  CHECK(b.password == "x@y:z");
+  CHECK(b.host == "h");
+  auto c = parse_url(node_url("", "", "h", 7002));
+  CHECK(c.user.empty());
+  CHECK(c.password.empty());
+  CHECK(c.port == 7002);
+}

@@ -69,6 +69,16 @@ endpoint_info parse_url(std::string_view url) {
   return ep;
 }
 
+std::string node_url(std::string_view user, std::string_view password,
+                     std::string_view host, int port) {
+  std::string out = "redis://";
+  if (!password.empty()) {
+    out.append(user).append(":").append(password).append("@");
+  }
+  out.append(host).append(":").append(std::to_string(port));
+  return out;
+}
+
 void append_command(std::string& out, const redis_client::command& cmd) {
   std::size_t need = 16;
   for (auto& a : cmd)

@@ -30,6 +30,12 @@ struct endpoint_info {
 /// scheme, no host, a port outside 1-65535, a database outside 0-1000000.
 endpoint_info parse_url(std::string_view url);
 
+/// The URL `parse_url` reads back as `host`:`port` with these credentials
+/// (none when `password` is empty). The user part is always written, even
+/// empty: a password holding ':' would otherwise be read as user:password.
+std::string node_url(std::string_view user, std::string_view password,
+                     std::string_view host, int port);
+
 /// Appends `cmd` to `out` in the Redis protocol (RESP: `*<count>` then
 /// `$<length>` and the bytes of each argument, every line ended by CRLF),
 /// the bytes hiredis' own formatter makes. Ours skips its printf-style
