@@ -87,7 +87,8 @@ struct redis_migration_report {
     /// Records the target already had and kept (overwrite off, or a
     /// schedule whose token was not lower).
     std::size_t kept = 0;
-    /// Target records removed or tombstoned to mirror the source.
+    /// Target records removed or tombstoned to mirror the source (none
+    /// when the pass found problems: see `problems`).
     std::size_t pruned = 0;
     /// Source keys deleted (delete_source).
     std::size_t deleted = 0;

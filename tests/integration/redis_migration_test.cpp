@@ -414,6 +414,35 @@ TEST_CASE("migration: a rollback from the cluster mirrors it into the legacy "
         != std::string::npos);
 }
 
+TEST_CASE("migration: a rollback that meets an error reading a record "
+          "reports it, copies no error text and prunes nothing") {
+  auto prefix = test::unique_prefix("bmmig");
+  auto legacy = legacy_store(node(), prefix);
+  seed(legacy);
+  botmesh::migrate_redis_layout(
+    {.source = node(), .target = cluster(), .prefix = prefix});
+  botmesh::redis_store cl{{.client = cluster(), .prefix = prefix}};
+  cl.start();
+  CHECK(cl.delete_chat("tg:2")); // a mirror would prune it from legacy
+  // A value key of another type: GET answers WRONGTYPE.
+  botmesh::redis_cluster_layout L{prefix};
+  auto vk = L.user_data("tg:1", "prefs", "lang");
+  cluster()->call({"DEL", vk});
+  cluster()->call({"HSET", vk, "f", "v"});
+  auto rep = botmesh::migrate_redis_layout(
+    {.source = cluster(), .target = node(), .prefix = prefix,
+     .direction = redis_migration_direction::cluster_to_legacy});
+  REQUIRE(rep.problems.size() == 1);
+  CHECK(rep.problems[0].find(vk) != std::string::npos);
+  CHECK(rep.problems[0].find("WRONGTYPE") != std::string::npos);
+  CHECK(rep.pruned == 0);
+  CHECK(rep.layout_marker.starts_with("not deleted: 1 record(s)"));
+  // The legacy side keeps what it had: the value, and the chat the cluster
+  // deleted (the pass was not complete).
+  CHECK(legacy.get_user_data("tg:1", "prefs", "lang") == std::string{R"("es")"});
+  CHECK(legacy.get_chat("tg:2"));
+}
+
 TEST_CASE("migration: a rollback without mirror only copies: existing legacy "
           "records win and nothing is pruned") {
   auto prefix = test::unique_prefix("bmmig");

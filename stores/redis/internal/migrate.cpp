@@ -7,6 +7,7 @@
 #include <botmesh/stores/redis/redis_migration.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -88,6 +89,23 @@ class migration {
 
   std::string mode() const {
     return o_.overwrite ? "replace" : "keep";
+  }
+
+  // What is wrong with a user data value read as {GET, PTTL}, if anything.
+  static std::optional<std::string>
+  value_problem(const std::vector<redis_reply>& r) {
+    if (r[0].type == kind::error)
+      return fmt::format("reading the value: Redis error: {}", r[0].str);
+    if (r[0].type != kind::string)
+      return fmt::format("the value is a Redis {}, not a string",
+                         to_string(r[0].type));
+    if (!is_valid_json(r[0].str))
+      return std::string{"the value is not JSON"};
+    if (r[1].type != kind::integer)
+      return fmt::format("reading its TTL: {}", r[1].type == kind::error
+                                                  ? r[1].str
+                                                  : "not an integer");
+    return std::nullopt;
   }
 
   void problem(const std::string& kind_name, const std::string& key,
@@ -316,8 +334,8 @@ class migration {
       auto r = src_.pipeline({{"GET", vk}, {"PTTL", vk}});
       if (r[0].is_nil())
         continue; // expired
-      if (!is_valid_json(r[0].str)) {
-        problem("user_data", vk, "the value is not JSON");
+      if (auto why = value_problem(r)) {
+        problem("user_data", vk, *why);
         continue;
       }
       count("user_data",
@@ -417,7 +435,10 @@ class migration {
         rep_.orphans.push_back(item_names[i]);
         // An orphan is not copied: it stays in the source.
       }
-    if (o_.mirror)
+    // Mirror prunes only after a pass that read everything: a record that
+    // could not be read is missing from the view, and pruning on it would
+    // delete its legacy copy (the one the bot will run on).
+    if (o_.mirror && rep_.problems.empty())
       prune_legacy();
   }
 
@@ -501,6 +522,12 @@ class migration {
       auto r = src_.pipeline({{"GET", vk}, {"PTTL", vk}});
       if (r[0].is_nil())
         continue; // expired
+      if (auto why = value_problem(r)) {
+        // An error reply (CLUSTERDOWN, WRONGTYPE) is no value to copy: the
+        // record is reported and kept where it is.
+        problem("user_data", vk, *why);
+        continue;
+      }
       seen_["user_data"].insert(LL_->user_data(user, ns, key));
       count("user_data", put_value(LL_->user_data(user, ns, key),
                                    LL_->user_data_index(user, ns), m, key,
