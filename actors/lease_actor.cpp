@@ -7,6 +7,7 @@
 #include <mutex>
 #include <queue>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -173,6 +174,13 @@ struct lease_state {
   std::unordered_map<std::string, held> holds; // by chat key
   std::unordered_map<std::string, leading> leads;
   std::vector<repair> repairs;
+  // Chats whose last grant here was given up before its step started,
+  // while another (or an unknown) replica had held the chat before it. The
+  // backend now names this replica as the chat's last holder, yet the
+  // conversation may have moved on elsewhere: the next grant here says the
+  // previous holder is unknown, so the bot reads the store rather than
+  // resume what it has in memory.
+  std::unordered_set<std::string> passed;
   // When waiting requests are due, earliest first (stale entries skipped).
   std::priority_queue<std::pair<clk::time_point, std::uint64_t>,
                       std::vector<std::pair<clk::time_point, std::uint64_t>>,
@@ -403,6 +411,14 @@ void add_repair(lease_actor_t* self, repair::kind_t kind, std::string key,
   arm(self, t + retry);
 }
 
+// A grant of `key` this replica gives up before its step started.
+void passed_over(lease_actor_t* self, const std::string& key,
+                 const std::optional<std::string>& previous_holder) {
+  auto& st = self->state;
+  if (!previous_holder || *previous_holder != st.cfg.coordinator->replica_id())
+    st.passed.insert(key);
+}
+
 // Ends a held turn otherwise than by its release and passes it on.
 void lose(lease_actor_t* self, const std::string& key, turn_end why) {
   auto& st = self->state;
@@ -413,6 +429,8 @@ void lose(lease_actor_t* self, const std::string& key, turn_end why) {
   st.holds.erase(i);
   if (!h.token->end(why))
     return;
+  if (h.settle_at == clk::time_point::max())
+    passed_over(self, key, h.token->previous_holder());
   if (st.cfg.listener)
     st.cfg.listener->turn_lost(key, h.token->fence(), why);
   self->send(h.chat, lost_atom::value, h.req, h.token->fence(),
@@ -430,6 +448,7 @@ void grant(lease_actor_t* self, const turn_state& s,
     auto h = st.holds.find(s.key);
     if (h != st.holds.end() && h->second.token->fence() == s.fence)
       return; // the same grant, heard twice (push and reply)
+    passed_over(self, s.key, s.previous_holder);
     send_release(self, turn_ref{s.key, s.fence});
   };
   if (w == st.waits.end() || w->second.key != s.key || w->second.settled) {
@@ -458,6 +477,7 @@ void grant(lease_actor_t* self, const turn_state& s,
       st.waits.erase(w);
     else
       w->second.settled = true;
+    passed_over(self, s.key, s.previous_holder);
     send_release(self, turn_ref{s.key, s.fence});
     self->send(chat, lost_atom::value, s.req, std::uint64_t{0},
                std::string{"frozen"});
@@ -470,8 +490,10 @@ void grant(lease_actor_t* self, const turn_state& s,
     w->second.settled = true; // its answer, when it comes, is stale
   else
     st.waits.erase(w);
+  auto previous = st.passed.erase(s.key) > 0 ? std::nullopt
+                                              : s.previous_holder;
   auto token = std::make_shared<turn_token>(
-    s.key, s.fence, s.req, s.previous_holder, *valid_until,
+    s.key, s.fence, s.req, previous, *valid_until,
     [&c = self->clock()] { return c.now(); });
   token->set_handed(s.handed);
   // A weak handle: the token may outlive this actor.
@@ -501,6 +523,8 @@ void end_turn(lease_actor_t* self, const std::string& key, std::uint64_t fence,
          h->second.settle_at <= t ? turn_end::settle : turn_end::frozen);
     return;
   }
+  if (h->second.settle_at == clk::time_point::max())
+    passed_over(self, key, h->second.token->previous_holder());
   h->second.token->end(turn_end::released);
   st.holds.erase(h);
   send_release(self, turn_ref{key, fence}, handoff);
@@ -552,6 +576,8 @@ void leave_request(lease_actor_t* self, const std::string& key,
   auto& st = self->state;
   if (auto h = st.holds.find(key); h != st.holds.end() && h->second.req == req) {
     auto fence = h->second.token->fence();
+    if (h->second.settle_at == clk::time_point::max())
+      passed_over(self, key, h->second.token->previous_holder());
     h->second.token->end(turn_end::released);
     st.holds.erase(h);
     send_release(self, turn_ref{key, fence});

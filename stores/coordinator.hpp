@@ -44,8 +44,10 @@ struct turn_state {
   /// idle chat's state expired: writes fenced by it reject a stale holder.
   std::uint64_t fence = 0;
   /// The replica that held the chat's previous turn; nothing when unknown (a
-  /// new chat, or one idle long enough to be forgotten). Another replica
-  /// means: drop in-memory copies of the conversation, read its checkpoint.
+  /// new chat, one idle long enough to be forgotten, or a previous turn
+  /// that expired: whether its holder ran it is unknown). Another replica,
+  /// or unknown, means: drop in-memory copies of the conversation, read its
+  /// checkpoint.
   std::optional<std::string> previous_holder{};
   std::int64_t deadline_ms = 0;
   std::int64_t now_ms = 0;

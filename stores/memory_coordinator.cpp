@@ -127,7 +127,9 @@ struct memory_coordination_hub::impl {
     if (!c.owner || c.owner->deadline > now)
       return;
     auto gone = c.owner->incarnation;
-    c.last = replica_of(gone);
+    // Whether it ran its turn is unknown (a grant it never heard of expires
+    // the same way): the next holder reads the store.
+    c.last.reset();
     c.owner.reset();
     grant_next(key, c, now, gone, out);
   }
@@ -432,7 +434,7 @@ void memory_coordinator::skip_if_dead(std::string_view key,
       // granted while it was frozen until that turn's deadline.
       if (c.owner && c.owner->incarnation == dead
           && c.owner->deadline <= now) {
-        c.last = h.replica_of(dead);
+        c.last.reset(); // unknown whether it ran: see expire()
         c.owner.reset();
         skipped = true;
       }

@@ -112,7 +112,8 @@ local function co_grant_next(now, skip, chan, key)
   end
 end
 
--- Ends the current holding; the holder's replica becomes `last`.
+-- Ends the current holding; the holder's replica becomes `last` (nil:
+-- unknown).
 local function co_clear(rep)
   redis.call('HSET', H, 'last', rep or '')
   redis.call('HDEL', H, 'o_inc', 'o_rep', 'o_req', 'o_tk', 'o_dl',
@@ -174,7 +175,11 @@ end
 local function co_expire(now, chan, key)
   local o = redis.call('HMGET', H, 'o_inc', 'o_dl', 'o_rep')
   if o[1] and tonumber(o[2]) <= now then
-    co_clear(o[3])
+    -- Whether the expired holder ran its turn is unknown (a grant it never
+    -- heard of, or one it gave up, expires the same way): `last` says
+    -- unknown, so every next holder reads the store instead of resuming a
+    -- conversation another replica may have moved on meanwhile.
+    co_clear(nil)
     co_drop(o[1])
     return co_grant_next(now, o[1], chan, key)
   end
