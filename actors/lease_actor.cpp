@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <queue>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -174,6 +175,12 @@ struct lease_state {
   std::unordered_map<std::string, held> holds; // by chat key
   std::unordered_map<std::string, leading> leads;
   std::vector<repair> repairs;
+  // Repairs sent again and not answered yet, with the deadline of the
+  // first failure: a resend that fails too keeps it, so a backend that
+  // stays down is asked for a lease, not forever. Entries past their
+  // deadline are dropped by wake().
+  std::map<std::tuple<int, std::string, std::uint64_t>, clk::time_point>
+    resent;
   // Chats whose last grant here was given up before its step started,
   // while another (or an unknown) replica had held the chat before it. The
   // backend now names this replica as the chat's last holder, yet the
@@ -407,7 +414,14 @@ void add_repair(lease_actor_t* self, repair::kind_t kind, std::string key,
   // latest (it expires, or its grant is released on arrival); repairing
   // only makes it quicker.
   auto retry = std::max(milliseconds{50}, st.lease / 30);
-  st.repairs.push_back(repair{kind, std::move(key), id, t + st.lease, t + retry});
+  auto give_up = t + st.lease;
+  if (auto i = st.resent.find({kind, key, id}); i != st.resent.end()) {
+    give_up = i->second;
+    st.resent.erase(i);
+    if (give_up <= t)
+      return; // its lease is over: what it left behind has resolved itself
+  }
+  st.repairs.push_back(repair{kind, std::move(key), id, give_up, t + retry});
   arm(self, t + retry);
 }
 
@@ -723,6 +737,7 @@ void wake(lease_actor_t* self) {
       arm(self, l.valid_until);
     }
   }
+  std::erase_if(st.resent, [t](const auto& e) { return e.second <= t; });
   auto repairs = std::move(st.repairs);
   st.repairs.clear();
   for (auto& r : repairs) {
@@ -733,6 +748,7 @@ void wake(lease_actor_t* self) {
       arm(self, st.repairs.back().next);
       continue;
     }
+    st.resent[{r.kind, r.key, r.id}] = r.give_up;
     switch (r.kind) {
       case repair::release:
         send_release(self, turn_ref{r.key, r.id});

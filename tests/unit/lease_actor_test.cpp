@@ -600,6 +600,20 @@ TEST_CASE("a failed release is repeated until the backend answers it") {
   CHECK(f.releases(key_a, 7) == 4);
 }
 
+TEST_CASE("a release that keeps failing is repeated for about a lease, not "
+          "forever") {
+  lease_fixture f;
+  f.hold(key_a, 1, 7);
+  f.coord->set_policy(op::release, [](call& c) { sc::fail(c); });
+  f.release(key_a, 7);
+  // Lease 3 s: the turn it left behind has expired in the backend by then.
+  f.vs.advance(3200ms);
+  auto after_a_lease = f.releases(key_a, 7);
+  CHECK(after_a_lease > 3);
+  f.vs.advance(6000ms);
+  CHECK(f.releases(key_a, 7) == after_a_lease);
+}
+
 TEST_CASE("a failed leave is repeated until the backend answers it") {
   lease_fixture f;
   f.acquire(key_a, 1);
