@@ -8,12 +8,13 @@
 #include <queue>
 #include <tuple>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include <caf/all.hpp>
+#include <fmt/format.h>
 
 #include <botmesh/actors/messages.hpp>
+#include <botmesh/runtime/core/log.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 
 namespace botmesh {
@@ -186,8 +187,10 @@ struct lease_state {
   // backend now names this replica as the chat's last holder, yet the
   // conversation may have moved on elsewhere: the next grant here says the
   // previous holder is unknown, so the bot reads the store rather than
-  // resume what it has in memory.
-  std::unordered_set<std::string> passed;
+  // resume what it has in memory. With when it was noted: forgotten after
+  // 40 leases, by when the backend has forgotten an idle chat's holder too
+  // (its keys expire far above the lease) and says unknown itself.
+  std::unordered_map<std::string, clk::time_point> passed;
   // When waiting requests are due, earliest first (stale entries skipped).
   std::priority_queue<std::pair<clk::time_point, std::uint64_t>,
                       std::vector<std::pair<clk::time_point, std::uint64_t>>,
@@ -430,7 +433,7 @@ void passed_over(lease_actor_t* self, const std::string& key,
                  const std::optional<std::string>& previous_holder) {
   auto& st = self->state;
   if (!previous_holder || *previous_holder != st.cfg.coordinator->replica_id())
-    st.passed.insert(key);
+    st.passed[key] = now(self);
 }
 
 // Ends a held turn otherwise than by its release and passes it on.
@@ -628,6 +631,11 @@ void on_renewed(lease_actor_t* self, renew_done& d) {
   auto& st = self->state;
   if (!d.error.empty())
     return; // leases lapse on their own: each turn's validity runs out
+  if (!d.res.errors.empty())
+    // Parts that failed alone lapse quietly otherwise (a heartbeat that
+    // keeps failing gets this replica's tickets skipped by the others).
+    log::warn("lease", fmt::format("renewal: {} part(s) failed, first: {}",
+                                   d.res.errors.size(), d.res.errors.front()));
   observe(self, d.sent, d.res.now_ms);
   for (std::size_t i = 0; i < d.asked.turns.size() && i < d.res.turns.size();
        ++i) {
@@ -738,6 +746,9 @@ void wake(lease_actor_t* self) {
     }
   }
   std::erase_if(st.resent, [t](const auto& e) { return e.second <= t; });
+  std::erase_if(st.passed, [&](const auto& e) {
+    return e.second + st.lease * 40 <= t;
+  });
   auto repairs = std::move(st.repairs);
   st.repairs.clear();
   for (auto& r : repairs) {
@@ -852,8 +863,10 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       if (w.cancelled) {
         auto key = w.key;
         st.waits.erase(i);
-        if (d.st.granted())
+        if (d.st.granted()) {
+          passed_over(self, key, d.st.previous_holder);
           send_release(self, turn_ref{key, d.st.fence});
+        }
         else if (d.st.state == turn_state::status::waiting)
           send_leave(self, key, d.req);
         check_shutdown(self);
@@ -891,8 +904,10 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       if (w.cancelled) {
         auto key = w.key;
         st.waits.erase(i);
-        if (d.st.granted())
+        if (d.st.granted()) {
+          passed_over(self, key, d.st.previous_holder);
           send_release(self, turn_ref{key, d.st.fence});
+        }
         else if (d.st.state == turn_state::status::waiting)
           send_leave(self, key, d.req);
         check_shutdown(self);

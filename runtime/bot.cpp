@@ -546,18 +546,50 @@ struct bot::impl final : chat_services,
   }
 
   // raise() on the handler pool (on this thread once the pool is shut
-  // down), for callers on an actor's thread.
+  // down), for callers on an actor's thread. One job at a time drains them
+  // in the order they were raised: refusals of one chat are reported in
+  // the order its messages came, whatever the pool's size.
   void raise_later(errc code, std::string what, std::string key,
                    std::optional<inbound_message> msg) {
-    if (!pool) {
-      raise(code, std::move(what), std::move(key), std::move(msg));
-      return;
-    }
-    post_event([this, code, what = std::move(what), key = std::move(key),
+    auto job = [this, code, what = std::move(what), key = std::move(key),
                 msg = std::move(msg)]() mutable {
       raise(code, std::move(what), std::move(key), std::move(msg));
+    };
+    if (!pool) {
+      job();
+      return;
+    }
+    {
+      std::lock_guard guard{later_mtx};
+      later.emplace_back(std::move(job));
+      if (later_draining)
+        return;
+      later_draining = true;
+    }
+    post_event([this] {
+      for (;;) {
+        std::function<void()> next;
+        {
+          std::lock_guard guard{later_mtx};
+          if (later.empty()) {
+            later_draining = false;
+            return;
+          }
+          next = std::move(later.front());
+          later.pop_front();
+        }
+        try {
+          next();
+        } catch (...) {
+          // A listener's exception must not stop the ones queued after it.
+        }
+      }
     });
   }
+
+  std::mutex later_mtx;
+  std::deque<std::function<void()>> later; // raise_later's, in order
+  bool later_draining = false;
 
   void timer_turn(const std::string& key, std::uint64_t id) {
     try {

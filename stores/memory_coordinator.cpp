@@ -392,7 +392,9 @@ void memory_coordinator::leave(std::string_view key, std::uint64_t req,
       auto& c = i->second;
       if (c.owner && c.owner->incarnation == incarnation_
           && c.owner->req == req) {
-        c.last = replica_id_;
+        // A granted request that leaves never ran its step: the last
+        // holder is still the one before this grant.
+        c.last = c.owner->previous;
         c.owner.reset();
         left = true;
       } else {

@@ -15,7 +15,7 @@ namespace {
 
 std::exception_ptr reply_error(std::string_view what, const redis_reply& r) {
   if (r.type == redis_reply::kind::error) {
-    if (r.str.find("corrupted durable record") != std::string::npos)
+    if (r.str.find("corrupted durable") != std::string::npos)
       return std::make_exception_ptr(
         error(errc::corrupted_record, fmt::format("{}: {}", what, r.str)));
     return std::make_exception_ptr(
@@ -158,24 +158,31 @@ class op_batcher : public std::enable_shared_from_this<op_batcher> {
     // One lane for both: on a standalone server they are written together
     // and answered in order (a cluster routes each by its slot).
     auto issue = [&](bool outbox, std::vector<std::string> args) {
-      client_->eval_async(
-        "durable", outbox ? internal::lua().durable_outbox
-                          : internal::lua().durable_journal,
-        outbox ? out_keys_ : in_keys_, std::move(args),
-        [self, c, outbox](redis_reply r, std::exception_ptr e) {
-          (outbox ? c->outbox : c->journal) = std::move(r);
-          (outbox ? c->outbox_error : c->journal_error) = e;
-          // Both replies come on one connection's thread on a standalone
-          // server; a cluster may answer them on two.
-          std::unique_lock guard{self->mtx_};
-          if (--c->pending > 0)
-            return;
-          self->ready_.push_back(c);
-          if (self->delivering_)
-            return; // the thread delivering takes it next, in order
-          self->delivering_ = true;
-          self->pump(guard);
-        });
+      auto done = [self, c, outbox](redis_reply r, std::exception_ptr e) {
+        (outbox ? c->outbox : c->journal) = std::move(r);
+        (outbox ? c->outbox_error : c->journal_error) = e;
+        // Both replies come on one connection's thread on a standalone
+        // server; a cluster may answer them on two.
+        std::unique_lock guard{self->mtx_};
+        if (--c->pending > 0)
+          return;
+        self->ready_.push_back(c);
+        if (self->delivering_)
+          return; // the thread delivering takes it next, in order
+        self->delivering_ = true;
+        self->pump(guard);
+      };
+      // A call that cannot even be issued completes its operations with
+      // the error, as a lost reply would: none is left hanging.
+      try {
+        client_->eval_async("durable",
+                            outbox ? internal::lua().durable_outbox
+                                   : internal::lua().durable_journal,
+                            outbox ? out_keys_ : in_keys_, std::move(args),
+                            done);
+      } catch (...) {
+        done({}, std::current_exception());
+      }
     };
     if (!in_args.empty())
       issue(false, std::move(in_args));
@@ -226,7 +233,12 @@ class op_batcher : public std::enable_shared_from_this<op_batcher> {
           mine = &r.elements[i];
       }
       ++i;
-      o.done(mine, e);
+      try {
+        o.done(mine, e);
+      } catch (...) {
+        // A completion must not throw; if one does, the others still run
+        // and the batcher goes on.
+      }
     }
   }
 

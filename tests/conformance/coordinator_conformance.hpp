@@ -583,6 +583,25 @@ TEST_CASE_TEMPLATE_DEFINE("submit runs enters and releases in order, each "
   CHECK(a->sync().release({"s1", r1->entered[1].fence}).released);
 }
 
+TEST_CASE_TEMPLATE_DEFINE("a granted request that leaves never ran: the "
+                          "next grant names the holder before it",
+                          F, cc_leave_granted) {
+  F f;
+  auto a = cc::make(f, "a");
+  auto b = cc::make(f, "b");
+  auto c = cc::make(f, "c");
+  auto ga = a->sync().enter("chat", 1);
+  REQUIRE(ga.granted());
+  CHECK(a->sync().release({"chat", ga.fence}).released);
+  auto gb = b->sync().enter("chat", 2);
+  REQUIRE(gb.granted());
+  CHECK(gb.previous_holder == "a");
+  CHECK(b->sync().leave("chat", 2)); // given up before its step ran
+  auto gc = c->sync().enter("chat", 3);
+  REQUIRE(gc.granted());
+  CHECK(gc.previous_holder == "a");
+}
+
 #define BOTMESH_COORDINATOR_CONFORMANCE(F)                                     \
   TEST_CASE_TEMPLATE_INVOKE(cc_submit, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(cc_order, F);                                      \
@@ -596,4 +615,5 @@ TEST_CASE_TEMPLATE_DEFINE("submit runs enters and releases in order, each "
   TEST_CASE_TEMPLATE_INVOKE(cc_dead_holder, F);                                \
   TEST_CASE_TEMPLATE_INVOKE(cc_incarnation, F);                                \
   TEST_CASE_TEMPLATE_INVOKE(cc_lead, F);                                       \
-  TEST_CASE_TEMPLATE_INVOKE(cc_race, F)
+  TEST_CASE_TEMPLATE_INVOKE(cc_race, F);                                       \
+  TEST_CASE_TEMPLATE_INVOKE(cc_leave_granted, F)

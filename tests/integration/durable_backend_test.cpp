@@ -243,6 +243,44 @@ TEST_CASE("Redis journal operations issued together go out in a few script "
   CHECK(s.record("t:2#m7", "a") == dc::journal_put::duplicate);
 }
 
+TEST_CASE("a damaged outbox fence fails its own send in a batch, before "
+          "taking it; the batch's other sends are taken") {
+  test::redis_process server;
+  auto client = std::make_shared<botmesh::redis_client>(
+    botmesh::redis_options{.url = server.url()});
+  botmesh::redis_durable_backend b{{.client = client, .prefix = "bmfence"}};
+  b.start();
+  client->call({"HSET", "bmfence:{durable:outbox}:fence", "t:9", "garbage"});
+  std::latch all{3};
+  std::mutex mtx;
+  std::vector<std::string> got;
+  for (auto chat : {"t:2", "t:9", "t:3"}) {
+    b.outbox_claim(std::string{chat} + "#m/0", chat, 5, std::chrono::minutes(1),
+                   [&, chat](dc::outbox_verdict v, std::exception_ptr e) {
+                     std::string what = chat;
+                     if (e) {
+                       try {
+                         std::rethrow_exception(e);
+                       } catch (const botmesh::error& err) {
+                         what += err.code() == botmesh::errc::corrupted_record
+                                   ? " corrupted"
+                                   : " error";
+                       }
+                     } else {
+                       what += v == dc::outbox_verdict::send ? " send" : " other";
+                     }
+                     std::lock_guard guard{mtx};
+                     got.push_back(what);
+                     all.count_down();
+                   });
+  }
+  all.wait();
+  CHECK(got == std::vector<std::string>{"t:2 send", "t:9 corrupted", "t:3 send"});
+  auto sent = "bmfence:{durable:outbox}:sent";
+  CHECK(client->call({"ZSCORE", sent, "t:9#m/0"}).is_nil());
+  CHECK_FALSE(client->call({"ZSCORE", sent, "t:3#m/0"}).is_nil());
+}
+
 TEST_CASE("a Redis journal call while the server is down fails with a "
           "store error, and works again once it is back") {
   test::redis_process server;

@@ -528,10 +528,30 @@ TEST_CASE("a grant for a request nobody waits for is released at once") {
   CHECK(f.chat_log->grants.empty());
 }
 
+namespace {
+
+const std::string me = "replica-under-test"; // the scripted coordinator's
+
+// Acquires `key` for `req` and answers with a grant at `fence` whose
+// previous holder is `previous`; returns the token the chat got.
+std::shared_ptr<botmesh::turn_token>
+granted_after(lease_fixture& f, const std::string& key, std::uint64_t req,
+              std::uint64_t fence, std::string previous) {
+  f.acquire(key, req);
+  auto s = f.coord->granted(key, req, fence);
+  s.previous_holder = std::move(previous);
+  sc::answer(f.coord->last(op::enter), s);
+  f.vs.run();
+  auto t = f.chat_log->token_of(req);
+  REQUIRE(t);
+  return t;
+}
+
+} // namespace
+
 TEST_CASE("a grant given up before its step started, after another replica "
           "held the chat, makes the next grant's previous holder unknown") {
   lease_fixture f;
-  const std::string me = "replica-under-test";
   // Nobody waits for it: released at once. Its previous holder was b.
   auto passed = f.coord->granted(key_a, 99, 5);
   passed.previous_holder = "b";
@@ -539,48 +559,35 @@ TEST_CASE("a grant given up before its step started, after another replica "
   f.vs.run();
   REQUIRE(f.releases(key_a, 5) == 1);
   // The backend names this replica as the last holder now; it is not.
-  f.acquire(key_a, 1);
-  auto next = f.coord->granted(key_a, 1, 6);
-  next.previous_holder = me;
-  sc::answer(f.coord->last(op::enter), next);
-  f.vs.run();
-  auto t = f.chat_log->token_of(1);
-  REQUIRE(t);
-  CHECK_FALSE(t->previous_holder().has_value());
+  CHECK_FALSE(granted_after(f, key_a, 1, 6, me)->previous_holder());
   // Only once: a grant after a turn this replica ran keeps its holder.
-  f.tell(f.chat, botmesh::start_atom::value, key_a, std::uint64_t{6});
-  f.tell(f.chat, botmesh::release_atom::value, key_a, std::uint64_t{6});
-  f.acquire(key_a, 2);
-  auto third = f.coord->granted(key_a, 2, 7);
-  third.previous_holder = me;
-  sc::answer(f.coord->last(op::enter), third);
-  f.vs.run();
-  auto t2 = f.chat_log->token_of(2);
-  REQUIRE(t2);
-  CHECK(t2->previous_holder() == me);
+  f.start(key_a, 6);
+  f.release(key_a, 6);
+  CHECK(granted_after(f, key_a, 2, 7, me)->previous_holder() == me);
 }
 
 TEST_CASE("a held turn released by its chat before its step started makes "
           "the chat's next grant here say the previous holder is unknown") {
   lease_fixture f;
-  const std::string me = "replica-under-test";
-  f.acquire(key_a, 1);
-  auto first = f.coord->granted(key_a, 1, 5);
-  first.previous_holder = "b";
-  sc::answer(f.coord->last(op::enter), first);
-  f.vs.run();
-  REQUIRE(f.chat_log->token_of(1));
+  granted_after(f, key_a, 1, 5, "b");
   // The chat gave it up (turn_wait, stop) before running anything.
-  f.tell(f.chat, botmesh::release_atom::value, key_a, std::uint64_t{5});
+  f.release(key_a, 5);
   REQUIRE(f.releases(key_a, 5) == 1);
-  f.acquire(key_a, 2);
-  auto next = f.coord->granted(key_a, 2, 6);
-  next.previous_holder = me;
-  sc::answer(f.coord->last(op::enter), next);
+  CHECK_FALSE(granted_after(f, key_a, 2, 6, me)->previous_holder());
+}
+
+TEST_CASE("a grant answering an enter its chat gave up on the way makes the "
+          "chat's next grant here say the previous holder is unknown") {
+  lease_fixture f;
+  f.acquire(key_a, 1);
+  auto& enter = f.coord->last(op::enter);
+  f.leave(key_a, 1); // turn_wait, while the enter is in flight
+  auto s = f.coord->granted(key_a, 1, 5);
+  s.previous_holder = "b";
+  sc::answer(enter, s);
   f.vs.run();
-  auto t = f.chat_log->token_of(2);
-  REQUIRE(t);
-  CHECK_FALSE(t->previous_holder().has_value());
+  REQUIRE(f.releases(key_a, 5) == 1);
+  CHECK_FALSE(granted_after(f, key_a, 2, 6, me)->previous_holder());
 }
 
 TEST_CASE("a failed release is repeated until the backend answers it") {

@@ -9,9 +9,12 @@
 -- Returns 1 when something was given up, else 0. Cost: O(queue length).
 local now = co_now()
 local left = 0
-local o = redis.call('HMGET', KEYS[1], 'o_inc', 'o_req', 'o_rep', 'x')
+local o = redis.call('HMGET', KEYS[1], 'o_inc', 'o_req', 'o_rep', 'x',
+                      'o_prev')
 if o[1] == ARGV[1] and o[2] == ARGV[2] then
-  co_clear(o[3])
+  -- A granted request that leaves never ran its step: the chat's last
+  -- holder is still the one before this grant.
+  co_clear(o[5])
   left = 1
 else
   local e = co_find(ARGV[1], ARGV[2])

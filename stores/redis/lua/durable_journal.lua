@@ -34,7 +34,12 @@ local now = dj_now()
 local function record(id, key, message, holder, ttl)
   local e = redis.call('ZSCORE', KEYS[3], id)
   if e and tonumber(e) > now then return 0 end
-  local seq = redis.call('INCR', KEYS[4])
+  local ok, seq = pcall(redis.call, 'INCR', KEYS[4])
+  if not ok then
+    -- Fails this record alone: the batch's earlier writes stand, and their
+    -- callers must hear they landed.
+    return {err = 'corrupted durable journal counter ' .. KEYS[4]}
+  end
   if seq % 8 == 0 then dj_sweep(now, 16) end
   redis.call('HSET', KEYS[1], id, cjson.encode({k = key, m = message,
     s = seq, h = holder, st = 0, a = 1}))

@@ -9,8 +9,8 @@
 --
 -- KEYS[1] sent  KEYS[2] fence  KEYS[3] fexp
 -- ARGV: four per send: send id, chat key, fence, ttl ms
--- Returns per send, in order: 1 (send), 0 (already sent) or -1 (fenced: a
--- higher fence sent).
+-- Returns per send, in order: 1 (send), 0 (already sent), -1 (fenced: a
+-- higher fence sent), or an error reply naming a damaged fence.
 -- Cost: O(log n) per send; in about one call of 8 also O(expired, at most
 -- 100).
 --
@@ -42,6 +42,11 @@ end
 local function take(id, key, fence, ttl)
   local mine = tonumber(fence)
   local f = tonumber(redis.call('HGET', KEYS[2], key) or '0')
+  if not f then
+    -- A damaged fence fails this send alone, before it writes anything:
+    -- the batch's other sends stand.
+    return {err = 'corrupted durable fence ' .. key}
+  end
   if mine < f then
     local e = redis.call('ZSCORE', KEYS[3], key)
     if e and tonumber(e) > now then return -1 end
