@@ -144,7 +144,11 @@ struct held {
   caf::actor chat;
   std::shared_ptr<turn_token> token;
   clk::time_point valid_until{};
-  clk::time_point settle_at{clk::time_point::max()};
+  clk::time_point settle_at{clk::time_point::max()}; // set when it starts
+
+  bool started() const noexcept {
+    return settle_at != clk::time_point::max();
+  }
 };
 
 struct leading {
@@ -436,6 +440,12 @@ void passed_over(lease_actor_t* self, const std::string& key,
     st.passed[key] = now(self);
 }
 
+// A held turn that ends: noted when its step never started.
+void passed_over(lease_actor_t* self, const std::string& key, const held& h) {
+  if (!h.started())
+    passed_over(self, key, h.token->previous_holder());
+}
+
 // Ends a held turn otherwise than by its release and passes it on.
 void lose(lease_actor_t* self, const std::string& key, turn_end why) {
   auto& st = self->state;
@@ -446,8 +456,7 @@ void lose(lease_actor_t* self, const std::string& key, turn_end why) {
   st.holds.erase(i);
   if (!h.token->end(why))
     return;
-  if (h.settle_at == clk::time_point::max())
-    passed_over(self, key, h.token->previous_holder());
+  passed_over(self, key, h);
   if (st.cfg.listener)
     st.cfg.listener->turn_lost(key, h.token->fence(), why);
   self->send(h.chat, lost_atom::value, h.req, h.token->fence(),
@@ -540,8 +549,7 @@ void end_turn(lease_actor_t* self, const std::string& key, std::uint64_t fence,
          h->second.settle_at <= t ? turn_end::settle : turn_end::frozen);
     return;
   }
-  if (h->second.settle_at == clk::time_point::max())
-    passed_over(self, key, h->second.token->previous_holder());
+  passed_over(self, key, h->second);
   h->second.token->end(turn_end::released);
   st.holds.erase(h);
   send_release(self, turn_ref{key, fence}, handoff);
@@ -593,8 +601,7 @@ void leave_request(lease_actor_t* self, const std::string& key,
   auto& st = self->state;
   if (auto h = st.holds.find(key); h != st.holds.end() && h->second.req == req) {
     auto fence = h->second.token->fence();
-    if (h->second.settle_at == clk::time_point::max())
-      passed_over(self, key, h->second.token->previous_holder());
+    passed_over(self, key, h->second);
     h->second.token->end(turn_end::released);
     st.holds.erase(h);
     send_release(self, turn_ref{key, fence});

@@ -145,8 +145,8 @@ void flood_control::pause(std::chrono::milliseconds d) {
 }
 
 void send_with_retry(flood_control& flood, std::string_view chat, bool group,
-                     const std::function<void()>& send, int max_attempts,
-                     std::stop_token stop) {
+                     const std::function<void()>& send,
+                     std::stop_token stop, int max_attempts) {
   for (int attempt = 1;; ++attempt) {
     if (!flood.acquire(chat, group, stop))
       throw error(errc::stopped,

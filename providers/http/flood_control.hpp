@@ -74,9 +74,10 @@ class flood_control {
 /// pauses every send for the platform's retry_after and tries again, up to
 /// `max_attempts` times in all (then the last error is thrown). Any other
 /// exception goes through at once. It blocks the calling thread, which is
-/// how a chat's order is kept: its next message waits for this one.
+/// how a chat's order is kept: its next message waits for this one. A
+/// wait for the buckets gives up when `stop` fires (`errc::stopped`).
 void send_with_retry(flood_control& flood, std::string_view chat, bool group,
-                     const std::function<void()>& send, int max_attempts = 5,
-                     std::stop_token stop = {});
+                     const std::function<void()>& send,
+                     std::stop_token stop = {}, int max_attempts = 5);
 
 } // namespace botmesh::http

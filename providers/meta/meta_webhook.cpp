@@ -311,7 +311,7 @@ void webhook_provider::send(const outgoing_message& msg) {
         throw;
       }
     },
-    5, stopping);
+    stopping);
   ++i.n_sent;
 }
 

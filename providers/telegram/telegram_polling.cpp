@@ -316,7 +316,7 @@ void polling_provider::send(const outgoing_message& msg) {
       stopping = i.host->stopping();
   }
   http::send_with_retry(i.flood, to.chat_id, to.group(),
-                        [&] { i.api->send(msg); }, 5, stopping);
+                        [&] { i.api->send(msg); }, stopping);
   ++i.n_sent;
   if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
     i.callbacks->replied(*i.api, msg.reply_to);

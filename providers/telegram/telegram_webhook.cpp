@@ -377,7 +377,7 @@ void webhook_provider::send(const outgoing_message& msg) {
         throw;
       }
     },
-    5, stopping);
+    stopping);
   ++i.n_sent;
   if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
     i.open_callbacks.replied(*i.api, msg.reply_to);

@@ -77,6 +77,11 @@ void check_step_name(const flow::definition& d, const std::string& step) {
                                                      d.name, step));
 }
 
+// When `cp` expires in the store (an ephemeral checkpoint), if it does.
+std::optional<time_point> lapses_of(const flow_checkpoint& cp) {
+  return cp.ephemeral ? std::optional<time_point>{cp.expires_at} : std::nullopt;
+}
+
 } // namespace
 
 flow& flow::ask(std::string step, std::string question, answer_handler on_answer,
@@ -565,8 +570,7 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     return;
   }
   c.revision = *rev;
-  c.lapses_at = cp.ephemeral ? std::optional<time_point>{cp.expires_at}
-                             : std::nullopt;
+  c.lapses_at = lapses_of(cp);
   c.marker = mode == cp_mode::marker;
   if (cp.saved_answer && c.answer_saved && cp.saved_answer->id == c.current.id)
     *c.answer_saved = true;
@@ -819,8 +823,7 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
   c.step = *step;
   c.current = msg;
   c.revision = cp->revision;
-  c.lapses_at = cp->ephemeral ? std::optional<time_point>{cp->expires_at}
-                              : std::nullopt;
+  c.lapses_at = lapses_of(*cp);
   if (hands_over())
     c.stored = *cp;
   c.created = cp->created_at;

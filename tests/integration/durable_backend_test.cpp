@@ -65,6 +65,21 @@ TYPE_TO_STRING(redis_durable_factory);
 BOTMESH_DURABLE_CONFORMANCE(sqlite_durable_factory);
 BOTMESH_DURABLE_CONFORMANCE(redis_durable_factory);
 
+namespace {
+
+// "<code> <what>" of a completion's error.
+std::string failure_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const botmesh::error& err) {
+    return std::string{botmesh::to_string(err.code())} + " " + err.what();
+  } catch (const std::exception& err) {
+    return std::string{"exception "} + err.what();
+  }
+}
+
+} // namespace
+
 TEST_CASE("the Redis journal keeps each table in one hash slot") {
   redis_durable_factory f;
   auto b = f.make();
@@ -181,13 +196,6 @@ TEST_CASE("Redis journal operations issued together go out in a few script "
     order.push_back(std::move(what));
     all.count_down();
   };
-  auto failure = [](std::exception_ptr e) -> std::string {
-    try {
-      std::rethrow_exception(e);
-    } catch (const botmesh::error& err) {
-      return std::string{botmesh::to_string(err.code())} + " " + err.what();
-    }
-  };
   for (int i = 0; i < n; ++i) {
     auto id = "t:2#m" + std::to_string(i);
     issued.push_back("record " + id + " recorded");
@@ -215,7 +223,7 @@ TEST_CASE("Redis journal operations issued together go out in a few script "
       // Amid the others: a damaged record fails alone, a duplicate is one.
       issued.push_back("confirm t:1#bad corrupted");
       b.confirm("t:1#bad", "a", [&](bool, std::exception_ptr e) {
-        auto what = e ? failure(e) : std::string{};
+        auto what = e ? failure_of(e) : std::string{};
         CHECK(what.find("t:1#bad") != std::string::npos);
         note(what.starts_with("corrupted_record") ? "confirm t:1#bad corrupted"
                                                   : "confirm t:1#bad " + what);
@@ -259,13 +267,9 @@ TEST_CASE("a damaged outbox fence fails its own send in a batch, before "
                    [&, chat](dc::outbox_verdict v, std::exception_ptr e) {
                      std::string what = chat;
                      if (e) {
-                       try {
-                         std::rethrow_exception(e);
-                       } catch (const botmesh::error& err) {
-                         what += err.code() == botmesh::errc::corrupted_record
-                                   ? " corrupted"
-                                   : " error";
-                       }
+                       what += failure_of(e).starts_with("corrupted_record")
+                                 ? " corrupted"
+                                 : " error";
                      } else {
                        what += v == dc::outbox_verdict::send ? " send" : " other";
                      }

@@ -146,6 +146,27 @@ TEST_CASE("a corrupted checkpoint row gives an error naming the key, and the "
   CHECK(s.get_checkpoint("test:broken")->flow == "pedido");
 }
 
+namespace {
+
+// Each of `calls` reads a damaged schedule: it throws corrupted_record, and
+// its text holds every one of `needles`.
+void check_corrupted(const std::vector<std::function<void()>>& calls,
+                     const std::vector<std::string>& needles) {
+  for (auto& f : calls) {
+    try {
+      f();
+      FAIL("read a damaged schedule");
+    } catch (const botmesh::error& e) {
+      std::string what = e.what();
+      CHECK(e.code() == botmesh::errc::corrupted_record);
+      for (auto& n : needles)
+        CHECK_MESSAGE(what.find(n) != std::string::npos, n);
+    }
+  }
+}
+
+} // namespace
+
 TEST_CASE("a schedule row with a time out of range is a corrupted record "
           "naming its id, and it is left as it was") {
   test::temp_file file;
@@ -156,19 +177,10 @@ TEST_CASE("a schedule row with a time out of range is a corrupted record "
                        botmesh::from_unix_ms(0));
   raw_sql(file.path(), "UPDATE schedules SET next_run_at=-9223372036854775807 "
                        "WHERE id='job'");
-  for (auto f : std::vector<std::function<void()>>{
-         [&] { sched->get("job"); },
-         [&] { sched->claim("job", "me", botmesh::from_unix_ms(5),
-                            std::chrono::seconds(1)); }}) {
-    try {
-      f();
-      FAIL("read a damaged schedule");
-    } catch (const botmesh::error& e) {
-      CHECK(e.code() == botmesh::errc::corrupted_record);
-      CHECK(std::string{e.what()}.find("sqlite schedule job") != std::string::npos);
-      CHECK(std::string{e.what()}.find("next_run_at") != std::string::npos);
-    }
-  }
+  check_corrupted({[&] { sched->get("job"); },
+                   [&] { sched->claim("job", "me", botmesh::from_unix_ms(5),
+                                      std::chrono::seconds(1)); }},
+                  {"sqlite schedule job", "next_run_at"});
   // Nothing was rewritten by the failed claim.
   CHECK(raw_int(file.path(), "SELECT next_run_at FROM schedules WHERE id='job'")
         == std::numeric_limits<std::int64_t>::min() + 1);
@@ -185,22 +197,10 @@ TEST_CASE("a schedule row whose number columns hold text or a real is a "
   sched->register_task("other", "every 1000", botmesh::from_unix_ms(1),
                        botmesh::from_unix_ms(0));
   auto expect_corrupt = [&](const std::string& column, const std::string& shown) {
-    for (auto f : std::vector<std::function<void()>>{
-           [&] { sched->get("job"); },
-           [&] { sched->list(); },
-           [&] { sched->claim("job", "me", botmesh::from_unix_ms(5),
-                              std::chrono::seconds(1)); }}) {
-      try {
-        f();
-        FAIL("read a damaged schedule");
-      } catch (const botmesh::error& e) {
-        std::string what = e.what();
-        CHECK(e.code() == botmesh::errc::corrupted_record);
-        CHECK(what.find("sqlite schedule job") != std::string::npos);
-        CHECK(what.find(column) != std::string::npos);
-        CHECK(what.find(shown) != std::string::npos);
-      }
-    }
+    check_corrupted({[&] { sched->get("job"); }, [&] { sched->list(); },
+                     [&] { sched->claim("job", "me", botmesh::from_unix_ms(5),
+                                        std::chrono::seconds(1)); }},
+                    {"sqlite schedule job", column, shown});
   };
   // INTEGER affinity keeps text that is not a number as text.
   raw_sql(file.path(), "UPDATE schedules SET next_run_at='soon' WHERE id='job'");
