@@ -627,16 +627,23 @@ class connection {
 // A SUBSCRIBE connection read with poll(), so it can stop without input.
 class subscriber {
  public:
+  // `relocate`, when given, names another node (host, port) to try after
+  // one that could not be reached: on a Redis Cluster, PUBLISH reaches
+  // every node, so a subscription may live on any of them.
+  using relocator =
+    std::function<std::optional<std::pair<std::string, int>>(const std::string&, int)>;
+
   subscriber(const void* owner, const endpoint_info& ep,
              const redis_options& opts, std::string channel,
              std::function<void(std::string_view)> fn,
-             std::function<void()> on_subscribed)
+             std::function<void()> on_subscribed, relocator relocate = {})
     : owner_(owner),
       ep_(ep),
       opts_(opts),
       channel_(std::move(channel)),
       fn_(std::move(fn)),
-      on_subscribed_(std::move(on_subscribed)) {
+      on_subscribed_(std::move(on_subscribed)),
+      relocate_(std::move(relocate)) {
     thread_ = std::thread{[this] {
       block_sigpipe();
       loop();
@@ -680,6 +687,14 @@ class subscriber {
       if (!ctx) {
         ctx = connect();
         if (!ctx) {
+          // A node that does not answer may be gone for good (a killed
+          // cluster master, replaced by its replica): staying would miss
+          // every push until it came back, if ever.
+          if (relocate_)
+            if (auto to = relocate_(ep_.host, ep_.port)) {
+              ep_.host = std::move(to->first);
+              ep_.port = to->second;
+            }
           std::this_thread::sleep_for(backoff);
           backoff = std::min(backoff * 2, opts_.max_backoff.ms());
           continue;
@@ -751,6 +766,7 @@ class subscriber {
   std::string channel_;
   std::function<void(std::string_view)> fn_;
   std::function<void()> on_subscribed_;
+  relocator relocate_;
   internal::reader_guard guard_{opts_.max_reply_elements};
   // The loop thread's: when it last read anything, and its unanswered PING.
   steady::time_point heard_{};
@@ -831,6 +847,24 @@ void redis_client::subscribe(std::string channel,
   impl_->subscribers.push_back(std::make_unique<subscriber>(
     impl_.get(), impl_->ep, impl_->opts, std::move(channel), std::move(on_message),
     std::move(on_subscribed)));
+}
+
+void redis_client::cluster::subscribe_on(
+  node& n, std::string channel,
+  std::function<void(std::string_view)> on_message,
+  std::function<void()> on_subscribed) {
+  auto& i = *n.client->impl_;
+  std::lock_guard guard{i.sub_mtx};
+  i.subscribers.push_back(std::make_unique<subscriber>(
+    &i, i.ep, i.opts, std::move(channel), std::move(on_message),
+    std::move(on_subscribed),
+    [this](const std::string& host, int port)
+      -> std::optional<std::pair<std::string, int>> {
+      auto next = next_node(fmt::format("{}:{}", host, port));
+      if (!next)
+        return std::nullopt;
+      return internal::split_address(*next);
+    }));
 }
 
 void redis_client::async(command cmd, callback done) {

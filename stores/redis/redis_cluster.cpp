@@ -657,8 +657,40 @@ void redis_client::cluster::subscribe(
     throw error(errc::store_error,
                 fmt::format("redis {}: SUBSCRIBE {}: no master is known",
                             endpoint, channel));
-  n->client->subscribe(std::move(channel), std::move(on_message),
-                       std::move(on_subscribed));
+  subscribe_on(*n, std::move(channel), std::move(on_message),
+               std::move(on_subscribed));
+}
+
+std::optional<std::string>
+redis_client::cluster::next_node(const std::string& failed) {
+  if (closed_)
+    return std::nullopt;
+  request_refresh();
+  std::vector<std::string> known;
+  std::set<std::string> seen;
+  for (auto& s : slots_)
+    if (auto* n = s.load(std::memory_order_acquire);
+        n && seen.insert(n->address).second)
+      known.push_back(n->address);
+  {
+    std::lock_guard guard{nodes_mtx_};
+    for (auto& [a, n] : nodes_)
+      if (seen.insert(a).second)
+        known.push_back(a);
+    for (auto& a : seeds_)
+      if (seen.insert(a).second)
+        known.push_back(a);
+  }
+  // The one after `failed`, cyclically: repeated failures visit every node
+  // instead of going back and forth between two that are down.
+  auto at = std::find(known.begin(), known.end(), failed);
+  auto start = at == known.end() ? 0 : (at - known.begin()) + 1;
+  for (std::size_t k = 0; k < known.size(); ++k) {
+    auto& a = known[(start + k) % known.size()];
+    if (a != failed)
+      return a;
+  }
+  return std::nullopt;
 }
 
 bool redis_client::cluster::on_own_thread() const {

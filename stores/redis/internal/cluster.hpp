@@ -102,9 +102,19 @@ struct redis_client::cluster {
                                 const std::vector<std::string>& keys);
 
   void preload(const redis_script& script);
+  /// Subscribes on the master of the channel's slot; when that node stops
+  /// answering, the subscription moves on (next_node) and `on_subscribed`
+  /// runs again, as after any reconnection.
   void subscribe(std::string channel,
                  std::function<void(std::string_view)> on_message,
                  std::function<void()> on_subscribed);
+
+  /// The node a subscription tries after the one at `failed` (host:port)
+  /// could not be reached: the next known node after it, masters first,
+  /// then replicas and seeds (PUBLISH reaches every node of a cluster, so
+  /// any of them serves). Also asks for a slot map refresh. Nothing once
+  /// closed, or when no other node is known.
+  std::optional<std::string> next_node(const std::string& failed);
 
   /// Stops the retry thread and every node client; commands waiting for a
   /// retry fail with `errc::store_error`.
@@ -126,6 +136,10 @@ struct redis_client::cluster {
                    std::optional<redis_reply> last);
   void finish(const std::shared_ptr<op>& o, redis_reply r,
               std::exception_ptr e);
+  // Defined with the single-node client, whose subscriptions it extends.
+  void subscribe_on(node& n, std::string channel,
+                    std::function<void(std::string_view)> on_message,
+                    std::function<void()> on_subscribed);
   node* node_at(const std::string& address);
   node* any_master();
   bool refresh_once(std::string* why);
