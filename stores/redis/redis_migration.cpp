@@ -9,6 +9,7 @@
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/json.hpp>
+#include <botmesh/stores/redis/internal/cluster.hpp>
 #include <botmesh/stores/redis/internal/keyspace.hpp>
 #include <botmesh/stores/redis/internal/store_impl.hpp>
 #include <botmesh/stores/redis/redis_cluster_layout.hpp>
@@ -40,6 +41,73 @@ void scan_node(redis_client& c, const std::string& match,
   } while (cursor != "0");
 }
 
+std::vector<std::string> cluster_masters(std::string_view nodes_text) {
+  std::vector<std::string> out;
+  std::vector<bool> served(cluster_slots, false);
+  std::istringstream lines{std::string{nodes_text}};
+  std::string line;
+  while (std::getline(lines, line)) {
+    // <id> <ip:port@cport[,hostname]> <flags> <master> <ping> <pong>
+    // <epoch> <link> <slot or first-last> ... ([slot->-id] while moving)
+    std::istringstream f{line};
+    std::vector<std::string> fields;
+    for (std::string w; f >> w;)
+      fields.push_back(std::move(w));
+    if (fields.size() < 8
+        || fields[2].find("master") == std::string::npos)
+      continue;
+    std::size_t slots = 0;
+    for (std::size_t i = 8; i < fields.size(); ++i) {
+      auto& r = fields[i];
+      if (r.starts_with("["))
+        continue; // a slot being imported or migrated: its owner lists it
+      auto dash = r.find('-');
+      std::size_t first = 0, last = 0;
+      auto num = [&](std::string_view t, std::size_t& v) {
+        auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+        return ec == std::errc{} && p == t.data() + t.size() && v < cluster_slots;
+      };
+      std::string_view sv{r};
+      if (!(dash == std::string::npos
+              ? num(sv, first) && num(sv, last)
+              : num(sv.substr(0, dash), first) && num(sv.substr(dash + 1), last))
+          || last < first)
+        throw error(errc::store_error,
+                    fmt::format("CLUSTER NODES: malformed slot range \"{}\" "
+                                "in the line of {}",
+                                r, fields[1]));
+      for (auto s = first; s <= last; ++s)
+        served[s] = true;
+      slots += last - first + 1;
+    }
+    auto addr = fields[1].substr(0, fields[1].find('@'));
+    if (fields[2].find("fail") != std::string::npos) {
+      if (slots == 0)
+        continue;
+      throw error(errc::store_error,
+                  fmt::format("redis cluster: the master at {} is flagged "
+                              "{} and serves {} slots: their keys cannot be "
+                              "read until its replica takes over or it "
+                              "recovers; run this again once the cluster is "
+                              "whole",
+                              addr, fields[2], slots));
+    }
+    out.push_back(std::move(addr));
+  }
+  for (std::size_t s = 0; s < cluster_slots; ++s)
+    if (!served[s]) {
+      auto e = s;
+      while (e + 1 < cluster_slots && !served[e + 1])
+        ++e;
+      throw error(errc::store_error,
+                  fmt::format("redis cluster: no master serves slots {}-{}: "
+                              "their keys cannot be read; run this again once "
+                              "every slot is served",
+                              s, e));
+    }
+  return out;
+}
+
 // Every key under the prefix: on one node, or on every master of a
 // cluster (SCAN sees one node only).
 std::vector<std::string> scan_prefix(redis_client& c,
@@ -53,18 +121,9 @@ std::vector<std::string> scan_prefix(redis_client& c,
   if (!c.is_cluster()) {
     scan_node(c, match, keep);
   } else {
-    auto text = c.call({"CLUSTER", "NODES"}).str;
-    std::istringstream lines{text};
-    std::string line;
-    while (std::getline(lines, line)) {
-      std::istringstream f{line};
-      std::string id, addr, flags;
-      f >> id >> addr >> flags;
-      if (flags.find("master") == std::string::npos
-          || flags.find("fail") != std::string::npos)
-        continue;
-      redis_client node{redis_options{
-        .url = "redis://" + addr.substr(0, addr.find('@')), .connections = 1}};
+    for (auto& addr : cluster_masters(c.call({"CLUSTER", "NODES"}).str)) {
+      redis_client node{
+        redis_options{.url = "redis://" + addr, .connections = 1}};
       scan_node(node, match, keep);
     }
   }

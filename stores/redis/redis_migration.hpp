@@ -40,7 +40,8 @@ struct redis_keyspace_report {
 /// Counts the keys under `prefix` per layout and kind. Scans every master
 /// of a cluster client (a node the cluster announces must be reachable at
 /// that address, without credentials of its own). Throws `errc::store_error`
-/// on a Redis failure.
+/// on a Redis failure, and when a master is flagged failing while it still
+/// serves slots or a slot has no master (its keys could not be counted).
 redis_keyspace_report inspect_keyspace(redis_client& client,
                                        const std::string& prefix);
 
@@ -51,7 +52,10 @@ enum class redis_migration_direction : std::uint8_t {
 
 struct redis_migration_options {
   /// Where the data is. Required. legacy_to_cluster: one node.
-  /// cluster_to_legacy: one node or a cluster client (every master is read).
+  /// cluster_to_legacy: one node or a cluster client (every master is read;
+  /// a master flagged failing that still serves slots, or a slot without a
+  /// master, stops the migration with `errc::store_error` before anything
+  /// is written or pruned).
   std::shared_ptr<redis_client> source{};
   /// Where it goes; empty: in place, in `source`. cluster_to_legacy needs a
   /// single-node target (a cluster source needs an explicit target).

@@ -5,6 +5,7 @@
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/redis/internal/cluster.hpp>
+#include <botmesh/stores/redis/internal/keyspace.hpp>
 
 using botmesh::redis_client;
 using botmesh::redis_reply;
@@ -108,4 +109,52 @@ TEST_CASE("a CLUSTER SLOTS reply becomes ranges with masters and replicas, "
       array({array({integer(0), integer(1), array({string("h"), integer(0)})})}),
       "h"),
     doctest::Contains("a node is not [host, port"), botmesh::error);
+}
+
+TEST_CASE("the masters a cluster scan reads: every slot served, none failing") {
+  auto error_of = [](const std::string& text) {
+    try {
+      internal::cluster_masters(text);
+    } catch (const botmesh::error& e) {
+      CHECK(e.code() == botmesh::errc::store_error);
+      return std::string{e.what()};
+    }
+    return std::string{};
+  };
+  std::string replica =
+    "r4 127.0.0.1:30004@31004,host4 slave m1 0 1426238317239 4 connected\n";
+  std::string m1 = "m1 127.0.0.1:30001@31001 myself,master - 0 0 1 connected "
+                   "0-5460 [5461->-m2]\n";
+  std::string m2 = "m2 127.0.0.1:30002@31002 master - 0 1426238316232 2 "
+                   "connected 5461 5462-10922\n";
+  std::string m3 = "m3 127.0.0.1:30003@31003 master - 0 1426238318243 3 "
+                   "connected 10923-16383\n";
+  // Healthy: the masters' host:port, replicas and the moving slot's
+  // bracket left out.
+  auto masters = internal::cluster_masters(replica + m1 + m2 + m3);
+  CHECK(masters == std::vector<std::string>{"127.0.0.1:30001", "127.0.0.1:30002",
+                                            "127.0.0.1:30003"});
+  // A master that stopped answering still owns its slots until its replica
+  // takes over: its keys cannot be read, which a scan must not pass over.
+  std::string suspect = "m3 127.0.0.1:30003@31003 master,fail? - 0 1 3 "
+                        "connected 10923-16383\n";
+  auto e = error_of(m1 + m2 + suspect);
+  CHECK(e.find("127.0.0.1:30003") != std::string::npos);
+  CHECK(e.find("fail?") != std::string::npos);
+  CHECK(e.find("5461 slots") != std::string::npos);
+  CHECK(error_of(m1 + m2 + "m3 127.0.0.1:30003@31003 master,fail - 0 1 3 "
+                           "disconnected 10923-16383\n")
+          .find("flagged master,fail ") != std::string::npos);
+  // After the failover the old master lists no slots: nothing to read there.
+  auto after = internal::cluster_masters(
+    m1 + m2 + "m3 127.0.0.1:30003@31003 master,fail - 0 1 3 disconnected\n"
+    + "m6 127.0.0.1:30006@31006 master - 0 1 7 connected 10923-16383\n");
+  CHECK(after == std::vector<std::string>{"127.0.0.1:30001", "127.0.0.1:30002",
+                                          "127.0.0.1:30006"});
+  // Slots nobody serves (a shard lost with its replicas) are named.
+  CHECK(error_of(m1 + m3).find("no master serves slots 5461-10922")
+        != std::string::npos);
+  CHECK(error_of(m1 + m2 + "m3 127.0.0.1:30003@31003 master - 0 1 3 connected "
+                           "10923-16384\n")
+          .find("malformed slot range \"10923-16384\"") != std::string::npos);
 }

@@ -42,8 +42,16 @@ void scan_node(redis_client& c, const std::string& match,
                const std::function<bool(const std::string&)>& visit);
 
 /// Every key under `prefix` (SCAN), on one node or on every master of a
-/// cluster client; sorted.
+/// cluster client (cluster_masters); sorted.
 std::vector<std::string> scan_prefix(redis_client& c, const std::string& prefix);
+
+/// The masters (`host:port`) a CLUSTER NODES text lists, which together
+/// serve every slot. Throws `errc::store_error` naming a master flagged
+/// `fail` or `fail?` that still serves slots, or the slots no master
+/// serves: a scan would miss their keys, a count would be short and a
+/// mirror would prune records the source still has. A failed master
+/// without slots (replaced by its replica) holds nothing and is left out.
+std::vector<std::string> cluster_masters(std::string_view nodes_text);
 
 /// A key of the cluster:v1 layout, taken apart.
 struct cluster_key {
