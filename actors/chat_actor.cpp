@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -61,6 +62,14 @@ class event_queue {
     } else if (head_ >= 32 && head_ * 2 >= items_.size()) {
       items_.erase(items_.begin(), items_.begin()
                                      + static_cast<std::ptrdiff_t>(head_));
+      head_ = 0;
+    }
+  }
+  /// Drops the entry at position `i`, keeping the order of the others.
+  void erase(std::size_t i) {
+    items_.erase(items_.begin() + static_cast<std::ptrdiff_t>(head_ + i));
+    if (empty()) {
+      items_.clear();
       head_ = 0;
     }
   }
@@ -211,6 +220,13 @@ struct chat_state {
   // Without coordination: where events go (allocated on first use).
   std::shared_ptr<runner> run;
   bool busy = false;
+  // The running step's turn ended under it (settle, a lost lease) and the
+  // step has not returned: it ignores its stop token, or is slow to see it.
+  bool cut = false;
+  std::uint64_t cut_wait = 0; // the grace timer's number while cut
+  // While cut, past the grace: the entries behind it hold no ticket (they
+  // enter again, in order, once the step returns).
+  bool given_back = false;
   bool first = true;   // the next turn is the first of this activation
   bool asking = false; // an idle request to the router is in flight
   std::uint64_t waits = 0; // turn_wait bounds armed so far
@@ -265,6 +281,33 @@ void enter_again(chat_actor_t* self, std::size_t from) {
   }
 }
 
+// How long a chat whose running step was cut keeps the tickets (and a
+// grant) of the events behind it, for the step to see its stop token and
+// return. Past it they are given back: a step that never returns must not
+// keep the chat from every other replica (a grant held here is renewed for
+// as long as it waits, and it waits for that step).
+constexpr std::chrono::milliseconds cut_grace{1000};
+
+// The running step was cut and did not return within cut_grace: the
+// entries behind it give back their tickets and turns, so the chat goes on
+// elsewhere; here they wait for the step, the first bounded by turn_wait.
+void give_back(chat_actor_t* self) {
+  auto& st = self->state;
+  auto& q = st.q();
+  for (std::size_t i = 1; i < q.size(); ++i) {
+    auto& e = q[i];
+    if (e.token)
+      self->send(st.cfg().lease, release_atom::value, st.key,
+                 e.token->fence());
+    else if (e.req != 0)
+      self->send(st.cfg().lease, leave_atom::value, st.key, e.req);
+    e.req = 0;
+    e.token.reset();
+    e.wait = 0;
+  }
+  st.given_back = true;
+}
+
 void went_idle(chat_actor_t* self) {
   auto& st = self->state;
   for (auto& rp : st.drain_waiters)
@@ -276,8 +319,17 @@ void went_idle(chat_actor_t* self) {
 // Starts the next turn, or answers drain waiters when nothing is left.
 void next_turn(chat_actor_t* self) {
   auto& st = self->state;
-  if (st.busy)
+  if (st.busy) {
+    // Behind a cut step that keeps running, the next event's wait for a
+    // turn is bounded as the head's would be.
+    auto& q = st.q();
+    if (st.given_back && q.size() > 1 && q[1].wait == 0) {
+      q[1].wait = ++st.waits;
+      self->delayed_send(self, st.cfg().turn_wait, turn_wait_atom::value,
+                         q[1].wait);
+    }
     return;
+  }
   if (st.empty()) {
     went_idle(self);
     return;
@@ -340,8 +392,8 @@ void push(chat_actor_t* self, event_ptr ev) {
   }
   auto& q = st.q();
   q.push_back(entry{std::move(ev), 0, nullptr, 0});
-  if (st.coordinated())
-    enter(self, q.back());
+  if (st.coordinated() && !st.given_back)
+    enter(self, q.back()); // else it enters when the cut step returns
   next_turn(self);
 }
 
@@ -419,8 +471,20 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       auto& st = self->state;
       std::size_t i = 0;
       auto e = find(self, req, &i);
-      if (!e || (st.busy && i == 0))
-        return; // a running step sees its token ended
+      if (!e)
+        return;
+      if (st.busy && i == 0) {
+        // A running step sees its token ended. Until it returns, the
+        // events behind it cannot run here: a grace for it to stop, then
+        // their turns go back (give_back).
+        if (!st.cut) {
+          st.cut = true;
+          st.cut_wait = ++st.waits;
+          self->delayed_send(self, cut_grace, turn_wait_atom::value,
+                             st.cut_wait);
+        }
+        return;
+      }
       // Its ticket or its granted turn is gone before it ran: enter again,
       // with every later event of the chat after it.
       enter_again(self, i);
@@ -428,18 +492,36 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
     },
     [=](turn_wait_atom, std::uint64_t wait) {
       auto& st = self->state;
-      if (st.empty() || st.busy)
+      if (st.cut && wait == st.cut_wait) {
+        if (!st.given_back) {
+          give_back(self);
+          next_turn(self);
+        }
+        return;
+      }
+      // The entry waiting for a turn: the head, or the one behind a cut
+      // step that keeps running.
+      std::size_t at = st.busy ? 1 : 0;
+      if (st.busy && !st.given_back)
         return;
       auto& q = st.queue;
-      auto& head = q.front();
-      if (head.wait != wait || head.token)
+      if (q.size() <= at)
+        return;
+      auto& e = q[at];
+      if (e.wait != wait || e.token)
         return; // stale: granted, entered again, or another entry's
-      self->send(st.cfg().lease, leave_atom::value, st.key, head.req);
-      auto ev = std::move(head.ev->ev);
-      q.pop_front();
+      if (e.req != 0)
+        self->send(st.cfg().lease, leave_atom::value, st.key, e.req);
+      auto ev = std::move(e.ev->ev);
+      q.erase(at);
       st.cfg().services->turn_failed(
         st.key, std::move(ev),
-        fmt::format("within turn_wait ({} ms)", st.cfg().turn_wait.count()));
+        at == 0 ? fmt::format("within turn_wait ({} ms)",
+                              st.cfg().turn_wait.count())
+                : fmt::format("within turn_wait ({} ms): the chat's previous "
+                              "step still runs after its turn ended (settle "
+                              "or a lost lease) and ignores its stop token",
+                              st.cfg().turn_wait.count()));
       next_turn(self);
     },
     [=](turn_done_atom) {
@@ -449,12 +531,20 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
         return;
       }
       st.busy = false;
+      st.cut = false;
+      st.cut_wait = 0;
       if (st.coordinated() && !st.empty()) {
         auto& head = st.queue.front();
         if (head.token)
           self->send(st.cfg().lease, release_atom::value, st.key,
                      head.token->fence(), head.token->take_handoff());
         st.queue.pop_front();
+      }
+      if (st.given_back) {
+        // The cut step returned: the events behind it take tickets again,
+        // in their order.
+        st.given_back = false;
+        enter_again(self, 0);
       }
       next_turn(self);
     },

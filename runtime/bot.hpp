@@ -244,7 +244,10 @@ struct coordination_options {
   duration turn_wait = "2m";
   /// The longest a turn is held by a running step; then the step's stop
   /// token fires, it can no longer send or write its checkpoint, and the
-  /// turn is released.
+  /// turn is released. A step that still runs 1 s later (deaf to its stop
+  /// token) keeps the chat's later messages on this replica waiting (at
+  /// most `turn_wait`, then an `errc::coordination_unavailable` error
+  /// event), but not the chat: their turns go back to the other replicas.
   duration settle = "1m";
   /// Polling while waiting for a turn goes from 5 ms up to this; a push
   /// from the releasing replica usually ends the wait first.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <future>
 #include <latch>
 #include <mutex>
 
@@ -24,14 +25,17 @@ struct replica {
   std::unique_ptr<botmesh::bot> bot;
   test::error_log errors;
 
+  // `wrap` puts a watching coordinator around the hub's.
   replica(botmesh::memory_coordination_hub& hub,
           std::shared_ptr<botmesh::store> store, std::string id,
           botmesh::coordination_options co = {},
-          botmesh::duration lease = "15s") {
+          botmesh::duration lease = "15s",
+          std::function<std::shared_ptr<botmesh::coordinator>(
+            std::shared_ptr<botmesh::coordinator>)> wrap = {}) {
     coord = std::make_shared<botmesh::memory_coordinator>(
       hub, botmesh::memory_coordinator_options{.replica_id = std::move(id),
                                                .lease = lease});
-    co.coordinator = coord;
+    co.coordinator = wrap ? wrap(coord) : coord;
     bot = std::make_unique<botmesh::bot>(botmesh::bot_options{
       .provider = provider, .store = std::move(store), .coordination = co});
     errors.attach(*bot);
@@ -40,6 +44,23 @@ struct replica {
   // The bot goes first: its threads may still report into `errors`.
   ~replica() {
     bot.reset();
+  }
+};
+
+// Counts the enters answered (granted or queued behind a holder).
+class ticket_counter final : public botmesh::forwarding_coordinator {
+ public:
+  using forwarding_coordinator::forwarding_coordinator;
+  std::atomic<int> entered{0};
+  void enter(std::string_view key, std::uint64_t req, bool retry,
+             completion<botmesh::turn_state> done) override {
+    c_->enter(key, req, retry,
+              [this, done = std::move(done)](botmesh::turn_state s,
+                                             std::exception_ptr e) {
+                if (!e)
+                  ++entered;
+                done(std::move(s), e);
+              });
   }
 };
 
@@ -366,6 +387,118 @@ TEST_CASE("settle stops a step that holds the turn too long and lets the "
   a.provider->inject("x", "rápido");
   REQUIRE(a.provider->wait_for_sent(1, 5s));
   CHECK(texts(*a.provider) == std::vector<std::string>{"ok rápido"});
+}
+
+TEST_CASE("a step that ignores its stop token past settle does not keep the "
+          "chat from the other replicas, and what waits behind it here is "
+          "bounded by turn_wait") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  std::promise<void> go;
+  auto released = go.get_future().share();
+  std::atomic<bool> hung{false};
+  botmesh::coordination_options co{.turn_wait = "3s", .settle = "200ms"};
+  std::shared_ptr<ticket_counter> tickets;
+  replica a{hub, store, "a", co, "600ms", [&](auto c) {
+              return tickets = std::make_shared<ticket_counter>(c);
+            }};
+  replica b{hub, store, "b", co, "600ms"};
+  a.bot->on_message([&](botmesh::context& c) {
+    if (c.text() == "cuelga") {
+      hung = true;
+      released.wait(); // deaf to its stop token
+      c.reply("tarde"); // fenced: its turn was cut
+      return;
+    }
+    c.reply("a " + c.text());
+  });
+  b.bot->on_message([&](botmesh::context& c) { c.reply("b " + c.text()); });
+  // Opened before the replicas go, also when a REQUIRE fails: a bot's stop
+  // waits for its handlers.
+  struct gate {
+    std::promise<void>& p;
+    bool opened = false;
+    void open() {
+      if (!std::exchange(opened, true))
+        p.set_value();
+    }
+    ~gate() {
+      open();
+    }
+  } step{go};
+  a.bot->start();
+  b.bot->start();
+  a.provider->inject("x", "cuelga");
+  REQUIRE(test::eventually([&] { return hung.load(); }));
+  // Behind the hung step on A: A is granted the chat's next turn (the cut
+  // released the last one), which cannot start while the step runs.
+  a.provider->inject("x", "uno");
+  REQUIRE(test::eventually([&] { return tickets->entered.load() == 2; }));
+  b.provider->inject("x", "dos");
+  // B answers while the step still hangs: A gave the turn back (after a
+  // grace for the step to stop) instead of holding it, renewed, for as
+  // long as the step runs.
+  CHECK(b.provider->wait_for_sent(1, 8s));
+  CHECK(texts(*b.provider) == std::vector<std::string>{"b dos"});
+  // "uno" waited for the step on A at most turn_wait, then failed with an
+  // error that says why.
+  REQUIRE(test::eventually([&] {
+    return a.errors.count(botmesh::errc::coordination_unavailable) == 1;
+  }));
+  for (auto& e : a.errors.all())
+    if (e.code == botmesh::errc::coordination_unavailable)
+      CHECK(e.what.find("previous step still runs") != std::string::npos);
+  CHECK(a.provider->sent().empty());
+  step.open();
+  // The step returns; its reply is refused: its turn was cut by settle.
+  CHECK(test::eventually(
+    [&] { return a.errors.count(botmesh::errc::lease_lost) == 1; }));
+  // Once the step returned, the chat runs on A again.
+  a.provider->inject("x", "tres");
+  CHECK(a.provider->wait_for_sent(1, 5s));
+  CHECK(texts(*a.provider) == std::vector<std::string>{"a tres"});
+}
+
+TEST_CASE("a step cut by settle that stops at once keeps the chat's order: "
+          "what waited behind it on this replica still goes first") {
+  botmesh::memory_coordination_hub hub;
+  auto store = std::make_shared<botmesh::memory_store>();
+  std::mutex mtx;
+  std::vector<std::string> order;
+  std::atomic<bool> started{false};
+  botmesh::coordination_options co{.settle = "200ms"};
+  std::shared_ptr<ticket_counter> tickets;
+  replica a{hub, store, "a", co, "600ms", [&](auto c) {
+              return tickets = std::make_shared<ticket_counter>(c);
+            }};
+  replica b{hub, store, "b", co, "600ms"};
+  auto note = [&](const std::string& what) {
+    std::lock_guard guard{mtx};
+    order.push_back(what);
+  };
+  a.bot->on_message([&](botmesh::context& c) {
+    if (c.text() == "lento") {
+      started = true;
+      while (!c.stop_token().stop_requested())
+        std::this_thread::sleep_for(1ms);
+      return;
+    }
+    note("a " + c.text());
+  });
+  b.bot->on_message([&](botmesh::context& c) { note("b " + c.text()); });
+  a.bot->start();
+  b.bot->start();
+  a.provider->inject("x", "lento");
+  REQUIRE(test::eventually([&] { return started.load(); }));
+  a.provider->inject("x", "uno");
+  REQUIRE(test::eventually([&] { return tickets->entered.load() == 2; }));
+  b.provider->inject("x", "dos");
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{mtx};
+    return order.size() == 2;
+  }));
+  CHECK(order == std::vector<std::string>{"a uno", "b dos"});
+  CHECK(a.errors.count(botmesh::errc::coordination_unavailable) == 0);
 }
 
 TEST_CASE("stress: steps cut by settle while they send: none of their sends "
