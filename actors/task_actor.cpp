@@ -40,6 +40,9 @@ struct run_ctx {
   std::shared_ptr<task> t;
   std::shared_ptr<scheduler_engine> eng;
   std::uint64_t token = 0;
+  // The actor's: the lease was lost or surely ran out while it ran. Its
+  // slots are then not committed (see run_ended).
+  bool lease_gone = false;
 };
 
 struct task_state {
@@ -153,8 +156,12 @@ void arm(task_actor* self, time_point at) {
 
 void arm_renewal(task_actor* self) {
   auto& st = self->state;
-  if (!st.eng->started.load())
-    return; // poll() renews on its own
+  // poll() renews on its own. A stopped scheduler (paused) still renews
+  // what runs: stop() waits for a handler that may ignore its stop token,
+  // and a lease left to lapse meanwhile would let another replica run the
+  // same slot at once.
+  if (!st.eng->started.load() && !st.eng->paused.load())
+    return;
   auto delay = std::max(ms{0}, st.next_renew - st.eng->now());
   self->delayed_send(self, delay, task_renew_atom::value, st.claim.token);
 }
@@ -185,6 +192,7 @@ void lease_ran_out(task_actor* self, std::string_view why) {
                           "to stop",
                           st.t->stored_id, st.claim.token, why));
   st.run->stop.request_stop();
+  st.run->lease_gone = true;
   st.next_renew = time_point::max();
   st.held_until = time_point::max();
 }
@@ -234,6 +242,7 @@ void renew(task_actor* self) {
                              "stop",
                              id, token));
         st.run->stop.request_stop();
+        st.run->lease_gone = true;
         st.next_renew = time_point::max();
         return;
       }
@@ -297,6 +306,18 @@ void finish(task_actor* self, bool retry = false) {
 void run_ended(task_actor* self, std::size_t ran) {
   auto& st = self->state;
   auto* eng = st.eng.get();
+  if (st.run->lease_gone) {
+    // Another replica may have taken the slot over meanwhile, or will: a
+    // run past its lease may have been cut short (its stop token fired).
+    // Its commit would mark the slot done although no store accepts that
+    // from a stale executor once someone claimed after it; left to lapse,
+    // the next claim (this replica's too) runs it again as interrupted.
+    eng->log(fmt::format("{} (token {}): not committed, its lease was lost "
+                         "while it ran: the slot runs again as interrupted",
+                         st.t->stored_id, st.claim.token));
+    finish(self, true);
+    return;
+  }
   auto end = eng->now();
   auto o = after_run(st, ran, end);
   if (!o.next) {
@@ -409,9 +430,16 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
         t.st->active = false;
       } else {
         t.next = current->next_run_at;
-        // Someone runs it: look again when their lease ends.
-        if (!current->lease_owner.empty() && current->lease_until > now)
-          t.next = std::max(t.next, current->lease_until);
+        // Someone runs it: look again when their lease ends, or when the
+        // slot after theirs is due if that comes first (they commit it and
+        // may stop or die before it: waiting for their lease would find it
+        // late, and missed).
+        if (!current->lease_owner.empty() && current->lease_until > now) {
+          auto again = current->lease_until;
+          if (auto after = t.slot_after(current->next_run_at))
+            again = std::min(again, *after);
+          t.next = std::max(t.next, again);
+        }
       }
     }
     if (t.st->active && !st.cancelled)

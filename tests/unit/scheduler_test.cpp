@@ -538,8 +538,8 @@ TEST_CASE("a crashed executor's occurrence re-runs after its lease, not as "
   CHECK(rec.runs[0].fencing_token > dead->token);
 }
 
-TEST_CASE("a stale executor's lease is lost, its stop token fires and its "
-          "commit is rejected") {
+TEST_CASE("a stale executor's lease is lost, its stop token fires and it "
+          "does not commit") {
   botmesh::manual_clock clk{t0()};
   auto store = std::make_shared<botmesh::memory_schedule_store>();
   recorder rec_a;
@@ -568,12 +568,13 @@ TEST_CASE("a stale executor's lease is lost, its stop token fires and its "
   REQUIRE(rec_b.count() == 1);
   CHECK_FALSE(rec_b.runs[0].missed);
   CHECK(rec_b.runs[0].fencing_token > a_token.load());
-  // A wakes up: its renewal fails, its stop token fires, its commit is refused.
+  // A wakes up: its renewal fails, its stop token fires, and it leaves the
+  // slot to B (a commit would be refused: B's claim is newer).
   a.poll();
   a_poll.join();
   CHECK(a_saw_stop.load());
-  CHECK(rec_a.logs_containing("lost") == 1);
-  CHECK(rec_a.logs_containing("rejected") == 1);
+  CHECK(rec_a.logs_containing("lease of job (token") == 1);
+  CHECK(rec_a.logs_containing("not committed, its lease was lost") == 1);
   CHECK(store->get("job")->next_run_at == t0() + 2min);
 }
 
@@ -663,6 +664,40 @@ TEST_CASE("stop fires the stop token of a running handler and waits for it") {
   s.stop();
   poller.join();
   CHECK(stopped_cleanly.load());
+}
+
+TEST_CASE("a stopped scheduler keeps renewing the lease of a handler that "
+          "ignores its stop token: no other replica runs the slot meanwhile") {
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  std::atomic<int> in_flight{0}, overlaps{0}, runs{0};
+  std::atomic<bool> first{true};
+  std::latch running{1};
+  auto handler = [&](const scheduled_run&) {
+    if (in_flight.fetch_add(1) != 0)
+      ++overlaps;
+    if (first.exchange(false)) {
+      running.count_down();
+      std::this_thread::sleep_for(1200ms); // four leases, deaf to stop
+    }
+    in_flight.fetch_sub(1);
+    ++runs;
+  };
+  botmesh::scheduler a{{.store = store, .tick = "50ms"}};
+  botmesh::scheduler b{{.store = store, .tick = "50ms"}};
+  for (auto* s : {&a, &b})
+    s->every(100ms, {.id = "job", .lease = std::chrono::milliseconds{300}},
+             handler);
+  a.start();
+  running.wait();
+  b.start();
+  std::this_thread::sleep_for(100ms);
+  // stop() waits for the handler; until it returns, A's lease must hold.
+  std::thread stopper{[&] { a.stop(); }};
+  stopper.join();
+  // B goes on with the task once A committed.
+  CHECK(test::eventually([&] { return runs.load() >= 3; }));
+  b.stop();
+  CHECK(overlaps.load() == 0);
 }
 
 TEST_CASE("a started scheduler runs tasks on the system clock") {
@@ -1102,6 +1137,54 @@ TEST_CASE("a run whose renewals fail until its lease ran out is asked to "
   // Said once: by the failed renewal past the lease, or by the check that
   // finds one still in flight then.
   CHECK(rec.logs_containing("lease of job (token 1) ran out") == 1);
+}
+
+TEST_CASE("a run whose lease ran out is not committed: its slot runs again "
+          "as interrupted, not as missed") {
+  auto store = std::make_shared<test_store>();
+  store->failing_renewals = true;
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .tick = "50ms", .log = rec.logger()}};
+  s.every(100ms, {.id = "job", .lease = std::chrono::milliseconds{300}},
+          [&](const scheduled_run& r) {
+            bool first = rec.count() == 0;
+            rec.handler()(r);
+            if (first) // a freeze: its renewals fail until its lease ran out
+              (void) test::eventually([&] { return r.stop.stop_requested(); },
+                                      10s);
+          });
+  s.start();
+  REQUIRE(test::eventually([&] { return rec.count() >= 2; }, 15s));
+  s.stop();
+  CHECK(rec.logs_containing("not committed, its lease was lost") == 1);
+  std::lock_guard guard{rec.mtx};
+  CHECK(rec.runs[1].scheduled_at == rec.runs[0].scheduled_at);
+  CHECK_FALSE(rec.runs[1].missed);
+  CHECK(rec.runs[1].fencing_token > rec.runs[0].fencing_token);
+}
+
+TEST_CASE("a replica whose claim was refused looks again when the next slot "
+          "is due, not only when the holder's lease ends") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  recorder rec;
+  botmesh::scheduler b{{.store = store, .clock = &clk}};
+  b.every("30s", {.id = "job", .missed = missed_policy::skip, .lease = "60s"},
+          rec.handler());
+  clk.advance(30s);
+  // Another replica claims the slot; B's claim is refused.
+  auto other = store->claim("job", "a", clk.now(), 60s);
+  REQUIRE(other);
+  b.poll();
+  CHECK(rec.count() == 0);
+  // It runs the slot, commits the next one and stops (a deploy) before it.
+  clk.advance(1s);
+  REQUIRE(store->commit("job", "a", other->token, t0() + 60s, false, clk.now()));
+  clk.advance(29s); // the next slot is due; A's lease would hold until 90 s
+  b.poll();
+  REQUIRE(rec.count() == 1);
+  CHECK(rec.runs[0].scheduled_at == t0() + 60s);
+  CHECK_FALSE(rec.runs[0].missed);
 }
 
 TEST_CASE("a started durable task goes on after a failed commit") {
