@@ -89,6 +89,7 @@ bool turn_token::end(turn_end why) noexcept {
                                     std::memory_order_acq_rel))
     return false;
   stop_.request_stop();
+  ended_.request_stop();
   return true;
 }
 

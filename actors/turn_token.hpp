@@ -110,6 +110,13 @@ class turn_token {
     return stop_.get_token();
   }
 
+  /// Fires only when the turn ends (settle, loss, release), not when the
+  /// bot stops: what waits to send gives up on it, while a graceful stop
+  /// lets a reply that waits for the flood control still go out.
+  std::stop_token ended_token() const noexcept {
+    return ended_.get_token();
+  }
+
   /// Called by whoever runs the step, on its thread, when the step begins
   /// running (not when it is queued for a thread): `settle` counts from
   /// here, so a step that waited for a free handler thread is not cut
@@ -162,6 +169,7 @@ class turn_token {
   std::atomic<std::int64_t> settle_at_;
   std::atomic<std::uint8_t> end_{0};
   std::stop_source stop_;
+  std::stop_source ended_;
 };
 
 } // namespace botmesh

@@ -169,6 +169,17 @@ class provider {
   /// Sends a message. Throws `botmesh::error` with `errc::provider_error`
   /// when the transport is closed or the platform refuses it.
   virtual void send(const outgoing_message& msg) = 0;
+
+  /// The same for a turn's send (the runtime's call): a wait inside the
+  /// provider (flood control, a 429's retry_after) also gives up, with
+  /// `errc::stopped`, once `cancel` fires: the turn ended (settle, a lost
+  /// lease), and a reply sent after another replica took the chat would
+  /// arrive out of order. The default ignores `cancel` (a provider that
+  /// never waits).
+  virtual void send(const outgoing_message& msg, std::stop_token cancel) {
+    (void) cancel;
+    send(msg);
+  }
 };
 
 } // namespace botmesh

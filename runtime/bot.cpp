@@ -995,9 +995,12 @@ struct bot::impl final : chat_services,
     if (key && durable && !durable->outbox_allows(*key))
       return; // a replayed step's send, made before
     try {
-      opts.provider->send(msg);
+      // A wait in the provider gives up once the turn ended.
+      opts.provider->send(msg, turn ? turn->ended_token() : std::stop_token{});
     } catch (const botmesh::error&) {
       ++send_errors;
+      if (turn)
+        turn->check(); // given up because the turn ended: say it was lost
       throw;
     } catch (const std::exception& e) {
       ++send_errors;

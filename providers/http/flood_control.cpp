@@ -145,14 +145,20 @@ void flood_control::pause(std::chrono::milliseconds d) {
 }
 
 void send_with_retry(flood_control& flood, std::string_view chat, bool group,
-                     const std::function<void()>& send,
-                     std::stop_token stop, int max_attempts) {
+                     const std::function<void()>& send, std::stop_token stop,
+                     std::stop_token cancel, int max_attempts) {
+  // One token for the waits: either stop ends them.
+  std::stop_source either;
+  std::stop_callback on_stop{stop, [&either] { either.request_stop(); }};
+  std::stop_callback on_cancel{cancel, [&either] { either.request_stop(); }};
   for (int attempt = 1;; ++attempt) {
-    if (!flood.acquire(chat, group, stop))
+    if (!flood.acquire(chat, group, either.get_token()))
       throw error(errc::stopped,
-                  fmt::format("send to {}: stopped while waiting for the flood "
+                  fmt::format("send to {}: {} while waiting for the flood "
                               "control",
-                              chat));
+                              chat,
+                              cancel.stop_requested() ? "its turn ended"
+                                                      : "stopped"));
     try {
       send();
       return;

@@ -75,9 +75,11 @@ class flood_control {
 /// `max_attempts` times in all (then the last error is thrown). Any other
 /// exception goes through at once. It blocks the calling thread, which is
 /// how a chat's order is kept: its next message waits for this one. A
-/// wait for the buckets gives up when `stop` fires (`errc::stopped`).
+/// wait for the buckets gives up when `stop` (the host's) or `cancel` (the
+/// sending turn's end) fires, with `errc::stopped`.
 void send_with_retry(flood_control& flood, std::string_view chat, bool group,
                      const std::function<void()>& send,
-                     std::stop_token stop = {}, int max_attempts = 5);
+                     std::stop_token stop = {}, std::stop_token cancel = {},
+                     int max_attempts = 5);
 
 } // namespace botmesh::http

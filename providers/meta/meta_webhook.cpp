@@ -284,7 +284,8 @@ void webhook_provider::stop() {
   h->state_changed(provider_state::closed);
 }
 
-void webhook_provider::send(const outgoing_message& msg) {
+void webhook_provider::send(const outgoing_message& msg,
+                            std::stop_token cancel) {
   auto& i = *impl_;
   if (i.st.load() != provider_state::open)
     throw error(errc::provider_error,
@@ -311,7 +312,7 @@ void webhook_provider::send(const outgoing_message& msg) {
         throw;
       }
     },
-    stopping);
+    stopping, cancel);
   ++i.n_sent;
 }
 

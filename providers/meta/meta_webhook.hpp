@@ -103,7 +103,10 @@ class webhook_provider final : public provider {
   provider_state state() const override;
   void start(provider_host& host) override;
   void stop() override;
-  void send(const outgoing_message& msg) override;
+  void send(const outgoing_message& msg) override {
+    send(msg, {});
+  }
+  void send(const outgoing_message& msg, std::stop_token cancel) override;
 
   http::server& server() noexcept;
   webhook_stats stats() const;

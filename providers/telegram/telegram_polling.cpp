@@ -306,7 +306,8 @@ void polling_provider::stop() {
     h->state_changed(provider_state::closed);
 }
 
-void polling_provider::send(const outgoing_message& msg) {
+void polling_provider::send(const outgoing_message& msg,
+                            std::stop_token cancel) {
   auto& i = *impl_;
   auto to = internal::split_chat(msg.chat);
   std::stop_token stopping;
@@ -316,7 +317,7 @@ void polling_provider::send(const outgoing_message& msg) {
       stopping = i.host->stopping();
   }
   http::send_with_retry(i.flood, to.chat_id, to.group(),
-                        [&] { i.api->send(msg); }, stopping);
+                        [&] { i.api->send(msg); }, stopping, cancel);
   ++i.n_sent;
   if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
     i.callbacks->replied(*i.api, msg.reply_to);

@@ -81,7 +81,10 @@ class polling_provider final : public provider {
   void start(provider_host& host) override;
   /// Cancels the poll in flight and joins the polling thread.
   void stop() override;
-  void send(const outgoing_message& msg) override;
+  void send(const outgoing_message& msg) override {
+    send(msg, {});
+  }
+  void send(const outgoing_message& msg, std::stop_token cancel) override;
 
   polling_stats stats() const;
 

@@ -340,7 +340,8 @@ void webhook_provider::stop() {
   h->state_changed(provider_state::closed);
 }
 
-void webhook_provider::send(const outgoing_message& msg) {
+void webhook_provider::send(const outgoing_message& msg,
+                            std::stop_token cancel) {
   auto& i = *impl_;
   if (i.st.load() != provider_state::open)
     throw error(errc::provider_error,
@@ -377,7 +378,7 @@ void webhook_provider::send(const outgoing_message& msg) {
         throw;
       }
     },
-    stopping);
+    stopping, cancel);
   ++i.n_sent;
   if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
     i.open_callbacks.replied(*i.api, msg.reply_to);

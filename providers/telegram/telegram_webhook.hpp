@@ -93,7 +93,10 @@ class webhook_provider final : public provider {
   provider_state state() const override;
   void start(provider_host& host) override;
   void stop() override;
-  void send(const outgoing_message& msg) override;
+  void send(const outgoing_message& msg) override {
+    send(msg, {});
+  }
+  void send(const outgoing_message& msg, std::stop_token cancel) override;
 
   /// The server the route lives on (valid after construction).
   http::server& server() noexcept;

@@ -491,6 +491,37 @@ TEST_CASE("a send waiting out a long retry_after gives up when the bot's "
   CHECK(api->calls("sendMessage").size() == 1);
 }
 
+TEST_CASE("a reply waiting out a retry_after gives up when its turn ends "
+          "(settle): it never goes out after the chat moved on") {
+  auto api = test::fake_telegram();
+  api->script("sendMessage", 429,
+              R"({"ok":false,"error_code":429,"description":"Too Many Requests: retry after 30","parameters":{"retry_after":30}})");
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  botmesh::memory_coordination_hub hub;
+  botmesh::coordination_options co{.settle = "300ms"};
+  co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "a"});
+  botmesh::bot bot{{.provider = p,
+                    .store = std::make_shared<botmesh::memory_store>(),
+                    .coordination = co}};
+  test::error_log errors;
+  errors.attach(bot);
+  bot.on_message([](botmesh::context& c) { c.reply(c.text()); });
+  bot.start();
+  auto post = poster_for(*p);
+  REQUIRE(post.post(test::tg_text_update(1, 42, "hola")).status == 200);
+  REQUIRE(api->wait_for_calls("sendMessage", 1));
+  // Settle ends the turn while the reply waits (30 s): the wait gives up
+  // and the step fails as a lost turn, instead of sending 30 s later,
+  // when another replica may have answered the chat's next messages.
+  REQUIRE(test::eventually(
+    [&] { return errors.count(botmesh::errc::lease_lost) == 1; }));
+  CHECK(errors.all()[0].what.find("settle") != std::string::npos);
+  CHECK(api->calls("sendMessage").size() == 1);
+  bot.stop();
+  CHECK(api->calls("sendMessage").size() == 1);
+}
+
 TEST_CASE("a blocked user's 403 reaches the handler as a forbidden "
           "platform error, and a Bot API that never answers as a timeout") {
   auto api = test::fake_telegram();
