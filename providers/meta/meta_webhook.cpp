@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/providers/http/signature.hpp>
+#include <botmesh/providers/internal/host_slot.hpp>
 #include <botmesh/providers/internal/recent_ids.hpp>
 #include <botmesh/providers/meta/internal/payload.hpp>
 #include <botmesh/runtime/core/error.hpp>
@@ -44,8 +45,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   http::flood_control flood;
   std::string auth;
 
-  std::mutex host_mtx;
-  provider_host* host = nullptr;
+  botmesh::internal::host_slot hosts;
   std::atomic<provider_state> st{provider_state::closed};
 
   botmesh::internal::recent_ids<std::string> seen;
@@ -60,10 +60,6 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     auth = "Bearer " + opts.access_token;
   }
 
-  provider_host* current_host() {
-    std::lock_guard guard{host_mtx};
-    return host;
-  }
 
   bool remember(const std::string& id) {
     return id.empty() || seen.remember(id);
@@ -95,7 +91,8 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         return;
       }
     }
-    auto* h = current_host();
+    // Held until the update is delivered: stop() waits for it.
+    botmesh::internal::host_slot::use h{hosts};
     if (!h) {
       r.respond(503);
       return;
@@ -258,10 +255,7 @@ provider_state webhook_provider::state() const {
 
 void webhook_provider::start(provider_host& host) {
   auto& i = *impl_;
-  {
-    std::lock_guard guard{i.host_mtx};
-    i.host = &host;
-  }
+  i.hosts.set(host);
   if (i.own_server)
     i.srv->start();
   i.st = provider_state::open;
@@ -270,12 +264,8 @@ void webhook_provider::start(provider_host& host) {
 
 void webhook_provider::stop() {
   auto& i = *impl_;
-  provider_host* h;
-  {
-    std::lock_guard guard{i.host_mtx};
-    h = i.host;
-    i.host = nullptr;
-  }
+  // Also waits for the requests still delivering to the host.
+  auto* h = i.hosts.clear();
   if (!h)
     return;
   i.st = provider_state::closed;
@@ -298,7 +288,7 @@ void webhook_provider::send(const outgoing_message& msg,
   // Only the flood-control wait gives up on it: a request already written
   // may have been delivered, and cutting it off would report a failure.
   std::stop_token stopping;
-  if (auto* h = i.current_host())
+  if (botmesh::internal::host_slot::use h{i.hosts}; h)
     stopping = h->stopping();
   http::send_with_retry(
     i.flood, msg.chat, false,

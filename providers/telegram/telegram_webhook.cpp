@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/providers/http/signature.hpp>
+#include <botmesh/providers/internal/host_slot.hpp>
 #include <botmesh/providers/internal/recent_ids.hpp>
 #include <botmesh/providers/telegram/bot_api.hpp>
 #include <botmesh/providers/telegram/internal/callback_answers.hpp>
@@ -48,8 +49,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   std::unique_ptr<bot_api> api;
   http::flood_control flood;
 
-  std::mutex host_mtx;
-  provider_host* host = nullptr; // under host_mtx
+  botmesh::internal::host_slot hosts;
   std::atomic<provider_state> st{provider_state::closed};
 
   botmesh::internal::recent_ids<std::int64_t> seen;
@@ -70,10 +70,6 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     // nop
   }
 
-  provider_host* current_host() {
-    std::lock_guard guard{host_mtx};
-    return host;
-  }
 
   // False when `id` was seen within the window.
   bool remember(std::int64_t id) {
@@ -93,7 +89,8 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         return;
       }
     }
-    auto* h = current_host();
+    // Held until the update is delivered: stop() waits for it.
+    botmesh::internal::host_slot::use h{hosts};
     if (!h) {
       r.respond(503);
       return;
@@ -117,7 +114,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       r.respond(200);
       return;
     }
-    deliver(std::move(u), std::move(r), *h);
+    deliver(std::move(u), std::move(r), *h.get());
   }
 
   // Acceptance answered at once (no reply in the webhook).
@@ -305,10 +302,7 @@ provider_state webhook_provider::state() const {
 
 void webhook_provider::start(provider_host& host) {
   auto& i = *impl_;
-  {
-    std::lock_guard guard{i.host_mtx};
-    i.host = &host;
-  }
+  i.hosts.set(host);
   if (i.own_server)
     i.srv->start();
   i.st = provider_state::open;
@@ -317,12 +311,8 @@ void webhook_provider::start(provider_host& host) {
 
 void webhook_provider::stop() {
   auto& i = *impl_;
-  provider_host* h;
-  {
-    std::lock_guard guard{i.host_mtx};
-    h = i.host;
-    i.host = nullptr;
-  }
+  // Also waits for the requests still delivering to the host.
+  auto* h = i.hosts.clear();
   if (!h)
     return;
   i.st = provider_state::closed;
@@ -365,7 +355,7 @@ void webhook_provider::send(const outgoing_message& msg,
   }
   auto to = internal::split_chat(msg.chat);
   std::stop_token stopping;
-  if (auto* h = i.current_host())
+  if (botmesh::internal::host_slot::use h{i.hosts}; h)
     stopping = h->stopping();
   http::send_with_retry(
     i.flood, to.chat_id, to.group(),

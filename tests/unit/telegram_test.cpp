@@ -522,6 +522,48 @@ TEST_CASE("a reply waiting out a retry_after gives up when its turn ends "
   CHECK(api->calls("sendMessage").size() == 1);
 }
 
+TEST_CASE("on a shared server, stop() waits for an update being delivered: "
+          "nothing reaches the host once it returned") {
+  auto api = test::fake_telegram();
+  auto srv = std::make_shared<http::server>();
+  auto o = options(*api);
+  o.server = srv;
+  tg::webhook_provider p{o};
+  // A host whose delivery waits until the test lets it go.
+  struct slow_host final : botmesh::provider_host {
+    std::latch entered{1};
+    std::promise<void> go;
+    std::shared_future<void> gone = go.get_future().share();
+    std::atomic<bool> stopped{false}, after_stop{false};
+    void deliver(botmesh::inbound_message) override {
+      entered.count_down();
+      gone.wait();
+      if (stopped)
+        after_stop = true; // the bot behind it may be gone by now
+    }
+    void state_changed(botmesh::provider_state) override {}
+    void input_closed() override {}
+  } host;
+  srv->start();
+  p.start(host);
+  auto post = poster_for(p);
+  auto posted = std::async(std::launch::async, [&] {
+    return post.post(test::tg_text_update(1, 42, "hola")).status;
+  });
+  host.entered.wait();
+  auto stopping = std::async(std::launch::async, [&] {
+    p.stop();
+    host.stopped = true;
+  });
+  // Still delivering: stop() waits for it.
+  CHECK(stopping.wait_for(300ms) == std::future_status::timeout);
+  host.go.set_value();
+  CHECK(stopping.wait_for(10s) == std::future_status::ready);
+  CHECK_FALSE(host.after_stop.load());
+  CHECK(posted.get() == 200);
+  srv->stop();
+}
+
 TEST_CASE("a blocked user's 403 reaches the handler as a forbidden "
           "platform error, and a Bot API that never answers as a timeout") {
   auto api = test::fake_telegram();
