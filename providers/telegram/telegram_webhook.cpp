@@ -4,6 +4,7 @@
 #include <deque>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -71,9 +72,50 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   }
 
 
-  // False when `id` was seen within the window.
-  bool remember(std::int64_t id) {
-    return seen.remember(id);
+  // Updates handed to the host whose acceptance is not known yet, with
+  // the responders of their duplicates (a retry that came meanwhile): these
+  // get the original's answer, not a 200 that would lose the update when
+  // its acceptance then fails (a journal write that failed).
+  std::mutex pending_mtx;
+  std::unordered_map<std::int64_t, std::vector<http::responder>> pending;
+
+  enum class admission { fresh, parked, duplicate };
+
+  // Remembers `id`; a duplicate of one still pending parks `r`.
+  admission admit(std::int64_t id, http::responder& r) {
+    std::lock_guard guard{pending_mtx};
+    if (seen.remember(id)) {
+      pending[id]; // (an entry left by a stop is reused)
+      return admission::fresh;
+    }
+    auto p = pending.find(id);
+    if (p == pending.end())
+      return admission::duplicate;
+    p->second.push_back(std::move(r));
+    return admission::parked;
+  }
+
+  // The acceptance of `id` is known: its parked duplicates, taken.
+  std::vector<http::responder> decided(std::int64_t id) {
+    std::lock_guard guard{pending_mtx};
+    auto p = pending.find(id);
+    if (p == pending.end())
+      return {};
+    auto out = std::move(p->second);
+    pending.erase(p);
+    return out;
+  }
+
+  // A stop answers what is parked: Telegram retries.
+  void answer_parked(int status) {
+    std::unordered_map<std::int64_t, std::vector<http::responder>> all;
+    {
+      std::lock_guard guard{pending_mtx};
+      all.swap(pending);
+    }
+    for (auto& [id, rs] : all)
+      for (auto& r : rs)
+        r.respond(status);
   }
 
   void forget(std::int64_t id) {
@@ -109,28 +151,47 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       r.respond(200);
       return;
     }
-    if (!remember(u.update_id)) {
-      ++n_duplicates;
-      r.respond(200);
-      return;
+    switch (admit(u.update_id, r)) {
+      case admission::fresh:
+        break;
+      case admission::parked:
+        ++n_duplicates;
+        return; // answered with the original
+      case admission::duplicate:
+        ++n_duplicates;
+        r.respond(200);
+        return;
     }
-    deliver(std::move(u), std::move(r), *h.get());
+    auto uid = u.update_id;
+    try {
+      deliver(std::move(u), std::move(r), *h.get());
+    } catch (...) {
+      // Not handed over: taken as new when Telegram retries.
+      forget(uid);
+      for (auto& d : decided(uid))
+        d.respond(503);
+      throw;
+    }
   }
 
   // Acceptance answered at once (no reply in the webhook).
+  // Its parked duplicates get the same answer.
   void answer_acceptance(errc code, const http::responder& r,
                          std::int64_t update_id) {
+    auto dups = decided(update_id);
+    int status = 200;
     if (code == errc::none) {
       ++n_accepted;
-      r.respond(200);
     } else if (retry_later(code)) {
       ++n_refused;
       forget(update_id); // so Telegram's retry is taken
-      r.respond(503);
+      status = 503;
     } else {
-      ++n_refused;
-      r.respond(200); // over our limits: a retry would not help
+      ++n_refused; // over our limits: a retry would not help
     }
+    r.respond(status);
+    for (auto& d : dups)
+      d.respond(status);
   }
 
   void deliver(internal::parsed_update u, http::responder r, provider_host& h) {
@@ -154,6 +215,8 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       cb.accepted = [self, p, uid](errc code) {
         if (code == errc::none) {
           ++self->n_accepted;
+          for (auto& d : self->decided(uid))
+            d.respond(200); // the reply goes in the original's answer
           self->hold(p);
         } else {
           self->answer_acceptance(code, p->r, uid);
@@ -325,6 +388,7 @@ void webhook_provider::stop() {
   }
   for (auto& p : rest)
     i.release(p, false);
+  i.answer_parked(503);
   if (i.own_server)
     i.srv->stop();
   h->state_changed(provider_state::closed);

@@ -63,7 +63,10 @@ struct webhook_stats {
   std::uint64_t unauthorized = 0;  ///< 401: secret wrong or missing
   std::uint64_t malformed = 0;     ///< 400: not an update
   std::uint64_t unknown = 0;       ///< 200, ignored: kinds the bot does not handle
-  std::uint64_t duplicates = 0;    ///< 200, ignored: an update id seen recently
+  /// Ignored: an update id seen recently. Answered 200, or, while the
+  /// original's acceptance is not known (its journal write is on its way),
+  /// with the original's answer once it is (503 when it failed).
+  std::uint64_t duplicates = 0;
   std::uint64_t refused = 0;       ///< refused by the bot (503 when stopping)
   std::uint64_t replies_in_webhook = 0;
   std::uint64_t reply_wait_expired = 0; ///< held answers released by reply_wait

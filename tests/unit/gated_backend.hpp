@@ -29,6 +29,7 @@ class gated_backend final : public botmesh::durable_backend {
   std::atomic<int> fail_settles{0}; // this many confirms/releases fail, unrun
   std::atomic<int> fail_outbox{0};  // this many outbox entry writes fail, unrun
   std::atomic<bool> lose_claim_replies{false}; // a claim runs, its reply is lost
+  std::atomic<bool> fail_held{false}; // held writes fail when the gate opens
 
   void open() {
     std::vector<std::function<void()>> run;
@@ -57,6 +58,10 @@ class gated_backend final : public botmesh::durable_backend {
                     botmesh::errc::store_error, "simulated journal failure")));
     auto go = [this, rec = std::move(rec), h = std::string{holder}, ttl,
                done = std::move(done)]() mutable {
+      if (fail_held)
+        return done(botmesh::journal_put::duplicate,
+                    std::make_exception_ptr(botmesh::error(
+                      botmesh::errc::store_error, "simulated journal failure")));
       inner.record(std::move(rec), h, ttl, std::move(done));
     };
     {

@@ -368,6 +368,40 @@ TEST_CASE("with durability a Telegram update is answered 200 only once "
   CHECK(handled.load() == 1);
 }
 
+TEST_CASE("with durability a redelivery that comes while the update is "
+          "being journaled gets the original's answer: 503 when the write "
+          "fails, never a 200 for an update that was lost") {
+  auto api = test::fake_telegram();
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  auto backend = std::make_shared<test::gated_backend>(); // writes wait
+  botmesh::bot bot{{.provider = p, .durability = test::durable_over(backend)}};
+  std::atomic<int> handled{0};
+  bot.on_message([&](botmesh::context&) { ++handled; });
+  bot.start();
+  auto post = poster_for(*p);
+  auto again = poster_for(*p);
+  auto u = test::tg_text_update(7, 42, "hola");
+  auto first = std::async(std::launch::async, [&] { return post.post(u).status; });
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{backend->mtx};
+    return backend->held.size() == 1;
+  }));
+  // Telegram (or a proxy that dropped the first connection) sends it again.
+  auto second = std::async(std::launch::async, [&] { return again.post(u).status; });
+  REQUIRE(test::eventually([&] { return p->stats().duplicates == 1; }));
+  CHECK(second.wait_for(100ms) == std::future_status::timeout); // not yet
+  backend->fail_held = true;
+  backend->open(); // the journal write fails
+  CHECK(first.get() == 503);
+  CHECK(second.get() == 503);
+  // Telegram's next retry is taken and handled once.
+  backend->fail_held = false;
+  CHECK(post.post(u).status == 200);
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
+  bot.stop();
+  CHECK(handled.load() == 1);
+}
+
 TEST_CASE("with reply in webhook the first reply goes back in the webhook "
           "response and later ones through the Bot API") {
   auto api = test::fake_telegram();
