@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -65,9 +67,68 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     return id.empty() || seen.remember(id);
   }
 
-  void forget(const std::string& id) {
-    seen.forget(id);
+  // Messages handed to the host whose acceptance is not known yet, with
+  // the answers of later POSTs that brought them again: these wait for it
+  // (a 200 now would lose the message when its journal write then fails).
+  std::mutex pending_mtx;
+  std::unordered_map<std::string, std::vector<std::shared_ptr<payload_answer>>>
+    pending;
+
+  // Remembers message `id`; false for a duplicate, whose `answer` then
+  // waits for the original when that is still pending.
+  bool admit(const std::string& id,
+             const std::shared_ptr<payload_answer>& answer) {
+    if (id.empty())
+      return true;
+    std::lock_guard guard{pending_mtx};
+    if (seen.remember(id)) {
+      pending[id];
+      return true;
+    }
+    if (auto p = pending.find(id); p != pending.end()) {
+      ++answer->pending;
+      p->second.push_back(answer);
+    }
+    return false;
   }
+
+  // Message `id`'s acceptance is known: the answers waiting for it get its
+  // outcome. `again`: refused for a retry, so `id` is forgotten in the same
+  // step (a duplicate in between would get 200 and the retry never come).
+  void decided(const std::string& id, bool again) {
+    std::vector<std::shared_ptr<payload_answer>> waiting;
+    {
+      std::lock_guard guard{pending_mtx};
+      if (again)
+        seen.forget(id);
+      auto p = pending.find(id);
+      if (p == pending.end())
+        return;
+      waiting = std::move(p->second);
+      pending.erase(p);
+    }
+    for (auto& w : waiting) {
+      if (again)
+        w->retry = true;
+      w->one_done();
+    }
+  }
+
+  // A stop answers the waiting ones 503: Meta redelivers.
+  void answer_parked() {
+    std::unordered_map<std::string, std::vector<std::shared_ptr<payload_answer>>>
+      all;
+    {
+      std::lock_guard guard{pending_mtx};
+      all.swap(pending);
+    }
+    for (auto& [id, ws] : all)
+      for (auto& w : ws) {
+        w->retry = true;
+        w->one_done();
+      }
+  }
+
 
   void on_verify(http::request& req, http::responder r) {
     auto mode = req.query_param("hub.mode");
@@ -131,7 +192,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     for (std::size_t i = 0; i < p.messages.size(); ++i) {
       auto& msg = p.messages[i];
       auto id = botmesh::internal::delivery_id(msg);
-      if (!remember(id)) {
+      if (!admit(id, answer)) {
         ++n_duplicates;
         continue;
       }
@@ -149,12 +210,12 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       cb.accepted = [self, answer, reported, id](errc code) {
         if (reported->exchange(true))
           return;
-        if (code == errc::none) {
+        bool again = code != errc::none && retry_later(code);
+        if (code == errc::none)
           ++self->n_accepted;
-        } else if (retry_later(code)) {
-          self->forget(id);
+        self->decided(id, again);
+        if (again)
           answer->retry = true;
-        }
         answer->one_done();
       };
       try {
@@ -163,7 +224,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         // Not handed over: forgotten, and the answer asks for the retry
         // once the ones handed over are done.
         answer->retry = true;
-        forget(id);
+        decided(id, true);
         if (!reported->exchange(true))
           answer->one_done();
         answer->one_done(); // the POST's own part
@@ -269,6 +330,7 @@ void webhook_provider::stop() {
   if (!h)
     return;
   i.st = provider_state::closed;
+  i.answer_parked();
   if (i.own_server)
     i.srv->stop();
   h->state_changed(provider_state::closed);

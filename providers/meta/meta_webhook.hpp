@@ -78,6 +78,9 @@ struct webhook_stats {
   std::uint64_t unauthorized = 0; ///< 401: signature wrong or missing
   std::uint64_t malformed = 0;    ///< 400
   std::uint64_t unknown = 0;      ///< changes, events or message types ignored
+  /// Messages and statuses seen recently, ignored. A message whose
+  /// original's acceptance is not known yet (its journal write is on its
+  /// way) makes its POST wait for it: 503 when it failed.
   std::uint64_t duplicates = 0;
   std::uint64_t verifications = 0; ///< successful GET handshakes
   std::uint64_t sent = 0;

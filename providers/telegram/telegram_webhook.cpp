@@ -95,9 +95,13 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     return admission::parked;
   }
 
-  // The acceptance of `id` is known: its parked duplicates, taken.
-  std::vector<http::responder> decided(std::int64_t id) {
+  // The acceptance of `id` is known: its parked duplicates, taken. `again`:
+  // refused for a retry, so `id` is forgotten too, in the same step (a
+  // duplicate in between would be answered 200 and the retry never come).
+  std::vector<http::responder> decided(std::int64_t id, bool again) {
     std::lock_guard guard{pending_mtx};
+    if (again)
+      seen.forget(id);
     auto p = pending.find(id);
     if (p == pending.end())
       return {};
@@ -116,10 +120,6 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     for (auto& [id, rs] : all)
       for (auto& r : rs)
         r.respond(status);
-  }
-
-  void forget(std::int64_t id) {
-    seen.forget(id);
   }
 
   void on_request(http::request& req, http::responder r) {
@@ -167,8 +167,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       deliver(std::move(u), std::move(r), *h.get());
     } catch (...) {
       // Not handed over: taken as new when Telegram retries.
-      forget(uid);
-      for (auto& d : decided(uid))
+      for (auto& d : decided(uid, true))
         d.respond(503);
       throw;
     }
@@ -178,13 +177,13 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   // Its parked duplicates get the same answer.
   void answer_acceptance(errc code, const http::responder& r,
                          std::int64_t update_id) {
-    auto dups = decided(update_id);
+    // Forgotten when refused for a retry, so Telegram's retry is taken.
+    auto dups = decided(update_id, code != errc::none && retry_later(code));
     int status = 200;
     if (code == errc::none) {
       ++n_accepted;
     } else if (retry_later(code)) {
       ++n_refused;
-      forget(update_id); // so Telegram's retry is taken
       status = 503;
     } else {
       ++n_refused; // over our limits: a retry would not help
@@ -215,7 +214,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       cb.accepted = [self, p, uid](errc code) {
         if (code == errc::none) {
           ++self->n_accepted;
-          for (auto& d : self->decided(uid))
+          for (auto& d : self->decided(uid, false))
             d.respond(200); // the reply goes in the original's answer
           self->hold(p);
         } else {

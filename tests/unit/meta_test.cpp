@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <future>
 #include <mutex>
 #include <stdexcept>
 
@@ -365,6 +367,38 @@ TEST_CASE("a WhatsApp message refused for a retry keeps its whole duplicate "
   CHECK(post.post(m1).status == 200);
   CHECK(p->stats().duplicates == 1);
   bot.stop();
+}
+
+TEST_CASE("with durability a WhatsApp message redelivered while it is being "
+          "journaled gets the original's answer: 503 when the write fails") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  auto backend = std::make_shared<test::gated_backend>(); // writes wait
+  botmesh::bot bot{{.provider = p, .durability = test::durable_over(backend)}};
+  std::atomic<int> handled{0};
+  bot.on_message([&](botmesh::context&) { ++handled; });
+  bot.start();
+  signed_poster post{p->server().url() + "/whatsapp"};
+  signed_poster again{p->server().url() + "/whatsapp"};
+  auto m1 = wa_payload("[" + wa_text("w1", "346", "uno") + "]");
+  auto first = std::async(std::launch::async, [&] { return post.post(m1).status; });
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{backend->mtx};
+    return backend->held.size() == 1;
+  }));
+  auto second = std::async(std::launch::async, [&] { return again.post(m1).status; });
+  REQUIRE(test::eventually([&] { return p->stats().duplicates == 1; }));
+  CHECK(second.wait_for(100ms) == std::future_status::timeout); // not yet
+  backend->fail_held = true;
+  backend->open(); // the journal write fails
+  CHECK(first.get() == 503);
+  CHECK(second.get() == 503);
+  // Meta's next redelivery is taken and handled once.
+  backend->fail_held = false;
+  CHECK(post.post(m1).status == 200);
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
+  bot.stop();
+  CHECK(handled.load() == 1);
 }
 
 namespace {
