@@ -440,10 +440,22 @@ task make_task(task_kind kind, std::chrono::milliseconds interval,
   return t;
 }
 
+// The longest interval or delay: now plus it must stay a time the stores
+// can keep (they read back dates up to the year 9999) and must not
+// overflow the clock's arithmetic, which the duration parser's range
+// (up to 2^63 ms) would.
+constexpr std::chrono::milliseconds max_span =
+  std::chrono::hours{24} * 365'250; // 1000 years
+
 void check_interval(duration interval) {
   if (interval.count() <= 0)
     throw invalid_argument_error("interval",
                                  "every() needs a positive interval, got "
+                                   + format_duration(interval.ms()));
+  if (interval.ms() > max_span)
+    throw invalid_argument_error("interval",
+                                 "every() takes an interval of at most 1000 "
+                                 "years, got "
                                    + format_duration(interval.ms()));
 }
 
@@ -451,6 +463,11 @@ void check_delay(duration d) {
   if (d.count() < 0)
     throw invalid_argument_error("delay",
                                  "delay() needs a non-negative delay, got "
+                                   + format_duration(d.ms()));
+  if (d.ms() > max_span)
+    throw invalid_argument_error("delay",
+                                 "delay() takes a delay of at most 1000 years, "
+                                 "got "
                                    + format_duration(d.ms()));
 }
 

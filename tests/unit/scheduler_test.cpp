@@ -325,6 +325,12 @@ TEST_CASE("invalid tasks are rejected naming the field") {
         == "time_zone");
   CHECK(field_of([&] { s.every("1m", {.id = "x", .max_catch_up = 0}, nop); })
         == "max_catch_up");
+  // Spans whose first run would overflow the clock or leave the dates a
+  // store can read back.
+  CHECK(field_of([&] { s.every("106751991167d", [] {}); }) == "interval");
+  CHECK(field_of([&] { s.every("3000000d", {.id = "far"}, nop); }) == "interval");
+  CHECK(field_of([&] { s.delay("3000000d", {.id = "later"}, nop); }) == "delay");
+  s.every("36500d", {.id = "century"}, nop); // a century is fine
   s.every("1m", {.id = "dup"}, nop);
   CHECK(field_of([&] { s.every("1m", {.id = "dup"}, nop); }) == "id");
   CHECK(field_of([] {
