@@ -160,22 +160,26 @@ timer_state::~timer_state() {
 // outlive it: the entry stays until its end was taken, the engine until
 // stop() saw every run end.
 void run_job(scheduler_engine* eng, timer_entry* e) {
-  eng->runs.fetch_add(1, std::memory_order_relaxed);
-  try {
-    if (e->job) {
-      e->job();
-    } else {
-      scheduled_run run;
-      run.scheduled_at = e->next;
-      run.stop = e->run_stop;
-      e->fn(run);
+  // cancel() clears `active` before it returns and tells the actor later:
+  // a run posted meanwhile, not started yet, does not start.
+  if (e->active.load()) {
+    eng->runs.fetch_add(1, std::memory_order_relaxed);
+    try {
+      if (e->job) {
+        e->job();
+      } else {
+        scheduled_run run;
+        run.scheduled_at = e->next;
+        run.stop = e->run_stop;
+        e->fn(run);
+      }
+    } catch (const std::exception& ex) {
+      eng->failed.fetch_add(1, std::memory_order_relaxed);
+      eng->log(fmt::format("task run failed: {}", ex.what()));
+    } catch (...) {
+      eng->failed.fetch_add(1, std::memory_order_relaxed);
+      eng->log("task run failed");
     }
-  } catch (const std::exception& ex) {
-    eng->failed.fetch_add(1, std::memory_order_relaxed);
-    eng->log(fmt::format("task run failed: {}", ex.what()));
-  } catch (...) {
-    eng->failed.fetch_add(1, std::memory_order_relaxed);
-    eng->log("task run failed");
   }
   // After end() the actor may let `e` go; the engine and its actor handle
   // stay while this run counts as in flight (see timer_inbox::end).

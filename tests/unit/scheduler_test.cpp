@@ -157,6 +157,34 @@ TEST_CASE("cancelling a waiting in-memory task releases its handler at once") {
   CHECK_FALSE(task.active());
 }
 
+TEST_CASE("an in-memory run posted to the handlers but not started when "
+          "cancel() returns does not start") {
+  botmesh::manual_clock clk{t0()};
+  std::mutex mtx;
+  std::vector<std::function<void()>> jobs; // the test is the executor
+  botmesh::scheduler s{{.clock = &clk, .executor = [&](std::function<void()> j) {
+                          std::lock_guard guard{mtx};
+                          jobs.push_back(std::move(j));
+                        }}};
+  std::atomic<int> runs{0};
+  auto task = s.delay(1min, [&] { ++runs; });
+  clk.advance(1min);
+  std::thread poller{[&] { s.poll(); }}; // waits for the run to end
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{mtx};
+    return jobs.size() == 1;
+  }));
+  task.cancel(); // the run is posted, not started
+  std::function<void()> job;
+  {
+    std::lock_guard guard{mtx};
+    job = std::move(jobs[0]);
+  }
+  job();
+  poller.join();
+  CHECK(runs.load() == 0);
+}
+
 // Until start() the timer actor is not woken by each add (start() and
 // poll() take what was added before anything fires); a cancel still wakes
 // it, so that what the task holds goes at once. The same after stop().
