@@ -25,8 +25,9 @@ class session_hooks {
   /// Runs `fn` off the CAF workers (the bot's handler pool); returns at once.
   virtual void run_blocking(std::function<void()> fn) = 0;
 
-  /// How long the transport has been closed; nothing while it is open.
-  /// Must not block.
+  /// How long the transport has not been open (closed, or connecting: a
+  /// poller retrying a platform it lost); nothing while it is open. Must
+  /// not block.
   virtual std::optional<std::chrono::steady_clock::duration> closed_for() = 0;
 
   /// Events; must not block.

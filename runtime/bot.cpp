@@ -359,7 +359,7 @@ struct bot::impl final : chat_services,
 
   std::optional<std::chrono::steady_clock::duration> closed_for() override {
     std::lock_guard guard{run_mtx};
-    if (transport != provider_state::closed)
+    if (transport == provider_state::open)
       return std::nullopt;
     return std::chrono::steady_clock::now() - closed_since;
   }
@@ -737,10 +737,12 @@ struct bot::impl final : chat_services,
   void state_changed(provider_state s) override {
     {
       std::lock_guard guard{run_mtx};
+      // Not open since it left open: a poller that lost the platform says
+      // "connecting" while it retries, and that counts as down too.
+      if (s != provider_state::open && transport == provider_state::open)
+        closed_since = std::chrono::steady_clock::now();
       transport = s;
       transport_open->store(s == provider_state::open);
-      if (s == provider_state::closed)
-        closed_since = std::chrono::steady_clock::now();
       run_cv.notify_all();
     }
     // Records are taken over only while the transport is open: look for

@@ -655,6 +655,22 @@ TEST_CASE("a leader whose transport stays closed for provider_down yields") {
   CHECK(test::eventually([&] { return b.saw("leader provider:wa"); }));
 }
 
+TEST_CASE("a leader whose transport lost its platform and keeps reconnecting "
+          "for provider_down yields") {
+  botmesh::memory_coordination_hub hub;
+  exclusive_replica a{hub, "a", "200ms"};
+  exclusive_replica b{hub, "b", "200ms"};
+  a.bot->start();
+  REQUIRE(a.bot->ready(5s));
+  b.bot->start();
+  REQUIRE(test::eventually([&] { return b.saw("follower standby"); }));
+  // A poller that cannot reach the platform retries, saying "connecting".
+  a.provider->set_state(botmesh::provider_state::connecting);
+  REQUIRE(test::eventually([&] { return a.saw("follower provider_down"); }));
+  REQUIRE(b.bot->ready(5s));
+  CHECK(test::eventually([&] { return b.saw("leader provider:wa"); }));
+}
+
 TEST_CASE("with coordination the scheduler's leadership uses the coordinator") {
   botmesh::memory_coordination_hub hub;
   auto store = std::make_shared<botmesh::memory_store>();
