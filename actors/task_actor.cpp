@@ -4,6 +4,7 @@
 // its end by message; wake-ups and renewals are CAF delayed messages.
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <stop_token>
 #include <vector>
@@ -40,9 +41,12 @@ struct run_ctx {
   std::shared_ptr<task> t;
   std::shared_ptr<scheduler_engine> eng;
   std::uint64_t token = 0;
-  // The actor's: the lease was lost or surely ran out while it ran. Its
-  // slots are then not committed (see run_ended).
+  // Slots whose handler returned, counted by the job.
+  std::atomic<std::size_t> completed{0};
+  // The actor's: the lease was lost or surely ran out while it ran, and
+  // how many slots had completed when that was seen (see run_ended).
   bool lease_gone = false;
+  std::size_t completed_before_loss = 0;
 };
 
 struct task_state {
@@ -183,6 +187,16 @@ void claim_again_later(task_actor* self, time_point now) {
   reply_if_idle(self);
 }
 
+// The run's lease is gone: its handler is asked to stop, and what it
+// completed so far is noted (the slots after it are not committed).
+void lease_gone(run_ctx& run) {
+  if (run.lease_gone)
+    return;
+  run.lease_gone = true;
+  run.completed_before_loss = run.completed.load();
+  run.stop.request_stop();
+}
+
 // The claim's lease surely ran out (renewals failed or went unanswered
 // past it): another replica may take the slot over now. The run is asked to
 // stop, as on a lost lease; said once.
@@ -191,8 +205,7 @@ void lease_ran_out(task_actor* self, std::string_view why) {
   st.eng->log(fmt::format("lease of {} (token {}) ran out {}: its run is asked "
                           "to stop",
                           st.t->stored_id, st.claim.token, why));
-  st.run->stop.request_stop();
-  st.run->lease_gone = true;
+  lease_gone(*st.run);
   st.next_renew = time_point::max();
   st.held_until = time_point::max();
 }
@@ -241,8 +254,7 @@ void renew(task_actor* self) {
         eng->log(fmt::format("lease of {} (token {}) lost: its run is asked to "
                              "stop",
                              id, token));
-        st.run->stop.request_stop();
-        st.run->lease_gone = true;
+        lease_gone(*st.run);
         st.next_renew = time_point::max();
         return;
       }
@@ -307,16 +319,20 @@ void run_ended(task_actor* self, std::size_t ran) {
   auto& st = self->state;
   auto* eng = st.eng.get();
   if (st.run->lease_gone) {
-    // Another replica may have taken the slot over meanwhile, or will: a
-    // run past its lease may have been cut short (its stop token fired).
-    // Its commit would mark the slot done although no store accepts that
-    // from a stale executor once someone claimed after it; left to lapse,
-    // the next claim (this replica's too) runs it again as interrupted.
-    eng->log(fmt::format("{} (token {}): not committed, its lease was lost "
-                         "while it ran: the slot runs again as interrupted",
-                         st.t->stored_id, st.claim.token));
-    finish(self, true);
-    return;
+    // A slot running when the lease was lost may have been cut short (its
+    // stop token fired), and another replica may take it over: it is not
+    // committed as done. The slots completed before are (the commit is
+    // fenced: refused if someone claimed since); with none, the claim is
+    // left to lapse and the next one (this replica's too) runs it again
+    // as interrupted, not missed.
+    ran = std::min(ran, st.run->completed_before_loss);
+    if (ran == 0) {
+      eng->log(fmt::format("{} (token {}): not committed, its lease was lost "
+                           "while it ran: the slot runs again as interrupted",
+                           st.t->stored_id, st.claim.token));
+      finish(self, true);
+      return;
+    }
   }
   auto end = eng->now();
   auto o = after_run(st, ran, end);
@@ -400,6 +416,7 @@ void start_run(task_actor* self) {
         eng.log(fmt::format("durable task {} failed", run.occurrence_key));
       }
       ++ran;
+      ctx.completed.store(ran);
     }
     // Moved out: the context outlives the job in the actor's state until
     // the commit, and it must not keep the actor alive meanwhile.
@@ -436,7 +453,10 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
         // late, and missed).
         if (!current->lease_owner.empty() && current->lease_until > now) {
           auto again = current->lease_until;
-          if (auto after = t.slot_after(current->next_run_at))
+          // (Only while ahead: a holder past its next slot, or one
+          // catching up on old slots, must not make this claim in a loop.)
+          if (auto after = t.slot_after(current->next_run_at);
+              after && *after > now)
             again = std::min(again, *after);
           t.next = std::max(t.next, again);
         }

@@ -24,12 +24,15 @@ class host_slot {
     explicit use(host_slot& s) : s_(&s) {
       std::lock_guard guard{s.mtx_};
       h_ = s.host_;
-      if (h_)
+      if (h_) {
         ++s.users_;
+        ++held_here();
+      }
     }
     ~use() {
       if (!h_)
         return;
+      --held_here();
       std::lock_guard guard{s_->mtx_};
       if (--s_->users_ == 0)
         s_->idle_.notify_all();
@@ -57,17 +60,26 @@ class host_slot {
     host_ = &h;
   }
 
-  /// Takes the host away and waits until no use of it is left (so a
-  /// request thread's `use` must not call this). Returns the host it held.
+  /// Takes the host away and waits until no use of it is left but the
+  /// calling thread's own (a listener that stops the bot from a request
+  /// thread must not wait for itself). Returns the host it held.
   provider_host* clear() {
     std::unique_lock guard{mtx_};
     auto* h = host_;
     host_ = nullptr;
-    idle_.wait(guard, [this] { return users_ == 0; });
+    auto mine = held_here();
+    idle_.wait(guard, [this, mine] { return users_ <= mine; });
     return h;
   }
 
  private:
+  // Uses held by the calling thread (of any slot: a thread handles one
+  // request at a time, so it holds at most the one of its provider).
+  static std::size_t& held_here() {
+    thread_local std::size_t n = 0;
+    return n;
+  }
+
   std::mutex mtx_;
   std::condition_variable idle_;
   provider_host* host_ = nullptr;

@@ -152,10 +152,8 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         return;
       }
     }
-    // Held until the update is delivered: stop() waits for it.
-    botmesh::internal::host_slot::use h{hosts};
-    if (!h) {
-      r.respond(503);
+    if (!botmesh::internal::host_slot::use{hosts}) {
+      r.respond(503); // stopped
       return;
     }
     internal::parsed_payload p;
@@ -184,6 +182,13 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
           // nop: a listener's failure is not the platform's
         }
       }
+    // Held while the messages are delivered: stop() waits for it (taken
+    // after the status listener, user code that may stop the bot).
+    botmesh::internal::host_slot::use h{hosts};
+    if (!h) {
+      r.respond(503);
+      return;
+    }
     // Each id is remembered as its message is handed over, so when handing
     // one over fails, the ones after it were never remembered and Meta's
     // retry brings them again.

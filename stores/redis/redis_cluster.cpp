@@ -663,7 +663,10 @@ void redis_client::cluster::subscribe(
 
 std::optional<std::string>
 redis_client::cluster::next_node(const std::string& failed) {
-  if (closed_)
+  // Called on a subscriber's thread: counted like a resend, so shutdown()
+  // does not free the nodes read here meanwhile.
+  internal::in_flight guard{dispatching_};
+  if (closed_.load(std::memory_order_seq_cst))
     return std::nullopt;
   request_refresh();
   std::vector<std::string> known;

@@ -296,7 +296,7 @@ TEST_CASE("cluster topology: a subscription whose node was killed moves to "
   // No REQUIRE until the node is back: the next tests need it.
   // Before, the subscription retried the dead node until it came back: every
   // push was missed meanwhile (for good if it never did).
-  CHECK(eventually([&] { return subscribed.load() == 2; }, std::chrono::seconds(20)));
+  CHECK(eventually([&] { return subscribed.load() >= 2; }, std::chrono::seconds(20)));
   // Published on the seed, a live node other than the killed one: the
   // cluster bus brings it to whichever node the subscription is on now.
   auto pub = test::node_client(test::seed_address());

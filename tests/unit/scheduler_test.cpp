@@ -1221,6 +1221,39 @@ TEST_CASE("a replica whose claim was refused looks again when the next slot "
   CHECK_FALSE(rec.runs[0].missed);
 }
 
+TEST_CASE("a catch-up whose lease is lost keeps the slots it completed "
+          "before: only the cut one and those after run again") {
+  auto store = std::make_shared<test_store>();
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .tick = "50ms", .log = rec.logger()}};
+  s.every(100ms,
+          {.id = "job", .missed = missed_policy::catch_up,
+           .lease = std::chrono::milliseconds{300}},
+          [&](const scheduled_run& r) {
+            auto n = rec.count();
+            rec.handler()(r);
+            if (n == 1) // the second slot: renewals fail until it is cut
+              (void) test::eventually([&] { return r.stop.stop_requested(); },
+                                      10s);
+          });
+  // Three slots missed (as after a downtime): one claim runs them all.
+  auto now = botmesh::clock::system().now();
+  auto due = now + 200ms; // the registered first slot is due by then
+  auto c = store->claim("job", "earlier", due, std::chrono::milliseconds{1});
+  REQUIRE(c);
+  REQUIRE(store->commit("job", "earlier", c->token, now - 350ms, false, due));
+  store->failing_renewals = true;
+  s.start();
+  REQUIRE(test::eventually([&] { return rec.count() >= 3; }, 15s));
+  store->failing_renewals = false;
+  s.stop();
+  std::lock_guard guard{rec.mtx};
+  // The first slot completed before the loss: committed, not run again.
+  CHECK(rec.runs[1].scheduled_at > rec.runs[0].scheduled_at);
+  CHECK(rec.runs[2].scheduled_at == rec.runs[1].scheduled_at);
+  CHECK(rec.runs[2].fencing_token > rec.runs[1].fencing_token);
+}
+
 TEST_CASE("a started durable task goes on after a failed commit") {
   auto store = std::make_shared<test_store>();
   store->failing_commits = 1;
