@@ -220,10 +220,10 @@ struct chat_state {
   // Without coordination: where events go (allocated on first use).
   std::shared_ptr<runner> run;
   bool busy = false;
-  // The running step's turn ended under it (settle, a lost lease) and the
-  // step has not returned: it ignores its stop token, or is slow to see it.
-  bool cut = false;
-  std::uint64_t cut_wait = 0; // the grace timer's number while cut
+  // Set while the running step's turn ended under it (settle, a lost
+  // lease) and the step has not returned (it ignores its stop token, or is
+  // slow to see it): the number of its grace timer.
+  std::uint64_t cut_wait = 0;
   // While cut, past the grace: the entries behind it hold no ticket (they
   // enter again, in order, once the step returns).
   bool given_back = false;
@@ -477,8 +477,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
         // A running step sees its token ended. Until it returns, the
         // events behind it cannot run here: a grace for it to stop, then
         // their turns go back (give_back).
-        if (!st.cut) {
-          st.cut = true;
+        if (st.cut_wait == 0) {
           st.cut_wait = ++st.waits;
           self->delayed_send(self, cut_grace, turn_wait_atom::value,
                              st.cut_wait);
@@ -492,7 +491,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
     },
     [=](turn_wait_atom, std::uint64_t wait) {
       auto& st = self->state;
-      if (st.cut && wait == st.cut_wait) {
+      if (st.cut_wait != 0 && wait == st.cut_wait) {
         if (!st.given_back) {
           give_back(self);
           next_turn(self);
@@ -531,7 +530,6 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
         return;
       }
       st.busy = false;
-      st.cut = false;
       st.cut_wait = 0;
       if (st.coordinated() && !st.empty()) {
         auto& head = st.queue.front();

@@ -43,10 +43,9 @@ struct run_ctx {
   std::uint64_t token = 0;
   // Slots whose handler returned, counted by the job.
   std::atomic<std::size_t> completed{0};
-  // The actor's: the lease was lost or surely ran out while it ran, and
-  // how many slots had completed when that was seen (see run_ended).
-  bool lease_gone = false;
-  std::size_t completed_before_loss = 0;
+  // The actor's: set when the lease was lost or surely ran out while it
+  // ran, to how many slots had completed then (see run_ended).
+  std::optional<std::size_t> completed_before_loss;
 };
 
 struct task_state {
@@ -190,9 +189,8 @@ void claim_again_later(task_actor* self, time_point now) {
 // The run's lease is gone: its handler is asked to stop, and what it
 // completed so far is noted (the slots after it are not committed).
 void lease_gone(run_ctx& run) {
-  if (run.lease_gone)
+  if (run.completed_before_loss)
     return;
-  run.lease_gone = true;
   run.completed_before_loss = run.completed.load();
   run.stop.request_stop();
 }
@@ -318,14 +316,14 @@ void finish(task_actor* self, bool retry = false) {
 void run_ended(task_actor* self, std::size_t ran) {
   auto& st = self->state;
   auto* eng = st.eng.get();
-  if (st.run->lease_gone) {
+  if (st.run->completed_before_loss) {
     // A slot running when the lease was lost may have been cut short (its
     // stop token fired), and another replica may take it over: it is not
     // committed as done. The slots completed before are (the commit is
     // fenced: refused if someone claimed since); with none, the claim is
     // left to lapse and the next one (this replica's too) runs it again
     // as interrupted, not missed.
-    ran = std::min(ran, st.run->completed_before_loss);
+    ran = std::min(ran, *st.run->completed_before_loss);
     if (ran == 0) {
       eng->log(fmt::format("{} (token {}): not committed, its lease was lost "
                            "while it ran: the slot runs again as interrupted",

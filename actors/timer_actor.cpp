@@ -155,6 +155,27 @@ timer_state::~timer_state() {
     release(*e);
 }
 
+// One run of `e`'s handler; a failure is counted and logged.
+void run_handler(scheduler_engine* eng, timer_entry* e) {
+  eng->runs.fetch_add(1, std::memory_order_relaxed);
+  try {
+    if (e->job) {
+      e->job();
+    } else {
+      scheduled_run run;
+      run.scheduled_at = e->next;
+      run.stop = e->run_stop;
+      e->fn(run);
+    }
+  } catch (const std::exception& ex) {
+    eng->failed.fetch_add(1, std::memory_order_relaxed);
+    eng->log(fmt::format("task run failed: {}", ex.what()));
+  } catch (...) {
+    eng->failed.fetch_add(1, std::memory_order_relaxed);
+    eng->log("task run failed");
+  }
+}
+
 // The job of one run on the handler pool. It captures two pointers, small
 // enough for std::function's inline storage (no allocation per run); both
 // outlive it: the entry stays until its end was taken, the engine until
@@ -162,25 +183,8 @@ timer_state::~timer_state() {
 void run_job(scheduler_engine* eng, timer_entry* e) {
   // cancel() clears `active` before it returns and tells the actor later:
   // a run posted meanwhile, not started yet, does not start.
-  if (e->active.load()) {
-    eng->runs.fetch_add(1, std::memory_order_relaxed);
-    try {
-      if (e->job) {
-        e->job();
-      } else {
-        scheduled_run run;
-        run.scheduled_at = e->next;
-        run.stop = e->run_stop;
-        e->fn(run);
-      }
-    } catch (const std::exception& ex) {
-      eng->failed.fetch_add(1, std::memory_order_relaxed);
-      eng->log(fmt::format("task run failed: {}", ex.what()));
-    } catch (...) {
-      eng->failed.fetch_add(1, std::memory_order_relaxed);
-      eng->log("task run failed");
-    }
-  }
+  if (e->active.load())
+    run_handler(eng, e);
   // After end() the actor may let `e` go; the engine and its actor handle
   // stay while this run counts as in flight (see timer_inbox::end).
   if (eng->timers.end(e))

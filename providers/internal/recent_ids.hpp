@@ -1,7 +1,7 @@
 #pragma once
 
 // Internal: the duplicate check of a webhook provider (ids of updates it
-// received lately).
+// received lately, and those whose acceptance is not known yet).
 
 #include <algorithm>
 #include <cstddef>
@@ -10,6 +10,7 @@
 #include <mutex>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace botmesh::internal {
 
@@ -61,6 +62,76 @@ class recent_ids {
   std::uint64_t seq_ = 0;
   std::unordered_map<Id, std::uint64_t> seen_; // id -> its place in order_
   std::deque<std::pair<std::uint64_t, Id>> order_;
+};
+
+/// The duplicate check of a webhook's deliveries: `recent_ids`, plus the
+/// ids handed to the bot whose acceptance is not known yet (a journal write
+/// on its way) with what waits for them. A redelivery that comes meanwhile
+/// must get the original's answer: a 200 now would lose the update if the
+/// write then failed. Thread-safe; one mutex over both.
+template <class Id, class Waiter>
+class pending_ids {
+ public:
+  enum class admission {
+    fresh,     ///< new: pending until `decided`
+    parked,    ///< a duplicate of a pending one: the waiter waits for it
+    duplicate, ///< seen, and decided
+  };
+
+  explicit pending_ids(std::size_t window) : seen_(window) {
+    // nop
+  }
+
+  /// Remembers `id` without following its acceptance (a status report).
+  bool remember(const Id& id) {
+    return seen_.remember(id);
+  }
+
+  /// Remembers `id`; for a duplicate of a pending one, moves `w` to wait.
+  admission admit(const Id& id, Waiter& w) {
+    std::lock_guard guard{mtx_};
+    if (seen_.remember(id)) {
+      pending_[id]; // (an entry a stop left is reused)
+      return admission::fresh;
+    }
+    auto p = pending_.find(id);
+    if (p == pending_.end())
+      return admission::duplicate;
+    p->second.push_back(std::move(w));
+    return admission::parked;
+  }
+
+  /// The acceptance of `id` is known: what waited for it, taken. `again`
+  /// (refused for a retry) forgets `id` in the same step: a duplicate in
+  /// between would be taken for decided, answered 200, and the retry that
+  /// should come never would.
+  std::vector<Waiter> decided(const Id& id, bool again) {
+    std::lock_guard guard{mtx_};
+    if (again)
+      seen_.forget(id);
+    auto p = pending_.find(id);
+    if (p == pending_.end())
+      return {};
+    auto out = std::move(p->second);
+    pending_.erase(p);
+    return out;
+  }
+
+  /// Everything that waits (the provider stops), taken.
+  std::vector<Waiter> take_all() {
+    std::lock_guard guard{mtx_};
+    std::vector<Waiter> out;
+    for (auto& [id, ws] : pending_)
+      for (auto& w : ws)
+        out.push_back(std::move(w));
+    pending_.clear();
+    return out;
+  }
+
+ private:
+  std::mutex mtx_;
+  recent_ids<Id> seen_;
+  std::unordered_map<Id, std::vector<Waiter>> pending_;
 };
 
 } // namespace botmesh::internal

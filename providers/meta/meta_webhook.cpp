@@ -50,7 +50,11 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   botmesh::internal::host_slot hosts;
   std::atomic<provider_state> st{provider_state::closed};
 
-  botmesh::internal::recent_ids<std::string> seen;
+  // Message and status ids seen lately; a POST that brings a message whose
+  // acceptance is not known yet waits for it.
+  using ids_t =
+    botmesh::internal::pending_ids<std::string, std::shared_ptr<payload_answer>>;
+  ids_t seen;
 
   std::atomic<std::uint64_t> n_payloads{0}, n_messages{0}, n_accepted{0},
     n_statuses{0}, n_unauthorized{0}, n_malformed{0}, n_unknown{0},
@@ -62,52 +66,30 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     auth = "Bearer " + opts.access_token;
   }
 
-
   bool remember(const std::string& id) {
     return id.empty() || seen.remember(id);
   }
 
-  // Messages handed to the host whose acceptance is not known yet, with
-  // the answers of later POSTs that brought them again: these wait for it
-  // (a 200 now would lose the message when its journal write then fails).
-  std::mutex pending_mtx;
-  std::unordered_map<std::string, std::vector<std::shared_ptr<payload_answer>>>
-    pending;
-
   // Remembers message `id`; false for a duplicate, whose `answer` then
-  // waits for the original when that is still pending.
+  // waits for the original when that is still pending (counted first: the
+  // original may be decided at once, and the POST's own part keeps the
+  // count above zero meanwhile).
   bool admit(const std::string& id,
              const std::shared_ptr<payload_answer>& answer) {
     if (id.empty())
       return true;
-    std::lock_guard guard{pending_mtx};
-    if (seen.remember(id)) {
-      pending[id];
-      return true;
-    }
-    if (auto p = pending.find(id); p != pending.end()) {
-      ++answer->pending;
-      p->second.push_back(answer);
-    }
-    return false;
+    ++answer->pending;
+    auto w = answer;
+    auto a = seen.admit(id, w);
+    if (a != ids_t::admission::parked)
+      --answer->pending;
+    return a == ids_t::admission::fresh;
   }
 
   // Message `id`'s acceptance is known: the answers waiting for it get its
-  // outcome. `again`: refused for a retry, so `id` is forgotten in the same
-  // step (a duplicate in between would get 200 and the retry never come).
+  // outcome (`again`: refused for a retry, and forgotten).
   void decided(const std::string& id, bool again) {
-    std::vector<std::shared_ptr<payload_answer>> waiting;
-    {
-      std::lock_guard guard{pending_mtx};
-      if (again)
-        seen.forget(id);
-      auto p = pending.find(id);
-      if (p == pending.end())
-        return;
-      waiting = std::move(p->second);
-      pending.erase(p);
-    }
-    for (auto& w : waiting) {
+    for (auto& w : seen.decided(id, again)) {
       if (again)
         w->retry = true;
       w->one_done();
@@ -116,19 +98,11 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
 
   // A stop answers the waiting ones 503: Meta redelivers.
   void answer_parked() {
-    std::unordered_map<std::string, std::vector<std::shared_ptr<payload_answer>>>
-      all;
-    {
-      std::lock_guard guard{pending_mtx};
-      all.swap(pending);
+    for (auto& w : seen.take_all()) {
+      w->retry = true;
+      w->one_done();
     }
-    for (auto& [id, ws] : all)
-      for (auto& w : ws) {
-        w->retry = true;
-        w->one_done();
-      }
   }
-
 
   void on_verify(http::request& req, http::responder r) {
     auto mode = req.query_param("hub.mode");

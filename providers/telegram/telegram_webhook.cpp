@@ -53,7 +53,10 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   botmesh::internal::host_slot hosts;
   std::atomic<provider_state> st{provider_state::closed};
 
-  botmesh::internal::recent_ids<std::int64_t> seen;
+  // Update ids seen lately; a duplicate of one whose acceptance is not
+  // known yet waits for it (its responder gets the original's answer).
+  using ids_t = botmesh::internal::pending_ids<std::int64_t, http::responder>;
+  ids_t seen;
 
   std::mutex held_mtx;
   std::unordered_map<std::string, std::shared_ptr<held_answer>> held;
@@ -71,55 +74,10 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     // nop
   }
 
-
-  // Updates handed to the host whose acceptance is not known yet, with
-  // the responders of their duplicates (a retry that came meanwhile): these
-  // get the original's answer, not a 200 that would lose the update when
-  // its acceptance then fails (a journal write that failed).
-  std::mutex pending_mtx;
-  std::unordered_map<std::int64_t, std::vector<http::responder>> pending;
-
-  enum class admission { fresh, parked, duplicate };
-
-  // Remembers `id`; a duplicate of one still pending parks `r`.
-  admission admit(std::int64_t id, http::responder& r) {
-    std::lock_guard guard{pending_mtx};
-    if (seen.remember(id)) {
-      pending[id]; // (an entry left by a stop is reused)
-      return admission::fresh;
-    }
-    auto p = pending.find(id);
-    if (p == pending.end())
-      return admission::duplicate;
-    p->second.push_back(std::move(r));
-    return admission::parked;
-  }
-
-  // The acceptance of `id` is known: its parked duplicates, taken. `again`:
-  // refused for a retry, so `id` is forgotten too, in the same step (a
-  // duplicate in between would be answered 200 and the retry never come).
-  std::vector<http::responder> decided(std::int64_t id, bool again) {
-    std::lock_guard guard{pending_mtx};
-    if (again)
-      seen.forget(id);
-    auto p = pending.find(id);
-    if (p == pending.end())
-      return {};
-    auto out = std::move(p->second);
-    pending.erase(p);
-    return out;
-  }
-
-  // A stop answers what is parked: Telegram retries.
-  void answer_parked(int status) {
-    std::unordered_map<std::int64_t, std::vector<http::responder>> all;
-    {
-      std::lock_guard guard{pending_mtx};
-      all.swap(pending);
-    }
-    for (auto& [id, rs] : all)
-      for (auto& r : rs)
-        r.respond(status);
+  // A stop answers the duplicates still waiting: Telegram retries.
+  void answer_parked() {
+    for (auto& r : seen.take_all())
+      r.respond(503);
   }
 
   void on_request(http::request& req, http::responder r) {
@@ -151,13 +109,13 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       r.respond(200);
       return;
     }
-    switch (admit(u.update_id, r)) {
-      case admission::fresh:
+    switch (seen.admit(u.update_id, r)) {
+      case ids_t::admission::fresh:
         break;
-      case admission::parked:
+      case ids_t::admission::parked:
         ++n_duplicates;
         return; // answered with the original
-      case admission::duplicate:
+      case ids_t::admission::duplicate:
         ++n_duplicates;
         r.respond(200);
         return;
@@ -167,7 +125,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       deliver(std::move(u), std::move(r), *h.get());
     } catch (...) {
       // Not handed over: taken as new when Telegram retries.
-      for (auto& d : decided(uid, true))
+      for (auto& d : seen.decided(uid, true))
         d.respond(503);
       throw;
     }
@@ -178,7 +136,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   void answer_acceptance(errc code, const http::responder& r,
                          std::int64_t update_id) {
     // Forgotten when refused for a retry, so Telegram's retry is taken.
-    auto dups = decided(update_id, code != errc::none && retry_later(code));
+    auto dups = seen.decided(update_id, code != errc::none && retry_later(code));
     int status = 200;
     if (code == errc::none) {
       ++n_accepted;
@@ -214,7 +172,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       cb.accepted = [self, p, uid](errc code) {
         if (code == errc::none) {
           ++self->n_accepted;
-          for (auto& d : self->decided(uid, false))
+          for (auto& d : self->seen.decided(uid, false))
             d.respond(200); // the reply goes in the original's answer
           self->hold(p);
         } else {
@@ -387,7 +345,7 @@ void webhook_provider::stop() {
   }
   for (auto& p : rest)
     i.release(p, false);
-  i.answer_parked(503);
+  i.answer_parked();
   if (i.own_server)
     i.srv->stop();
   h->state_changed(provider_state::closed);

@@ -286,24 +286,27 @@ redis_client::cluster::node* redis_client::cluster::any_master() {
   return nullptr;
 }
 
-bool redis_client::cluster::refresh_once(std::string* why) {
-  // Masters first (they know the map best), then seeds and every known node.
-  std::vector<std::string> candidates;
+std::vector<std::string> redis_client::cluster::known_nodes() {
+  std::vector<std::string> out;
   std::set<std::string> seen;
   auto add = [&](const std::string& a) {
     if (seen.insert(a).second)
-      candidates.push_back(a);
+      out.push_back(a);
   };
   for (auto& s : slots_)
-    if (auto* n = s.load(std::memory_order_acquire); n && !seen.contains(n->address))
+    if (auto* n = s.load(std::memory_order_acquire))
       add(n->address);
-  {
-    std::lock_guard guard{nodes_mtx_};
-    for (auto& s : seeds_)
-      add(s);
-    for (auto& [a, n] : nodes_)
-      add(a);
-  }
+  std::lock_guard guard{nodes_mtx_};
+  for (auto& s : seeds_)
+    add(s);
+  for (auto& [a, n] : nodes_)
+    add(a);
+  return out;
+}
+
+bool redis_client::cluster::refresh_once(std::string* why) {
+  // Masters first (they know the map best), then seeds and every known node.
+  auto candidates = known_nodes();
   std::vector<std::string> failures;
   for (auto& address : candidates) {
     if (closed_)
@@ -669,21 +672,7 @@ redis_client::cluster::next_node(const std::string& failed) {
   if (closed_.load(std::memory_order_seq_cst))
     return std::nullopt;
   request_refresh();
-  std::vector<std::string> known;
-  std::set<std::string> seen;
-  for (auto& s : slots_)
-    if (auto* n = s.load(std::memory_order_acquire);
-        n && seen.insert(n->address).second)
-      known.push_back(n->address);
-  {
-    std::lock_guard guard{nodes_mtx_};
-    for (auto& [a, n] : nodes_)
-      if (seen.insert(a).second)
-        known.push_back(a);
-    for (auto& a : seeds_)
-      if (seen.insert(a).second)
-        known.push_back(a);
-  }
+  auto known = known_nodes();
   // The one after `failed`, cyclically: repeated failures visit every node
   // instead of going back and forth between two that are down.
   auto at = std::find(known.begin(), known.end(), failed);

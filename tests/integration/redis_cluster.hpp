@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -19,6 +20,19 @@
 #include <botmesh/stores/redis/redis_client.hpp>
 
 namespace test {
+
+/// Runs `pred` until it holds or `limit` passes (a generous bound, not a
+/// timing assertion); false when it never held.
+inline bool eventually(const std::function<bool()>& pred,
+                       std::chrono::milliseconds limit = std::chrono::seconds(60)) {
+  auto until = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 /// The load threads of a test, which run until `stop` is set. Leaving the
 /// scope (also through a failed REQUIRE) sets it and joins them.

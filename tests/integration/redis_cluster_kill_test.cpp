@@ -59,16 +59,7 @@ using steady = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds lease{2000};
 constexpr int lanes = 4;
 
-bool eventually(const std::function<bool()>& pred,
-                std::chrono::milliseconds limit = 60s) {
-  auto until = steady::now() + limit;
-  while (!pred()) {
-    if (steady::now() > until)
-      return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
+using test::eventually;
 
 // True when every node that answers says `id` is a master serving `slot`.
 bool all_agree(int slot, const std::string& id) {

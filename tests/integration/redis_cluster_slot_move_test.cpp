@@ -31,18 +31,7 @@ namespace {
 using rk = botmesh::redis_cluster_layout::record_kind;
 using steady = std::chrono::steady_clock;
 
-// Runs `pred` until it holds or `limit` passes (a generous bound, not a
-// timing assertion); false when it never held.
-bool eventually(const std::function<bool()>& pred,
-                std::chrono::milliseconds limit = 60s) {
-  auto until = steady::now() + limit;
-  while (!pred()) {
-    if (steady::now() > until)
-      return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+using test::eventually;
 
 // What the writers did, shared with the reader. A chat record's `data` is
 // {"v":n}: version n of the record.

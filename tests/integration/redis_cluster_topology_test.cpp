@@ -276,31 +276,21 @@ TEST_CASE("cluster topology: a subscription whose node was killed moves to "
       heard.emplace_back(p);
     },
     [&] { ++subscribed; });
-  auto eventually = [](const std::function<bool()>& pred,
-                       std::chrono::milliseconds bound) {
-    auto until = std::chrono::steady_clock::now() + bound;
-    while (!pred()) {
-      if (std::chrono::steady_clock::now() > until)
-        return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return true;
-  };
   auto subscribers_at = [&](const std::string& address) {
     auto r = test::node_client(address)->call({"PUBSUB", "NUMSUB", channel});
     return r.elements.at(1).integer;
   };
-  REQUIRE(eventually([&] { return subscribed.load() == 1; }, std::chrono::seconds(10)));
+  REQUIRE(test::eventually([&] { return subscribed.load() == 1; }, std::chrono::seconds(10)));
   REQUIRE(subscribers_at(master.address) == 1); // on its slot's master
   test::kill_node(master.address);
   // No REQUIRE until the node is back: the next tests need it.
   // Before, the subscription retried the dead node until it came back: every
   // push was missed meanwhile (for good if it never did).
-  CHECK(eventually([&] { return subscribed.load() >= 2; }, std::chrono::seconds(20)));
+  CHECK(test::eventually([&] { return subscribed.load() >= 2; }, std::chrono::seconds(20)));
   // Published on the seed, a live node other than the killed one: the
   // cluster bus brings it to whichever node the subscription is on now.
   auto pub = test::node_client(test::seed_address());
-  CHECK(eventually(
+  CHECK(test::eventually(
     [&] {
       try {
         pub->call({"PUBLISH", channel, "after"});

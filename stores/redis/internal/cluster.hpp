@@ -142,6 +142,9 @@ struct redis_client::cluster {
                     std::function<void()> on_subscribed);
   node* node_at(const std::string& address);
   node* any_master();
+  /// Every node known, once each: the slot map's masters first (in slot
+  /// order), then the seeds and every node a client was made for.
+  std::vector<std::string> known_nodes();
   bool refresh_once(std::string* why);
   void discover();
   void request_refresh();
