@@ -57,6 +57,12 @@ poster poster_for(tg::webhook_provider& p) {
   return poster{p.server().url() + "/telegram"};
 }
 
+// The Bot API's 429, asking to retry after `seconds`.
+std::string too_many_requests(int seconds) {
+  return fmt::format(R"({{"ok":false,"error_code":429,"description":"Too Many Requests: retry after {0}","parameters":{{"retry_after":{0}}}}})",
+                     seconds);
+}
+
 } // namespace
 
 TEST_CASE("a Telegram update is parsed into a message with its command, "
@@ -215,7 +221,7 @@ TEST_CASE("Bot API errors become typed errors: retry_after, forbidden, "
     }
     return std::make_pair(botmesh::errc::none, 0ms);
   };
-  CHECK(code_of(429, R"({"ok":false,"error_code":429,"description":"Too Many Requests: retry after 7","parameters":{"retry_after":7}})")
+  CHECK(code_of(429, too_many_requests(7))
         == std::make_pair(botmesh::errc::retry_after, std::chrono::milliseconds{7000}));
   CHECK(code_of(403, R"({"ok":false,"error_code":403,"description":"Forbidden: bot was blocked by the user"})").first
         == botmesh::errc::forbidden);
@@ -481,8 +487,7 @@ TEST_CASE("with reply in webhook a slow handler's held answer is released "
 TEST_CASE("a 429 with retry_after is waited out and retried, keeping the "
           "chat's order") {
   auto api = test::fake_telegram();
-  api->script("sendMessage", 429,
-              R"({"ok":false,"error_code":429,"description":"Too Many Requests: retry after 1","parameters":{"retry_after":1}})");
+  api->script("sendMessage", 429, too_many_requests(1));
   auto p = std::make_shared<tg::webhook_provider>(options(*api));
   botmesh::bot bot{{.provider = p}};
   test::error_log errors;
@@ -508,8 +513,7 @@ TEST_CASE("a send waiting out a long retry_after gives up when the bot's "
           "stop passes its bound, instead of holding the stop") {
   auto api = test::fake_telegram();
   for (int i = 0; i < 5; ++i)
-    api->script("sendMessage", 429,
-                R"({"ok":false,"error_code":429,"description":"Too Many Requests: retry after 60","parameters":{"retry_after":60}})");
+    api->script("sendMessage", 429, too_many_requests(60));
   auto p = std::make_shared<tg::webhook_provider>(options(*api));
   botmesh::bot bot{{.provider = p, .stop_timeout = "200ms"}};
   test::error_log errors;
@@ -528,8 +532,7 @@ TEST_CASE("a send waiting out a long retry_after gives up when the bot's "
 TEST_CASE("a reply waiting out a retry_after gives up when its turn ends "
           "(settle): it never goes out after the chat moved on") {
   auto api = test::fake_telegram();
-  api->script("sendMessage", 429,
-              R"({"ok":false,"error_code":429,"description":"Too Many Requests: retry after 30","parameters":{"retry_after":30}})");
+  api->script("sendMessage", 429, too_many_requests(30));
   auto p = std::make_shared<tg::webhook_provider>(options(*api));
   botmesh::memory_coordination_hub hub;
   botmesh::coordination_options co{.settle = "300ms"};
