@@ -139,8 +139,8 @@ struct scheduler::impl final : task_owner,
     std::vector<caf::actor> all;
     {
       std::lock_guard guard{mtx};
-      for (auto& [h, a] : durable)
-        all.push_back(a);
+      for (auto& [h, d] : durable)
+        all.push_back(d.actor);
       durable.clear();
     }
     for (auto& a : all)
@@ -260,7 +260,7 @@ struct scheduler::impl final : task_owner,
                                             std::make_shared<task>(std::move(t)));
     {
       std::lock_guard guard{mtx};
-      durable[st->handle] = actor;
+      durable[st->handle] = {actor, st};
     }
     ++eng->tasks;
     if (eng->started.load())
@@ -289,7 +289,11 @@ struct scheduler::impl final : task_owner,
     {
       std::lock_guard guard{mtx};
       if (auto i = durable.find(handle); i != durable.end()) {
-        actor = i->second;
+        actor = i->second.actor;
+        // Cleared here, before the caller returns (forget_task has no
+        // handle to clear it): a catch-up's next slot must not start
+        // while the cancel is on its way to the actor.
+        i->second.st->active = false;
         durable.erase(i);
         for (auto j = by_id.begin(); j != by_id.end(); ++j)
           if (j->second == handle) {
@@ -335,8 +339,8 @@ struct scheduler::impl final : task_owner,
     std::lock_guard guard{mtx};
     std::vector<caf::actor> out;
     out.reserve(durable.size());
-    for (auto& [h, a] : durable)
-      out.push_back(a);
+    for (auto& [h, d] : durable)
+      out.push_back(d.actor);
     return out;
   }
 
@@ -409,7 +413,12 @@ struct scheduler::impl final : task_owner,
 
   std::atomic<std::uint64_t> next_handle{1};
   std::mutex mtx; // the registry below
-  std::map<std::uint64_t, caf::actor> durable;
+  // A durable task's actor and the state its handles share.
+  struct durable_task {
+    caf::actor actor;
+    std::shared_ptr<scheduled_task::state> st;
+  };
+  std::map<std::uint64_t, durable_task> durable;
   std::map<std::string, std::uint64_t> by_id;
 };
 

@@ -67,6 +67,10 @@ struct task_state {
   // late reply for an older claim must not hold back the current one's
   // renewals (replies of the asynchronous face may come out of order).
   std::uint64_t renewing = 0;
+  // The `now` of the first and last claims whose calls failed since the
+  // last answered one: the store may have taken one of them, and then holds
+  // a claim of this replica that no reply told it of (see claimed()).
+  std::optional<std::pair<time_point, time_point>> lost_claims;
   // poll()'s tickets: let go once idle.
   std::vector<std::shared_ptr<poll_ticket>> polls;
   // The pending wake-up: only the latest generation counts.
@@ -426,13 +430,44 @@ void start_run(task_actor* self) {
 void hand_back(task_actor* self, schedule_claim claim);
 void run_claimed(task_actor* self, schedule_claim claim, time_point claimed_at,
                  time_point held_from);
-void confirm_late(task_actor* self, schedule_claim claim, time_point now);
+void confirm_late(task_actor* self, schedule_claim claim, time_point now,
+                  bool adopted = false);
+
+// Whether `current` (the record that refused a claim) holds a claim of this
+// replica that one of its failed claim calls made: same owner, last written
+// at the `now` of one of them.
+bool own_lost_claim(const task_state& st,
+                    const std::pair<time_point, time_point>& lost,
+                    const schedule_record& current, time_point now) {
+  if (current.deleted || current.done || current.lease_owner != st.eng->owner
+      || current.lease_until <= now || current.next_run_at > now)
+    return false;
+  auto [first, last] = lost;
+  return current.updated_at >= first && current.updated_at <= last;
+}
 
 void claimed(task_actor* self, std::optional<schedule_claim> claim,
              std::optional<schedule_record> current, time_point now) {
   auto& st = self->state;
   auto& t = *st.t;
   auto* eng = st.eng.get();
+  auto lost = st.lost_claims;
+  st.lost_claims.reset();
+  if (!claim && current && lost && own_lost_claim(st, *lost, *current, now)) {
+    // Refused because the store took an earlier claim of this replica whose
+    // reply was lost: taken up again (renewed first, as a late reply is)
+    // instead of waiting out its lease. As interrupted: the record keeps
+    // when that claim (or the one it took over) was taken, which decides
+    // whether the slot was missed.
+    schedule_claim mine{*current, current->fencing_token, true};
+    if (st.cancelled || eng->paused.load()) {
+      hand_back(self, std::move(mine)); // (its lease cut, its mark kept)
+      return;
+    }
+    st.lost_claims = lost; // (kept should the confirmation fail)
+    confirm_late(self, std::move(mine), now, true);
+    return;
+  }
   if (!claim) {
     st.ph = phase::idle;
     eng->run_finished();
@@ -478,9 +513,38 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
 }
 
 // Given up while the claim was on its way: the slot goes back untouched
-// (the commit is refused if a newer claim exists).
+// (the commit is refused if a newer claim exists). An interrupted slot
+// keeps its mark: a commit would clear it, and whoever claims it next
+// would judge it by their own clock, as missed (and skip it under
+// `missed_policy::skip`) though it started on time. Its lease is cut to a
+// millisecond instead, so the next claim takes it over at once, as
+// interrupted.
 void hand_back(task_actor* self, schedule_claim claim) {
   auto& st = self->state;
+  if (claim.interrupted) {
+    auto* eng = st.eng.get();
+    auto id = st.t->stored_id;
+    auto token = claim.token;
+    auto now = eng->now();
+    st.ph = phase::committing;
+    store_io<bool>(
+      self,
+      [=](scheduler_engine& e) {
+        return e.store->renew(id, e.owner, token, now, ms{1});
+      },
+      [=](async_schedule_store& a, scheduler_engine& e, auto done) {
+        a.renew_async(id, e.owner, token, now, ms{1}, std::move(done));
+      },
+      [=](bool, const std::string& failure) {
+        // Refused or failed: the claim lapses with its lease, and keeps
+        // the mark all the same.
+        if (!failure.empty())
+          eng->log_failure(fmt::format("handing back {} failed: {}", id,
+                                       failure));
+        claim_again_later(self, eng->now());
+      });
+    return;
+  }
   st.claim = std::move(claim);
   st.run = std::make_shared<run_ctx>();
   st.run->plan.next_if_completed = st.claim.record.next_run_at;
@@ -519,7 +583,8 @@ void run_claimed(task_actor* self, schedule_claim claim, time_point claimed_at,
 // slot already. A renewal tells: if it still holds, it runs; otherwise it
 // is left to lapse, untouched, so whoever claims next takes it over as
 // interrupted (keeping when it was first claimed: not missed).
-void confirm_late(task_actor* self, schedule_claim claim, time_point now) {
+void confirm_late(task_actor* self, schedule_claim claim, time_point now,
+                  bool adopted) {
   auto& st = self->state;
   auto* eng = st.eng.get();
   auto id = st.t->stored_id;
@@ -541,12 +606,19 @@ void confirm_late(task_actor* self, schedule_claim claim, time_point now) {
         return;
       }
       if (failure.empty() && ok && eng->now() < holds_until(sent, lease)) {
+        st.lost_claims.reset();
         run_claimed(self, claim, now, sent);
         return;
       }
-      eng->log(fmt::format("claim of {} (token {}) answered after its lease "
-                           "ran out, and not renewed: not run, left to lapse",
-                           id, token));
+      if (adopted)
+        eng->log(fmt::format("claim of {} (token {}) whose reply was lost could "
+                             "not be renewed{}: left to lapse",
+                             id, token,
+                             failure.empty() ? "" : " (" + failure + ")"));
+      else
+        eng->log(fmt::format("claim of {} (token {}) answered after its lease "
+                             "ran out, and not renewed: not run, left to lapse",
+                             id, token));
       claim_again_later(self, eng->now());
     });
 }
@@ -581,6 +653,8 @@ void claim(task_actor* self, time_point now) {
     [=](result& r, const std::string& failure) {
       if (!failure.empty()) {
         eng->log_failure(fmt::format("claiming {} failed: {}", id, failure));
+        auto& lost = self->state.lost_claims;
+        lost = std::pair{lost ? lost->first : now, now};
         claim_again_later(self, now);
         return;
       }

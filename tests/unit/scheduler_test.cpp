@@ -451,6 +451,28 @@ TEST_CASE("a catch-up cancelled by its own handler runs no further slot") {
   CHECK_FALSE(handle.active());
 }
 
+TEST_CASE("a catch-up whose task is forgotten by its own handler runs no "
+          "further slot") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .clock = &clk, .log = rec.logger()}};
+  botmesh::scheduled_task handle;
+  handle = s.every("1m", {.id = "job", .missed = missed_policy::catch_up,
+                          .max_catch_up = 4},
+                   [&](const scheduled_run& r) {
+                     rec.handler()(r);
+                     // The handler's thread goes on to the next slot at
+                     // once; the actor hears of the forget only later.
+                     s.forget_task("job");
+                   });
+  clk.advance(10min + 30s);
+  s.poll();
+  CHECK(rec.count() == 1);
+  CHECK_FALSE(handle.active());
+  CHECK(store->get("job")->deleted);
+}
+
 TEST_CASE("a slot claimed within the grace period is not missed") {
   botmesh::manual_clock clk{t0()};
   recorder rec;
@@ -960,6 +982,9 @@ class test_store final : public test::forwarding_schedule_store,
   done<bool> held;
   std::atomic<bool> failing_renewals{false}; // every renewal throws
   bool hold_claims = false;              // claims run; their replies are held
+  std::string hold_claims_of;            // ... only this id's (empty: all)
+  std::atomic<int> losing_claim_replies{0}; // the next N claims are taken,
+                                            // their replies fail
   std::function<void()> held_claim;
 
   bool blocks() const noexcept override {
@@ -992,9 +1017,15 @@ class test_store final : public test::forwarding_schedule_store,
     r.claim = claim(id, owner, now, lease);
     if (!r.claim)
       r.current = get(id);
+    if (losing_claim_replies.load() > 0) {
+      --losing_claim_replies;
+      fn({}, std::make_exception_ptr(botmesh::error(
+               botmesh::errc::store_error, "connection lost")));
+      return;
+    }
     {
       std::lock_guard guard{mtx};
-      if (hold_claims) {
+      if (hold_claims && (hold_claims_of.empty() || id == hold_claims_of)) {
         held_claim = [fn = std::move(fn), r = std::move(r)]() mutable {
           fn(std::move(r), nullptr);
         };
@@ -1103,6 +1134,107 @@ TEST_CASE("a claim answered after its lease ran out is not run: the replica "
   CHECK(rec_a.logs_containing("answered after its lease ran out, and not "
                               "renewed") == 1);
   CHECK(store->get("job")->next_run_at == t0() + 2min);
+}
+
+TEST_CASE("a claim the store took but whose reply was lost is taken up again "
+          "at the next look, not after its lease") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<test_store>();
+  recorder rec;
+  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec.logger()}};
+  a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
+          rec.handler());
+  clk.advance(1min);
+  store->losing_claim_replies = 2;
+  a.poll(); // taken by the store, the reply lost
+  clk.advance(1s);
+  a.poll(); // refused (A's own lease holds), the reply lost too
+  CHECK(rec.count() == 0);
+  CHECK(rec.logs_containing("connection lost") >= 1);
+  REQUIRE(store->get("job")->lease_owner != "");
+  clk.advance(1s);
+  a.poll(); // refused by A's own claim: adopted, renewed, run
+  REQUIRE(rec.count() == 1);
+  CHECK_FALSE(rec.runs[0].missed);
+  CHECK(rec.runs[0].scheduled_at == t0() + 1min);
+  auto r = store->get("job");
+  CHECK(r->next_run_at == t0() + 2min);
+  CHECK(r->lease_owner.empty());
+}
+
+TEST_CASE("a claim refused by another replica with the same slot is not "
+          "adopted, even after a lost reply") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<test_store>();
+  recorder rec;
+  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec.logger()}};
+  a.every("1m", {.id = "job", .lease = "30s"}, rec.handler());
+  clk.advance(1min);
+  // Another replica holds the slot; A's claim call fails on its way.
+  REQUIRE(store->inner.claim("job", "other", clk.now(), 30s));
+  store->losing_claim_replies = 1;
+  a.poll();
+  clk.advance(1s);
+  a.poll();
+  CHECK(rec.count() == 0);
+  auto r = store->get("job");
+  CHECK(r->lease_owner == "other");
+  // Not even tried: no renewal of the other replica's claim.
+  CHECK(store->renewals_of(r->fencing_token) == 0);
+}
+
+TEST_CASE("an interrupted slot whose claim is handed back at stop keeps its "
+          "mark: the next claim runs it as interrupted, not as missed") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<test_store>();
+  std::shared_ptr<botmesh::schedule_store> shared{store, &store->inner};
+  recorder rec_a;
+  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec_a.logger()}};
+  a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
+          rec_a.handler());
+  // A second task of A whose handler runs when stop() comes: its stop
+  // token tells the test that A is stopping.
+  std::atomic<bool> other_started{false};
+  std::atomic<bool> other_stopped{false};
+  clk.advance(31s);
+  a.every("1m", {.id = "other", .lease = "30s"},
+          [&](const scheduled_run& r) {
+            other_started = true;
+            while (!r.stop.stop_requested())
+              std::this_thread::sleep_for(1ms);
+            other_stopped = true;
+          });
+  clk.advance(29s);
+  // An executor claims "job" on time and dies: its lease runs out.
+  REQUIRE(store->inner.claim("job", "dead", clk.now(), 30s));
+  clk.advance(31s);
+  store->hold_claims_of = "job";
+  store->hold_claims = true;
+  std::thread a_poll{[&] { a.poll(); }};
+  REQUIRE(test::eventually(
+    [&] { return store->claim_held() && other_started.load(); }));
+  std::thread stopper{[&] { a.stop(); }};
+  REQUIRE(test::eventually([&] { return other_stopped.load(); }));
+  // A is stopping when its claim (interrupted) comes back: handed back.
+  CHECK(store->answer_held_claim());
+  stopper.join();
+  a_poll.join();
+  CHECK(rec_a.count() == 0);
+  auto rec = store->get("job");
+  REQUIRE(rec);
+  CHECK(rec->next_run_at == t0() + 1min);
+  CHECK(rec->claimed_at == t0() + 1min);
+  // Much later, another replica takes the slot over: it started on time,
+  // so it runs (under skip, a missed slot would not).
+  clk.advance(5min);
+  recorder rec_b;
+  botmesh::scheduler b{{.store = shared, .clock = &clk}};
+  b.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
+          rec_b.handler());
+  b.poll();
+  REQUIRE(rec_b.count() == 1);
+  CHECK_FALSE(rec_b.runs[0].missed);
+  CHECK(rec_b.runs[0].scheduled_at == t0() + 1min);
 }
 
 TEST_CASE("a claim answered late whose lease still holds is renewed and runs "
