@@ -14,6 +14,8 @@ namespace {
 
 using check_atom = caf::atom_constant<caf::atom("bm_scheck")>;
 using present_atom = caf::atom_constant<caf::atom("bm_spres")>;
+// The transport stopped (or the bound on it passed): the leadership goes.
+using stopped_atom = caf::atom_constant<caf::atom("bm_sstop")>;
 
 struct session_state {
   session_config cfg;
@@ -21,6 +23,12 @@ struct session_state {
   bool told_standby = false;
   bool resting = false; // yielded; presents itself again later
   bool stopping = false;
+  // The step-down whose transport stop is awaited before the leadership
+  // goes (0: none); a generation, so the bound's message and the stop's
+  // notice act once.
+  std::uint64_t unleading = 0;
+  std::uint64_t next_gen = 0;
+  caf::typed_response_promise<bool> shutdown_rp;
   // When this replica last became leader: provider_down counts from here
   // too, since the transport is started on a handler thread afterwards and
   // its closed-since instant may still be an old one until then.
@@ -31,22 +39,33 @@ struct session_state {
 
 using session_actor_t = caf::stateful_actor<session_state>;
 
-void step_down(session_actor_t* self, const std::string& reason) {
+// Stops the transport; with `then_unlead`, the leadership is given up
+// only once it stopped (or after a lease, should the stop hang): given up
+// first, another replica elected at once would run its transport beside
+// this one's (two pollers of one bot, which the platform refuses).
+void stop_transport(session_actor_t* self, bool then_unlead) {
   auto& st = self->state;
   st.fence.reset();
   st.cfg.leading->store(false);
-  auto* hooks = st.cfg.hooks;
-  hooks->run_blocking([hooks] { hooks->stop_transport(); });
-  hooks->follower(st.cfg.name, reason);
+  std::function<void()> stopped;
+  if (then_unlead) {
+    auto gen = ++st.next_gen;
+    st.unleading = gen;
+    stopped = [me = caf::actor_cast<caf::actor>(self), gen] {
+      caf::anon_send(me, stopped_atom::value, gen);
+    };
+    self->delayed_send(self, st.cfg.period * 3, stopped_atom::value, gen);
+  }
+  st.cfg.hooks->set_transport(false, std::move(stopped));
 }
 
-// Steps down and presents itself again after the rest period.
+// Steps down and presents itself again after the rest period (counted
+// from when the leadership went).
 void yield(session_actor_t* self, const std::string& reason) {
   auto& st = self->state;
-  self->send(st.cfg.lease, unlead_atom::value, st.cfg.name);
-  step_down(self, reason);
+  stop_transport(self, true);
+  st.cfg.hooks->follower(st.cfg.name, reason);
   st.resting = true;
-  self->delayed_send(self, st.cfg.rest, present_atom::value);
 }
 
 caf::behavior session_actor(session_actor_t* self, session_config cfg) {
@@ -76,16 +95,17 @@ caf::behavior session_actor(session_actor_t* self, session_config cfg) {
       // Elected first, then started: the transport's "open" notice must
       // find this replica leading, or bot::ready() would miss it.
       st.cfg.leading->store(true);
-      auto* hooks = st.cfg.hooks;
-      hooks->run_blocking([hooks] { hooks->start_transport(); });
-      hooks->leader(st.cfg.name, fence);
+      st.cfg.hooks->set_transport(true, {});
+      st.cfg.hooks->leader(st.cfg.name, fence);
     },
     [=](follower_atom, const std::string&, const std::string& reason) {
       auto& st = self->state;
       if (st.stopping)
         return;
       if (st.fence) {
-        step_down(self, reason);
+        // Lost: nothing to give up, the transport stops.
+        stop_transport(self, false);
+        st.cfg.hooks->follower(st.cfg.name, reason);
       } else if (!st.told_standby) {
         st.told_standby = true;
         st.cfg.hooks->follower(st.cfg.name, "standby");
@@ -110,14 +130,28 @@ caf::behavior session_actor(session_actor_t* self, session_config cfg) {
       st.resting = false;
       self->send(st.cfg.lease, lead_atom::value, st.cfg.name);
     },
-    [=](shutdown_atom) {
+    [=](stopped_atom, std::uint64_t gen) {
       auto& st = self->state;
-      st.stopping = true;
+      if (gen != st.unleading)
+        return; // done already (the stop's notice and its bound both come)
+      st.unleading = 0;
       self->send(st.cfg.lease, unlead_atom::value, st.cfg.name);
-      st.fence.reset();
-      st.cfg.leading->store(false);
-      self->quit();
-      return true;
+      if (st.stopping) {
+        st.shutdown_rp.deliver(true);
+        self->quit();
+        return;
+      }
+      self->delayed_send(self, st.cfg.rest, present_atom::value);
+    },
+    [=](shutdown_atom) -> caf::result<bool> {
+      auto& st = self->state;
+      if (st.stopping)
+        return true; // (asked twice)
+      st.stopping = true;
+      st.shutdown_rp = self->make_response_promise<bool>();
+      // Also while resting: a yield's stop may still run.
+      stop_transport(self, true);
+      return st.shutdown_rp;
     },
   };
 }

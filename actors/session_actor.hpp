@@ -17,13 +17,13 @@ class session_hooks {
  public:
   virtual ~session_hooks();
 
-  /// Starts / stops the transport. They may block: the session actor calls
-  /// them through `run_blocking`, never on a CAF worker.
-  virtual void start_transport() = 0;
-  virtual void stop_transport() = 0;
-
-  /// Runs `fn` off the CAF workers (the bot's handler pool); returns at once.
-  virtual void run_blocking(std::function<void()> fn) = 0;
+  /// Asks for the transport to be open (started) or not (stopped); returns
+  /// at once. The implementation applies the last wish off the CAF workers
+  /// (starting and stopping block), one step at a time and in order: a stop
+  /// never runs beside or before the start it follows. `applied`, when
+  /// given, is called (on any thread) once the transport is in the state
+  /// asked for, right away when it is already.
+  virtual void set_transport(bool open, std::function<void()> applied) = 0;
 
   /// How long the transport has not been open (closed, or connecting: a
   /// poller retrying a platform it lost); nothing while it is open. Must
@@ -57,8 +57,11 @@ struct session_config {
 /// it when the leadership is lost, and yields when the transport stays
 /// closed for `provider_down` or when told `(yield_atom, reason)` (another
 /// connection is live), presenting itself again after `rest`. It presents
-/// itself once it gets `(start_atom)`. `(shutdown_atom)` gives the
-/// leadership up, replies `true` and exits (the bot stops the transport).
+/// itself once it gets `(start_atom)`. `(shutdown_atom)` stops the
+/// transport, then gives the leadership up, replies `true` and exits.
+/// Yielding and shutting down give the leadership up only once the
+/// transport stopped (bounded by 3 x `period`, a lease), so two replicas
+/// never run it at once.
 caf::actor spawn_session_actor(caf::actor_system& sys, session_config cfg);
 
 } // namespace botmesh

@@ -16,6 +16,7 @@ struct testing_provider::impl {
   provider_host* host = nullptr;
   provider_state state = provider_state::closed;
   bool fail = false;
+  errc fail_code = errc::provider_error;
   std::size_t starts = 0;
   std::vector<outgoing_message> sent;
 };
@@ -51,6 +52,8 @@ provider_state testing_provider::state() const {
 }
 
 void testing_provider::start(provider_host& host) {
+  if (impl_->opts.on_start)
+    impl_->opts.on_start();
   {
     std::lock_guard guard{impl_->mtx};
     impl_->host = &host;
@@ -61,6 +64,8 @@ void testing_provider::start(provider_host& host) {
 }
 
 void testing_provider::stop() {
+  if (impl_->opts.on_stop)
+    impl_->opts.on_stop();
   provider_host* host;
   {
     std::lock_guard guard{impl_->mtx};
@@ -79,7 +84,7 @@ void testing_provider::send(const outgoing_message& msg) {
                 fmt::format("testing provider {}: transport is {}",
                             impl_->opts.id, to_string(impl_->state)));
   if (impl_->fail)
-    throw error(errc::provider_error,
+    throw error(impl_->fail_code,
                 fmt::format("testing provider {}: send to {} failed (simulated)",
                             impl_->opts.id, msg.chat));
   impl_->sent.push_back(msg);
@@ -145,9 +150,10 @@ void testing_provider::set_state(provider_state s) {
     host->state_changed(s);
 }
 
-void testing_provider::fail_sends(bool on) {
+void testing_provider::fail_sends(bool on, errc code) {
   std::lock_guard guard{impl_->mtx};
   impl_->fail = on;
+  impl_->fail_code = code;
 }
 
 void testing_provider::close_input() {

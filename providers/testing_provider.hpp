@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,10 @@ class testing_provider final : public provider {
     /// What `connection_id()` returns.
     std::string connection_id{};
     provider_capabilities capabilities{};
+    /// Called first in every `start` / `stop` (on its thread): a test can
+    /// slow them down or record when they run.
+    std::function<void()> on_start{};
+    std::function<void()> on_stop{};
   };
 
   testing_provider();
@@ -52,8 +57,9 @@ class testing_provider final : public provider {
   /// Simulates the transport closing (or reopening).
   void set_state(provider_state s);
 
-  /// Makes every later `send` fail (or succeed again).
-  void fail_sends(bool on);
+  /// Makes every later `send` fail with `code` (or succeed again): a
+  /// `provider_error`, or a `timeout` as an HTTP client's.
+  void fail_sends(bool on, errc code = errc::provider_error);
 
   /// Simulates the end of input (like stdin closing).
   void close_input();

@@ -341,20 +341,59 @@ struct bot::impl final : chat_services,
 
   // -- session_hooks ---------------------------------------------------------
 
-  void start_transport() override {
-    {
-      std::lock_guard guard{run_mtx};
-      closed_since = std::chrono::steady_clock::now();
+  // The last wish is applied by one job at a time on the handler pool
+  // (starting and stopping block). Posted as a job each, a start and the
+  // stop after it could run at once on two threads, or the stop first,
+  // leaving the transport running on a replica that no longer leads.
+  void set_transport(bool open, std::function<void()> applied) override {
+    std::unique_lock guard{switch_.mtx};
+    switch_.want = open;
+    if (!switch_.applying && switch_.is == open) {
+      guard.unlock();
+      if (applied)
+        applied();
+      return;
     }
-    opts.provider->start(*this);
+    if (applied)
+      switch_.applied.push_back(std::move(applied));
+    if (switch_.applying)
+      return; // the running job sees the new wish
+    switch_.applying = true;
+    guard.unlock();
+    pool->post([this] { apply_transport(); });
   }
 
-  void stop_transport() override {
-    opts.provider->stop();
-  }
-
-  void run_blocking(std::function<void()> fn) override {
-    pool->post(std::move(fn));
+  void apply_transport() {
+    std::unique_lock guard{switch_.mtx};
+    while (switch_.is != switch_.want) {
+      bool open = switch_.want;
+      guard.unlock();
+      try {
+        if (open) {
+          {
+            std::lock_guard run_guard{run_mtx};
+            closed_since = std::chrono::steady_clock::now();
+          }
+          opts.provider->start(*this);
+        } else {
+          opts.provider->stop();
+        }
+      } catch (const std::exception& e) {
+        // Taken as done: a transport that did not start stays closed, and
+        // the session actor yields after provider_down.
+        log::error("bot", fmt::format("{} the transport failed: {}",
+                                      open ? "starting" : "stopping",
+                                      e.what()));
+      }
+      guard.lock();
+      switch_.is = open;
+    }
+    switch_.applying = false;
+    auto applied = std::move(switch_.applied);
+    switch_.applied.clear();
+    guard.unlock();
+    for (auto& f : applied)
+      f();
   }
 
   std::optional<std::chrono::steady_clock::duration> closed_for() override {
@@ -1217,6 +1256,15 @@ struct bot::impl final : chat_services,
   std::chrono::steady_clock::time_point closed_since{};
   caf::actor lease_handle;   // with coordination
   caf::actor session_handle; // with an exclusive transport
+  // The exclusive transport's state as the session actor wants it and as
+  // applied (see set_transport).
+  struct {
+    std::mutex mtx;
+    bool want = false;
+    bool is = false;
+    bool applying = false;
+    std::vector<std::function<void()>> applied;
+  } switch_;
   std::shared_ptr<std::atomic<bool>> leading_flag =
     std::make_shared<std::atomic<bool>>(false);
 
@@ -1629,8 +1677,9 @@ void bot::stop() {
   // 3. Past the bound, running handlers are asked to give up; then wait for them.
   if (!drained)
     impl_->stop_source.request_stop();
-  // 4. The session gives its leadership up; the lease actor releases what
-  //    it still holds and gives up what it waits for (bounded by a lease).
+  // 4. The session stops the exclusive transport and then gives its
+  //    leadership up; the lease actor releases what it still holds and
+  //    gives up what it waits for (each bounded by a lease).
   if (impl_->session_handle || impl_->lease_handle) {
     caf::scoped_actor self{*impl_->sys};
     auto bound = impl_->opts.coordination->coordinator->lease()
@@ -1641,8 +1690,8 @@ void bot::stop() {
           .receive([](bool) {}, [](caf::error&) {});
   }
   // A detached actor's thread ends only once nothing refers to it: the
-  // actor system waits for that thread when it is destroyed.
-  impl_->session_handle = nullptr;
+  // actor system waits for that thread when it is destroyed. (The session's
+  // handle goes once the transport stopped: its threads read it.)
   impl_->lease_handle = nullptr;
   // 5. Durable processing: the last beat ends, the heartbeat is retired
   //    (what this replica still holds is claimable at once), and every
@@ -1657,6 +1706,7 @@ void bot::stop() {
   if (impl_->durable)
     impl_->durable->wait_idle(std::chrono::seconds(10));
   impl_->opts.provider->stop();
+  impl_->session_handle = nullptr;
   impl_->journal_handle = nullptr; // the transport reports nothing more
   caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
 }

@@ -28,11 +28,15 @@ struct polling_provider::impl {
   std::shared_ptr<internal::callback_answers> callbacks =
     std::make_shared<internal::callback_answers>();
   http::flood_control flood;
+  // start() and stop() one at a time, whole: a start while a stop still
+  // joins the old poller would run two pollers, and a stop that read the
+  // stop source after a start replaced it would leave the old one running.
+  std::mutex life;
   std::mutex mtx;
   std::condition_variable cv;
   provider_host* host = nullptr;
   std::thread thread;
-  std::stop_source stop;
+  std::stop_source stop; // the running poller's (set under `life`)
   std::atomic<provider_state> st{provider_state::closed};
   std::atomic<std::int64_t> offset{0};
   std::atomic<std::uint64_t> n_polls{0}, n_updates{0}, n_unknown{0},
@@ -97,17 +101,15 @@ struct polling_provider::impl {
   }
 
   // Sleeps `d` unless stopping; false when stopping.
-  bool pause(std::chrono::milliseconds d) {
+  bool pause(std::chrono::milliseconds d, std::stop_token token) {
     std::unique_lock guard{mtx};
-    auto token = stop.get_token();
     std::stop_callback wake{token, [this] { cv.notify_all(); }};
     cv.wait_for(guard, d, [&] { return token.stop_requested(); });
     return !token.stop_requested();
   }
 
-  void loop(provider_host& h) {
+  void loop(provider_host& h, std::stop_token token) {
     load_offset();
-    auto token = stop.get_token();
     auto backoff = opts.retry_backoff.ms();
     while (!token.stop_requested()) {
       std::string result;
@@ -125,13 +127,13 @@ struct polling_provider::impl {
           set_state(h, provider_state::closed);
           if (h.yield_leadership("conflict"))
             return; // the host stops us and starts us again later
-          if (!pause(backoff))
+          if (!pause(backoff, token))
             return;
           continue;
         }
         ++n_errors;
         set_state(h, provider_state::connecting);
-        if (!pause(backoff))
+        if (!pause(backoff, token))
           return;
         backoff = std::min(backoff * 2, std::chrono::milliseconds{30000});
         continue;
@@ -140,7 +142,7 @@ struct polling_provider::impl {
           return;
         ++n_errors;
         set_state(h, provider_state::connecting);
-        if (!pause(backoff))
+        if (!pause(backoff, token))
           return;
         backoff = std::min(backoff * 2, std::chrono::milliseconds{30000});
         continue;
@@ -152,7 +154,7 @@ struct polling_provider::impl {
         updates = internal::parse_updates(result, opts.id, opts.username);
       } catch (const invalid_argument_error&) {
         ++n_errors;
-        if (!pause(backoff))
+        if (!pause(backoff, token))
           return;
         continue;
       }
@@ -234,7 +236,7 @@ struct polling_provider::impl {
         if (refused_code == errc::stopped)
           return;
         // The journal failed: poll the same updates again after a pause.
-        if (!pause(backoff))
+        if (!pause(backoff, token))
           return;
         backoff = std::min(backoff * 2, std::chrono::milliseconds{30000});
       }
@@ -277,17 +279,20 @@ provider_state polling_provider::state() const {
 
 void polling_provider::start(provider_host& host) {
   auto& i = *impl_;
+  std::lock_guard life{i.life};
   std::lock_guard guard{i.mtx};
   if (i.host)
     return;
   i.host = &host;
   i.stop = std::stop_source{};
   i.st = provider_state::connecting;
-  i.thread = std::thread{[&i, &host] { i.loop(host); }};
+  i.thread = std::thread{
+    [&i, &host, token = i.stop.get_token()] { i.loop(host, token); }};
 }
 
 void polling_provider::stop() {
   auto& i = *impl_;
+  std::lock_guard life{i.life};
   provider_host* h;
   std::thread t;
   {
@@ -299,7 +304,12 @@ void polling_provider::stop() {
   if (!h)
     return;
   i.stop.request_stop();
-  i.cv.notify_all();
+  {
+    // Under the lock the poller's pause() waits with: a notice between its
+    // look at the token and its wait would be lost otherwise.
+    std::lock_guard guard{i.mtx};
+    i.cv.notify_all();
+  }
   if (t.joinable())
     t.join();
   if (i.st.exchange(provider_state::closed) != provider_state::closed)

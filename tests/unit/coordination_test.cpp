@@ -567,10 +567,11 @@ struct exclusive_replica {
   std::vector<std::string> events;
 
   exclusive_replica(botmesh::memory_coordination_hub& hub, std::string id,
-                    botmesh::duration provider_down = "1m") {
-    provider = std::make_shared<botmesh::testing_provider>(
-      botmesh::testing_provider::options{.id = "wa",
-                                         .capabilities = {.exclusive_session = true}});
+                    botmesh::duration provider_down = "1m",
+                    botmesh::testing_provider::options po = {}) {
+    po.id = "wa";
+    po.capabilities = {.exclusive_session = true};
+    provider = std::make_shared<botmesh::testing_provider>(std::move(po));
     coord = std::make_shared<botmesh::memory_coordinator>(
       hub, botmesh::memory_coordinator_options{.replica_id = std::move(id),
                                                .lease = "1s"});
@@ -602,6 +603,35 @@ struct exclusive_replica {
     std::lock_guard guard{mtx};
     return std::find(events.begin(), events.end(), e) != events.end();
   }
+
+  bool saw_prefix(const std::string& p) {
+    std::lock_guard guard{mtx};
+    return std::any_of(events.begin(), events.end(),
+                       [&](auto& e) { return e.rfind(p, 0) == 0; });
+  }
+};
+
+// When transports start and stop, across replicas (thread-safe).
+struct transport_log {
+  std::mutex mtx;
+  std::vector<std::string> lines;
+
+  void add(std::string line) {
+    std::lock_guard guard{mtx};
+    lines.push_back(std::move(line));
+  }
+
+  std::vector<std::string> get() {
+    std::lock_guard guard{mtx};
+    return lines;
+  }
+
+  // Position of the first `line` (lines.size() when absent).
+  std::size_t first(const std::string& line) {
+    std::lock_guard guard{mtx};
+    return static_cast<std::size_t>(
+      std::find(lines.begin(), lines.end(), line) - lines.begin());
+  }
 };
 
 } // namespace
@@ -626,6 +656,67 @@ TEST_CASE("an exclusive transport starts on one replica; the standby refuses "
   CHECK(test::eventually([&] { return b.saw("leader provider:wa"); }));
   CHECK(b.provider->starts() == 1);
   CHECK_NOTHROW(b.bot->send("x", "hola"));
+}
+
+TEST_CASE("a transport's stop waits for the start before it: a replica that "
+          "lost the leadership while its transport started is left stopped") {
+  botmesh::memory_coordination_hub hub;
+  transport_log log;
+  std::atomic<bool> in_start{false};
+  std::atomic<bool> let_start{false};
+  botmesh::testing_provider::options po;
+  po.on_start = [&] {
+    log.add("start+");
+    in_start = true;
+    test::eventually([&] { return let_start.load(); }, 10s);
+    log.add("start-");
+  };
+  po.on_stop = [&] {
+    log.add("stop+");
+    log.add("stop-");
+  };
+  exclusive_replica a{hub, "a", "1m", po};
+  a.bot->start();
+  REQUIRE(test::eventually([&] { return in_start.load(); }));
+  // The leadership is lost (after a lease) while the start still runs.
+  a.coord->crash();
+  REQUIRE(test::eventually([&] { return a.saw_prefix("follower "); }, 10s));
+  std::this_thread::sleep_for(100ms); // (room for a stop run out of order)
+  let_start = true;
+  REQUIRE(test::eventually([&] { return log.get().size() >= 4; }));
+  auto lines = log.get();
+  CHECK(lines[0] == "start+");
+  CHECK(lines[1] == "start-");
+  CHECK(lines[2] == "stop+");
+  CHECK(lines[3] == "stop-");
+  CHECK(test::eventually([&] {
+    return a.provider->state() == botmesh::provider_state::closed;
+  }));
+}
+
+TEST_CASE("a leader that stops hands its transport on only once it stopped: "
+          "never two running at once") {
+  botmesh::memory_coordination_hub hub;
+  transport_log log;
+  botmesh::testing_provider::options pa;
+  pa.on_stop = [&] {
+    log.add("a stop+");
+    // (Well within the bound on a stop: a lease, 1 s here.)
+    std::this_thread::sleep_for(150ms);
+    log.add("a stop-");
+  };
+  botmesh::testing_provider::options pb;
+  pb.on_start = [&] { log.add("b start"); };
+  exclusive_replica a{hub, "a", "1m", pa};
+  a.bot->start();
+  REQUIRE(a.bot->ready(5s));
+  exclusive_replica b{hub, "b", "1m", pb};
+  b.bot->start();
+  REQUIRE(test::eventually([&] { return b.saw("follower standby"); }));
+  a.bot->stop();
+  REQUIRE(b.bot->ready(5s));
+  CHECK(log.first("a stop-") < log.first("b start"));
+  CHECK(log.first("b start") < log.get().size());
 }
 
 TEST_CASE("a dead leader's transport is taken over after its lease") {
