@@ -1040,11 +1040,15 @@ struct bot::impl final : chat_services,
       opts.provider->send(msg, turn ? turn->ended_token() : std::stop_token{});
     } catch (const botmesh::error&) {
       ++send_errors;
+      if (key && durable)
+        durable->send_failed(); // a replay sends it, not skips it
       if (turn)
         turn->check(); // given up because the turn ended: say it was lost
       throw;
     } catch (const std::exception& e) {
       ++send_errors;
+      if (key && durable)
+        durable->send_failed();
       throw botmesh::error(errc::provider_error,
                            fmt::format("send to {} failed: {}", msg.chat,
                                        e.what()));

@@ -139,6 +139,12 @@ class durable_backend {
                             std::uint64_t fence, std::chrono::milliseconds ttl,
                             completion<outbox_verdict> done)
     = 0;
+
+  /// Takes send `send_id` back: its send failed, so a replay must make it
+  /// rather than skip it. True when an entry was removed. The chat's fence
+  /// stays. Ordered with the `outbox_claim`s issued before it.
+  virtual void outbox_forget(std::string_view send_id, completion<bool> done)
+    = 0;
 };
 
 } // namespace botmesh

@@ -234,6 +234,16 @@ void memory_durable_backend::outbox_claim(std::string_view send_id,
   done(out, nullptr);
 }
 
+void memory_durable_backend::outbox_forget(std::string_view send_id,
+                                           completion<bool> done) {
+  bool removed = false;
+  {
+    std::lock_guard guard{impl_->mtx};
+    removed = impl_->sent.erase(std::string{send_id}) > 0;
+  }
+  done(removed, nullptr);
+}
+
 std::size_t memory_durable_backend::size() const {
   std::lock_guard guard{impl_->mtx};
   return impl_->rows.size();

@@ -1,5 +1,6 @@
 #include <botmesh/runtime/internal/durable_intake.hpp>
 
+#include <algorithm>
 #include <future>
 
 #include <fmt/format.h>
@@ -134,7 +135,11 @@ void durable_intake::journal(std::string key, inbound_message msg,
           // The write may have landed with its reply lost (a timeout, a
           // dropped connection): free the record, so a beat hands it to a
           // live replica instead of it staying held here, unhandled, while
-          // the platform's retry is dropped as a duplicate.
+          // the platform's retry is dropped as a duplicate. The release may
+          // also overtake the write (sent on a new connection while the old
+          // one still carries it): the generation is retired too, so what
+          // lands after it is claimable.
+          suspect(gen);
           settle_as(key, id, false, gen, true);
         } else if (put == journal_put::duplicate) {
           close_one(gen);
@@ -183,8 +188,16 @@ void durable_intake::entry_landed(const std::string& record,
       return;
     auto& u = i->second;
     --u.in_flight;
-    if (failed)
-      u.failed.push_back(*failed);
+    if (failed) {
+      // Tried again at the next beat. A write of a send taken back since
+      // (it may still land: a call that failed on its way) is taken back
+      // again instead.
+      auto e = *failed;
+      if (std::find(u.forgotten.begin(), u.forgotten.end(), e.send_id)
+          != u.forgotten.end())
+        e.forget = true;
+      u.failed.push_back(std::move(e));
+    }
     if (u.in_flight > 0 || !u.failed.empty())
       return;
     bool held = u.settle_held;
@@ -213,6 +226,23 @@ void durable_intake::write_entry(const std::string& record, entry e) {
                                      "after a later holder of the chat sent",
                                      e.key, e.send_id),
                          e.key);
+          // An entry written again at a beat may land after its send was
+          // taken back (issued from another thread): taken back again.
+          bool forgotten = false;
+          {
+            std::lock_guard guard{mtx_};
+            if (auto i = unlanded_.find(record); i != unlanded_.end()) {
+              auto& f = i->second.forgotten;
+              forgotten = std::find(f.begin(), f.end(), e.send_id) != f.end();
+            }
+          }
+          if (forgotten) {
+            {
+              std::lock_guard guard{mtx_};
+              ++unlanded_[record].in_flight;
+            }
+            forget_entry(record, entry{e.send_id, e.key, e.fence, true});
+          }
           entry_landed(record, nullptr);
         }
         finished();
@@ -329,8 +359,12 @@ void durable_intake::beat(std::function<void()> done) {
       u.failed.clear();
     }
   }
-  for (auto& [record, e] : rewrite)
-    write_entry(record, std::move(e));
+  for (auto& [record, e] : rewrite) {
+    if (e.forget)
+      forget_entry(record, std::move(e));
+    else
+      write_entry(record, std::move(e));
+  }
   // Old generations: beaten while their events run, then retired (again
   // at the next beat if that failed).
   for (auto g : retire_now)
@@ -405,6 +439,11 @@ void durable_intake::beat(std::function<void()> done) {
 }
 
 void durable_intake::retire(std::function<void()> done) {
+  // From here another replica may claim what this one holds while its
+  // handlers still run (one that ignores its stop token): their sends wait
+  // for the outbox's verdict instead of writing ahead.
+  ++hb_gaps_;
+  hb_valid_until_ = 0;
   std::vector<std::uint32_t> gens;
   {
     std::lock_guard guard{mtx_};
@@ -486,11 +525,13 @@ bool durable_intake::outbox_allows(const std::string& chat_key) {
   if (!t)
     return true;
   auto send_id = fmt::format("{}/{}", *t->record, t->sends++);
+  t->taken.clear();
   if (t->attempt == 1 && heartbeat_kept(t->heartbeat_epoch)) {
     {
       std::lock_guard guard{mtx_};
       ++unlanded_[*t->record].in_flight;
     }
+    t->taken = send_id;
     write_entry(*t->record, entry{std::move(send_id), chat_key, t->fence});
     return true;
   }
@@ -512,6 +553,7 @@ bool durable_intake::outbox_allows(const std::string& chat_key) {
   }
   switch (v) {
     case outbox_verdict::send:
+      t->taken = std::move(send_id);
       return true;
     case outbox_verdict::duplicate:
       ++outbox_skipped_;
@@ -521,6 +563,47 @@ bool durable_intake::outbox_allows(const std::string& chat_key) {
   }
   t->lost = true;
   throw lease_lost_error(chat_key, "superseded");
+}
+
+void durable_intake::send_failed() {
+  auto* t = current;
+  if (!t || t->taken.empty())
+    return;
+  auto send_id = std::exchange(t->taken, {});
+  {
+    std::lock_guard guard{mtx_};
+    auto& u = unlanded_[*t->record];
+    u.forgotten.push_back(send_id);
+    // Not written again at the next beat if its write failed.
+    std::erase_if(u.failed, [&](const entry& e) {
+      return e.send_id == send_id && !e.forget;
+    });
+    ++u.in_flight;
+  }
+  forget_entry(*t->record, entry{std::move(send_id), *t->key, t->fence, true});
+}
+
+// Takes `e` of `record` back; the caller counted it as one of the
+// record's entries in flight, so its settle waits for it. A failure is
+// tried again at the next beat, as a failed entry write is.
+void durable_intake::forget_entry(const std::string& record, entry e) {
+  op([&](std::function<void()> finished) {
+    auto id = e.send_id;
+    backend_->outbox_forget(
+      id, [this, record, e = std::move(e), finished](bool,
+                                                    std::exception_ptr x) {
+        if (x) {
+          failed(e.key,
+                 fmt::format("taking back outbox entry {} of a failed send",
+                             e.send_id),
+                 x);
+          entry_landed(record, &e);
+        } else {
+          entry_landed(record, nullptr);
+        }
+        finished();
+      });
+  });
 }
 
 } // namespace botmesh::internal

@@ -38,6 +38,9 @@ struct durable_turn {
   /// The intake's heartbeat gap count when the record was written.
   std::uint64_t heartbeat_epoch = 0;
   std::uint32_t sends = 0;
+  /// The outbox id of the send outbox_allows let through last (empty:
+  /// none), taken back by send_failed.
+  std::string taken{};
   bool lost = false;
 };
 
@@ -121,6 +124,12 @@ class durable_intake {
   /// later holder of the chat sent, or the backend's error.
   bool outbox_allows(const std::string& chat_key);
 
+  /// After the send outbox_allows let through on this thread failed: its
+  /// outbox entry is taken back (the record's settle waits for that), so a
+  /// replay makes the send instead of skipping it. A failure that may have
+  /// reached the platform (a timeout) is then sent again: at least once.
+  void send_failed();
+
   /// Waits up to `bound` until every backend operation issued completed.
   void wait_idle(std::chrono::milliseconds bound);
 
@@ -149,8 +158,10 @@ class durable_intake {
   struct entry {
     std::string send_id, key;
     std::uint64_t fence = 0;
+    bool forget = false; // a send to take back (its outbox_forget failed)
   };
   void entry_landed(const std::string& record, const entry* failed);
+  void forget_entry(const std::string& record, entry e);
   void write_entry(const std::string& record, entry e);
   void failed(const std::string& key, std::string what, std::exception_ptr e);
   void claimed(durable_backend::claim_result r, std::uint32_t gen);
@@ -184,6 +195,8 @@ class durable_intake {
   struct unlanded {
     std::size_t in_flight = 0;
     std::vector<entry> failed{};
+    // Send ids taken back (their sends failed): never written again.
+    std::vector<std::string> forgotten{};
     bool settle_held = false;
     bool keep = false;
     std::string key{};

@@ -403,4 +403,21 @@ void redis_durable_backend::outbox_claim(std::string_view send_id,
     });
 }
 
+void redis_durable_backend::outbox_forget(std::string_view send_id,
+                                          completion<bool> done) {
+  // In the outbox script's batch (a "forget" in place of the TTL): after
+  // the claims issued before it, as the contract asks.
+  impl_->batch->submit(
+    true, {std::string{send_id}, "", "0", "forget"},
+    [done = std::move(done)](const redis_reply* r, std::exception_ptr e) {
+      if (!e)
+        e = reply_error("durable_outbox", *r);
+      if (!e && r->type != redis_reply::kind::integer)
+        e = bad_reply("durable_outbox", *r);
+      if (e)
+        return done(false, e);
+      done(r->integer > 0, nullptr);
+    });
+}
+
 } // namespace botmesh

@@ -30,8 +30,9 @@ CREATE TABLE IF NOT EXISTS durable_fences (
   key TEXT PRIMARY KEY, fence INTEGER NOT NULL, expires_at INTEGER NOT NULL);
 )sql";
 
-// Record states besides 0 (held), which the SQL writes literally.
-constexpr std::int64_t free_ = 1, done_ = 2;
+// Record states besides 0 (held), which the SQL writes literally; a
+// corrupted row (3) is kept out of the open ones until it expires.
+constexpr std::int64_t free_ = 1, done_ = 2, corrupted_ = 3;
 
 } // namespace
 
@@ -228,16 +229,23 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
         r.message = s.text(2);
         auto seq = s.int64(3);
         auto attempts = s.int64(4);
-        if (seq < 0 || attempts < 0)
-          throw error(errc::corrupted_record,
-                      fmt::format("durable_inbound row {}: negative seq or "
-                                  "attempts",
-                                  r.id));
+        if (seq < 0 || attempts < 0) {
+          // Taken out of the open records (named in `corrupted`), not
+          // thrown: the whole beat would fail with it, every beat, on
+          // every replica, and nothing else would be claimed.
+          out.corrupted.push_back(std::move(r.id));
+          continue;
+        }
         r.seq = static_cast<std::uint64_t>(seq);
         r.attempts = static_cast<std::uint32_t>(attempts);
         bool drop = r.attempts >= max_attempts;
         picked.emplace_back(std::move(r), drop);
       }
+    }
+    for (auto& id : out.corrupted) {
+      internal::stmt s{d, "UPDATE durable_inbound SET state = ? WHERE id = ?"};
+      s.bind(1, corrupted_).bind(2, id);
+      s.run();
     }
     for (auto& [r, drop] : picked) {
       if (drop) {
@@ -310,6 +318,16 @@ void sqlite_durable_backend::outbox_claim(std::string_view send_id,
     }
     tx.commit();
     return outbox_verdict::send;
+  });
+}
+
+void sqlite_durable_backend::outbox_forget(std::string_view send_id,
+                                           completion<bool> done) {
+  impl_->run<bool>(std::move(done), [i = impl_.get(),
+                                     id = std::string{send_id}] {
+    internal::stmt s{*i->db, "DELETE FROM durable_outbox WHERE id = ?"};
+    s.bind(1, id);
+    return s.run() > 0;
   });
 }
 

@@ -81,6 +81,9 @@ struct sync {
       b.outbox_claim(id, key, fence, ttl, std::move(done));
     });
   }
+  bool forget(std::string id) {
+    return wait<bool>([&](auto done) { b.outbox_forget(id, std::move(done)); });
+  }
 };
 
 inline std::vector<std::string> ids(const std::vector<journal_record>& rs) {
@@ -234,6 +237,38 @@ TEST_CASE_TEMPLATE_DEFINE("the outbox sends a send id once and refuses a "
   CHECK(s.send("t:2#m1/0", "t:2", 1) == dc::outbox_verdict::send);
 }
 
+TEST_CASE_TEMPLATE_DEFINE("a send taken back is sent again; the chat's fence "
+                          "stays",
+                          F, dc_outbox_forget) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  CHECK(s.send("t:1#m1/0", "t:1", 5) == dc::outbox_verdict::send);
+  CHECK(s.send("t:1#m1/1", "t:1", 5) == dc::outbox_verdict::send);
+  CHECK(s.forget("t:1#m1/0"));
+  CHECK_FALSE(s.forget("t:1#m1/0"));
+  CHECK_FALSE(s.forget("t:1#m9/0"));
+  CHECK(s.send("t:1#m1/0", "t:1", 5) == dc::outbox_verdict::send);
+  CHECK(s.send("t:1#m1/0", "t:1", 5) == dc::outbox_verdict::duplicate);
+  // The other send is kept, and so is the fence.
+  CHECK(s.send("t:1#m1/1", "t:1", 5) == dc::outbox_verdict::duplicate);
+  CHECK(s.forget("t:1#m1/1"));
+  CHECK(s.send("t:1#m1/1", "t:1", 4) == dc::outbox_verdict::fenced);
+  // Taken back right after its claim, issued without waiting for it: in
+  // the order issued.
+  std::promise<dc::outbox_verdict> first;
+  std::promise<bool> second;
+  b->outbox_claim("t:2#m1/0", "t:2", 1, std::chrono::seconds{60},
+                  [&](dc::outbox_verdict v, std::exception_ptr) {
+                    first.set_value(v);
+                  });
+  b->outbox_forget("t:2#m1/0",
+                   [&](bool r, std::exception_ptr) { second.set_value(r); });
+  CHECK(first.get_future().get() == dc::outbox_verdict::send);
+  CHECK(second.get_future().get());
+  CHECK(s.send("t:2#m1/0", "t:2", 1) == dc::outbox_verdict::send);
+}
+
 TEST_CASE_TEMPLATE_DEFINE("an outbox entry and a chat's fence are forgotten "
                           "after their TTL; a sender without coordination "
                           "(fence 0) is refused once a fence sent",
@@ -290,4 +325,5 @@ TEST_CASE_TEMPLATE_DEFINE("the same id recorded by two holders at once is "
   TEST_CASE_TEMPLATE_INVOKE(dc_attempts, F);                                   \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_ttl, F);                                 \
+  TEST_CASE_TEMPLATE_INVOKE(dc_outbox_forget, F);                              \
   TEST_CASE_TEMPLATE_INVOKE(dc_race, F)

@@ -451,6 +451,39 @@ TEST_CASE("with durability a first attempt's send whose outbox entry failed "
   CHECK(r.stats.outbox_skipped == 1);
 }
 
+TEST_CASE("with durability a send that timed out is made again by the "
+          "replay, not skipped as sent") {
+  for (bool first_attempt_ahead : {true, false}) {
+    CAPTURE(first_attempt_ahead);
+    auto g = std::make_shared<test::gated_backend>();
+    g->open();
+    if (!first_attempt_ahead) {
+      // A record taken over (second attempt): its sends wait for the
+      // outbox's verdict.
+      orphan(g->inner, msg("ana", "m1", "hola"));
+    }
+    auto p = std::make_shared<botmesh::testing_provider>();
+    test::error_log errors;
+    botmesh::bot b{{.provider = p, .durability = test::durable_over(g)}};
+    errors.attach(b);
+    std::atomic<int> runs{0};
+    b.on_message([&](botmesh::context& c) {
+      bool first = ++runs == 1;
+      p->fail_sends(first, errc::timeout); // the platform did not answer
+      c.reply("respuesta");
+    });
+    b.start();
+    if (first_attempt_ahead)
+      p->inject(msg("ana", "m1", "hola"));
+    REQUIRE(p->wait_for_sent(1, 5s));
+    CHECK(runs == 2);
+    CHECK(texts(*p) == std::vector<std::string>{"respuesta"});
+    CHECK(b.stats().outbox_skipped == 0);
+    CHECK(errors.count(errc::timeout) >= 1);
+    b.stop();
+  }
+}
+
 TEST_CASE("with durability a message refused because the bot stops is "
           "released and handled by the next replica") {
   auto backend = std::make_shared<botmesh::memory_durable_backend>();

@@ -123,6 +123,10 @@ class gated_backend final : public botmesh::durable_backend {
                     botmesh::errc::store_error, "simulated outbox failure")));
     inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
   }
+  void outbox_forget(std::string_view send_id,
+                     completion<bool> done) override {
+    inner.outbox_forget(send_id, std::move(done));
+  }
 };
 
 // An open gated backend whose journal writes fail until the test clears

@@ -8,9 +8,11 @@
 --   p:{durable:outbox}:fexp   zset  chat key -> expiry of its fence
 --
 -- KEYS[1] sent  KEYS[2] fence  KEYS[3] fexp
--- ARGV: four per send: send id, chat key, fence, ttl ms
+-- ARGV: four per send: send id, chat key, fence, ttl ms; or, to take a
+-- send back (it failed), send id, '', '0', 'forget'.
 -- Returns per send, in order: 1 (send), 0 (already sent), -1 (fenced: a
--- higher fence sent), or an error reply naming a damaged fence.
+-- higher fence sent), or an error reply naming a damaged fence; per
+-- forget, 1 when the entry was removed, else 0.
 -- Cost: O(log n) per send; in about one call of 8 also O(expired, at most
 -- 100).
 --
@@ -65,6 +67,10 @@ end
 
 local out = {}
 for i = 1, 4 * n, 4 do
-  out[#out + 1] = take(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+  if ARGV[i + 3] == 'forget' then
+    out[#out + 1] = redis.call('ZREM', KEYS[1], ARGV[i])
+  else
+    out[#out + 1] = take(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+  end
 end
 return out
