@@ -190,7 +190,9 @@ using handover_function = std::function<bool(const handover_info&, context&)>;
 /// every wait of non-persistent flows (like `.persistent()`), plus one when
 /// the first answer of a step arrives (see below); a fallback other than
 /// `drop` makes each conversation that cannot be serialized write two small
-/// records: a marker when it first waits and its removal when it ends.
+/// records: a marker when it first waits and its removal when it ends
+/// (and the marker again at a wait once half its `ttl` passed, so it does
+/// not lapse while the conversation lives).
 ///
 /// A cut step keeps its answer: when the first question of a step of a
 /// checkpointed flow gets its answer, the answer is written into the

@@ -42,9 +42,13 @@ struct flow_checkpoint {
   /// Ephemeral checkpoints expire at `expires_at` (handover of non-persistent flows).
   bool ephemeral = false;
   time_point expires_at{};
-  /// The answer the step already consumed when it was suspended, if any:
-  /// either embedded (when it fits the answer bound) or a journal reference.
+  /// The answer the step already consumed when it was suspended, if any
+  /// (embedded when it fits the answer bound).
   std::optional<inbound_message> saved_answer{};
+  /// `<provider>#<message id>` of the message whose turn wrote this
+  /// checkpoint: that message handled again (a journal record replayed)
+  /// is in it already and answers nothing more. Empty when the message
+  /// had no id.
   std::string answer_ref{};
   /// A waiting marker rather than a resumable position: a conversation that
   /// cannot be serialized (a coroutine, a state that is not plain JSON)

@@ -67,6 +67,14 @@ flow& flow::hears(botmesh::pattern p) {
 
 namespace {
 
+// A message's platform identity in a checkpoint's `answer_ref` (empty for
+// a message without an id: never taken for another).
+std::string message_ref(const inbound_message& m) {
+  if (m.id.empty())
+    return {};
+  return m.provider + "#" + m.id;
+}
+
 void check_step_name(const flow::definition& d, const std::string& step) {
   if (step.empty())
     throw invalid_argument_error("step", "flow " + d.name
@@ -510,11 +518,20 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     }
     return;
   }
-  // A marker is written once, at the first wait (or when it replaces an
+  // A marker is written at the first wait (or when it replaces an
   // ephemeral checkpoint that would resume a stale position); it goes at
-  // the end: two writes per conversation.
-  if (mode == cp_mode::marker && (c.marker || (!waiting && c.revision == 0)))
-    return;
+  // the end: two writes per conversation. Like an ephemeral checkpoint it
+  // lapses, so a wait that finds it in the second half of its life writes
+  // it again: a conversation that outlives the ttl keeps its marker.
+  if (mode == cp_mode::marker && (c.marker || (!waiting && c.revision == 0))) {
+    if (!c.marker || !waiting || !c.lapses_at)
+      return;
+    auto wait = c.ask_opts.timeout ? c.ask_opts.timeout->ms()
+                                   : std::chrono::milliseconds{0};
+    auto span = std::max(cfg_.ttl, wait);
+    if (*c.lapses_at - clock::system().now() >= span / 2)
+      return;
+  }
   fence(c);
   flow_checkpoint cp;
   cp.key = c.key;
@@ -541,6 +558,12 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
         cp.saved_answer = *saved;
     }
   }
+  // The message whose turn writes it: handled again (a journal record
+  // replayed after this write), it must not also answer what comes next.
+  // Not when its answer is left out (too large): handled again, the
+  // message answers the question this checkpoint waits at.
+  if (!saved || cp.saved_answer)
+    cp.answer_ref = message_ref(c.current);
   if (mode != cp_mode::full) {
     auto wait = waiting && c.ask_opts.timeout ? c.ask_opts.timeout->ms()
                                               : std::chrono::milliseconds{0};
@@ -554,8 +577,13 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     // (an answer after the ttl, a re-ask after a long wait): the store
     // forgot it, nobody wrote over it. Written as new; if another
     // conversation began meanwhile that write is refused too.
-    if (!rev && c.revision != 0 && lapsed(c))
+    if (!rev && c.revision != 0 && lapsed(c)) {
+      // The turn is checked again: the first write's round trip may have
+      // outlasted it, and another holder may have ended its own
+      // conversation since (a write as new would revive this one).
+      fence(c);
       rev = host_.flow_store().set_checkpoint_if(cp, 0);
+    }
   } catch (...) {
     uncertain(c.key); // it may have landed
     throw;
@@ -711,6 +739,12 @@ void flow_engine::drive(conversation& c) {
 }
 
 void flow_engine::finish(conversation& c, bool clear) {
+  // Ended without clearing (superseded, its turn lost, a store failure):
+  // the message that woke it is not routed as a new one either. Its
+  // effect would be made visible by a stale copy, and with durability the
+  // message is handled again anyway.
+  if (!clear && c.kept_used)
+    *c.kept_used = true;
   // A step whose turn ended (settle, lost lease) never clears: the
   // checkpoint belongs to whoever holds the chat now.
   bool left = looks_for_checkpoints() && (c.revision != 0 || c.superseded);
@@ -833,6 +867,11 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
     c.state = nlohmann::json::object(); // store encodings guarantee JSON
   }
   bool kept_used = true;
+  // This checkpoint was written in the turn of this very message (handled
+  // again: its record replayed after the write landed): the message is in
+  // it already, and answers nothing more. The step starts over where it
+  // waits (its question goes out again, unless the outbox knows it).
+  bool replayed = !cp->answer_ref.empty() && cp->answer_ref == message_ref(msg);
   if (cp->saved_answer) {
     // A cut step: its answer was saved, so it is not asked again; the
     // message that woke the conversation answers the next question --
@@ -846,7 +885,7 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
       kept_used = false;
       c.kept_used = &kept_used;
     }
-  } else if (cp->waiting && cp->question == 0) {
+  } else if (cp->waiting && cp->question == 0 && !replayed) {
     // Waiting at the step's first question: this message is its answer.
     // Otherwise the step starts over and asks its first question.
     c.preloaded = msg;

@@ -696,6 +696,37 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a coroutine conversation's marker costs "
   CHECK_FALSE(env.store->get_checkpoint("test:x"));
 }
 
+TEST_CASE_TEMPLATE_DEFINE("handover: a coroutine conversation that waits "
+                          "past its marker's ttl keeps its marker",
+                          Env, handover_27) {
+  using namespace test::handover;
+  Env env;
+  botmesh::handover_options h;
+  h.fallback = botmesh::handover_fallback::notify;
+  h.ttl = botmesh::duration{3s};
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  add_greeting(*a.bot);
+  add_greeting(*b.bot);
+  a.bot->start();
+  b.bot->start();
+  REQUIRE(a.say("hola", 1));
+  REQUIRE(eventually([&] { return env.store->checkpoint_writes.load() == 1; }));
+  // The second wait comes when less than half of the marker's life is
+  // left: written again.
+  std::this_thread::sleep_for(2s);
+  REQUIRE(a.say("Ana", 2));
+  CHECK(a.last() == "¿De dónde eres?");
+  REQUIRE(eventually([&] { return env.store->checkpoint_writes.load() == 2; }));
+  // Past the first write's ttl: the marker is still there for a taker.
+  std::this_thread::sleep_for(1600ms);
+  auto cp = env.store->get_checkpoint("test:x");
+  REQUIRE(cp);
+  CHECK(cp->marker);
+  REQUIRE(b.say("Lima", 1));
+  CHECK(b.last() == botmesh::text("en", "core.conversation.interrupted"));
+}
+
 TEST_CASE_TEMPLATE_DEFINE("handover: a step cut by settle keeps its answer; "
                           "the taker does not ask again and keeps the waking "
                           "message for the next question",
@@ -789,6 +820,39 @@ TEST_CASE_TEMPLATE_DEFINE("handover: the saved answer handled again (its "
   CHECK(b.last() == "3 x café a Calle 1");
 }
 
+TEST_CASE_TEMPLATE_DEFINE("handover: an answer handled again after its "
+                          "turn moved the conversation on (its message "
+                          "replayed) does not also answer the next question",
+                          Env, handover_26) {
+  using namespace test::handover;
+  Env env;
+  replica a{env, "a", forward()};
+  replica b{env, "b", forward()};
+  a.bot->add_flow(order_flow());
+  b.bot->add_flow(order_flow());
+  a.bot->start();
+  b.bot->start();
+  REQUIRE(a.say("pedido", 1));
+  botmesh::inbound_message cafe;
+  cafe.id = "m-cafe";
+  cafe.text = "café";
+  cafe.chat = cafe.sender = "x";
+  a.provider->inject(cafe);
+  REQUIRE(a.provider->wait_for_sent(2, 10s));
+  CHECK(a.last() == "¿Cantidad?");
+  // The checkpoint that waits at the next question: "café" is in it.
+  REQUIRE(waiting_at(env, "cantidad"));
+  // The same message reaches b (as a journal record whose confirm was
+  // lost is handled again): the step asks again, it is no quantity.
+  b.provider->inject(cafe);
+  REQUIRE(b.provider->wait_for_sent(1, 10s));
+  CHECK(b.last() == "¿Cantidad?");
+  REQUIRE(b.say("3", 2));
+  CHECK(b.last() == "¿Dirección?");
+  REQUIRE(b.say("Calle 1", 3));
+  CHECK(b.last() == "3 x café a Calle 1");
+}
+
 TEST_CASE_TEMPLATE_DEFINE("handover: an answer over max_answer_bytes is not "
                           "embedded and the cut step takes the next message",
                           Env, handover_12) {
@@ -803,6 +867,28 @@ TEST_CASE_TEMPLATE_DEFINE("handover: an answer over max_answer_bytes is not "
   CHECK(cp->step == "producto");
   REQUIRE(b.say("té", 1));
   CHECK(b.last() == "¿Cantidad?"); // "té" answered the product
+}
+
+TEST_CASE_TEMPLATE_DEFINE("handover: an answer too large to save, handled "
+                          "again (its message replayed), answers the question "
+                          "it was cut at",
+                          Env, handover_28) {
+  using namespace test::handover;
+  botmesh::handover_options h = forward();
+  h.max_answer_bytes = 256;
+  cut_step<Env> t{false, h};
+  replica& b = t.b;
+  botmesh::inbound_message big;
+  big.id = "m-big";
+  big.text = std::string(400, 'c');
+  auto cp = t.cut(big);
+  REQUIRE(cp);
+  CHECK_FALSE(cp->saved_answer);
+  CHECK(cp->step == "producto");
+  big.chat = big.sender = "x";
+  b.provider->inject(big);
+  REQUIRE(b.provider->wait_for_sent(1, 10s));
+  CHECK(b.last() == "¿Cantidad?"); // the replayed answer answered the product
 }
 
 TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write that fails is an "
@@ -1275,4 +1361,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write whose reply timed "
   TEST_CASE_TEMPLATE_INVOKE(handover_22, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_23, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_24, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_25, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_25, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_26, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_27, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_28, Env);
