@@ -891,6 +891,25 @@ TEST_CASE_TEMPLATE_DEFINE("handover: an answer too large to save, handled "
   CHECK(b.last() == "¿Cantidad?"); // the replayed answer answered the product
 }
 
+TEST_CASE_TEMPLATE_DEFINE("handover: a resume refused by the store (it "
+                          "moved on) sends nothing: the waking message is not "
+                          "routed as a new one either",
+                          Env, handover_29) {
+  using namespace test::handover;
+  cut_step<Env> t;
+  replica& b = t.b;
+  auto cp = t.cut("café");
+  REQUIRE(cp);
+  REQUIRE(cp->saved_answer);
+  // b resumes the cut step with "café" and keeps "3" for the next
+  // question; its first write finds the store moved on.
+  t.env.store->bump_next_write = true;
+  b.provider->inject("x", "3");
+  REQUIRE(eventually([&] { return b.errors_with(botmesh::errc::lease_lost) >= 1; }));
+  std::this_thread::sleep_for(200ms);
+  CHECK(b.provider->sent().empty());
+}
+
 TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write that fails is an "
                           "error event naming it; the chat goes on",
                           Env, handover_13) {
@@ -1364,4 +1383,5 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write whose reply timed "
   TEST_CASE_TEMPLATE_INVOKE(handover_25, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_26, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_27, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_28, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_28, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_29, Env);

@@ -42,6 +42,9 @@ class recording_store final : public botmesh::store {
   /// its way: it lands (on a thread of its own) once `hold_writes` is
   /// cleared, as a command whose reply timed out that the server runs late.
   std::atomic<bool> defer_next_write{false};
+  /// The next set_checkpoint_if finds the stored checkpoint rewritten just
+  /// before it (its revision moved on, as by another holder's write).
+  std::atomic<bool> bump_next_write{false};
 
   ~recording_store() override {
     hold_writes = false;
@@ -129,6 +132,9 @@ class recording_store final : public botmesh::store {
       throw botmesh::error(botmesh::errc::timeout,
                            "checkpoint write: no reply yet (it lands later)");
     }
+    if (bump_next_write.exchange(false))
+      if (auto cur = inner_->get_checkpoint(c.key))
+        inner_->set_checkpoint(*cur);
     auto lose = take_lost_reply();
     if (hold_writes.load()) {
       write_held = true;
