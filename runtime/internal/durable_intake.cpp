@@ -102,6 +102,21 @@ void durable_intake::start() {
 // durable_backend), so the chat's order is kept.
 void durable_intake::journal(std::string key, inbound_message msg,
                              delivery_callbacks cb) {
+  // No beat landed yet (the first one failed at start): a record written
+  // now would be held by a holder with no heartbeat, which another
+  // replica's beat takes over while this one handles it. Refused until a
+  // beat lands; the platform retries.
+  if (!beat_landed_.load()) {
+    ++journal_errors_;
+    host_.report(errc::store_error,
+                 fmt::format("message {} refused: durable processing has no "
+                             "heartbeat yet (its beats failed)",
+                             msg.id),
+                 key);
+    if (cb.accepted)
+      cb.accepted(errc::store_error);
+    return;
+  }
   journal_record rec;
   rec.id = journal_id(key, delivery_id(msg));
   rec.key = key;
@@ -308,6 +323,7 @@ void durable_intake::suspect(std::uint32_t gen) {
 // always counts as a gap: the old one's records are no longer known to be
 // held without one.
 void durable_intake::renewed(steady::rep sent, bool new_generation) {
+  beat_landed_ = true;
   auto until = sent
                + std::chrono::duration_cast<steady::duration>(lease_
                                                                - lease_ / 10)

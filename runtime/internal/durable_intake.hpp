@@ -212,6 +212,8 @@ class durable_intake {
   // the heartbeat valid, no other replica can have claimed a record held
   // here.
   std::atomic<std::uint64_t> hb_gaps_{0};
+  // Some beat landed (journal() refuses messages until then).
+  std::atomic<bool> beat_landed_{false};
 };
 
 } // namespace botmesh::internal

@@ -168,6 +168,43 @@ TEST_CASE("with durability a failed journal write refuses the message with "
   REQUIRE(p->wait_for_sent(1, 5s));
 }
 
+TEST_CASE("with durability a bot whose first beat failed refuses messages "
+          "until a beat lands: no record is held without a heartbeat") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  backend->fail_beats = true;
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = test::durable_over(backend)}};
+  errors.attach(b);
+  b.on_message([&](botmesh::context& c) { c.reply("ok"); });
+  b.start();
+  std::atomic<int> code{-1};
+  p->inject(msg("ana", "m1", "hola"),
+            {.accepted = [&](errc e) { code = static_cast<int>(e); },
+             .turn_ended = {}});
+  REQUIRE(test::eventually([&] { return code != -1; }));
+  CHECK(code == static_cast<int>(errc::store_error));
+  REQUIRE(test::eventually([&] { return errors.count(errc::store_error) >= 2; }));
+  bool named = false;
+  for (auto& e : errors.all())
+    named = named || e.what.find("no heartbeat") != std::string::npos;
+  CHECK(named);
+  CHECK(backend->inner.size() == 0); // nothing recorded
+  // A beat lands (every 100 ms here): the platform's retry is handled.
+  backend->fail_beats = false;
+  REQUIRE(test::eventually([&] {
+    auto c = std::make_shared<std::atomic<int>>(-1);
+    p->inject(msg("ana", "m1", "hola"),
+              {.accepted = [c](errc e) { *c = static_cast<int>(e); },
+               .turn_ended = {}});
+    test::eventually([&] { return *c != -1; });
+    return *c == static_cast<int>(errc::none);
+  }));
+  REQUIRE(p->wait_for_sent(1, 5s));
+  b.stop();
+}
+
 TEST_CASE("with a shared durable backend the same platform id delivered to "
           "two replicas at once is handled once") {
   botmesh::memory_coordination_hub hub;
