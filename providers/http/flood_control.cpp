@@ -71,6 +71,22 @@ struct flood_control::impl {
     return w;
   }
 
+  // Under mtx: takes one message's tokens if it may go now; otherwise
+  // takes nothing and returns how long until it may.
+  steady::duration take_locked(std::string_view chat, bool group,
+                               steady::time_point now) {
+    auto& b = chats[std::string{chat}];
+    auto w = wait_locked(b, group, now);
+    if (w != steady::duration::zero())
+      return w;
+    if (lim.per_bot_per_second > 0)
+      global.tokens -= 1;
+    if (chat_rate(group) > 0)
+      b.tokens -= 1;
+    prune(now);
+    return w;
+  }
+
   // Amortized: a sweep runs once the map doubled since the last one left
   // it, so with many chats still refilling each send does not walk them all.
   void prune(steady::time_point now) {
@@ -114,19 +130,17 @@ bool flood_control::acquire(std::string_view chat, bool group,
   for (;;) {
     if (stop.stop_requested())
       return false;
-    auto now = steady::now();
-    auto& b = i.chats[std::string{chat}];
-    auto w = i.wait_locked(b, group, now);
-    if (w == steady::duration::zero()) {
-      if (i.lim.per_bot_per_second > 0)
-        i.global.tokens -= 1;
-      if (i.chat_rate(group) > 0)
-        b.tokens -= 1;
-      i.prune(now);
+    auto w = i.take_locked(chat, group, steady::now());
+    if (w == steady::duration::zero())
       return true;
-    }
     i.cv.wait_for(guard, w);
   }
+}
+
+bool flood_control::try_acquire(std::string_view chat, bool group) {
+  auto& i = *impl_;
+  std::lock_guard guard{i.mtx};
+  return i.take_locked(chat, group, steady::now()) == steady::duration::zero();
 }
 
 std::chrono::milliseconds flood_control::wait_time(std::string_view chat,

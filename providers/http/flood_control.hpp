@@ -57,6 +57,10 @@ class flood_control {
   /// when the buckets have tokens.
   bool acquire(std::string_view chat, bool group, std::stop_token stop = {});
 
+  /// Takes one message's tokens if the buckets have them now; false (and
+  /// nothing taken) when `acquire` would wait.
+  bool try_acquire(std::string_view chat, bool group);
+
   /// How long `acquire` would wait now (for tests and metrics).
   std::chrono::milliseconds wait_time(std::string_view chat, bool group);
 

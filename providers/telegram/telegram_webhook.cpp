@@ -361,7 +361,16 @@ void webhook_provider::send(const outgoing_message& msg,
                             i.opts.id, msg.chat));
   if (i.opts.reply_in_webhook && !msg.reply_to.empty()) {
     auto call = internal::to_method_call(msg); // validates first
-    if (auto p = i.take_held(msg)) {
+    auto to = internal::split_chat(msg.chat);
+    auto p = i.take_held(msg);
+    // A reply in the answer counts against the platform's limits like any
+    // other: when the buckets say wait, the held update is answered empty
+    // and the reply goes through the API, which waits for them.
+    if (p && !i.flood.try_acquire(to.chat_id, to.group())) {
+      p->r.respond(200);
+      p = nullptr;
+    }
+    if (p) {
       if (p->r.respond({.status = 200,
                         .body = internal::to_webhook_answer(call),
                         .content_type = "application/json"})) {

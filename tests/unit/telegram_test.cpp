@@ -436,6 +436,29 @@ TEST_CASE("with reply in webhook the first reply goes back in the webhook "
   CHECK(api->calls("sendMessage").size() == 1);
 }
 
+TEST_CASE("with reply in webhook a reply the flood control would hold back "
+          "goes through the Bot API, after its wait, not in the response") {
+  auto api = test::fake_telegram();
+  auto o = options(*api);
+  o.reply_in_webhook = true;
+  o.flood.per_chat_per_second = 1; // one message a second to a chat
+  o.flood.per_chat_burst = 1;
+  auto p = std::make_shared<tg::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  bot.on_message([](botmesh::context& c) { c.reply("eco " + c.text()); });
+  bot.start();
+  auto post = poster_for(*p);
+  auto first = post.post(test::tg_text_update(1, 42, "uno"));
+  CHECK(first.body.find("eco uno") != std::string::npos);
+  // At once after: the chat's bucket is empty.
+  auto second = post.post(test::tg_text_update(2, 42, "dos"));
+  CHECK(second.status == 200);
+  CHECK(second.body.empty());
+  REQUIRE(api->wait_for_calls("sendMessage", 1));
+  CHECK(api->calls("sendMessage")[0].body.find("eco dos") != std::string::npos);
+  CHECK(p->stats().replies_in_webhook == 1);
+}
+
 TEST_CASE("replies to a forum topic, in the webhook response and through the "
           "Bot API, name the topic") {
   auto api = test::fake_telegram();
