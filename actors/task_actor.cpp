@@ -317,6 +317,33 @@ void finish(task_actor* self, bool retry = false) {
   reply_if_idle(self);
 }
 
+// Gives claim `token` back untouched, keeping an interrupted slot's mark
+// (its owner and first claim time, which a commit would clear): its lease
+// is cut to a millisecond, so the next claim takes it over at once, as
+// interrupted. `then` runs once the store answered (refused or failed: the
+// claim lapses with its lease, and keeps the mark all the same).
+template <class Then>
+void cut_lease(task_actor* self, std::uint64_t token, Then then) {
+  auto& st = self->state;
+  auto* eng = st.eng.get();
+  auto id = st.t->stored_id;
+  auto now = eng->now();
+  st.ph = phase::committing;
+  store_io<bool>(
+    self,
+    [=](scheduler_engine& e) {
+      return e.store->renew(id, e.owner, token, now, ms{1});
+    },
+    [=](async_schedule_store& a, scheduler_engine& e, auto done) {
+      a.renew_async(id, e.owner, token, now, ms{1}, std::move(done));
+    },
+    [=](bool, const std::string& failure) {
+      if (!failure.empty())
+        eng->log_failure(fmt::format("handing back {} failed: {}", id, failure));
+      then();
+    });
+}
+
 void run_ended(task_actor* self, std::size_t ran) {
   auto& st = self->state;
   auto* eng = st.eng.get();
@@ -335,6 +362,13 @@ void run_ended(task_actor* self, std::size_t ran) {
       finish(self, true);
       return;
     }
+  }
+  if (ran == 0 && st.claim.interrupted && !st.run->plan.slots.empty()) {
+    // Stopped before its slot started: given back with its mark, as a
+    // claim handed back on its way is (a commit of the same slot would
+    // have the next claimer judge it missed).
+    cut_lease(self, st.claim.token, [self] { finish(self, true); });
+    return;
   }
   auto end = eng->now();
   auto o = after_run(st, ran, end);
@@ -428,6 +462,7 @@ void start_run(task_actor* self) {
 }
 
 void hand_back(task_actor* self, schedule_claim claim);
+
 void run_claimed(task_actor* self, schedule_claim claim, time_point claimed_at,
                  time_point held_from);
 void confirm_late(task_actor* self, schedule_claim claim, time_point now,
@@ -522,27 +557,8 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
 void hand_back(task_actor* self, schedule_claim claim) {
   auto& st = self->state;
   if (claim.interrupted) {
-    auto* eng = st.eng.get();
-    auto id = st.t->stored_id;
-    auto token = claim.token;
-    auto now = eng->now();
-    st.ph = phase::committing;
-    store_io<bool>(
-      self,
-      [=](scheduler_engine& e) {
-        return e.store->renew(id, e.owner, token, now, ms{1});
-      },
-      [=](async_schedule_store& a, scheduler_engine& e, auto done) {
-        a.renew_async(id, e.owner, token, now, ms{1}, std::move(done));
-      },
-      [=](bool, const std::string& failure) {
-        // Refused or failed: the claim lapses with its lease, and keeps
-        // the mark all the same.
-        if (!failure.empty())
-          eng->log_failure(fmt::format("handing back {} failed: {}", id,
-                                       failure));
-        claim_again_later(self, eng->now());
-      });
+    cut_lease(self, claim.token,
+              [self] { claim_again_later(self, self->state.eng->now()); });
     return;
   }
   st.claim = std::move(claim);
