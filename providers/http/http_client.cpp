@@ -162,9 +162,11 @@ struct client::impl {
     throw error(errc::provider_error, what);
   }
 
-  std::unique_ptr<connection> open(const url_parts& u, steady::time_point deadline) {
+  std::unique_ptr<connection> open(const url_parts& u, steady::time_point deadline,
+                                   std::stop_token stop) {
     auto c = std::make_unique<connection>();
     beast::error_code ec;
+    // (A name lookup is not cut by a stop: getaddrinfo cannot be.)
     tcp::resolver resolver{c->ioc};
     auto endpoints = resolver.resolve(u.host, std::to_string(u.port), ec);
     if (ec)
@@ -173,6 +175,17 @@ struct client::impl {
       c->secure.emplace(c->ioc, tls);
     else
       c->plain.emplace(c->ioc);
+    // A stop cuts the connect and the TLS handshake as it cuts a request:
+    // a cancel posted to the connection's io_context (a stop between the
+    // two stays queued and cuts the next).
+    std::optional<std::stop_callback<std::function<void()>>> on_stop;
+    if (stop.stop_possible())
+      on_stop.emplace(stop, std::function<void()>{[conn = c.get()] {
+                        net::post(conn->ioc,
+                                  [conn] { conn->lowest().cancel(); });
+                      }});
+    if (stop.stop_requested())
+      fail(u, "connect", net::error::operation_aborted);
     auto connect_by = std::min(deadline, steady::now() + opts.connect_timeout.ms());
     c->lowest().expires_at(connect_by);
     ec = run(*c, [&](auto h) { c->lowest().async_connect(endpoints, h); });
@@ -230,10 +243,21 @@ struct client::impl {
   // A pooled connection (reused = true) or a new one; waits while the host
   // has max_connections_per_host in use.
   std::unique_ptr<connection> acquire(const std::string& key, const url_parts& u,
-                                      steady::time_point deadline, bool& reused) {
+                                      steady::time_point deadline,
+                                      std::stop_token stop, bool& reused) {
+    // A stop wakes a wait for a free connection.
+    std::stop_callback wake{stop, [this] {
+                              std::lock_guard g{mtx};
+                              cv.notify_all();
+                            }};
     std::unique_lock guard{mtx};
     auto& pool = pools[key];
     for (;;) {
+      if (stop.stop_requested())
+        throw error(errc::stopped,
+                    fmt::format("http {}:{}: stopped while waiting for a "
+                                "connection",
+                                u.host, u.port));
       auto now = steady::now();
       while (!pool.idle.empty()) {
         auto c = std::move(pool.idle.back());
@@ -252,7 +276,7 @@ struct client::impl {
         guard.unlock();
         try {
           reused = false;
-          return open(u, deadline);
+          return open(u, deadline, stop);
         } catch (...) {
           guard.lock();
           --pool.open;
@@ -384,7 +408,7 @@ client_response client::request(const client_request& req) {
   auto key = fmt::format("{}://{}:{}", u.tls ? "https" : "http", u.host, u.port);
   for (int attempt = 0;; ++attempt) {
     bool reused = false;
-    auto c = i.acquire(key, u, deadline, reused);
+    auto c = i.acquire(key, u, deadline, req.stop, reused);
     if (reused)
       ++i.n_reused;
     bool answer_started = false;

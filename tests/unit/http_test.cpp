@@ -228,6 +228,70 @@ TEST_CASE("a stop requested before the answer is read stops the request at "
   }
 }
 
+TEST_CASE("a stop cuts a request that waits for a free connection to its "
+          "host") {
+  http::server s;
+  silent_route slow{s, "/slow"};
+  s.start();
+  http::client c{{.max_connections_per_host = 1}};
+  std::stop_source first_stop;
+  auto first = std::async(std::launch::async, [&] {
+    try {
+      c.request({.url = s.url() + "/slow", .body = "{}", .timeout = 20s,
+                 .stop = first_stop.get_token()});
+    } catch (const botmesh::error&) {
+      // stopped at the end of the test
+    }
+  });
+  std::this_thread::sleep_for(100ms); // the only connection is in use
+  std::stop_source stop;
+  auto second = std::async(std::launch::async, [&] {
+    try {
+      c.request({.url = s.url() + "/slow", .body = "{}", .timeout = 20s,
+                 .stop = stop.get_token()});
+      return std::string{"answered"};
+    } catch (const botmesh::error& e) {
+      return std::string{botmesh::to_string(e.code())};
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  stop.request_stop();
+  REQUIRE(second.wait_for(10s) == std::future_status::ready);
+  CHECK(second.get() == "stopped");
+  first_stop.request_stop();
+  first.get();
+}
+
+TEST_CASE("a stop cuts a TLS handshake the server never answers") {
+  // A listener that never accepts: the kernel completes the TCP handshake,
+  // nobody speaks TLS.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(fd, 8) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  auto url = "https://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/x";
+  http::client c{{.connect_timeout = "20s"}};
+  std::stop_source stop;
+  auto call = std::async(std::launch::async, [&] {
+    try {
+      c.request({.url = url, .body = "{}", .timeout = 20s,
+                 .stop = stop.get_token()});
+      return std::string{"answered"};
+    } catch (const botmesh::error& e) {
+      return std::string{botmesh::to_string(e.code())};
+    }
+  });
+  std::this_thread::sleep_for(200ms);
+  stop.request_stop();
+  REQUIRE(call.wait_for(10s) == std::future_status::ready);
+  CHECK(call.get() == "stopped");
+  ::close(fd);
+}
+
 TEST_CASE("the HTTP client reports a refused connection as a provider error "
           "and a bad URL as an invalid argument") {
   std::uint16_t port;
