@@ -31,6 +31,8 @@ struct client_request {
   std::chrono::milliseconds timeout{0};
   /// Cancels the request from another thread (a long poll when its
   /// provider stops): it then throws `botmesh::error` with `errc::stopped`.
+  /// It cuts the wait for a free connection, the connect, the TLS
+  /// handshake, the write and the read; not a name lookup in progress.
   std::stop_token stop{};
   /// Whether sending it twice does no harm (a long poll, a read). A request
   /// that failed on a pooled connection after it was written is resent
