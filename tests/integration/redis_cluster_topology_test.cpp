@@ -265,10 +265,12 @@ TEST_CASE("cluster topology: a subscription whose node was killed moves to "
     channel = test::unique_prefix("sub");
     master = test::master_of(redis_client::key_slot(channel));
   } while (master.address == test::seed_address());
-  redis_client c{test::cluster_options()};
+  // Before the client: its subscription's thread writes them until the
+  // client is gone.
   std::mutex mtx;
   std::vector<std::string> heard;
   std::atomic<int> subscribed{0};
+  redis_client c{test::cluster_options()};
   c.subscribe(
     channel,
     [&](std::string_view p) {

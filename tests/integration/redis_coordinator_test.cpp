@@ -176,9 +176,11 @@ TEST_CASE("a grant is published only on the channel of the replica that "
   redis_coordinator_factory f;
   auto a = f.make("a");
   auto b = f.make("b");
-  botmesh::redis_client sub_client{{.url = test::redis_url()}};
+  // Before the client: its subscriptions' threads write them until the
+  // client is gone.
   std::mutex mtx;
   std::vector<std::string> seen;
+  botmesh::redis_client sub_client{{.url = test::redis_url()}};
   sub_client.subscribe(f.prefix + ":co:wake:" + a->incarnation(),
                        [&](std::string_view p) {
                          std::lock_guard guard{mtx};

@@ -438,11 +438,13 @@ bool until(const std::function<bool()>& pred, std::chrono::milliseconds timeout)
 TEST_CASE("a subscription on a server that stops answering is made anew "
           "once it answers again, and hears what is published then") {
   test::redis_process server;
-  botmesh::redis_client c{{.url = server.url(), .command_timeout = "300ms",
-                           .max_backoff = "100ms"}};
+  // Before the client: its subscription's thread writes them until the
+  // client is gone.
   std::atomic<int> subscribed{0};
   std::mutex mtx;
   std::vector<std::string> heard;
+  botmesh::redis_client c{{.url = server.url(), .command_timeout = "300ms",
+                           .max_backoff = "100ms"}};
   c.subscribe(
     "bm-quiet",
     [&](std::string_view m) {
