@@ -30,6 +30,17 @@ std::exception_ptr bad_reply(std::string_view what, const redis_reply& r) {
     fmt::format("{}: unexpected Redis reply of type {}", what, to_string(r.type))));
 }
 
+// One operation's reply in a batch: the error to complete it with (the
+// batch's, an error reply, or a reply that is no integer), or null.
+std::exception_ptr integer_or_error(std::string_view what, const redis_reply* r,
+                                    std::exception_ptr e) {
+  if (!e)
+    e = reply_error(what, *r);
+  if (!e && r->type != redis_reply::kind::integer)
+    e = bad_reply(what, *r);
+  return e;
+}
+
 std::uint64_t to_u64(std::string_view what, std::string_view s) {
   std::uint64_t v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
@@ -299,12 +310,8 @@ void redis_durable_backend::record(journal_record rec, std::string_view holder,
     {"r", std::move(rec.id), std::move(rec.key), std::move(rec.message),
      std::string{holder}, std::to_string(ttl.count())},
     [done = std::move(done)](const redis_reply* r, std::exception_ptr e) {
-      if (!e)
-        e = reply_error("durable_journal (record)", *r);
-      if (!e && r->type != redis_reply::kind::integer)
-        e = bad_reply("durable_journal (record)", *r);
-      if (e)
-        return done(journal_put::duplicate, e);
+      if (auto x = integer_or_error("durable_journal (record)", r, e))
+        return done(journal_put::duplicate, x);
       done(r->integer == 0 ? journal_put::duplicate : journal_put::recorded,
            nullptr);
     });
@@ -316,10 +323,7 @@ void settle(op_batcher& b, std::string_view id, std::string_view holder,
             const char* mode, durable_backend::completion<bool> done) {
   b.submit(false, {mode, std::string{id}, std::string{holder}},
            [done = std::move(done)](const redis_reply* r, std::exception_ptr e) {
-             if (!e)
-               e = reply_error("durable_journal (settle)", *r);
-             if (!e && r->type != redis_reply::kind::integer)
-               e = bad_reply("durable_journal (settle)", *r);
+             e = integer_or_error("durable_journal (settle)", r, e);
              done(!e && r->integer == 1, e);
            });
 }
@@ -390,12 +394,8 @@ void redis_durable_backend::outbox_claim(std::string_view send_id,
     {std::string{send_id}, std::string{key}, std::to_string(fence),
      std::to_string(ttl.count())},
     [done = std::move(done)](const redis_reply* r, std::exception_ptr e) {
-      if (!e)
-        e = reply_error("durable_outbox", *r);
-      if (!e && r->type != redis_reply::kind::integer)
-        e = bad_reply("durable_outbox", *r);
-      if (e)
-        return done(outbox_verdict::fenced, e);
+      if (auto x = integer_or_error("durable_outbox", r, e))
+        return done(outbox_verdict::fenced, x);
       done(r->integer > 0    ? outbox_verdict::send
            : r->integer == 0 ? outbox_verdict::duplicate
                              : outbox_verdict::fenced,
@@ -410,12 +410,8 @@ void redis_durable_backend::outbox_forget(std::string_view send_id,
   impl_->batch->submit(
     true, {std::string{send_id}, "", "0", "forget"},
     [done = std::move(done)](const redis_reply* r, std::exception_ptr e) {
-      if (!e)
-        e = reply_error("durable_outbox", *r);
-      if (!e && r->type != redis_reply::kind::integer)
-        e = bad_reply("durable_outbox", *r);
-      if (e)
-        return done(false, e);
+      if (auto x = integer_or_error("durable_outbox", r, e))
+        return done(false, x);
       done(r->integer > 0, nullptr);
     });
 }

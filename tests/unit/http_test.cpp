@@ -97,6 +97,16 @@ http::client_request get(const http::server& s, std::string path) {
   return {.method = "GET", .url = s.url() + path};
 }
 
+/// "answered", or the code of the error `c.request(req)` threw.
+std::string outcome(http::client& c, const http::client_request& req) {
+  try {
+    c.request(req);
+    return "answered";
+  } catch (const botmesh::error& e) {
+    return std::string{botmesh::to_string(e.code())};
+  }
+}
+
 } // namespace
 
 TEST_CASE("the HTTP server routes by method and exact path and answers "
@@ -236,23 +246,15 @@ TEST_CASE("a stop cuts a request that waits for a free connection to its "
   http::client c{{.max_connections_per_host = 1}};
   std::stop_source first_stop;
   auto first = std::async(std::launch::async, [&] {
-    try {
-      c.request({.url = s.url() + "/slow", .body = "{}", .timeout = 20s,
-                 .stop = first_stop.get_token()});
-    } catch (const botmesh::error&) {
-      // stopped at the end of the test
-    }
+    // (stopped at the end of the test)
+    return outcome(c, {.url = s.url() + "/slow", .body = "{}", .timeout = 20s,
+                       .stop = first_stop.get_token()});
   });
   std::this_thread::sleep_for(100ms); // the only connection is in use
   std::stop_source stop;
   auto second = std::async(std::launch::async, [&] {
-    try {
-      c.request({.url = s.url() + "/slow", .body = "{}", .timeout = 20s,
-                 .stop = stop.get_token()});
-      return std::string{"answered"};
-    } catch (const botmesh::error& e) {
-      return std::string{botmesh::to_string(e.code())};
-    }
+    return outcome(c, {.url = s.url() + "/slow", .body = "{}", .timeout = 20s,
+                       .stop = stop.get_token()});
   });
   std::this_thread::sleep_for(100ms);
   stop.request_stop();
@@ -277,13 +279,8 @@ TEST_CASE("a stop cuts a TLS handshake the server never answers") {
   http::client c{{.connect_timeout = "20s"}};
   std::stop_source stop;
   auto call = std::async(std::launch::async, [&] {
-    try {
-      c.request({.url = url, .body = "{}", .timeout = 20s,
-                 .stop = stop.get_token()});
-      return std::string{"answered"};
-    } catch (const botmesh::error& e) {
-      return std::string{botmesh::to_string(e.code())};
-    }
+    return outcome(c, {.url = url, .body = "{}", .timeout = 20s,
+                       .stop = stop.get_token()});
   });
   std::this_thread::sleep_for(200ms);
   stop.request_stop();
