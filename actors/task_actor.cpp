@@ -548,12 +548,9 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
 }
 
 // Given up while the claim was on its way: the slot goes back untouched
-// (the commit is refused if a newer claim exists). An interrupted slot
-// keeps its mark: a commit would clear it, and whoever claims it next
-// would judge it by their own clock, as missed (and skip it under
-// `missed_policy::skip`) though it started on time. Its lease is cut to a
-// millisecond instead, so the next claim takes it over at once, as
-// interrupted.
+// (the commit is refused if a newer claim exists); an interrupted one by
+// cut_lease, which keeps its mark (committed, the next claimer would judge
+// it missed, and skip it under `missed_policy::skip`).
 void hand_back(task_actor* self, schedule_claim claim) {
   auto& st = self->state;
   if (claim.interrupted) {

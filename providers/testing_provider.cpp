@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -15,8 +16,7 @@ struct testing_provider::impl {
   mutable std::condition_variable cv;
   provider_host* host = nullptr;
   provider_state state = provider_state::closed;
-  bool fail = false;
-  errc fail_code = errc::provider_error;
+  std::optional<errc> fail; // what sends fail with, while set
   std::size_t starts = 0;
   std::vector<outgoing_message> sent;
 };
@@ -84,7 +84,7 @@ void testing_provider::send(const outgoing_message& msg) {
                 fmt::format("testing provider {}: transport is {}",
                             impl_->opts.id, to_string(impl_->state)));
   if (impl_->fail)
-    throw error(impl_->fail_code,
+    throw error(*impl_->fail,
                 fmt::format("testing provider {}: send to {} failed (simulated)",
                             impl_->opts.id, msg.chat));
   impl_->sent.push_back(msg);
@@ -152,8 +152,7 @@ void testing_provider::set_state(provider_state s) {
 
 void testing_provider::fail_sends(bool on, errc code) {
   std::lock_guard guard{impl_->mtx};
-  impl_->fail = on;
-  impl_->fail_code = code;
+  impl_->fail = on ? std::optional{code} : std::nullopt;
 }
 
 void testing_provider::close_input() {

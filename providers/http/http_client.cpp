@@ -129,6 +129,18 @@ beast::error_code run(connection& c, Start&& start) {
   return result;
 }
 
+// While it lives, a stop cancels `c`'s socket operations on the thread
+// running them (posting to its io_context is thread-safe); a stop between
+// two operations leaves the cancel queued, and it cuts the next one.
+using cancel_on_stop = std::optional<std::stop_callback<std::function<void()>>>;
+
+void arm_cancel(cancel_on_stop& out, connection& c, std::stop_token stop) {
+  if (stop.stop_possible())
+    out.emplace(stop, std::function<void()>{[conn = &c] {
+                  net::post(conn->ioc, [conn] { conn->lowest().cancel(); });
+                }});
+}
+
 struct host_pool {
   std::vector<std::unique_ptr<connection>> idle;
   std::size_t open = 0;
@@ -175,15 +187,9 @@ struct client::impl {
       c->secure.emplace(c->ioc, tls);
     else
       c->plain.emplace(c->ioc);
-    // A stop cuts the connect and the TLS handshake as it cuts a request:
-    // a cancel posted to the connection's io_context (a stop between the
-    // two stays queued and cuts the next).
-    std::optional<std::stop_callback<std::function<void()>>> on_stop;
-    if (stop.stop_possible())
-      on_stop.emplace(stop, std::function<void()>{[conn = c.get()] {
-                        net::post(conn->ioc,
-                                  [conn] { conn->lowest().cancel(); });
-                      }});
+    // A stop cuts the connect and the TLS handshake as it cuts a request.
+    cancel_on_stop on_stop;
+    arm_cancel(on_stop, *c, stop);
     if (stop.stop_requested())
       fail(u, "connect", net::error::operation_aborted);
     auto connect_by = std::min(deadline, steady::now() + opts.connect_timeout.ms());
@@ -324,13 +330,8 @@ struct client::impl {
     out.keep_alive(true);
     out.prepare_payload();
     c.lowest().expires_at(deadline);
-    // A stop request cancels the socket's operations on the thread running
-    // them (posting to its io_context is thread-safe).
-    std::optional<std::stop_callback<std::function<void()>>> on_stop;
-    if (req.stop.stop_possible())
-      on_stop.emplace(req.stop, std::function<void()>{[&c] {
-                        net::post(c.ioc, [&c] { c.lowest().cancel(); });
-                      }});
+    cancel_on_stop on_stop;
+    arm_cancel(on_stop, c, req.stop);
     ec = run(c, [&](auto h) { bhttp::async_write(stream, out, h); });
     if (ec)
       return {};

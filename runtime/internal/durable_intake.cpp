@@ -1,6 +1,5 @@
 #include <botmesh/runtime/internal/durable_intake.hpp>
 
-#include <algorithm>
 #include <future>
 
 #include <fmt/format.h>
@@ -208,9 +207,7 @@ void durable_intake::entry_landed(const std::string& record,
       // (it may still land: a call that failed on its way) is taken back
       // again instead.
       auto e = *failed;
-      if (std::find(u.forgotten.begin(), u.forgotten.end(), e.send_id)
-          != u.forgotten.end())
-        e.forget = true;
+      e.forget = e.forget || u.forgot(e.send_id);
       u.failed.push_back(std::move(e));
     }
     if (u.in_flight > 0 || !u.failed.empty())
@@ -246,18 +243,14 @@ void durable_intake::write_entry(const std::string& record, entry e) {
           bool forgotten = false;
           {
             std::lock_guard guard{mtx_};
-            if (auto i = unlanded_.find(record); i != unlanded_.end()) {
-              auto& f = i->second.forgotten;
-              forgotten = std::find(f.begin(), f.end(), e.send_id) != f.end();
+            if (auto i = unlanded_.find(record);
+                i != unlanded_.end() && i->second.forgot(e.send_id)) {
+              forgotten = true;
+              ++i->second.in_flight;
             }
           }
-          if (forgotten) {
-            {
-              std::lock_guard guard{mtx_};
-              ++unlanded_[record].in_flight;
-            }
+          if (forgotten)
             forget_entry(record, entry{e.send_id, e.key, e.fence, true});
-          }
           entry_landed(record, nullptr);
         }
         finished();

@@ -5,6 +5,7 @@
 // releasing at the end of a turn, the beat that takes over free and
 // orphaned records, and the outbox check before each send.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -197,6 +198,10 @@ class durable_intake {
     std::vector<entry> failed{};
     // Send ids taken back (their sends failed): never written again.
     std::vector<std::string> forgotten{};
+    bool forgot(const std::string& send_id) const {
+      return std::find(forgotten.begin(), forgotten.end(), send_id)
+             != forgotten.end();
+    }
     bool settle_held = false;
     bool keep = false;
     std::string key{};
