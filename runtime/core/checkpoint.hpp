@@ -45,7 +45,7 @@ struct flow_checkpoint {
   /// The answer the step already consumed when it was suspended, if any
   /// (embedded when it fits the answer bound).
   std::optional<inbound_message> saved_answer{};
-  /// `<provider>#<message id>` of the message whose turn wrote this
+  /// `<provider>#<delivery id>` of the message whose turn wrote this
   /// checkpoint: that message handled again (a journal record replayed)
   /// is in it already and answers nothing more. Empty when the message
   /// had no id.

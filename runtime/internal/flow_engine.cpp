@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <botmesh/runtime/core/internal/delivery_id.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/json.hpp>
 #include <botmesh/runtime/texts.hpp>
@@ -68,11 +69,13 @@ flow& flow::hears(botmesh::pattern p) {
 namespace {
 
 // A message's platform identity in a checkpoint's `answer_ref` (empty for
-// a message without an id: never taken for another).
+// a message without an id: never taken for another). Keyed as the
+// duplicate checks are (delivery_id): an edit shares its original's id but
+// is a message of its own, which answers what it finds.
 std::string message_ref(const inbound_message& m) {
   if (m.id.empty())
     return {};
-  return m.provider + "#" + m.id;
+  return m.provider + "#" + internal::delivery_id(m);
 }
 
 void check_step_name(const flow::definition& d, const std::string& step) {

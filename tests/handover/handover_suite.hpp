@@ -853,6 +853,37 @@ TEST_CASE_TEMPLATE_DEFINE("handover: an answer handled again after its "
   CHECK(b.last() == "3 x café a Calle 1");
 }
 
+TEST_CASE_TEMPLATE_DEFINE("handover: an edit of the message whose turn wrote "
+                          "the checkpoint is a message of its own: it answers "
+                          "the question the checkpoint waits at",
+                          Env, handover_30) {
+  using namespace test::handover;
+  Env env;
+  replica a{env, "a", forward()};
+  replica b{env, "b", forward()};
+  a.bot->add_flow(order_flow());
+  b.bot->add_flow(order_flow());
+  a.bot->start();
+  b.bot->start();
+  REQUIRE(a.say("pedido", 1));
+  botmesh::inbound_message cafe;
+  cafe.id = "m-cafe";
+  cafe.text = "café";
+  cafe.chat = cafe.sender = "x";
+  a.provider->inject(cafe);
+  REQUIRE(a.provider->wait_for_sent(2, 10s));
+  REQUIRE(waiting_at(env, "cantidad"));
+  // The user edits "café" into "3" (same message id, an edit id of its
+  // own): on b it answers the quantity.
+  auto edit = cafe;
+  edit.text = "3";
+  edit.edited = true;
+  edit.edit_id = "e-1";
+  b.provider->inject(edit);
+  REQUIRE(b.provider->wait_for_sent(1, 10s));
+  CHECK(b.last() == "¿Dirección?");
+}
+
 TEST_CASE_TEMPLATE_DEFINE("handover: an answer over max_answer_bytes is not "
                           "embedded and the cut step takes the next message",
                           Env, handover_12) {
@@ -1384,4 +1415,5 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write whose reply timed "
   TEST_CASE_TEMPLATE_INVOKE(handover_26, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_27, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_28, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_29, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_29, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_30, Env);
