@@ -359,21 +359,19 @@ void webhook_provider::send(const outgoing_message& msg,
                 fmt::format("telegram {}: send to {} while the transport is "
                             "closed",
                             i.opts.id, msg.chat));
+  auto to = internal::split_chat(msg.chat);
   if (i.opts.reply_in_webhook && !msg.reply_to.empty()) {
     auto call = internal::to_method_call(msg); // validates first
-    auto to = internal::split_chat(msg.chat);
-    auto p = i.take_held(msg);
-    // A reply in the answer counts against the platform's limits like any
-    // other: when the buckets say wait, the held update is answered empty
-    // and the reply goes through the API, which waits for them.
-    if (p && !i.flood.try_acquire(to.chat_id, to.group())) {
-      p->r.respond(200);
-      p = nullptr;
-    }
-    if (p) {
-      if (p->r.respond({.status = 200,
-                        .body = internal::to_webhook_answer(call),
-                        .content_type = "application/json"})) {
+    if (auto p = i.take_held(msg)) {
+      // A reply in the answer counts against the platform's limits like
+      // any other: when the buckets say wait, the held update is released
+      // (answered as without a reply) and the reply goes through the API,
+      // which waits for them.
+      if (!i.flood.try_acquire(to.chat_id, to.group())) {
+        i.release(p, false);
+      } else if (p->r.respond({.status = 200,
+                               .body = internal::to_webhook_answer(call),
+                               .content_type = "application/json"})) {
         ++i.n_in_webhook;
         // The response carries one method, the reply: a pressed button's
         // answer goes through the API.
@@ -383,7 +381,6 @@ void webhook_provider::send(const outgoing_message& msg,
       }
     }
   }
-  auto to = internal::split_chat(msg.chat);
   std::stop_token stopping;
   if (botmesh::internal::host_slot::use h{i.hosts}; h)
     stopping = h->stopping();
