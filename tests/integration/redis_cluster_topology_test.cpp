@@ -217,12 +217,14 @@ TEST_CASE("cluster topology: when a master hangs its replica takes over and "
   auto master = test::master_of(slot);
   // Only a replica in sync takes over.
   auto replica = test::synced_replica_of(master);
-  // The master stops answering for 8 s, far past the 2 s node timeout:
-  // the cluster fails it over; it comes back as a replica.
+  // The master stops answering for 15 s, far past the 2 s node timeout:
+  // the cluster fails it over (detection, agreement and the replica's
+  // election take several seconds, more on a loaded machine); it comes
+  // back as a replica.
   auto sleeper = test::node_client(master.address, "30s");
   std::promise<void> woke_p;
   auto woke = woke_p.get_future();
-  sleeper->async({"DEBUG", "SLEEP", "8"},
+  sleeper->async({"DEBUG", "SLEEP", "15"},
                  [&](redis_reply, std::exception_ptr) { woke_p.set_value(); });
   incr_writer w{c, key};
   // The replica serves the slot once a majority of masters agreed.
@@ -234,7 +236,7 @@ TEST_CASE("cluster topology: when a master hangs its replica takes over and "
         mine = true;
   if (!mine) {
     w.finish();
-    FAIL("the replica did not take over while its master hung for 8 s");
+    FAIL("the replica did not take over while its master hung for 15 s");
   }
   w.mark();
   w.await_ok(50);
