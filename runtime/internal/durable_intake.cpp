@@ -194,7 +194,9 @@ void durable_intake::entry_landed(const std::string& record,
                                   const entry* failed) {
   std::string key;
   bool keep = false;
+  bool held = false;
   std::uint32_t gen = 0;
+  std::function<void()> go;
   {
     std::lock_guard guard{mtx_};
     auto i = unlanded_.find(record);
@@ -210,17 +212,19 @@ void durable_intake::entry_landed(const std::string& record,
       e.forget = e.forget || u.forgot(e.send_id);
       u.failed.push_back(std::move(e));
     }
-    if (u.in_flight > 0 || !u.failed.empty())
-      return;
-    bool held = u.settle_held;
-    key = std::move(u.key);
-    keep = u.keep;
-    gen = u.gen;
-    unlanded_.erase(i);
-    if (!held)
-      return;
+    if (u.in_flight == 0 && u.failed.empty()) {
+      held = u.settle_held;
+      key = std::move(u.key);
+      keep = u.keep;
+      gen = u.gen;
+      unlanded_.erase(i);
+    }
+    go = take_retire();
   }
-  settle_as(key, record, keep, gen, true);
+  if (held)
+    settle_as(key, record, keep, gen, true);
+  if (go)
+    go();
 }
 
 void durable_intake::write_entry(const std::string& record, entry e) {
@@ -450,17 +454,57 @@ void durable_intake::beat(std::function<void()> done) {
 void durable_intake::retire(std::function<void()> done) {
   // From here another replica may claim what this one holds while its
   // handlers still run (one that ignores its stop token): their sends wait
-  // for the outbox's verdict instead of writing ahead.
+  // for the outbox's verdict instead of writing ahead (outbox_allows looks
+  // under mtx_, so none slips in between).
   ++hb_gaps_;
   hb_valid_until_ = 0;
   std::vector<std::uint32_t> gens;
+  std::vector<std::pair<std::string, entry>> rewrite;
+  std::function<void()> go;
   {
     std::lock_guard guard{mtx_};
     for (auto& [g, n] : open_)
       gens.push_back(g);
     if (rotate_)
       gens.push_back(gen_ + 1); // its first beat may have landed unanswered
+    // Entries of sends already made must be in the outbox before another
+    // replica can claim their records, or its replay sends again: the
+    // failed ones are written once more (no beat comes after this), and
+    // the retire waits for every entry in flight.
+    for (auto& [record, u] : unlanded_) {
+      for (auto& e : u.failed)
+        rewrite.emplace_back(record, std::move(e));
+      u.in_flight += u.failed.size();
+      u.failed.clear();
+    }
+    retiring_ = [this, gens, done = std::move(done)]() mutable {
+      retire_generations(std::move(gens), std::move(done));
+    };
+    go = take_retire();
   }
+  for (auto& [record, e] : rewrite) {
+    if (e.forget)
+      forget_entry(record, std::move(e));
+    else
+      write_entry(record, std::move(e));
+  }
+  if (go)
+    go();
+}
+
+// The retire's continuation, once no outbox entry is in flight (under
+// mtx_): the caller runs it after unlocking.
+std::function<void()> durable_intake::take_retire() {
+  if (!retiring_)
+    return {};
+  for (auto& [record, u] : unlanded_)
+    if (u.in_flight > 0)
+      return {};
+  return std::exchange(retiring_, {});
+}
+
+void durable_intake::retire_generations(std::vector<std::uint32_t> gens,
+                                        std::function<void()> done) {
   auto left = std::make_shared<std::atomic<std::size_t>>(gens.size());
   auto shared_done = std::make_shared<std::function<void()>>(std::move(done));
   for (auto g : gens)
@@ -535,11 +579,17 @@ bool durable_intake::outbox_allows(const std::string& chat_key) {
     return true;
   auto send_id = fmt::format("{}/{}", *t->record, t->sends++);
   t->taken.clear();
-  if (t->attempt == 1 && heartbeat_kept(t->heartbeat_epoch)) {
-    {
-      std::lock_guard guard{mtx_};
+  bool ahead = false;
+  if (t->attempt == 1) {
+    // Looked at under mtx_: a retire (which believes the heartbeat lapsed
+    // first) either sees this entry in flight and waits for it, or this
+    // send sees the heartbeat gone and waits for the verdict.
+    std::lock_guard guard{mtx_};
+    ahead = heartbeat_kept(t->heartbeat_epoch);
+    if (ahead)
       ++unlanded_[*t->record].in_flight;
-    }
+  }
+  if (ahead) {
     t->taken = send_id;
     write_entry(*t->record, entry{std::move(send_id), chat_key, t->fence});
     return true;

@@ -117,7 +117,11 @@ class durable_intake {
   /// One beat: heartbeat, then claimed records re-injected in order.
   void beat(std::function<void()> done);
 
-  /// Ends the heartbeat of every generation (an orderly stop).
+  /// Ends the heartbeat of every generation (an orderly stop): from the
+  /// call on, sends wait for the outbox's verdict; the generations are
+  /// retired (their records claimable by other replicas) once the outbox
+  /// entries of sends already made landed or failed a last time. `done`
+  /// runs when the backend answered every retire.
   void retire(std::function<void()> done);
 
   /// Before a send of the journaled turn on this thread (if any): false to
@@ -162,6 +166,9 @@ class durable_intake {
     bool forget = false; // a send to take back (its outbox_forget failed)
   };
   void entry_landed(const std::string& record, const entry* failed);
+  std::function<void()> take_retire();
+  void retire_generations(std::vector<std::uint32_t> gens,
+                          std::function<void()> done);
   void forget_entry(const std::string& record, entry e);
   void write_entry(const std::string& record, entry e);
   void failed(const std::string& key, std::string what, std::exception_ptr e);
@@ -208,6 +215,8 @@ class durable_intake {
     std::uint32_t gen = 0;
   };
   std::map<std::string, unlanded> unlanded_; // by record id
+  // A retire waiting for the outbox entries in flight (see retire()).
+  std::function<void()> retiring_;
   std::atomic<std::uint64_t> reprocessed_{0}, outbox_skipped_{0},
     journal_errors_{0};
   // Written by beat completions, read by handler threads before a send.

@@ -878,3 +878,207 @@ TEST_CASE("a message the bot could not record in the chat's log is not "
     in += m.dir == botmesh::direction::in ? 1 : 0;
   CHECK(in == 1); // the message answered is the one logged
 }
+
+namespace {
+
+// What another replica's beat takes over from `b` right now (holder
+// "other/0", lease `lease`).
+botmesh::durable_backend::claim_result claim_as_other(
+  botmesh::durable_backend& b, std::chrono::milliseconds lease = 3s) {
+  std::promise<botmesh::durable_backend::claim_result> p;
+  b.beat_and_claim("other/0", lease, 10, 5,
+                   [&](botmesh::durable_backend::claim_result r,
+                       std::exception_ptr) { p.set_value(std::move(r)); });
+  return p.get_future().get();
+}
+
+botmesh::outbox_verdict outbox_verdict_of(botmesh::durable_backend& b,
+                                          const std::string& send_id,
+                                          const std::string& key) {
+  std::promise<botmesh::outbox_verdict> p;
+  b.outbox_claim(send_id, key, 0, 1h,
+                 [&](botmesh::outbox_verdict v, std::exception_ptr) {
+                   p.set_value(v);
+                 });
+  return p.get_future().get();
+}
+
+} // namespace
+
+TEST_CASE("with durability a handler that outlives stop() waits for the "
+          "outbox's verdict once the heartbeat is retired: what the replica "
+          "that took its record over sent is not sent again") {
+  auto g = std::make_shared<test::gated_backend>();
+  g->open();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  auto d = durable(g);
+  d.lease = "3s"; // beats every second, each believed for 2.7 s
+  botmesh::bot b{{.provider = p, .stop_timeout = "50ms", .durability = d}};
+  std::atomic<int> runs{0};
+  std::promise<void> started, go;
+  auto resume = go.get_future().share();
+  b.on_message([&](botmesh::context& c) {
+    if (++runs == 1)
+      started.set_value();
+    resume.wait(); // ignores its stop token
+    c.reply("uno");
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  started.get_future().wait();
+  std::thread stopper{[&] { b.stop(); }}; // returns once the handler did
+  // Claimable as soon as the retire landed, long before the heartbeat
+  // would lapse.
+  botmesh::durable_backend::claim_result taken;
+  bool taken_over = test::eventually(
+    [&] {
+      taken = claim_as_other(g->inner);
+      return !taken.records.empty();
+    },
+    2s);
+  std::optional<botmesh::outbox_verdict> v;
+  if (taken_over) // the other replica's replay sends the reply
+    v = outbox_verdict_of(g->inner, taken.records[0].id + "/0",
+                          taken.records[0].key);
+  go.set_value();
+  stopper.join();
+  REQUIRE(taken_over);
+  CHECK(taken.records[0].attempts == 2);
+  REQUIRE(v.has_value());
+  CHECK(*v == botmesh::outbox_verdict::send);
+  // Written ahead (as while the heartbeat held), "uno" went out twice.
+  CHECK(p->sent().empty());
+  CHECK(b.stats().outbox_skipped == 1);
+}
+
+TEST_CASE("with durability a stop writes the outbox entry of a send whose "
+          "entry write failed before its record can be taken over: the "
+          "record is settled, not sent again elsewhere") {
+  auto g = std::make_shared<test::gated_backend>();
+  g->open();
+  g->fail_outbox = 1; // the entry written ahead of "uno" fails
+  auto p = std::make_shared<botmesh::testing_provider>();
+  auto d = durable(g);
+  d.lease = "30s"; // no beat writes it again before the stop
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = d}};
+  errors.attach(b);
+  b.on_message([&](botmesh::context& c) { c.reply("uno"); });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(p->wait_for_sent(1, 5s));
+  REQUIRE(test::eventually([&] { return errors.count(errc::store_error) == 1; }));
+  b.stop();
+  // Before, the retire left the record held with its entry unwritten: the
+  // next replica claimed it, the outbox said send, and "uno" went out again.
+  CHECK(claim_as_other(g->inner).records.empty());
+  auto key = botmesh::chat_key("test", "ana");
+  CHECK(outbox_verdict_of(g->inner, botmesh::journal_id(key, "m1") + "/0", key)
+        == botmesh::outbox_verdict::duplicate);
+  CHECK(texts(*p) == std::vector<std::string>{"uno"});
+}
+
+namespace {
+
+// The next journal write reports a timeout at once but lands just after
+// the release its failure causes (the release overtook it on the wire).
+class overtaken_write_backend final : public botmesh::durable_backend {
+ public:
+  botmesh::memory_durable_backend inner;
+  std::atomic<bool> overtake_next{false};
+  std::atomic<int> landed_late{0};
+
+  void record(botmesh::journal_record rec, std::string_view holder,
+              std::chrono::milliseconds ttl,
+              completion<botmesh::journal_put> done) override {
+    if (overtake_next.exchange(false)) {
+      {
+        std::lock_guard guard{mtx_};
+        late_ = [this, rec, h = std::string{holder}, ttl] {
+          inner.record(rec, h, ttl,
+                       [](botmesh::journal_put, std::exception_ptr) {});
+        };
+      }
+      return done(botmesh::journal_put::duplicate,
+                  std::make_exception_ptr(botmesh::error(
+                    errc::timeout, "simulated lost reply (still on its way)")));
+    }
+    inner.record(std::move(rec), holder, ttl, std::move(done));
+  }
+  void release(std::string_view id, std::string_view holder,
+               completion<bool> done) override {
+    inner.release(id, holder,
+                  [this, done = std::move(done)](bool ok, std::exception_ptr e) {
+                    std::function<void()> late;
+                    {
+                      std::lock_guard guard{mtx_};
+                      late = std::exchange(late_, {});
+                    }
+                    if (late) {
+                      late();
+                      ++landed_late;
+                    }
+                    done(ok, e);
+                  });
+  }
+  void confirm(std::string_view id, std::string_view holder,
+               completion<bool> done) override {
+    inner.confirm(id, holder, std::move(done));
+  }
+  void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
+                      std::size_t limit, std::uint32_t max_attempts,
+                      completion<claim_result> done) override {
+    inner.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
+  }
+  void retire(std::string_view holder, completion<bool> done) override {
+    inner.retire(holder, std::move(done));
+  }
+  void outbox_claim(std::string_view send_id, std::string_view key,
+                    std::uint64_t fence, std::chrono::milliseconds ttl,
+                    completion<botmesh::outbox_verdict> done) override {
+    inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
+  }
+  void outbox_forget(std::string_view send_id, completion<bool> done) override {
+    inner.outbox_forget(send_id, std::move(done));
+  }
+
+ private:
+  std::mutex mtx_;
+  std::function<void()> late_;
+};
+
+} // namespace
+
+TEST_CASE("with durability a journal write whose reply failed and that lands "
+          "after its release is handled once: its generation is retired") {
+  auto backend = std::make_shared<overtaken_write_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  errors.attach(b);
+  std::atomic<int> handled{0};
+  b.on_message([&](botmesh::context& c) {
+    ++handled;
+    c.reply("ok " + c.text());
+  });
+  b.start();
+  backend->overtake_next = true;
+  std::atomic<int> code{-1};
+  p->inject(msg("ana", "m1", "hola"),
+            {.accepted = [&](errc e) { code = static_cast<int>(e); },
+             .turn_ended = {}});
+  REQUIRE(test::eventually([&] { return code != -1; }));
+  CHECK(code == static_cast<int>(errc::timeout));
+  REQUIRE(test::eventually([&] { return backend->landed_late == 1; }));
+  // The platform's retry finds the record: a duplicate. Held by a holder
+  // that keeps beating, it would never be handled; retired with its
+  // generation, a beat takes it over and handles it.
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(test::eventually([&] { return b.stats().duplicates == 1; }));
+  REQUIRE(p->wait_for_sent(1, 5s));
+  b.stop();
+  CHECK(handled == 1);
+  CHECK(texts(*p) == std::vector<std::string>{"ok hola"});
+  CHECK(b.stats().reprocessed == 1);
+  CHECK(errors.count(errc::timeout) == 1);
+}
