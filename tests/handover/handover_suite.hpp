@@ -1385,6 +1385,44 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write whose reply timed "
   t.a_sees_its_checkpoint();
 }
 
+TEST_CASE_TEMPLATE_DEFINE("handover: a conversation whose ephemeral "
+                          "checkpoint lapsed does not write it anew once its "
+                          "turn ended during the refused write",
+                          Env, handover_31) {
+  using namespace test::handover;
+  Env env;
+  botmesh::handover_options h = forward();
+  h.ttl = "300ms";
+  replica a{env, "a", h, "300ms"};
+  replica b{env, "b", h};
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  REQUIRE(waiting_at(env, "producto"));
+  REQUIRE(no_checkpoint(env)); // lapsed; a still waits in memory
+  // a's answer: its write passed the turn check and freezes before the
+  // store while settle (300 ms) cuts the turn.
+  env.store->hold_writes = true;
+  a.provider->inject("x", "café");
+  REQUIRE(eventually([&] { return env.store->write_held.load(); }));
+  REQUIRE(b.say("b1", 1)); // b held the chat: a's turn is over
+  CHECK(b.last() == "nuevo: b1");
+  auto writes = env.store->checkpoint_writes.load();
+  // It lands and is refused (its checkpoint lapsed). Written as new, it
+  // would revive a conversation whose turn ended: the turn is checked
+  // first, and it is not written.
+  env.store->hold_writes = false;
+  REQUIRE(eventually([&] { return !env.store->write_held.load(); }));
+  REQUIRE(eventually([&] { return a.errors_with(botmesh::errc::lease_lost) >= 1; }));
+  // What a's step does next, if anything, comes within a moment.
+  std::this_thread::sleep_for(100ms);
+  CHECK(env.store->checkpoint_writes.load() == writes);
+  CHECK(!env.store->get_checkpoint("test:x"));
+  CHECK(a.provider->sent().size() == 1); // "¿Producto?" only
+}
+
 /// Runs every case of the suite on `Env`.
 #define BOTMESH_HANDOVER_SUITE(Env) \
   TEST_CASE_TEMPLATE_INVOKE(handover_1, Env); \
@@ -1416,4 +1454,5 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write whose reply timed "
   TEST_CASE_TEMPLATE_INVOKE(handover_27, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_28, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_29, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_30, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_30, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_31, Env);
