@@ -623,6 +623,14 @@ void confirm_late(task_actor* self, schedule_claim claim, time_point now,
         run_claimed(self, claim, now, sent);
         return;
       }
+      if (!failure.empty()) {
+        // The renewal may have landed with its reply lost: the record then
+        // says it was last written at `sent`, and the next refused claim
+        // must still know it for this replica's own.
+        auto& lost = st.lost_claims;
+        lost = std::pair{lost ? std::min(lost->first, sent) : sent,
+                         lost ? std::max(lost->second, sent) : sent};
+      }
       if (adopted)
         eng->log(fmt::format("claim of {} (token {}) whose reply was lost could "
                              "not be renewed{}: left to lapse",

@@ -985,6 +985,8 @@ class test_store final : public test::forwarding_schedule_store,
   std::string hold_claims_of;            // ... only this id's (empty: all)
   std::atomic<int> losing_claim_replies{0}; // the next N claims are taken,
                                             // their replies fail
+  std::atomic<int> losing_renewal_replies{0}; // the next N renewals land,
+                                              // their replies fail
   std::function<void()> held_claim;
 
   bool blocks() const noexcept override {
@@ -1060,6 +1062,12 @@ class test_store final : public test::forwarding_schedule_store,
       return;
     }
     bool ok = renew(id, owner, token, now, lease);
+    if (losing_renewal_replies.load() > 0) {
+      --losing_renewal_replies;
+      fn(false, std::make_exception_ptr(botmesh::error(
+                  botmesh::errc::store_error, "connection lost")));
+      return;
+    }
     {
       std::lock_guard guard{mtx};
       if (++renewals[token] == 1 && token == hold_renewal_of) {
@@ -1154,6 +1162,32 @@ TEST_CASE("a claim the store took but whose reply was lost is taken up again "
   REQUIRE(store->get("job")->lease_owner != "");
   clk.advance(1s);
   a.poll(); // refused by A's own claim: adopted, renewed, run
+  REQUIRE(rec.count() == 1);
+  CHECK_FALSE(rec.runs[0].missed);
+  CHECK(rec.runs[0].scheduled_at == t0() + 1min);
+  auto r = store->get("job");
+  CHECK(r->next_run_at == t0() + 2min);
+  CHECK(r->lease_owner.empty());
+}
+
+TEST_CASE("a lost claim whose confirming renewal landed with its reply lost "
+          "is still taken up again at the next look, not after its lease") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<test_store>();
+  recorder rec;
+  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec.logger()}};
+  a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
+          rec.handler());
+  clk.advance(1min);
+  store->losing_claim_replies = 1;
+  a.poll(); // taken by the store, the reply lost
+  clk.advance(1s);
+  store->losing_renewal_replies = 1;
+  a.poll(); // refused by A's own claim: adopted; its renewal lands, unanswered
+  CHECK(rec.count() == 0);
+  REQUIRE(store->get("job")->updated_at == t0() + 1min + 1s);
+  clk.advance(1s);
+  a.poll(); // refused by the claim that renewal wrote: still A's own, run
   REQUIRE(rec.count() == 1);
   CHECK_FALSE(rec.runs[0].missed);
   CHECK(rec.runs[0].scheduled_at == t0() + 1min);
