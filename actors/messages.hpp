@@ -125,6 +125,11 @@ using task_renew_atom = caf::atom_constant<caf::atom("bm_trenew")>;
 /// facade -> actors: stop() (the running handler's stop token fires).
 using task_pause_atom = caf::atom_constant<caf::atom("bm_tpause")>;
 
+/// facade -> task actor: (ticket) stop(), once nothing runs: a claim whose
+/// reply was lost and that was not taken up again is found in the store
+/// and its lease cut; the ticket is let go once done.
+using task_give_back_atom = caf::atom_constant<caf::atom("bm_tgive")>;
+
 /// facade -> actors: start() (arm wake-ups); to the timer actor with the
 /// stored ids of the registered durable tasks (the orphan check).
 using task_resume_atom = caf::atom_constant<caf::atom("bm_tresume")>;

@@ -368,6 +368,12 @@ struct scheduler::impl final : task_owner,
     for (auto& a : task_actors())
       caf::anon_send(a, task_pause_atom::value);
     eng->wait_idle();
+    // Claims whose replies were lost are given back before stop() returns.
+    if (eng->lost_claims.load() > 0)
+      await_idle([&](const auto& ticket) {
+        for (auto& a : task_actors())
+          caf::anon_send(a, task_give_back_atom::value, ticket);
+      });
     if (was_started && eng->opts.lease && eng->leader.load()) {
       try {
         eng->opts.lease->release(eng->leader_name(), eng->owner);

@@ -70,6 +70,8 @@ struct task_state {
   // The `now` of the first and last claims whose calls failed since the
   // last answered one: the store may have taken one of them, and then holds
   // a claim of this replica that no reply told it of (see claimed()).
+  // Counted in the engine while set (see set_lost): stop() looks for such
+  // claims to give them back.
   std::optional<std::pair<time_point, time_point>> lost_claims;
   // poll()'s tickets: let go once idle.
   std::vector<std::shared_ptr<poll_ticket>> polls;
@@ -78,10 +80,36 @@ struct task_state {
   time_point armed = time_point::max();
   bool cancelled = false;
 
+  ~task_state() {
+    if (lost_claims && eng)
+      --eng->lost_claims;
+  }
+
   static inline const char* name = "botmesh.task";
 };
 
 using task_actor = caf::stateful_actor<task_state>;
+
+// Every change of task_state::lost_claims goes through here: the engine
+// counts the actors that have one.
+void set_lost(task_state& st,
+              std::optional<std::pair<time_point, time_point>> lost) {
+  if (st.lost_claims.has_value() != lost.has_value()) {
+    if (lost)
+      ++st.eng->lost_claims;
+    else
+      --st.eng->lost_claims;
+  }
+  st.lost_claims = lost;
+}
+
+// A claim call made at `at` failed (or its confirmation did): the window
+// of failed calls widens to include it.
+void note_lost(task_state& st, time_point at) {
+  auto& l = st.lost_claims;
+  set_lost(st, std::pair{l ? std::min(l->first, at) : at,
+                         l ? std::max(l->second, at) : at});
+}
 
 // A store call, and `then(result, failure)` in this actor once it ended
 // (`failure`: the error's text, empty on success). Where the call runs:
@@ -487,7 +515,7 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
   auto& t = *st.t;
   auto* eng = st.eng.get();
   auto lost = st.lost_claims;
-  st.lost_claims.reset();
+  set_lost(st, std::nullopt);
   if (!claim && current && lost && own_lost_claim(st, *lost, *current, now)) {
     // Refused because the store took an earlier claim of this replica whose
     // reply was lost: taken up again (renewed first, as a late reply is)
@@ -499,7 +527,7 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
       hand_back(self, std::move(mine)); // (its lease cut, its mark kept)
       return;
     }
-    st.lost_claims = lost; // (kept should the confirmation fail)
+    set_lost(st, lost); // (kept should the confirmation fail)
     confirm_late(self, std::move(mine), now, true);
     return;
   }
@@ -619,7 +647,7 @@ void confirm_late(task_actor* self, schedule_claim claim, time_point now,
         return;
       }
       if (failure.empty() && ok && eng->now() < holds_until(sent, lease)) {
-        st.lost_claims.reset();
+        set_lost(st, std::nullopt);
         run_claimed(self, claim, now, sent);
         return;
       }
@@ -627,9 +655,7 @@ void confirm_late(task_actor* self, schedule_claim claim, time_point now,
         // The renewal may have landed with its reply lost: the record then
         // says it was last written at `sent`, and the next refused claim
         // must still know it for this replica's own.
-        auto& lost = st.lost_claims;
-        lost = std::pair{lost ? std::min(lost->first, sent) : sent,
-                         lost ? std::max(lost->second, sent) : sent};
+        note_lost(st, sent);
       }
       if (adopted)
         eng->log(fmt::format("claim of {} (token {}) whose reply was lost could "
@@ -641,6 +667,45 @@ void confirm_late(task_actor* self, schedule_claim claim, time_point now,
                              "ran out, and not renewed: not run, left to lapse",
                              id, token));
       claim_again_later(self, eng->now());
+    });
+}
+
+// stop(), once nothing runs: a claim whose reply was lost and that was not
+// taken up again may still hold the slot in the store until its lease ends.
+// Found by reading the record (this replica's own, written at the time of
+// one of the failed calls) and its lease cut, as a hand-back does: another
+// replica runs the slot at once. `ticket` is let go once done.
+void give_back_lost(task_actor* self, std::shared_ptr<poll_ticket> ticket) {
+  auto& st = self->state;
+  if (st.ph != phase::idle || !st.lost_claims)
+    return;
+  auto lost = *st.lost_claims;
+  set_lost(st, std::nullopt);
+  st.polls.push_back(std::move(ticket));
+  st.ph = phase::committing;
+  auto* eng = st.eng.get();
+  auto id = st.t->stored_id;
+  using record = std::optional<schedule_record>;
+  store_io<record>(
+    self, [=](scheduler_engine& e) { return e.store->get(id); },
+    [=](async_schedule_store& a, scheduler_engine&, auto done) {
+      a.get_async(id, std::move(done));
+    },
+    [=](record& r, const std::string& failure) {
+      auto& st = self->state;
+      auto idle = [self] {
+        self->state.ph = phase::idle;
+        reply_if_idle(self);
+      };
+      if (!failure.empty())
+        eng->log_failure(fmt::format("reading {} to hand back a claim whose "
+                                     "reply was lost failed: {}",
+                                     id, failure));
+      else if (r && own_lost_claim(st, lost, *r, eng->now())) {
+        cut_lease(self, r->fencing_token, idle);
+        return;
+      }
+      idle();
     });
 }
 
@@ -674,8 +739,7 @@ void claim(task_actor* self, time_point now) {
     [=](result& r, const std::string& failure) {
       if (!failure.empty()) {
         eng->log_failure(fmt::format("claiming {} failed: {}", id, failure));
-        auto& lost = self->state.lost_claims;
-        lost = std::pair{lost ? lost->first : now, now};
+        note_lost(self->state, now);
         claim_again_later(self, now);
         return;
       }
@@ -751,6 +815,9 @@ caf::behavior task_behavior(task_actor* self,
       if (st.ph != phase::running || st.claim.token != token)
         return;
       run_ended(self, ran);
+    },
+    [=](task_give_back_atom, std::shared_ptr<poll_ticket>& ticket) {
+      give_back_lost(self, std::move(ticket));
     },
     [=](task_pause_atom) {
       auto& st = self->state;

@@ -184,6 +184,10 @@ struct scheduler_engine {
   caf::actor io;
   /// In-memory tasks added and runs ended, for the timer actor.
   timer_inbox timers;
+  /// Task actors holding a window of claim calls whose replies were lost
+  /// (a claim the store may hold for this replica): stop() asks them to
+  /// give such claims back, and waits for them only when there is one.
+  std::atomic<std::size_t> lost_claims{0};
   /// Runs a handler job (the handler pool, or a test's executor).
   std::function<void(std::function<void()>)> execute;
   /// Runs many handler jobs, each a job of its own (the handler pool's

@@ -44,6 +44,11 @@ class async_schedule_store {
                            std::chrono::milliseconds lease, done<bool> fn)
     = 0;
 
+  /// schedule_store::get.
+  virtual void get_async(std::string_view id,
+                         done<std::optional<schedule_record>> fn)
+    = 0;
+
   /// schedule_store::commit.
   virtual void commit_async(std::string_view id, std::string_view owner,
                             std::uint64_t token, time_point next_run_at,

@@ -180,6 +180,20 @@ class redis_schedule_store final : public schedule_store,
                    std::move(on_claim));
   }
 
+  void get_async(std::string_view id,
+                 done<std::optional<schedule_record>> fn) override {
+    auto k = n_.record(id);
+    c_->async(k, {"HGETALL", k},
+              settle<std::optional<schedule_record>>(
+                std::move(fn), [id = std::string{id}, k](redis_reply& r) {
+                  expect_reply("HGETALL " + k, r, kind::array);
+                  std::optional<schedule_record> out;
+                  if (!r.elements.empty())
+                    out = read_record(id, k, r);
+                  return out;
+                }));
+  }
+
   void renew_async(std::string_view id, std::string_view owner,
                    std::uint64_t token, time_point now,
                    std::chrono::milliseconds lease, done<bool> fn) override {

@@ -270,6 +270,13 @@ TEST_CASE_TEMPLATE_DEFINE("the asynchronous face claims, renews and commits "
   REQUIRE(r.current);
   CHECK(r.current->lease_owner == "x");
   CHECK(r.current->lease_until == t0() + 10s);
+  // A read: the record as the synchronous get has it; none for an unknown id.
+  auto got = await_ok<std::optional<botmesh::schedule_record>>(
+    [&](auto done) { a.get_async("a", std::move(done)); });
+  REQUIRE(got);
+  CHECK(*got == *s->get("a"));
+  CHECK_FALSE(await_ok<std::optional<botmesh::schedule_record>>(
+    [&](auto done) { a.get_async("nope", std::move(done)); }));
   // Renewals: the holder's extends it, a stale token or owner does not.
   CHECK(renew_async(a, "a", "x", token, t0() + 2s, 10s));
   CHECK(s->get("a")->lease_until == t0() + 12s);

@@ -1053,6 +1053,10 @@ class test_store final : public test::forwarding_schedule_store,
     std::lock_guard guard{mtx};
     return static_cast<bool>(held_claim);
   }
+  void get_async(std::string_view id,
+                 done<std::optional<botmesh::schedule_record>> fn) override {
+    fn(get(id), nullptr);
+  }
   void renew_async(std::string_view id, std::string_view owner,
                    std::uint64_t token, botmesh::time_point now,
                    std::chrono::milliseconds lease, done<bool> fn) override {
@@ -1194,6 +1198,51 @@ TEST_CASE("a lost claim whose confirming renewal landed with its reply lost "
   auto r = store->get("job");
   CHECK(r->next_run_at == t0() + 2min);
   CHECK(r->lease_owner.empty());
+}
+
+TEST_CASE("a claim whose reply was lost is given back at stop: another "
+          "replica runs the slot at once, not after its lease") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<test_store>();
+  std::shared_ptr<botmesh::schedule_store> shared{store, &store->inner};
+  recorder rec_a;
+  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec_a.logger()}};
+  a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
+          rec_a.handler());
+  clk.advance(1min);
+  store->losing_claim_replies = 1;
+  a.poll(); // taken by the store, the reply lost
+  REQUIRE(store->get("job")->lease_until > clk.now());
+  a.stop();
+  CHECK(rec_a.count() == 0);
+  CHECK(store->get("job")->lease_until <= clk.now() + 1ms);
+  recorder rec_b;
+  botmesh::scheduler b{{.store = shared, .clock = &clk, .log = rec_b.logger()}};
+  b.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
+          rec_b.handler());
+  clk.advance(1s);
+  b.poll();
+  REQUIRE(rec_b.count() == 1);
+  CHECK(rec_b.runs[0].scheduled_at == t0() + 1min);
+  CHECK(store->get("job")->next_run_at == t0() + 2min);
+}
+
+TEST_CASE("a stop gives back no claim it did not take: a lost claim call "
+          "the store refused leaves the other replica's claim alone") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<test_store>();
+  recorder rec;
+  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec.logger()}};
+  a.every("1m", {.id = "job", .lease = "30s"}, rec.handler());
+  clk.advance(1min);
+  REQUIRE(store->inner.claim("job", "other", clk.now(), 30s));
+  store->losing_claim_replies = 1;
+  a.poll();
+  a.stop();
+  auto r = store->get("job");
+  CHECK(r->lease_owner == "other");
+  CHECK(r->lease_until == t0() + 1min + 30s);
+  CHECK(store->renewals_of(r->fencing_token) == 0);
 }
 
 TEST_CASE("a claim refused by another replica with the same slot is not "
