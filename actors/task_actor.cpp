@@ -387,7 +387,11 @@ void run_ended(task_actor* self, std::size_t ran) {
       eng->log(fmt::format("{} (token {}): not committed, its lease was lost "
                            "while it ran: the slot runs again as interrupted",
                            st.t->stored_id, st.claim.token));
-      finish(self, true);
+      // Given back rather than left to lapse: a lease believed lost (its
+      // renewals unanswered in time) may still hold in the store, and the
+      // slot would wait for it. Fenced by the token: refused when another
+      // replica claimed since.
+      cut_lease(self, st.claim.token, [self] { finish(self, true); });
       return;
     }
   }

@@ -1363,6 +1363,31 @@ TEST_CASE("a run whose renewal never comes back is asked to stop once its "
   s.stop();
 }
 
+TEST_CASE("a run whose lease ran out gives its claim back when it ends: a "
+          "renewal that landed unanswered does not keep the slot held") {
+  auto store = std::make_shared<test_store>();
+  store->hold_renewal_of = 1; // lands in the store, its reply held
+  recorder rec;
+  std::atomic<bool> ended{false};
+  botmesh::scheduler s{{.store = store, .tick = "50ms", .log = rec.logger()}};
+  s.every(100ms, {.id = "job", .lease = std::chrono::milliseconds{300}},
+          [&](const scheduled_run& r) {
+            if (r.fencing_token != 1)
+              return;
+            rec.handler()(r);
+            test::eventually([&] { return r.stop.stop_requested(); }, 10s);
+            ended = true;
+          });
+  s.start();
+  REQUIRE(test::eventually([&] { return ended.load(); }, 15s));
+  // Its end cuts the lease (a renewal of 1 ms under token 1): before, the
+  // claim the held renewal extended stayed until that renewal's lease ended.
+  CHECK(test::eventually([&] { return store->renewals_of(1) >= 2; }, 5s));
+  CHECK(rec.logs_containing("job (token 1): not committed") == 1);
+  CHECK(store->answer_held());
+  s.stop();
+}
+
 TEST_CASE("a run whose renewals fail until its lease ran out is asked to "
           "stop") {
   auto store = std::make_shared<test_store>();
