@@ -368,12 +368,15 @@ struct scheduler::impl final : task_owner,
     for (auto& a : task_actors())
       caf::anon_send(a, task_pause_atom::value);
     eng->wait_idle();
-    // Claims whose replies were lost are given back before stop() returns.
+    // Claims whose replies were lost are given back before stop() returns
+    // (bounded: such a claim also lapses on its own after its lease).
     if (eng->lost_claims.load() > 0)
-      await_idle([&](const auto& ticket) {
-        for (auto& a : task_actors())
-          caf::anon_send(a, task_give_back_atom::value, ticket);
-      });
+      await_idle(
+        [&](const auto& ticket) {
+          for (auto& a : task_actors())
+            caf::anon_send(a, task_give_back_atom::value, ticket);
+        },
+        std::chrono::seconds{10});
     if (was_started && eng->opts.lease && eng->leader.load()) {
       try {
         eng->opts.lease->release(eng->leader_name(), eng->owner);
@@ -401,12 +404,16 @@ struct scheduler::impl final : task_owner,
   // Hands one ticket to the actors `send` asks; returns once each let it
   // go (idle, or gone).
   template <class Send>
-  static void await_idle(Send send) {
+  static void await_idle(Send send, std::optional<std::chrono::milliseconds>
+                                      bound = std::nullopt) {
     auto ticket = std::make_shared<internal::poll_ticket>();
     auto idle = ticket->future();
     send(ticket);
     ticket.reset();
-    idle.wait();
+    if (bound)
+      idle.wait_for(*bound);
+    else
+      idle.wait();
   }
 
   std::shared_ptr<internal::scheduler_engine> eng;

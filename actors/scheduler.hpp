@@ -68,6 +68,10 @@ class scheduler {
 
   /// Pauses: no new runs, stop tokens of running handlers fire, waits for
   /// them. Stored rows are kept (a catch-up commits the slots it did not run).
+  /// A claim the store took but whose reply was lost is given back (its
+  /// lease cut) before it returns: that waits for the store, up to 10 s,
+  /// and for the task actors, so call it on a thread of your own, not on a
+  /// CAF worker of the scheduler's system.
   void stop();
 
   /// Runs everything due at the clock's now and waits until those runs

@@ -655,12 +655,11 @@ void confirm_late(task_actor* self, schedule_claim claim, time_point now,
         run_claimed(self, claim, now, sent);
         return;
       }
-      if (!failure.empty()) {
-        // The renewal may have landed with its reply lost: the record then
-        // says it was last written at `sent`, and the next refused claim
-        // must still know it for this replica's own.
-        note_lost(st, sent);
-      }
+      // The renewal may have landed (its reply lost, or answered too late
+      // to run on): the record then says it was last written at `sent`,
+      // and the next refused claim must still know it for this replica's
+      // own.
+      note_lost(st, sent);
       if (adopted)
         eng->log(fmt::format("claim of {} (token {}) whose reply was lost could "
                              "not be renewed{}: left to lapse",
@@ -701,14 +700,18 @@ void give_back_lost(task_actor* self, std::shared_ptr<poll_ticket> ticket) {
         self->state.ph = phase::idle;
         reply_if_idle(self);
       };
+      if (failure.empty() && r && own_lost_claim(st, lost, *r, eng->now())) {
+        cut_lease(self, r->fencing_token, idle);
+        return;
+      }
       if (!failure.empty())
         eng->log_failure(fmt::format("reading {} to hand back a claim whose "
                                      "reply was lost failed: {}",
                                      id, failure));
-      else if (r && own_lost_claim(st, lost, *r, eng->now())) {
-        cut_lease(self, r->fencing_token, idle);
-        return;
-      }
+      // Kept: the claim may still land (a call on its way), and a later
+      // start() must know it for this replica's own.
+      note_lost(st, lost.first);
+      note_lost(st, lost.second);
       idle();
     });
 }

@@ -1,6 +1,7 @@
 #include <botmesh/runtime/internal/durable_intake.hpp>
 
 #include <future>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -197,6 +198,7 @@ void durable_intake::entry_landed(const std::string& record,
   bool held = false;
   std::uint32_t gen = 0;
   std::function<void()> go;
+  std::optional<entry> again;
   {
     std::lock_guard guard{mtx_};
     auto i = unlanded_.find(record);
@@ -207,10 +209,17 @@ void durable_intake::entry_landed(const std::string& record,
     if (failed) {
       // Tried again at the next beat. A write of a send taken back since
       // (it may still land: a call that failed on its way) is taken back
-      // again instead.
+      // again instead. While a retire waits for it no beat comes: tried
+      // once more now.
       auto e = *failed;
       e.forget = e.forget || u.forgot(e.send_id);
-      u.failed.push_back(std::move(e));
+      if (retiring_ && !e.last_try) {
+        e.last_try = true;
+        ++u.in_flight;
+        again = std::move(e);
+      } else {
+        u.failed.push_back(std::move(e));
+      }
     }
     if (u.in_flight == 0 && u.failed.empty()) {
       held = u.settle_held;
@@ -220,6 +229,12 @@ void durable_intake::entry_landed(const std::string& record,
       unlanded_.erase(i);
     }
     go = take_retire();
+  }
+  if (again) {
+    if (again->forget)
+      forget_entry(record, std::move(*again));
+    else
+      write_entry(record, std::move(*again));
   }
   if (held)
     settle_as(key, record, keep, gen, true);
@@ -472,8 +487,10 @@ void durable_intake::retire(std::function<void()> done) {
     // failed ones are written once more (no beat comes after this), and
     // the retire waits for every entry in flight.
     for (auto& [record, u] : unlanded_) {
-      for (auto& e : u.failed)
+      for (auto& e : u.failed) {
+        e.last_try = true;
         rewrite.emplace_back(record, std::move(e));
+      }
       u.in_flight += u.failed.size();
       u.failed.clear();
     }

@@ -164,6 +164,7 @@ class durable_intake {
     std::string send_id, key;
     std::uint64_t fence = 0;
     bool forget = false; // a send to take back (its outbox_forget failed)
+    bool last_try = false; // written again by a retire: not a third time
   };
   void entry_landed(const std::string& record, const entry* failed);
   std::function<void()> take_retire();

@@ -1082,3 +1082,106 @@ TEST_CASE("with durability a journal write whose reply failed and that lands "
   CHECK(b.stats().reprocessed == 1);
   CHECK(errors.count(errc::timeout) == 1);
 }
+
+namespace {
+
+// The next outbox entry write is held until the test fails it (a write in
+// flight whose connection then breaks); everything else goes to a memory
+// backend.
+class held_outbox_backend final : public botmesh::durable_backend {
+ public:
+  botmesh::memory_durable_backend inner;
+  std::atomic<bool> hold_next{false};
+  std::atomic<int> outbox_writes{0};
+
+  bool holding() {
+    std::lock_guard guard{mtx_};
+    return static_cast<bool>(held_);
+  }
+  void fail_held() {
+    completion<botmesh::outbox_verdict> done;
+    {
+      std::lock_guard guard{mtx_};
+      done = std::move(held_);
+      held_ = nullptr;
+    }
+    done(botmesh::outbox_verdict::send,
+         std::make_exception_ptr(botmesh::error(
+           errc::store_error, "simulated connection reset")));
+  }
+
+  void record(botmesh::journal_record rec, std::string_view holder,
+              std::chrono::milliseconds ttl,
+              completion<botmesh::journal_put> done) override {
+    inner.record(std::move(rec), holder, ttl, std::move(done));
+  }
+  void release(std::string_view id, std::string_view holder,
+               completion<bool> done) override {
+    inner.release(id, holder, std::move(done));
+  }
+  void confirm(std::string_view id, std::string_view holder,
+               completion<bool> done) override {
+    inner.confirm(id, holder, std::move(done));
+  }
+  void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
+                      std::size_t limit, std::uint32_t max_attempts,
+                      completion<claim_result> done) override {
+    inner.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
+  }
+  void retire(std::string_view holder, completion<bool> done) override {
+    inner.retire(holder, std::move(done));
+  }
+  void outbox_claim(std::string_view send_id, std::string_view key,
+                    std::uint64_t fence, std::chrono::milliseconds ttl,
+                    completion<botmesh::outbox_verdict> done) override {
+    if (hold_next.exchange(false)) {
+      std::lock_guard guard{mtx_};
+      held_ = std::move(done);
+      return;
+    }
+    ++outbox_writes;
+    inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
+  }
+  void outbox_forget(std::string_view send_id, completion<bool> done) override {
+    inner.outbox_forget(send_id, std::move(done));
+  }
+
+ private:
+  std::mutex mtx_;
+  completion<botmesh::outbox_verdict> held_;
+};
+
+} // namespace
+
+TEST_CASE("with durability an outbox entry in flight at stop that then fails "
+          "is written once more before the record can be taken over") {
+  auto g = std::make_shared<held_outbox_backend>();
+  g->hold_next = true; // the entry written ahead of "uno"
+  auto p = std::make_shared<botmesh::testing_provider>();
+  auto d = durable(g);
+  d.lease = "30s"; // no beat writes it again
+  botmesh::bot b{{.provider = p, .durability = d}};
+  b.on_message([&](botmesh::context& c) { c.reply("uno"); });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(p->wait_for_sent(1, 5s));
+  REQUIRE(test::eventually([&] { return g->holding(); }));
+  std::atomic<bool> stopped{false};
+  std::thread stopper{[&] {
+    b.stop();
+    stopped = true;
+  }};
+  // The retire waits for the entry in flight.
+  std::this_thread::sleep_for(100ms);
+  CHECK_FALSE(stopped.load());
+  g->fail_held();
+  stopper.join();
+  CHECK(g->outbox_writes == 1); // written once more, after the failure
+  // Before, the retire went ahead once nothing was in flight: the record
+  // was taken over with no entry, and the replay sent "uno" again.
+  CHECK(claim_as_other(g->inner).records.empty());
+  auto key = botmesh::chat_key("test", "ana");
+  CHECK(outbox_verdict_of(g->inner, botmesh::journal_id(key, "m1") + "/0", key)
+        == botmesh::outbox_verdict::duplicate);
+  CHECK(texts(*p) == std::vector<std::string>{"uno"});
+}

@@ -1053,8 +1053,14 @@ class test_store final : public test::forwarding_schedule_store,
     std::lock_guard guard{mtx};
     return static_cast<bool>(held_claim);
   }
+  std::atomic<bool> failing_gets{false}; // asynchronous reads fail
   void get_async(std::string_view id,
                  done<std::optional<botmesh::schedule_record>> fn) override {
+    if (failing_gets.load()) {
+      fn(std::nullopt, std::make_exception_ptr(botmesh::error(
+                         botmesh::errc::store_error, "store is down")));
+      return;
+    }
     fn(get(id), nullptr);
   }
   void renew_async(std::string_view id, std::string_view owner,
@@ -1225,6 +1231,30 @@ TEST_CASE("a claim whose reply was lost is given back at stop: another "
   REQUIRE(rec_b.count() == 1);
   CHECK(rec_b.runs[0].scheduled_at == t0() + 1min);
   CHECK(store->get("job")->next_run_at == t0() + 2min);
+}
+
+TEST_CASE("a claim whose reply was lost and that a stop could not give back "
+          "is still taken up again after the next start") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<test_store>();
+  recorder rec;
+  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec.logger()}};
+  a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
+          rec.handler());
+  clk.advance(1min);
+  store->losing_claim_replies = 1;
+  a.poll(); // taken by the store, the reply lost
+  store->failing_gets = true;
+  auto errors = a.stats().store_errors;
+  a.stop(); // its read fails: the claim stays, so does what A knows of it
+  CHECK(a.stats().store_errors == errors + 1);
+  REQUIRE(store->get("job")->lease_until == t0() + 1min + 30s);
+  store->failing_gets = false;
+  clk.advance(1s);
+  a.poll(); // refused by A's own claim: adopted and run, not after the lease
+  REQUIRE(rec.count() == 1);
+  CHECK(rec.runs[0].scheduled_at == t0() + 1min);
+  CHECK_FALSE(rec.runs[0].missed);
 }
 
 TEST_CASE("a stop gives back no claim it did not take: a lost claim call "
