@@ -658,8 +658,9 @@ void confirm_late(task_actor* self, schedule_claim claim, time_point now,
       // The renewal may have landed (its reply lost, or answered too late
       // to run on): the record then says it was last written at `sent`,
       // and the next refused claim must still know it for this replica's
-      // own.
-      note_lost(st, sent);
+      // own. A refused one wrote nothing.
+      if (!failure.empty() || ok)
+        note_lost(st, sent);
       if (adopted)
         eng->log(fmt::format("claim of {} (token {}) whose reply was lost could "
                              "not be renewed{}: left to lapse",
@@ -696,8 +697,18 @@ void give_back_lost(task_actor* self, std::shared_ptr<poll_ticket> ticket) {
     },
     [=](record& r, const std::string& failure) {
       auto& st = self->state;
+      // The window is kept whatever happens here: a claim still on its way
+      // may land, a cut may fail, and after a later start() the next
+      // refused claim must know such a claim for this replica's own (a
+      // record of this owner with a live lease can only be one of them).
+      note_lost(st, lost.first);
+      note_lost(st, lost.second);
+      // Back to idle, and looking at what is due: a start() or poll() that
+      // came while this ran (a stop() that gave up waiting) found the actor
+      // busy and armed nothing.
       auto idle = [self] {
         self->state.ph = phase::idle;
+        evaluate(self);
         reply_if_idle(self);
       };
       if (failure.empty() && r && own_lost_claim(st, lost, *r, eng->now())) {
@@ -708,10 +719,6 @@ void give_back_lost(task_actor* self, std::shared_ptr<poll_ticket> ticket) {
         eng->log_failure(fmt::format("reading {} to hand back a claim whose "
                                      "reply was lost failed: {}",
                                      id, failure));
-      // Kept: the claim may still land (a call on its way), and a later
-      // start() must know it for this replica's own.
-      note_lost(st, lost.first);
-      note_lost(st, lost.second);
       idle();
     });
 }
