@@ -980,11 +980,47 @@ TEST_CASE("with durability a stop writes the outbox entry of a send whose "
 
 namespace {
 
-// The next journal write reports a timeout at once but lands just after
-// the release its failure causes (the release overtook it on the wire).
-class overtaken_write_backend final : public botmesh::durable_backend {
+// A durable backend that passes every call to a memory backend; the test
+// backends below override the calls they change.
+class forwarding_backend : public botmesh::durable_backend {
  public:
   botmesh::memory_durable_backend inner;
+
+  void record(botmesh::journal_record rec, std::string_view holder,
+              std::chrono::milliseconds ttl,
+              completion<botmesh::journal_put> done) override {
+    inner.record(std::move(rec), holder, ttl, std::move(done));
+  }
+  void release(std::string_view id, std::string_view holder,
+               completion<bool> done) override {
+    inner.release(id, holder, std::move(done));
+  }
+  void confirm(std::string_view id, std::string_view holder,
+               completion<bool> done) override {
+    inner.confirm(id, holder, std::move(done));
+  }
+  void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
+                      std::size_t limit, std::uint32_t max_attempts,
+                      completion<claim_result> done) override {
+    inner.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
+  }
+  void retire(std::string_view holder, completion<bool> done) override {
+    inner.retire(holder, std::move(done));
+  }
+  void outbox_claim(std::string_view send_id, std::string_view key,
+                    std::uint64_t fence, std::chrono::milliseconds ttl,
+                    completion<botmesh::outbox_verdict> done) override {
+    inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
+  }
+  void outbox_forget(std::string_view send_id, completion<bool> done) override {
+    inner.outbox_forget(send_id, std::move(done));
+  }
+};
+
+// The next journal write reports a timeout at once but lands just after
+// the release its failure causes (the release overtook it on the wire).
+class overtaken_write_backend final : public forwarding_backend {
+ public:
   std::atomic<bool> overtake_next{false};
   std::atomic<int> landed_late{0};
 
@@ -1020,26 +1056,6 @@ class overtaken_write_backend final : public botmesh::durable_backend {
                     }
                     done(ok, e);
                   });
-  }
-  void confirm(std::string_view id, std::string_view holder,
-               completion<bool> done) override {
-    inner.confirm(id, holder, std::move(done));
-  }
-  void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
-                      std::size_t limit, std::uint32_t max_attempts,
-                      completion<claim_result> done) override {
-    inner.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
-  }
-  void retire(std::string_view holder, completion<bool> done) override {
-    inner.retire(holder, std::move(done));
-  }
-  void outbox_claim(std::string_view send_id, std::string_view key,
-                    std::uint64_t fence, std::chrono::milliseconds ttl,
-                    completion<botmesh::outbox_verdict> done) override {
-    inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
-  }
-  void outbox_forget(std::string_view send_id, completion<bool> done) override {
-    inner.outbox_forget(send_id, std::move(done));
   }
 
  private:
@@ -1088,9 +1104,8 @@ namespace {
 // The next outbox entry write is held until the test fails it (a write in
 // flight whose connection then breaks); everything else goes to a memory
 // backend.
-class held_outbox_backend final : public botmesh::durable_backend {
+class held_outbox_backend final : public forwarding_backend {
  public:
-  botmesh::memory_durable_backend inner;
   std::atomic<bool> hold_next{false};
   std::atomic<int> outbox_writes{0};
 
@@ -1110,27 +1125,6 @@ class held_outbox_backend final : public botmesh::durable_backend {
            errc::store_error, "simulated connection reset")));
   }
 
-  void record(botmesh::journal_record rec, std::string_view holder,
-              std::chrono::milliseconds ttl,
-              completion<botmesh::journal_put> done) override {
-    inner.record(std::move(rec), holder, ttl, std::move(done));
-  }
-  void release(std::string_view id, std::string_view holder,
-               completion<bool> done) override {
-    inner.release(id, holder, std::move(done));
-  }
-  void confirm(std::string_view id, std::string_view holder,
-               completion<bool> done) override {
-    inner.confirm(id, holder, std::move(done));
-  }
-  void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
-                      std::size_t limit, std::uint32_t max_attempts,
-                      completion<claim_result> done) override {
-    inner.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
-  }
-  void retire(std::string_view holder, completion<bool> done) override {
-    inner.retire(holder, std::move(done));
-  }
   void outbox_claim(std::string_view send_id, std::string_view key,
                     std::uint64_t fence, std::chrono::milliseconds ttl,
                     completion<botmesh::outbox_verdict> done) override {
@@ -1141,9 +1135,6 @@ class held_outbox_backend final : public botmesh::durable_backend {
     }
     ++outbox_writes;
     inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
-  }
-  void outbox_forget(std::string_view send_id, completion<bool> done) override {
-    inner.outbox_forget(send_id, std::move(done));
   }
 
  private:
