@@ -680,10 +680,13 @@ void on_renewed(lease_actor_t* self, renew_done& d) {
       continue; // a later renewal was answered already
     lead.answered_sent = d.sent;
     if (got) {
-      lead.valid_until = std::max(lead.valid_until,
-                                  valid_from_reply(self, d.sent,
-                                                   got->deadline_ms,
-                                                   got->now_ms));
+      auto v = valid_from_reply(self, d.sent, got->deadline_ms, got->now_ms);
+      if (v <= now(self))
+        // Answered after the lease it reports ran out (a stalled reply, a
+        // freeze): another replica may lead by now. Not a leadership to
+        // act on; the next renewal asks again.
+        continue;
+      lead.valid_until = std::max(lead.valid_until, v);
       arm(self, lead.valid_until);
       if (lead.fence != got->fence) {
         lead.fence = got->fence;

@@ -818,6 +818,27 @@ TEST_CASE("a leadership whose renewals fail tells the session it is lost "
   caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a leadership renewal answered after the lease it reports ran out "
+          "does not make the session lead again") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  f.tell(session, botmesh::lead_atom::value, lead_name); // until 2700
+  REQUIRE(session_log->leaders.size() == 1);
+  f.coord->hold_renewals(); // the renewal at 1000 reaches the backend, its
+                            // reply stalls
+  f.vs.advance_to(2700);
+  REQUIRE(session_log->followers.size() == 1);
+  CHECK(session_log->followers[0].second == "lost");
+  // The backend let the lease go at 4000 and another replica leads; the
+  // stalled reply ("still yours", valid until 3700 here) comes at 4100.
+  f.vs.advance_to(4100);
+  auto& stalled = f.coord->next(op::renew); // the one sent at 1000
+  sc::answer(stalled, f.coord->renewed(stalled));
+  f.vs.run();
+  CHECK(session_log->leaders.size() == 1); // before: told to lead again
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
 // -- 6. chat actor and lease actor together -------------------------------------------
 
 namespace {
