@@ -1054,8 +1054,31 @@ class test_store final : public test::forwarding_schedule_store,
     return static_cast<bool>(held_claim);
   }
   std::atomic<bool> failing_gets{false}; // asynchronous reads fail
+  std::atomic<bool> hold_gets{false};    // asynchronous reads wait for
+  std::function<void()> held_get;        // answer_held_get()
+  bool get_held() {
+    std::lock_guard guard{mtx};
+    return static_cast<bool>(held_get);
+  }
+  void answer_held_get() {
+    std::function<void()> fn;
+    {
+      std::lock_guard guard{mtx};
+      fn = std::exchange(held_get, {});
+      hold_gets = false;
+    }
+    if (fn)
+      fn();
+  }
   void get_async(std::string_view id,
                  done<std::optional<botmesh::schedule_record>> fn) override {
+    if (hold_gets.load()) {
+      std::lock_guard guard{mtx};
+      held_get = [this, id = std::string{id}, fn = std::move(fn)] {
+        fn(get(id), nullptr);
+      };
+      return;
+    }
     if (failing_gets.load()) {
       fn(std::nullopt, std::make_exception_ptr(botmesh::error(
                          botmesh::errc::store_error, "store is down")));
@@ -1252,6 +1275,34 @@ TEST_CASE("a claim whose reply was lost and that a stop could not give back "
   store->failing_gets = false;
   clk.advance(1s);
   a.poll(); // refused by A's own claim: adopted and run, not after the lease
+  REQUIRE(rec.count() == 1);
+  CHECK(rec.runs[0].scheduled_at == t0() + 1min);
+  CHECK_FALSE(rec.runs[0].missed);
+}
+
+TEST_CASE("a poll that comes while a stop gives a lost claim back runs what "
+          "is due once the give-back ended") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<test_store>();
+  recorder rec;
+  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec.logger()}};
+  a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
+          rec.handler());
+  clk.advance(1min);
+  store->losing_claim_replies = 1;
+  a.poll(); // taken by the store, the reply lost
+  store->hold_gets = true;
+  std::thread stopper{[&] { a.stop(); }};
+  REQUIRE(test::eventually([&] { return store->get_held(); }));
+  // The actor is busy with the give-back: the poll finds nothing to start
+  // and waits for it.
+  std::thread poller{[&] { a.poll(); }};
+  std::this_thread::sleep_for(50ms);
+  store->answer_held_get(); // the claim is cut
+  poller.join();
+  stopper.join();
+  // Before, the give-back went idle without looking: the poll returned
+  // having run nothing, and nothing was armed.
   REQUIRE(rec.count() == 1);
   CHECK(rec.runs[0].scheduled_at == t0() + 1min);
   CHECK_FALSE(rec.runs[0].missed);
