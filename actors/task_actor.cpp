@@ -683,8 +683,11 @@ void give_back_lost(task_actor* self, std::shared_ptr<poll_ticket> ticket) {
   auto& st = self->state;
   if (st.ph != phase::idle || !st.lost_claims)
     return;
+  // The window stays whatever happens: a claim still on its way may land,
+  // a cut may fail, and after a later start() the next refused claim must
+  // know such a claim for this replica's own (a record of this owner with
+  // a live lease can only be one of them).
   auto lost = *st.lost_claims;
-  set_lost(st, std::nullopt);
   st.polls.push_back(std::move(ticket));
   st.ph = phase::committing;
   auto* eng = st.eng.get();
@@ -697,12 +700,6 @@ void give_back_lost(task_actor* self, std::shared_ptr<poll_ticket> ticket) {
     },
     [=](record& r, const std::string& failure) {
       auto& st = self->state;
-      // The window is kept whatever happens here: a claim still on its way
-      // may land, a cut may fail, and after a later start() the next
-      // refused claim must know such a claim for this replica's own (a
-      // record of this owner with a live lease can only be one of them).
-      note_lost(st, lost.first);
-      note_lost(st, lost.second);
       // Back to idle, and looking at what is due: a start() or poll() that
       // came while this ran (a stop() that gave up waiting) found the actor
       // busy and armed nothing.

@@ -230,12 +230,8 @@ void durable_intake::entry_landed(const std::string& record,
     }
     go = take_retire();
   }
-  if (again) {
-    if (again->forget)
-      forget_entry(record, std::move(*again));
-    else
-      write_entry(record, std::move(*again));
-  }
+  if (again)
+    resend(record, std::move(*again));
   if (held)
     settle_as(key, record, keep, gen, true);
   if (go)
@@ -380,19 +376,10 @@ void durable_intake::beat(std::function<void()> done) {
     // under this one: its heartbeat must not lapse meanwhile.
     if (rotate)
       keep_alive.push_back(gen);
-    for (auto& [record, u] : unlanded_) {
-      for (auto& e : u.failed)
-        rewrite.emplace_back(record, std::move(e));
-      u.in_flight += u.failed.size();
-      u.failed.clear();
-    }
+    rewrite = take_failed(false);
   }
-  for (auto& [record, e] : rewrite) {
-    if (e.forget)
-      forget_entry(record, std::move(e));
-    else
-      write_entry(record, std::move(e));
-  }
+  for (auto& [record, e] : rewrite)
+    resend(record, std::move(e));
   // Old generations: beaten while their events run, then retired (again
   // at the next beat if that failed).
   for (auto g : retire_now)
@@ -486,27 +473,41 @@ void durable_intake::retire(std::function<void()> done) {
     // replica can claim their records, or its replay sends again: the
     // failed ones are written once more (no beat comes after this), and
     // the retire waits for every entry in flight.
-    for (auto& [record, u] : unlanded_) {
-      for (auto& e : u.failed) {
-        e.last_try = true;
-        rewrite.emplace_back(record, std::move(e));
-      }
-      u.in_flight += u.failed.size();
-      u.failed.clear();
-    }
+    rewrite = take_failed(true);
     retiring_ = [this, gens, done = std::move(done)]() mutable {
       retire_generations(std::move(gens), std::move(done));
     };
     go = take_retire();
   }
-  for (auto& [record, e] : rewrite) {
-    if (e.forget)
-      forget_entry(record, std::move(e));
-    else
-      write_entry(record, std::move(e));
-  }
+  for (auto& [record, e] : rewrite)
+    resend(record, std::move(e));
   if (go)
     go();
+}
+
+// Every failed entry, counted in flight again for its resend (under mtx_);
+// `last_try`: not tried once more should it fail again.
+std::vector<std::pair<std::string, durable_intake::entry>>
+durable_intake::take_failed(bool last_try) {
+  std::vector<std::pair<std::string, entry>> out;
+  for (auto& [record, u] : unlanded_) {
+    for (auto& e : u.failed) {
+      e.last_try = e.last_try || last_try;
+      out.emplace_back(record, std::move(e));
+    }
+    u.in_flight += u.failed.size();
+    u.failed.clear();
+  }
+  return out;
+}
+
+// Writes `e` of `record` again, or takes it back when its send was taken
+// back; counted in flight by the caller.
+void durable_intake::resend(const std::string& record, entry e) {
+  if (e.forget)
+    forget_entry(record, std::move(e));
+  else
+    write_entry(record, std::move(e));
 }
 
 // The retire's continuation, once no outbox entry is in flight (under

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <botmesh/actors/chat_services.hpp>
@@ -168,6 +169,8 @@ class durable_intake {
   };
   void entry_landed(const std::string& record, const entry* failed);
   std::function<void()> take_retire();
+  std::vector<std::pair<std::string, entry>> take_failed(bool last_try);
+  void resend(const std::string& record, entry e);
   void retire_generations(std::vector<std::uint32_t> gens,
                           std::function<void()> done);
   void forget_entry(const std::string& record, entry e);

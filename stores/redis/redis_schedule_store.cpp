@@ -59,6 +59,17 @@ schedule_record read_record(std::string_view id, std::string_view key,
   return rec;
 }
 
+// An HGETALL of `key`'s schedule hash: the record, none when the hash is
+// missing.
+std::optional<schedule_record> hgetall_record(std::string_view id,
+                                              const std::string& key,
+                                              const redis_reply& r) {
+  expect_reply("HGETALL " + key, r, kind::array);
+  if (r.elements.empty())
+    return std::nullopt;
+  return read_record(id, key, r);
+}
+
 // Runs `decode(reply)` and hands its value, or what it or the call threw,
 // to `done`: the asynchronous calls fail exactly as the synchronous ones.
 template <class T, class Decode>
@@ -91,11 +102,7 @@ class redis_schedule_store final : public schedule_store,
 
   std::optional<schedule_record> get(std::string_view id) override {
     auto k = n_.record(id);
-    auto r = c_->call({"HGETALL", k});
-    expect_reply("HGETALL " + k, r, kind::array);
-    if (r.elements.empty())
-      return std::nullopt;
-    return read_record(id, k, r);
+    return hgetall_record(id, k, c_->call({"HGETALL", k}));
   }
 
   schedule_record register_task(std::string_view id, std::string_view spec,
@@ -169,11 +176,7 @@ class redis_schedule_store final : public schedule_store,
       }
       c->async(k, {"HGETALL", k},
                 settle<claim_result>(std::move(fn), [id, k](redis_reply& r) {
-                  expect_reply("HGETALL " + k, r, kind::array);
-                  claim_result out;
-                  if (!r.elements.empty())
-                    out.current = read_record(id, k, r);
-                  return out;
+                  return claim_result{std::nullopt, hgetall_record(id, k, r)};
                 }));
     };
     c_->eval_async(k, lua().schedule_claim, {k}, std::move(args),
@@ -186,11 +189,7 @@ class redis_schedule_store final : public schedule_store,
     c_->async(k, {"HGETALL", k},
               settle<std::optional<schedule_record>>(
                 std::move(fn), [id = std::string{id}, k](redis_reply& r) {
-                  expect_reply("HGETALL " + k, r, kind::array);
-                  std::optional<schedule_record> out;
-                  if (!r.elements.empty())
-                    out = read_record(id, k, r);
-                  return out;
+                  return hgetall_record(id, k, r);
                 }));
   }
 
