@@ -205,6 +205,27 @@ bool no_checkpoint(Env& env) {
   return eventually([&] { return !env.store->get_checkpoint("test:x"); });
 }
 
+/// Starts `a` and `b` with order_flow(); a's order gets "café" (message
+/// id "m-cafe"), and its checkpoint, written in that message's turn, waits
+/// at the next question. Returns that message.
+template <class Env>
+botmesh::inbound_message cafe_answered_on_a(Env& env, replica& a, replica& b) {
+  a.bot->add_flow(order_flow());
+  b.bot->add_flow(order_flow());
+  a.bot->start();
+  b.bot->start();
+  botmesh::inbound_message cafe;
+  cafe.id = "m-cafe";
+  cafe.text = "café";
+  cafe.chat = cafe.sender = "x";
+  REQUIRE(a.say("pedido", 1));
+  a.provider->inject(cafe);
+  REQUIRE(a.provider->wait_for_sent(2, 10s));
+  // The checkpoint that waits at the next question: "café" is in it.
+  REQUIRE(waiting_at(env, "cantidad"));
+  return cafe;
+}
+
 inline botmesh::time_point now() {
   return botmesh::clock::system().now();
 }
@@ -828,20 +849,8 @@ TEST_CASE_TEMPLATE_DEFINE("handover: an answer handled again after its "
   Env env;
   replica a{env, "a", forward()};
   replica b{env, "b", forward()};
-  a.bot->add_flow(order_flow());
-  b.bot->add_flow(order_flow());
-  a.bot->start();
-  b.bot->start();
-  REQUIRE(a.say("pedido", 1));
-  botmesh::inbound_message cafe;
-  cafe.id = "m-cafe";
-  cafe.text = "café";
-  cafe.chat = cafe.sender = "x";
-  a.provider->inject(cafe);
-  REQUIRE(a.provider->wait_for_sent(2, 10s));
+  auto cafe = cafe_answered_on_a(env, a, b);
   CHECK(a.last() == "¿Cantidad?");
-  // The checkpoint that waits at the next question: "café" is in it.
-  REQUIRE(waiting_at(env, "cantidad"));
   // The same message reaches b (as a journal record whose confirm was
   // lost is handled again): the step asks again, it is no quantity.
   b.provider->inject(cafe);
@@ -861,18 +870,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: an edit of the message whose turn wrote "
   Env env;
   replica a{env, "a", forward()};
   replica b{env, "b", forward()};
-  a.bot->add_flow(order_flow());
-  b.bot->add_flow(order_flow());
-  a.bot->start();
-  b.bot->start();
-  REQUIRE(a.say("pedido", 1));
-  botmesh::inbound_message cafe;
-  cafe.id = "m-cafe";
-  cafe.text = "café";
-  cafe.chat = cafe.sender = "x";
-  a.provider->inject(cafe);
-  REQUIRE(a.provider->wait_for_sent(2, 10s));
-  REQUIRE(waiting_at(env, "cantidad"));
+  auto cafe = cafe_answered_on_a(env, a, b);
   // The user edits "café" into "3" (same message id, an edit id of its
   // own): on b it answers the quantity.
   auto edit = cafe;

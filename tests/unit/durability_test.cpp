@@ -693,15 +693,18 @@ TEST_CASE("durability options are checked when the bot is built") {
   CHECK(field(ok).empty());
 }
 
-TEST_CASE("with durability a journal write whose reply was lost is handled "
-          "once: the record is freed and claimed, the platform's retry is a "
-          "duplicate") {
-  auto backend = std::make_shared<test::gated_backend>();
-  backend->open();
-  backend->lose_record_replies = true;
+namespace {
+
+// A message whose journal write reports a timeout (`arm`, called once the
+// bot runs, makes the backend do that), then the platform's retry: the
+// first is refused with `timeout`, the retry is a duplicate, and the record
+// is handled once, by a beat. `refused` runs between the two.
+void timed_out_write_handled_once(std::shared_ptr<botmesh::durable_backend> backend,
+                                  const std::function<void()>& arm,
+                                  const std::function<void()>& refused) {
   auto p = std::make_shared<botmesh::testing_provider>();
   test::error_log errors;
-  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  botmesh::bot b{{.provider = p, .durability = durable(std::move(backend))}};
   errors.attach(b);
   std::atomic<int> handled{0};
   b.on_message([&](botmesh::context& c) {
@@ -709,22 +712,36 @@ TEST_CASE("with durability a journal write whose reply was lost is handled "
     c.reply("ok " + c.text());
   });
   b.start();
+  arm();
   std::atomic<int> code{-1};
   p->inject(msg("ana", "m1", "hola"),
             {.accepted = [&](errc e) { code = static_cast<int>(e); },
              .turn_ended = {}});
   REQUIRE(test::eventually([&] { return code != -1; }));
   CHECK(code == static_cast<int>(errc::timeout));
-  backend->lose_record_replies = false;
+  refused();
   // The platform retries: already journaled, so a duplicate...
   p->inject(msg("ana", "m1", "hola"));
-  // ...and the freed record is handled by the next beat, once.
-  REQUIRE(p->wait_for_sent(1, 5s));
   REQUIRE(test::eventually([&] { return b.stats().duplicates == 1; }));
+  // ...and the record is handled by a beat, once.
+  REQUIRE(p->wait_for_sent(1, 5s));
   b.stop();
   CHECK(handled == 1);
+  CHECK(texts(*p) == std::vector<std::string>{"ok hola"});
   CHECK(b.stats().reprocessed == 1);
   CHECK(errors.count(errc::timeout) == 1);
+}
+
+} // namespace
+
+TEST_CASE("with durability a journal write whose reply was lost is handled "
+          "once: the record is freed and claimed, the platform's retry is a "
+          "duplicate") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  timed_out_write_handled_once(
+    backend, [&] { backend->lose_record_replies = true; },
+    [&] { backend->lose_record_replies = false; });
 }
 
 TEST_CASE("with durability a step cut by settle releases its record: it is "
@@ -1067,36 +1084,14 @@ class overtaken_write_backend final : public forwarding_backend {
 
 TEST_CASE("with durability a journal write whose reply failed and that lands "
           "after its release is handled once: its generation is retired") {
+  // Held by a holder that keeps beating, the record would never be handled;
+  // retired with its generation, a beat takes it over and handles it.
   auto backend = std::make_shared<overtaken_write_backend>();
-  auto p = std::make_shared<botmesh::testing_provider>();
-  test::error_log errors;
-  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
-  errors.attach(b);
-  std::atomic<int> handled{0};
-  b.on_message([&](botmesh::context& c) {
-    ++handled;
-    c.reply("ok " + c.text());
-  });
-  b.start();
-  backend->overtake_next = true;
-  std::atomic<int> code{-1};
-  p->inject(msg("ana", "m1", "hola"),
-            {.accepted = [&](errc e) { code = static_cast<int>(e); },
-             .turn_ended = {}});
-  REQUIRE(test::eventually([&] { return code != -1; }));
-  CHECK(code == static_cast<int>(errc::timeout));
-  REQUIRE(test::eventually([&] { return backend->landed_late == 1; }));
-  // The platform's retry finds the record: a duplicate. Held by a holder
-  // that keeps beating, it would never be handled; retired with its
-  // generation, a beat takes it over and handles it.
-  p->inject(msg("ana", "m1", "hola"));
-  REQUIRE(test::eventually([&] { return b.stats().duplicates == 1; }));
-  REQUIRE(p->wait_for_sent(1, 5s));
-  b.stop();
-  CHECK(handled == 1);
-  CHECK(texts(*p) == std::vector<std::string>{"ok hola"});
-  CHECK(b.stats().reprocessed == 1);
-  CHECK(errors.count(errc::timeout) == 1);
+  timed_out_write_handled_once(
+    backend, [&] { backend->overtake_next = true; },
+    [&] {
+      REQUIRE(test::eventually([&] { return backend->landed_late == 1; }));
+    });
 }
 
 namespace {

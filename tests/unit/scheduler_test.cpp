@@ -1177,14 +1177,23 @@ TEST_CASE("a claim answered after its lease ran out is not run: the replica "
   CHECK(store->get("job")->next_run_at == t0() + 2min);
 }
 
-TEST_CASE("a claim the store took but whose reply was lost is taken up again "
-          "at the next look, not after its lease") {
+// Scheduler A on a test_store with a manual clock, running "job" every
+// minute (due at t0 + 1 min) under `skip` with a 30 s lease.
+struct lost_claim_job {
   botmesh::manual_clock clk{t0()};
-  auto store = std::make_shared<test_store>();
+  std::shared_ptr<test_store> store = std::make_shared<test_store>();
   recorder rec;
   botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec.logger()}};
-  a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
-          rec.handler());
+
+  lost_claim_job() {
+    a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
+            rec.handler());
+  }
+};
+
+TEST_CASE_FIXTURE(lost_claim_job,
+                  "a claim the store took but whose reply was lost is taken up "
+                  "again at the next look, not after its lease") {
   clk.advance(1min);
   store->losing_claim_replies = 2;
   a.poll(); // taken by the store, the reply lost
@@ -1203,14 +1212,10 @@ TEST_CASE("a claim the store took but whose reply was lost is taken up again "
   CHECK(r->lease_owner.empty());
 }
 
-TEST_CASE("a lost claim whose confirming renewal landed with its reply lost "
-          "is still taken up again at the next look, not after its lease") {
-  botmesh::manual_clock clk{t0()};
-  auto store = std::make_shared<test_store>();
-  recorder rec;
-  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec.logger()}};
-  a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
-          rec.handler());
+TEST_CASE_FIXTURE(lost_claim_job,
+                  "a lost claim whose confirming renewal landed with its reply "
+                  "lost is still taken up again at the next look, not after "
+                  "its lease") {
   clk.advance(1min);
   store->losing_claim_replies = 1;
   a.poll(); // taken by the store, the reply lost
@@ -1229,21 +1234,16 @@ TEST_CASE("a lost claim whose confirming renewal landed with its reply lost "
   CHECK(r->lease_owner.empty());
 }
 
-TEST_CASE("a claim whose reply was lost is given back at stop: another "
-          "replica runs the slot at once, not after its lease") {
-  botmesh::manual_clock clk{t0()};
-  auto store = std::make_shared<test_store>();
+TEST_CASE_FIXTURE(lost_claim_job,
+                  "a claim whose reply was lost is given back at stop: another "
+                  "replica runs the slot at once, not after its lease") {
   std::shared_ptr<botmesh::schedule_store> shared{store, &store->inner};
-  recorder rec_a;
-  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec_a.logger()}};
-  a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
-          rec_a.handler());
   clk.advance(1min);
   store->losing_claim_replies = 1;
   a.poll(); // taken by the store, the reply lost
   REQUIRE(store->get("job")->lease_until > clk.now());
   a.stop();
-  CHECK(rec_a.count() == 0);
+  CHECK(rec.count() == 0);
   CHECK(store->get("job")->lease_until <= clk.now() + 1ms);
   recorder rec_b;
   botmesh::scheduler b{{.store = shared, .clock = &clk, .log = rec_b.logger()}};
@@ -1256,14 +1256,9 @@ TEST_CASE("a claim whose reply was lost is given back at stop: another "
   CHECK(store->get("job")->next_run_at == t0() + 2min);
 }
 
-TEST_CASE("a claim whose reply was lost and that a stop could not give back "
-          "is still taken up again after the next start") {
-  botmesh::manual_clock clk{t0()};
-  auto store = std::make_shared<test_store>();
-  recorder rec;
-  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec.logger()}};
-  a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
-          rec.handler());
+TEST_CASE_FIXTURE(lost_claim_job,
+                  "a claim whose reply was lost and that a stop could not give "
+                  "back is still taken up again after the next start") {
   clk.advance(1min);
   store->losing_claim_replies = 1;
   a.poll(); // taken by the store, the reply lost
@@ -1280,14 +1275,9 @@ TEST_CASE("a claim whose reply was lost and that a stop could not give back "
   CHECK_FALSE(rec.runs[0].missed);
 }
 
-TEST_CASE("a poll that comes while a stop gives a lost claim back runs what "
-          "is due once the give-back ended") {
-  botmesh::manual_clock clk{t0()};
-  auto store = std::make_shared<test_store>();
-  recorder rec;
-  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec.logger()}};
-  a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
-          rec.handler());
+TEST_CASE_FIXTURE(lost_claim_job,
+                  "a poll that comes while a stop gives a lost claim back runs "
+                  "what is due once the give-back ended") {
   clk.advance(1min);
   store->losing_claim_replies = 1;
   a.poll(); // taken by the store, the reply lost
@@ -1308,17 +1298,27 @@ TEST_CASE("a poll that comes while a stop gives a lost claim back runs what "
   CHECK_FALSE(rec.runs[0].missed);
 }
 
-TEST_CASE("a stop gives back no claim it did not take: a lost claim call "
-          "the store refused leaves the other replica's claim alone") {
+// Another replica holds "job"'s slot (due at t0 + 1 min, 30 s lease); A's
+// claim call for it, refused, fails on its way back.
+struct claimed_elsewhere {
   botmesh::manual_clock clk{t0()};
-  auto store = std::make_shared<test_store>();
+  std::shared_ptr<test_store> store = std::make_shared<test_store>();
   recorder rec;
   botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec.logger()}};
-  a.every("1m", {.id = "job", .lease = "30s"}, rec.handler());
-  clk.advance(1min);
-  REQUIRE(store->inner.claim("job", "other", clk.now(), 30s));
-  store->losing_claim_replies = 1;
-  a.poll();
+
+  claimed_elsewhere() {
+    a.every("1m", {.id = "job", .lease = "30s"}, rec.handler());
+    clk.advance(1min);
+    REQUIRE(store->inner.claim("job", "other", clk.now(), 30s));
+    store->losing_claim_replies = 1;
+    a.poll();
+  }
+};
+
+TEST_CASE_FIXTURE(claimed_elsewhere,
+                  "a stop gives back no claim it did not take: a lost claim "
+                  "call the store refused leaves the other replica's claim "
+                  "alone") {
   a.stop();
   auto r = store->get("job");
   CHECK(r->lease_owner == "other");
@@ -1326,18 +1326,9 @@ TEST_CASE("a stop gives back no claim it did not take: a lost claim call "
   CHECK(store->renewals_of(r->fencing_token) == 0);
 }
 
-TEST_CASE("a claim refused by another replica with the same slot is not "
-          "adopted, even after a lost reply") {
-  botmesh::manual_clock clk{t0()};
-  auto store = std::make_shared<test_store>();
-  recorder rec;
-  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec.logger()}};
-  a.every("1m", {.id = "job", .lease = "30s"}, rec.handler());
-  clk.advance(1min);
-  // Another replica holds the slot; A's claim call fails on its way.
-  REQUIRE(store->inner.claim("job", "other", clk.now(), 30s));
-  store->losing_claim_replies = 1;
-  a.poll();
+TEST_CASE_FIXTURE(claimed_elsewhere,
+                  "a claim refused by another replica with the same slot is "
+                  "not adopted, even after a lost reply") {
   clk.advance(1s);
   a.poll();
   CHECK(rec.count() == 0);
