@@ -10,11 +10,15 @@
 #                        with its command line and nodes.conf, as a
 #                        chaos test does after killing it; redis.pid);
 #                        installs an EXIT trap that stops them all (also
-#                        nodes started again) and removes their files
+#                        nodes started again) and removes their files;
+#                        exports REDIS_CLUSTER_RESET, a command that makes
+#                        the cluster anew on the same ports (see
+#                        scripts/lib/cluster-reset)
 #
 # Needs redis-server and redis-cli (scripts/setup-deps installs them).
 
 servers_run_dir=""
+servers_lib_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 servers_redis_pid=""
 servers_cluster_pids=()
 
@@ -41,10 +45,17 @@ servers_kill() {
   fi
 }
 
+# True when process $1 is a redis-server (a node made anew by
+# cluster-reset has another pid, and the old one may have been reused).
+servers_is_redis() {
+  tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -q "^redis-server"
+}
+
 servers_stop() {
   local pid
   for pid in "$servers_redis_pid" "${servers_cluster_pids[@]}"; do
     [ -n "$pid" ] || continue
+    servers_is_redis "$pid" || continue
     servers_kill "$pid"
   done
   # Nodes a test started again (cluster-<port>/start) are not our children:
@@ -168,6 +179,8 @@ servers_start_cluster() {
   for port in "${servers_cluster_ports[@]}"; do
     nodes+=("127.0.0.1:$port")
   done
+  # The order decides the masters: cluster-reset makes the cluster anew in it.
+  printf '%s\n' "${servers_cluster_ports[@]}" >"$servers_run_dir/cluster-ports"
   if ! redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 \
     --cluster-yes >"$servers_run_dir/cluster-create.log" 2>&1; then
     echo "test: redis-cli --cluster create failed" >&2
@@ -182,6 +195,7 @@ servers_start_cluster() {
     if [ "$ready" = 1 ]; then
       export REDIS_CLUSTER_URL="redis://127.0.0.1:${servers_cluster_ports[0]}"
       export REDIS_CLUSTER_DIR="$servers_run_dir"
+      export REDIS_CLUSTER_RESET="$servers_lib_dir/cluster-reset"
       echo "test: redis cluster (3 masters + 3 replicas) on ports" \
         "${servers_cluster_ports[*]}, seed $REDIS_CLUSTER_URL" >&2
       return 0

@@ -4,9 +4,13 @@
 // topology as CLUSTER NODES reports it, a client per node, and slot moves
 // step by step (MIGRATING/IMPORTING, key by key, then the new owner).
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -234,9 +238,82 @@ inline long long error_count(const std::string& address, const std::string& pref
   return std::stoll(text.substr(at + prefix.size() + 17));
 }
 
+/// What every node of the cluster says about it, for a failure message:
+/// for each node scripts/test started (REDIS_CLUSTER_DIR/cluster-<port>),
+/// its CLUSTER NODES, the state lines of CLUSTER INFO, its role and
+/// replication link, and the end of its log. A node that does not answer
+/// says so. Written to stderr, which ctest shows for a failed test.
+inline void dump_cluster(const std::string& why) {
+  std::ostringstream out;
+  out << "---- cluster state: " << why << "\n";
+  auto dir = std::getenv("REDIS_CLUSTER_DIR");
+  if (!dir || !*dir) {
+    out << "(REDIS_CLUSTER_DIR is not set)\n";
+    std::fputs(out.str().c_str(), stderr);
+    return;
+  }
+  std::vector<std::string> ports;
+  for (auto& e : std::filesystem::directory_iterator{dir}) {
+    auto name = e.path().filename().string();
+    if (e.is_directory() && name.starts_with("cluster-"))
+      ports.push_back(name.substr(8));
+  }
+  std::sort(ports.begin(), ports.end());
+  for (auto& port : ports) {
+    auto address = "127.0.0.1:" + port;
+    out << "== node " << address << "\n";
+    try {
+      auto c = node_client(address, "1s");
+      out << c->call({"CLUSTER", "NODES"}).str;
+      std::istringstream info{c->call({"CLUSTER", "INFO"}).str};
+      std::string line;
+      while (std::getline(info, line))
+        if (line.starts_with("cluster_state") || line.starts_with("cluster_slots")
+            || line.starts_with("cluster_known") || line.starts_with("cluster_current_epoch")
+            || line.starts_with("cluster_my_epoch"))
+          out << line << "\n";
+      std::istringstream repl{c->call({"INFO", "replication"}).str};
+      while (std::getline(repl, line))
+        if (line.starts_with("role") || line.starts_with("master_link_status")
+            || line.starts_with("master_host") || line.starts_with("master_port")
+            || line.starts_with("connected_slaves"))
+          out << line << "\n";
+    } catch (const std::exception& e) {
+      out << "(does not answer: " << e.what() << ")\n";
+    }
+    std::ifstream log{std::string{dir} + "/cluster-" + port + "/redis.log"};
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(log, line);)
+      lines.push_back(line);
+    auto from = lines.size() > 40 ? lines.size() - 40 : 0;
+    out << "-- last " << lines.size() - from << " log lines\n";
+    for (auto i = from; i < lines.size(); ++i)
+      out << lines[i] << "\n";
+  }
+  out << "---- end of cluster state\n";
+  std::fputs(out.str().c_str(), stderr);
+}
+
+/// Throws, after dump_cluster(), when `limit` passed since `start`: every
+/// wait on the cluster's gossip is bounded, so a cluster that never settles
+/// fails the test with its state instead of hanging it.
+inline void check_wait(std::chrono::steady_clock::time_point start,
+                       std::chrono::milliseconds limit, const std::string& what) {
+  if (std::chrono::steady_clock::now() - start > limit) {
+    dump_cluster("timed out waiting for " + what);
+    throw std::runtime_error("timed out after "
+                             + std::to_string(limit.count() / 1000) + " s waiting for "
+                             + what);
+  }
+}
+
 /// Waits until every node agrees `slot` is served by `id` (gossip).
-inline void await_slot_owner(int slot, const std::string& id) {
+inline void await_slot_owner(int slot, const std::string& id,
+                             std::chrono::milliseconds limit = std::chrono::seconds(60)) {
+  auto start = std::chrono::steady_clock::now();
   for (;;) {
+    check_wait(start, limit, "every node to see slot " + std::to_string(slot)
+                               + " served by " + id);
     bool all = true;
     for (auto& n : cluster_nodes())
       if (!n.failed) {
@@ -262,10 +339,15 @@ namespace test {
 /// asked again.
 inline void fail_over_to(const cluster_node& replica, int slot) {
   auto c = node_client(replica.address);
+  auto start = std::chrono::steady_clock::now();
   for (;;) {
+    auto what = "a manual failover to " + replica.address;
     while (c->call({"INFO", "replication"}).str.find("master_link_status:up")
-           == std::string::npos)
+           == std::string::npos) {
+      check_wait(start, std::chrono::seconds(60), what);
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    check_wait(start, std::chrono::seconds(60), what);
     c->call({"CLUSTER", "FAILOVER"});
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(6);
     while (std::chrono::steady_clock::now() < until) {
@@ -286,7 +368,10 @@ namespace test {
 /// A replica of `master` in sync with it, once the cluster lists one (after
 /// a failover the old master shows up as a replica a moment later).
 inline cluster_node synced_replica_of(const cluster_node& master) {
+  auto start = std::chrono::steady_clock::now();
   for (;;) {
+    check_wait(start, std::chrono::seconds(60),
+               "a replica of " + master.address + " in sync with it");
     for (auto& n : cluster_nodes())
       if (!n.master && n.master_id == master.id && !n.failed) {
         auto info = node_client(n.address)->call({"INFO", "replication"}).str;
@@ -388,11 +473,43 @@ inline bool await_whole_cluster(
   std::chrono::milliseconds bound = std::chrono::seconds(30)) {
   auto until = std::chrono::steady_clock::now() + bound;
   while (!cluster_is_whole()) {
-    if (std::chrono::steady_clock::now() > until)
+    if (std::chrono::steady_clock::now() > until) {
+      dump_cluster("the cluster is not whole after "
+                   + std::to_string(bound.count() / 1000) + " s");
       return false;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return true;
+}
+
+} // namespace test
+
+namespace test {
+
+/// Makes the cluster anew on the same ports (scripts/lib/cluster-reset,
+/// which scripts/test names in REDIS_CLUSTER_RESET). Every key is lost.
+inline void reset_cluster() {
+  auto cmd = std::getenv("REDIS_CLUSTER_RESET");
+  if (!cmd || !*cmd)
+    throw std::runtime_error(
+      "REDIS_CLUSTER_RESET is not set: run the tests with scripts/test");
+  if (std::system((std::string{"'"} + cmd + "'").c_str()) != 0)
+    throw std::runtime_error(std::string{"the cluster could not be made anew: "}
+                             + cmd + " failed");
+}
+
+/// Returns once the cluster is whole. A cluster that is not whole within
+/// 30 s is written to stderr (dump_cluster) and made anew (reset_cluster):
+/// the test that broke it already failed on its own check, and the next one
+/// must not fail for it. Throws when the cluster cannot be made whole.
+inline void ensure_whole_cluster() {
+  if (await_whole_cluster(std::chrono::seconds(30)))
+    return;
+  std::fputs("the cluster is not whole: making it anew\n", stderr);
+  reset_cluster();
+  if (!await_whole_cluster(std::chrono::seconds(30)))
+    throw std::runtime_error("the cluster is not whole after it was made anew");
 }
 
 } // namespace test

@@ -54,11 +54,21 @@ class incr_writer {
     marked_ = true;
   }
 
-  /// Waits (yielding) until `n` increments succeeded after the mark, or
-  /// in all when there is no mark.
-  void await_ok(long long n) const {
-    while ((marked_ ? ok_after_mark : ok).load() < n)
-      std::this_thread::yield();
+  /// Waits until `n` increments succeeded after the mark, or in all when
+  /// there is no mark; false, after the cluster's state was written to
+  /// stderr, when they did not within 60 s (a cluster that never served
+  /// the key again fails the test instead of hanging it).
+  bool await_ok(long long n) const {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while ((marked_ ? ok_after_mark : ok).load() < n) {
+      if (std::chrono::steady_clock::now() > until) {
+        test::dump_cluster(std::to_string(n) + " increments of " + key_
+                           + " did not succeed within 60 s");
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
   }
 
   std::atomic<long long> ok{0}, ok_after_mark{0}, lost{0}, failed{0};
@@ -179,11 +189,11 @@ TEST_CASE("cluster topology: a manual failover is followed and every command "
 
   // A writer keeps incrementing while the replica takes over.
   incr_writer w{c, key};
-  w.await_ok(50);
+  REQUIRE(w.await_ok(50));
   redis_client stale{test::cluster_options()}; // its map: the old master
   test::fail_over_to(replica, slot);
   w.mark();
-  w.await_ok(50);
+  REQUIRE(w.await_ok(50));
   w.finish();
   for (auto& e : w.errors) {
     CAPTURE(e);
@@ -236,12 +246,14 @@ TEST_CASE("cluster topology: when a master hangs its replica takes over and "
         mine = true;
   if (!mine) {
     w.finish();
+    test::dump_cluster("the replica did not take over");
     FAIL("the replica did not take over while its master hung for 15 s");
   }
   w.mark();
-  w.await_ok(50);
+  bool served = w.await_ok(50);
   w.finish();
   woke.wait();
+  REQUIRE(served);
   CHECK(w.lost.load() > 0); // the hung master's commands timed out
   for (auto& e : w.errors) {
     CAPTURE(e);
