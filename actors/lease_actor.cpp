@@ -688,6 +688,8 @@ void on_renewed(lease_actor_t* self, renew_done& d) {
         continue;
       lead.valid_until = std::max(lead.valid_until, v);
       arm(self, lead.valid_until);
+      self->send(lead.session, lead_valid_atom::value, l->first,
+                 ticks(lead.valid_until));
       if (lead.fence != got->fence) {
         lead.fence = got->fence;
         lead.told = false;
@@ -986,8 +988,10 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       l.told = false;
       // A new presenter of a name still led (given up and taken again
       // before the unlead came): it leads at once, at the same fence.
-      if (l.fence)
+      if (l.fence) {
+        self->send(l.session, lead_valid_atom::value, name, ticks(l.valid_until));
         self->send(l.session, leader_atom::value, name, *l.fence);
+      }
       renewal r;
       r.leads.push_back(name);
       send_renew(self, std::move(r)); // elect now, not at the next tick
@@ -1106,6 +1110,9 @@ caf::behavior leadership_agent(caf::event_based_actor* self,
     },
     [=](follower_atom, const std::string& n, const std::string&) {
       answer(n, 0);
+    },
+    [=](lead_valid_atom, const std::string&, std::int64_t) {
+      // nop: the scheduler's leadership keeps its own bound
     },
     [=](unlead_atom) {
       self->send(lease, unlead_atom::value, name);

@@ -80,6 +80,11 @@ using unlead_atom = caf::atom_constant<caf::atom("bm_unlead")>;
 /// lease -> session: (name, fence): elected.
 using leader_atom = caf::atom_constant<caf::atom("bm_leader")>;
 
+/// lease -> session: (name, until): the leadership is valid until `until`
+/// (steady_clock ticks: from when its renewal left, minus the margin). Sent
+/// before `leader_atom` and whenever a renewal extends it.
+using lead_valid_atom = caf::atom_constant<caf::atom("bm_lvalid")>;
+
 /// lease -> session: (name, reason): not (or no longer) leading.
 using follower_atom = caf::atom_constant<caf::atom("bm_follow")>;
 

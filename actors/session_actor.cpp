@@ -98,6 +98,11 @@ caf::behavior session_actor(session_actor_t* self, session_config cfg) {
       st.cfg.hooks->set_transport(true, {});
       st.cfg.hooks->leader(st.cfg.name, fence);
     },
+    [=](lead_valid_atom, const std::string&, std::int64_t until) {
+      auto& st = self->state;
+      if (st.cfg.leading_until)
+        st.cfg.leading_until->store(until);
+    },
     [=](follower_atom, const std::string&, const std::string& reason) {
       auto& st = self->state;
       if (st.stopping)

@@ -49,6 +49,11 @@ struct session_config {
   session_hooks* hooks = nullptr;
   /// Set while this replica leads (read by `bot::send` on any thread).
   std::shared_ptr<std::atomic<bool>> leading{};
+  /// Until when the leadership is valid, in steady_clock ticks, as the lease
+  /// actor last confirmed it (optional). The transport's threads check it
+  /// before they hand an update on: after a freeze `leading` still says yes
+  /// until the lease actor runs again, and another replica may lead by then.
+  std::shared_ptr<std::atomic<std::int64_t>> leading_until{};
 };
 
 /// Spawns the session actor of an exclusive transport: it asks the lease

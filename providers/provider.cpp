@@ -16,7 +16,7 @@ void provider_host::deliver(inbound_message msg, delivery_callbacks cb) {
 
 bool retry_later(errc code) noexcept {
   return code == errc::stopped || code == errc::store_error
-         || code == errc::timeout;
+         || code == errc::timeout || code == errc::provider_not_leader;
 }
 
 bool provider_host::yield_leadership(std::string_view) {

@@ -81,8 +81,10 @@ struct delivery_callbacks {
 
 /// True when a refusal in `delivery_callbacks::accepted` means "deliver it
 /// again later" (answer the platform with a retryable status, keep a poll
-/// offset): `errc::stopped`, and with durability `errc::store_error` and
-/// `errc::timeout` (the journal write failed). Other refusals would fail
+/// offset): `errc::stopped`; `errc::provider_not_leader` (an exclusive
+/// transport whose replica's leadership lapsed, e.g. after a freeze: the
+/// replica that leads now gets it); and with durability `errc::store_error`
+/// and `errc::timeout` (the journal write failed). Other refusals would fail
 /// again.
 bool retry_later(errc code) noexcept;
 

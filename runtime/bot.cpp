@@ -364,10 +364,12 @@ struct bot::impl final : chat_services,
   }
 
   void apply_transport() {
+    bool start_failed = false;
     std::unique_lock guard{switch_.mtx};
     while (switch_.is != switch_.want) {
       bool open = switch_.want;
       guard.unlock();
+      start_failed = false;
       try {
         if (open) {
           {
@@ -379,11 +381,12 @@ struct bot::impl final : chat_services,
           opts.provider->stop();
         }
       } catch (const std::exception& e) {
-        // Taken as done: a transport that did not start stays closed, and
-        // the session actor yields after provider_down.
+        // Taken as done (a stop still runs, for what a failed start left
+        // behind): a transport that did not start stays closed.
         log::error("bot", fmt::format("{} the transport failed: {}",
                                       open ? "starting" : "stopping",
                                       e.what()));
+        start_failed = open;
       }
       guard.lock();
       switch_.is = open;
@@ -394,6 +397,11 @@ struct bot::impl final : chat_services,
     guard.unlock();
     for (auto& f : applied)
       f();
+    // The leadership goes at once rather than after provider_down: a
+    // standby may start where this replica could not (it presents itself
+    // again after the rest, and tries again when elected).
+    if (start_failed)
+      yield_leadership("start_failed");
   }
 
   std::optional<std::chrono::steady_clock::duration> closed_for() override {
@@ -713,6 +721,22 @@ struct bot::impl final : chat_services,
       refuse(errc::stopped, why);
       return;
     }
+    if (exclusive() && !internal::receipt_of(cb) && !leads_now()) {
+      // The transport's thread ran on after a freeze (or the leadership
+      // went while it was handing a batch on): another replica may lead
+      // and poll the same updates. Left to it, not handled twice: the
+      // poller keeps its offset, a webhook answers with a retryable status.
+      // (What the application's actors deliver, with a receipt, does not
+      // come through the transport: it is taken on any replica.)
+      ++refused_not_leader;
+      auto key = chat_key(msg);
+      auto why = fmt::format("chat {}: message arrived through provider:{} "
+                             "while this replica's leadership had lapsed",
+                             key, provider_id);
+      raise(errc::provider_not_leader, why, key, std::move(msg));
+      refuse(errc::provider_not_leader, why);
+      return;
+    }
     auto key = chat_key(msg);
     if (opts.durability) {
       durable->journal(std::move(key), std::move(msg), std::move(cb));
@@ -818,14 +842,19 @@ struct bot::impl final : chat_services,
     sc.rest = std::max(co.coordinator->lease(), std::chrono::milliseconds{3000});
     sc.hooks = this;
     sc.leading = leading_flag;
+    sc.leading_until = leading_until;
     session_handle = spawn_session_actor(*sys, std::move(sc));
     // Presented only now: the transport it may start must find the handle
     // set (yield_leadership reads it from the transport's threads).
     caf::anon_send(session_handle, start_atom::value);
   }
 
-  bool leading() const {
-    return leading_flag->load();
+  // Leading, and within the validity the lease actor last confirmed (the
+  // flag alone may be stale after a freeze, until the lease actor runs).
+  bool leads_now() const {
+    return leading_flag->load()
+           && std::chrono::steady_clock::now().time_since_epoch().count()
+                < leading_until->load();
   }
 
   void input_closed() override {
@@ -1027,7 +1056,7 @@ struct bot::impl final : chat_services,
     if (msg.chat.empty())
       throw invalid_argument_error("chat", "send: the chat must not be empty");
     msg.provider = provider_id;
-    if (exclusive() && !leading())
+    if (exclusive() && !leads_now())
       throw provider_not_leader_error(provider_id);
     // Fencing: a step whose turn was lost (or ran past settle) must not
     // answer out of order.
@@ -1111,6 +1140,7 @@ struct bot::impl final : chat_services,
     refused("invalid", s.refused_invalid);
     refused("overloaded", s.refused_overload);
     refused("stopped", s.refused_stopped);
+    refused("not_leader", s.refused_not_leader);
     refused("no_turn", s.turn_failures);
     e.counter("botmesh_duplicates_total", "Redeliveries dropped at intake.",
               ls, s.duplicates);
@@ -1271,6 +1301,9 @@ struct bot::impl final : chat_services,
   } switch_;
   std::shared_ptr<std::atomic<bool>> leading_flag =
     std::make_shared<std::atomic<bool>>(false);
+  // steady_clock ticks: see session_config::leading_until.
+  std::shared_ptr<std::atomic<std::int64_t>> leading_until =
+    std::make_shared<std::atomic<std::int64_t>>(0);
 
   std::mutex lifecycle_mtx;
   bool started = false;
@@ -1299,8 +1332,8 @@ struct bot::impl final : chat_services,
   caf::actor journal_handle;
   std::atomic<std::uint64_t> duplicates{0};
   std::atomic<std::uint64_t> received{0}, handled{0}, refused_invalid{0},
-    refused_overload{0}, refused_stopped{0}, handler_errors{0}, sent{0},
-    send_errors{0}, activations{0}, passivations{0}, turn_failures{0};
+    refused_overload{0}, refused_stopped{0}, refused_not_leader{0},
+    handler_errors{0}, sent{0}, send_errors{0}, activations{0}, passivations{0}, turn_failures{0};
 
   // Metrics (owned here, updated with relaxed atomics; read by scrapes).
   metrics::histogram handler_latency;
@@ -1824,6 +1857,7 @@ bot_stats bot::stats() const {
   s.refused_invalid = i.refused_invalid;
   s.refused_overload = i.refused_overload;
   s.refused_stopped = i.refused_stopped;
+  s.refused_not_leader = i.refused_not_leader;
   s.handler_errors = i.handler_errors;
   s.sent = i.sent;
   s.send_errors = i.send_errors;

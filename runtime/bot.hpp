@@ -460,6 +460,9 @@ struct bot_stats {
   std::uint64_t reprocessed = 0;    ///< journal records claimed and run again
   std::uint64_t outbox_skipped = 0; ///< sends a replayed step had made already
   std::uint64_t journal_errors = 0; ///< failed journal writes
+  /// From an exclusive transport whose leadership had lapsed (a transport
+  /// thread that ran on after a freeze): left for the replica that leads.
+  std::uint64_t refused_not_leader = 0;
 };
 
 /// A chat bot: a provider, a store, handlers, and the actors that order

@@ -235,7 +235,9 @@ struct polling_provider::impl {
       if (refused) {
         if (refused_code == errc::stopped)
           return;
-        // The journal failed: poll the same updates again after a pause.
+        // The journal failed, or this replica's leadership lapsed (the
+        // session stops this poller soon; if it leads again, it goes on):
+        // poll the same updates again after a pause.
         if (!pause(backoff, token))
           return;
         backoff = std::min(backoff * 2, std::chrono::milliseconds{30000});

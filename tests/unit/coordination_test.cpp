@@ -566,9 +566,14 @@ struct exclusive_replica {
   std::mutex mtx;
   std::vector<std::string> events;
 
+  // `wrap`, when given, stands between the bot and its coordinator.
+  using wrapper = std::function<std::shared_ptr<botmesh::coordinator>(
+    std::shared_ptr<botmesh::coordinator>)>;
+
   exclusive_replica(botmesh::memory_coordination_hub& hub, std::string id,
                     botmesh::duration provider_down = "1m",
-                    botmesh::testing_provider::options po = {}) {
+                    botmesh::testing_provider::options po = {},
+                    wrapper wrap = {}) {
     po.id = "wa";
     po.capabilities = {.exclusive_session = true};
     provider = std::make_shared<botmesh::testing_provider>(std::move(po));
@@ -579,10 +584,11 @@ struct exclusive_replica {
     // lease/3 must not come late enough to lose and re-win the leadership,
     // which would start the transport twice.
     botmesh::coordination_options co;
-    co.coordinator = coord;
+    co.coordinator = wrap ? wrap(coord) : coord;
     co.provider_down = provider_down;
-    bot = std::make_unique<botmesh::bot>(
-      botmesh::bot_options{.provider = provider, .coordination = co});
+    // Workers to spare: a test may hold one inside the lease actor.
+    bot = std::make_unique<botmesh::bot>(botmesh::bot_options{
+      .provider = provider, .scheduler_threads = 4, .coordination = co});
     bot->on<botmesh::events::leader>([this](const botmesh::events::leader& e) {
       std::lock_guard guard{mtx};
       events.push_back("leader " + e.name);
@@ -746,6 +752,27 @@ TEST_CASE("a leader whose transport stays closed for provider_down yields") {
   CHECK(test::eventually([&] { return b.saw("leader provider:wa"); }));
 }
 
+TEST_CASE("a leader whose transport fails to start yields at once, and a "
+          "standby starts it") {
+  botmesh::memory_coordination_hub hub;
+  std::atomic<int> tries{0};
+  botmesh::testing_provider::options pa;
+  pa.on_start = [&] {
+    ++tries;
+    throw botmesh::error(botmesh::errc::provider_error, "cannot listen");
+  };
+  // provider_down is a minute: only the failed start makes A step down.
+  exclusive_replica a{hub, "a", "1m", pa};
+  a.bot->start();
+  REQUIRE(test::eventually([&] { return tries.load() == 1; }));
+  exclusive_replica b{hub, "b", "1m"};
+  b.bot->start();
+  REQUIRE(b.bot->ready(10s));
+  // Events reach their listeners on the handler pool, a moment later.
+  CHECK(test::eventually([&] { return a.saw("follower start_failed"); }));
+  CHECK(test::eventually([&] { return b.saw("leader provider:wa"); }));
+}
+
 TEST_CASE("a leader whose transport lost its platform and keeps reconnecting "
           "for provider_down yields") {
   botmesh::memory_coordination_hub hub;
@@ -760,6 +787,67 @@ TEST_CASE("a leader whose transport lost its platform and keeps reconnecting "
   REQUIRE(test::eventually([&] { return a.saw("follower provider_down"); }));
   REQUIRE(b.bot->ready(5s));
   CHECK(test::eventually([&] { return b.saw("leader provider:wa"); }));
+}
+
+namespace {
+
+// Holds the lease actor inside a renewal once `stall` is set, as a freeze of
+// the process would hold it: the leadership runs out in the hub, and nothing
+// has cleared the replica's "leading" flag yet.
+class stalling_renewals final : public botmesh::forwarding_coordinator {
+ public:
+  using forwarding_coordinator::forwarding_coordinator;
+  std::atomic<bool> stall{false}, stalled{false}, go{false};
+
+  void renew(botmesh::renewal r,
+             completion<botmesh::renewal_result> done) override {
+    if (stall.load()) {
+      stalled = true;
+      test::eventually([&] { return go.load(); }, 30s);
+    }
+    c_->renew(std::move(r), std::move(done));
+  }
+};
+
+} // namespace
+
+TEST_CASE("a message an exclusive transport hands on after its replica's "
+          "leadership lapsed is refused, for the replica that leads now") {
+  botmesh::memory_coordination_hub hub;
+  std::shared_ptr<stalling_renewals> stalls;
+  exclusive_replica a{hub, "a", "1m", {}, [&](auto c) {
+                        stalls = std::make_shared<stalling_renewals>(c);
+                        return stalls;
+                      }};
+  a.bot->start();
+  REQUIRE(a.bot->ready(5s));
+  exclusive_replica b{hub, "b"};
+  b.bot->start();
+  REQUIRE(test::eventually([&] { return b.saw("follower standby"); }));
+  // The lease actor goes on before the bots stop, also after a failed REQUIRE.
+  std::shared_ptr<void> thaw{nullptr, [&](void*) { stalls->go = true; }};
+  stalls->stall = true;
+  REQUIRE(test::eventually([&] { return stalls->stalled.load(); }));
+  // The hub let A's leadership go after its lease; B leads.
+  REQUIRE(b.bot->ready(10s));
+  // A's lease actor has not run since: A still looks like the leader.
+  CHECK(a.bot->ready(0ms));
+  // A thread of A's transport (a poller whose getUpdates answered as the
+  // process thawed) hands an update on.
+  std::atomic<int> code{-1};
+  botmesh::delivery_callbacks cb;
+  cb.accepted = [&](botmesh::errc c) { code = static_cast<int>(c); };
+  a.provider->inject(botmesh::inbound_message{.chat = "x", .text = "hola"},
+                     std::move(cb));
+  REQUIRE(test::eventually([&] { return code.load() != -1; }));
+  auto got = static_cast<botmesh::errc>(code.load());
+  CHECK(got == botmesh::errc::provider_not_leader);
+  CHECK(botmesh::retry_later(got));
+  CHECK(a.bot->stats().refused_not_leader == 1);
+  // Nor can A send outside a turn: its leadership lapsed.
+  CHECK_THROWS_AS(a.bot->send("x", "hola"), botmesh::provider_not_leader_error);
+  stalls->go = true; // thawed: A learns it lost
+  CHECK(test::eventually([&] { return a.saw("follower lost"); }, 10s));
 }
 
 TEST_CASE("with coordination the scheduler's leadership uses the coordinator") {

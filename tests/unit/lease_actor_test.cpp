@@ -781,6 +781,28 @@ TEST_CASE("lead elects at once, not at the next renewal") {
   caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a leadership's validity goes to the session when it leads and "
+          "again with every renewal that extends it") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  // steady_clock ticks at `ms` virtual ms since the start.
+  auto tick_at = [&](std::int64_t ms) {
+    return (f.vs.now() - std::chrono::milliseconds{f.vs.elapsed_ms()}
+            + std::chrono::milliseconds{ms})
+      .time_since_epoch()
+      .count();
+  };
+  f.tell(session, botmesh::lead_atom::value, lead_name); // until 2700
+  REQUIRE(session_log->leaders.size() == 1);
+  CHECK(session_log->valid_until.at(lead_name) == tick_at(2700));
+  f.vs.advance_to(1100); // renewed at 1000
+  CHECK(session_log->valid_until.at(lead_name) == tick_at(3700));
+  f.coord->fail_renewals(); // the validity runs out as it was
+  f.vs.advance_to(2100);
+  CHECK(session_log->valid_until.at(lead_name) == tick_at(3700));
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a leadership a renewal says is lost tells the session") {
   lease_fixture f;
   auto [session, session_log] = f.another_probe();

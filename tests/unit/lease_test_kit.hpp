@@ -411,6 +411,7 @@ struct probe_log {
   std::vector<grant> grants;
   std::vector<loss> losses;
   std::vector<std::pair<std::string, std::uint64_t>> leaders;
+  std::map<std::string, std::int64_t> valid_until; // the last lead_valid
   std::vector<std::pair<std::string, std::string>> followers;
   std::vector<bool> shutdown_replies;
 
@@ -446,6 +447,9 @@ inline caf::behavior chat_probe(caf::event_based_actor*,
     [=](botmesh::follower_atom, const std::string& name,
         const std::string& why) {
       log->followers.emplace_back(name, why);
+    },
+    [=](botmesh::lead_valid_atom, const std::string& name, std::int64_t until) {
+      log->valid_until[name] = until;
     },
   };
 }
