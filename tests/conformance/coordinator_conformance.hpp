@@ -156,7 +156,7 @@ struct batch {
 
 } // namespace cc
 
-TEST_CASE_TEMPLATE_DEFINE("an uncontended enter is granted at once; a release "
+TEST_CASE_TEMPLATE_DEFINE("an uncontended enter is granted at once, a release "
                           "grants the next ticket and pushes it to its owner "
                           "only",
                           F, cc_order) {
@@ -320,7 +320,7 @@ TEST_CASE_TEMPLATE_DEFINE("a release hands what its holder gives to the "
 }
 
 TEST_CASE_TEMPLATE_DEFINE("a turn not renewed expires with its replica's "
-                          "queued tickets; renewals keep it",
+                          "queued tickets, renewals keep it",
                           F, cc_expire) {
   F f;
   auto a = cc::make(f, "a");
@@ -403,7 +403,7 @@ TEST_CASE_TEMPLATE_DEFINE("a dead replica's queued ticket is skipped once its "
 }
 
 TEST_CASE_TEMPLATE_DEFINE("a turn granted to a replica whose heartbeat is "
-                          "gone holds until its deadline; skipping the "
+                          "gone holds until its deadline, skipping the "
                           "replica does not take it",
                           F, cc_dead_holder) {
   // A frozen replica (not dead) may be granted a turn while frozen and use
@@ -455,7 +455,7 @@ TEST_CASE_TEMPLATE_DEFINE("a restarted replica with the same id never "
   CHECK(fresh.fence > held.fence);
 }
 
-TEST_CASE_TEMPLATE_DEFINE("one replica leads a name; a release or a dead "
+TEST_CASE_TEMPLATE_DEFINE("one replica leads a name, a release or a dead "
                           "leader hands it on with a higher fence",
                           F, cc_lead) {
   F f;

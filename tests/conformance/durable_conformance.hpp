@@ -138,7 +138,7 @@ TEST_CASE_TEMPLATE_DEFINE("a journal record past its TTL is recorded anew "
   CHECK(s.record("t:1#m1", "a", F::lease) == dc::journal_put::duplicate);
 }
 
-TEST_CASE_TEMPLATE_DEFINE("only the holder confirms or releases a record; a "
+TEST_CASE_TEMPLATE_DEFINE("only the holder confirms or releases a record, a "
                           "released record is claimed again, in arrival order",
                           F, dc_settle) {
   F f;
@@ -168,7 +168,7 @@ TEST_CASE_TEMPLATE_DEFINE("only the holder confirms or releases a record; a "
 }
 
 TEST_CASE_TEMPLATE_DEFINE("records of a holder whose heartbeat lapsed are "
-                          "claimed by a live holder; a live holder's are not",
+                          "claimed by a live holder, a live holder's are not",
                           F, dc_dead) {
   F f;
   auto b = f.make();
@@ -237,7 +237,7 @@ TEST_CASE_TEMPLATE_DEFINE("the outbox sends a send id once and refuses a "
   CHECK(s.send("t:2#m1/0", "t:2", 1) == dc::outbox_verdict::send);
 }
 
-TEST_CASE_TEMPLATE_DEFINE("a send taken back is sent again; the chat's fence "
+TEST_CASE_TEMPLATE_DEFINE("a send taken back is sent again, the chat's fence "
                           "stays",
                           F, dc_outbox_forget) {
   F f;
@@ -270,7 +270,7 @@ TEST_CASE_TEMPLATE_DEFINE("a send taken back is sent again; the chat's fence "
 }
 
 TEST_CASE_TEMPLATE_DEFINE("an outbox entry and a chat's fence are forgotten "
-                          "after their TTL; a sender without coordination "
+                          "after their TTL, a sender without coordination "
                           "(fence 0) is refused once a fence sent",
                           F, dc_outbox_ttl) {
   F f;

@@ -421,7 +421,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: with flows keep (the default) a "
 
 TEST_CASE_TEMPLATE_DEFINE("handover: an ephemeral checkpoint lives ttl after "
                           "its last write and never less than its wait's "
-                          "timeout; each wait renews it",
+                          "timeout, each wait renews it",
                           Env, handover_3) {
   using namespace test::handover;
   Env env;
@@ -748,7 +748,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a coroutine conversation that waits "
   CHECK(b.last() == botmesh::text("en", "core.conversation.interrupted"));
 }
 
-TEST_CASE_TEMPLATE_DEFINE("handover: a step cut by settle keeps its answer; "
+TEST_CASE_TEMPLATE_DEFINE("handover: a step cut by settle keeps its answer, "
                           "the taker does not ask again and keeps the waking "
                           "message for the next question",
                           Env, handover_11) {
@@ -940,7 +940,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a resume refused by the store (it "
 }
 
 TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write that fails is an "
-                          "error event naming it; the chat goes on",
+                          "error event naming it, the chat goes on",
                           Env, handover_13) {
   using namespace test::handover;
   Env env;
@@ -960,7 +960,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a checkpoint write that fails is an "
 }
 
 TEST_CASE_TEMPLATE_DEFINE("handover: a corrupted checkpoint is an error event "
-                          "naming what was wrong; the message is routed as "
+                          "naming what was wrong, the message is routed as "
                           "new",
                           Env, handover_14) {
   using namespace test::handover;

@@ -176,7 +176,7 @@ TEST_CASE("a corrupted Redis journal record is named: settling it fails "
   CHECK(s.claim("b", redis_durable_factory::lease).corrupted.empty());
 }
 
-TEST_CASE("a corrupted SQLite journal row is named and set aside by a claim; "
+TEST_CASE("a corrupted SQLite journal row is named and set aside by a claim, "
           "the other rows are claimed") {
   sqlite_durable_factory f;
   auto b = f.make();
@@ -283,7 +283,7 @@ TEST_CASE("Redis journal operations issued together go out in a few script "
 }
 
 TEST_CASE("a damaged outbox fence fails its own send in a batch, before "
-          "taking it; the batch's other sends are taken") {
+          "taking it, the batch's other sends are taken") {
   test::redis_process server;
   auto client = std::make_shared<botmesh::redis_client>(
     botmesh::redis_options{.url = server.url()});

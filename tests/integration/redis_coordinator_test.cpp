@@ -260,7 +260,7 @@ TEST_CASE("a renewal whose writes ran well after its TIME reading reports "
   CHECK(r.turns[0] - r.now_ms > lease - 200);
 }
 
-TEST_CASE("a renewal whose turn key is damaged fails for that turn alone; "
+TEST_CASE("a renewal whose turn key is damaged fails for that turn alone, "
           "the other turn and the leadership are renewed") {
   test::redis_process server;
   botmesh::redis_coordinator c{{.url = server.url(),
@@ -319,7 +319,7 @@ void all_failed(const cc::submitted& r, std::size_t n, const char* needle) {
 } // namespace
 
 TEST_CASE("an operation of a batch that meets an error reply fails alone, "
-          "naming the error; the others run as they would alone") {
+          "naming the error, the others run as they would alone") {
   auto prefix = test::unique_prefix("bmco");
   auto client = std::make_shared<botmesh::redis_client>(
     botmesh::redis_options{.url = test::redis_url(), .connections = 1});
@@ -355,7 +355,7 @@ TEST_CASE("an operation of a batch that meets an error reply fails alone, "
 }
 
 TEST_CASE("a batch whose reply never comes fails each of its operations "
-          "with a timeout; repeated, they leave no ticket or turn behind") {
+          "with a timeout, repeated, they leave no ticket or turn behind") {
   auto prefix = test::unique_prefix("bmco");
   auto client = std::make_shared<botmesh::redis_client>(
     botmesh::redis_options{.url = test::redis_url(),
@@ -470,7 +470,7 @@ TEST_CASE("two bots on a real Redis never run a chat's handlers at once") {
   CHECK(overlaps.load() == 0);
 }
 
-TEST_CASE("an exclusive transport is elected on Redis; the standby takes over "
+TEST_CASE("an exclusive transport is elected on Redis, the standby takes over "
           "when the leader stops") {
   auto prefix = test::unique_prefix("bmlead");
   auto make = [&](std::string id,

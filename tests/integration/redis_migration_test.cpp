@@ -247,7 +247,7 @@ TEST_CASE("migration: a pass limited by include copies those kinds only and "
         != std::string::npos);
 }
 
-TEST_CASE("migration: an existing target record wins unless overwrite; a "
+TEST_CASE("migration: an existing target record wins unless overwrite, a "
           "greater source schedule token always wins and is never lowered") {
   auto prefix = test::unique_prefix("bmmig");
   auto legacy = legacy_store(node(), prefix);

@@ -495,7 +495,7 @@ TEST_CASE("a client subscribed to a server that accepts and never answers "
   ::close(lfd);
 }
 
-TEST_CASE("AUTH uses the password from the URL; a wrong one is a clear error") {
+TEST_CASE("AUTH uses the password from the URL, a wrong one is a clear error") {
   test::redis_process server{"s3cret"};
   auto base = "127.0.0.1:" + std::to_string(server.port());
   botmesh::redis_client good{{.url = "redis://:s3cret@" + base}};

@@ -369,7 +369,7 @@ TEST_CASE("a subscriber that exits is dropped and the bot goes on without "
   CHECK(errors.all().empty());
 }
 
-TEST_CASE("subscribing needs an actor and a topic; unsubscribing stops the "
+TEST_CASE("subscribing needs an actor and a topic, unsubscribing stops the "
           "messages") {
   app a;
   auto p = std::make_shared<botmesh::testing_provider>();
@@ -412,7 +412,7 @@ TEST_CASE("subscribing needs an actor and a topic; unsubscribing stops the "
   CHECK_FALSE(got);
 }
 
-TEST_CASE("requests before start() and after stop() are refused as stopped; "
+TEST_CASE("requests before start() and after stop() are refused as stopped, "
           "once the bot is destroyed its actor is gone") {
   app a;
   auto p = std::make_shared<botmesh::testing_provider>();

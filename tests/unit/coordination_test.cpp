@@ -141,7 +141,7 @@ TEST_CASE("three replicas on one hub never run a chat's handlers at once and "
 }
 
 TEST_CASE("a handler sees its turn's fence, growing with every turn of the "
-          "chat across replicas; 0 without coordination") {
+          "chat across replicas, 0 without coordination") {
   botmesh::memory_coordination_hub hub;
   auto store = std::make_shared<botmesh::memory_store>();
   replica a{hub, store, "a"};
@@ -204,7 +204,7 @@ TEST_CASE("a persistent conversation moves between replicas through the "
   REQUIRE(test::eventually([&] { return !store->get_checkpoint("test:ana"); }));
 }
 
-TEST_CASE("a crashed replica's chat is taken over after its lease; its late "
+TEST_CASE("a crashed replica's chat is taken over after its lease, its late "
           "reply is fenced with lease_lost") {
   botmesh::memory_coordination_hub hub;
   auto store = std::make_shared<botmesh::memory_store>();
@@ -642,7 +642,7 @@ struct transport_log {
 
 } // namespace
 
-TEST_CASE("an exclusive transport starts on one replica; the standby refuses "
+TEST_CASE("an exclusive transport starts on one replica, the standby refuses "
           "sends and takes over when the leader stops") {
   botmesh::memory_coordination_hub hub;
   exclusive_replica a{hub, "a"};

@@ -68,7 +68,7 @@ TEST_CASE("cron fields accept *, numbers, ranges, steps and lists") {
   CHECK_FALSE(cron_expr::parse("0 2 * * *").hour_is_wildcard());
 }
 
-TEST_CASE("restricted day of month and day of week match either; a * in "
+TEST_CASE("restricted day of month and day of week match either, a * in "
           "one means both must match") {
   auto either = cron_expr::parse("0 9 13 * 5");
   CHECK(either.day(13, 2));  // the 13th, a Tuesday
@@ -150,7 +150,7 @@ TEST_CASE("Feb 29 runs inside the horizon, also across 2100 and on one "
 }
 
 TEST_CASE("America/New_York: a fixed hour in the spring gap runs once, "
-          "shifted forward; a wildcard hour skips the gap") {
+          "shifted forward, a wildcard hour skips the gap") {
   CHECK(next_runs("30 2 * * *", "America/New_York",
                   "2026-03-07T12:00:00-05:00", 2)
         == v{"2026-03-08T03:30:00-04:00", "2026-03-09T02:30:00-04:00"});

@@ -809,7 +809,7 @@ TEST_CASE("with durability a bot's heartbeat is in the backend before it "
 }
 
 TEST_CASE("with durability a journal record whose message cannot be decoded "
-          "is reported by id and dropped; the chat's other records go on") {
+          "is reported by id and dropped, the chat's other records go on") {
   auto backend = std::make_shared<botmesh::memory_durable_backend>();
   botmesh::journal_record bad;
   bad.id = "test:ana#roto";
@@ -840,7 +840,7 @@ TEST_CASE("with durability a journal record whose message cannot be decoded "
 }
 
 TEST_CASE("a message the bot could not record in the chat's log is not "
-          "handled: an error event names it; with durability it is handled "
+          "handled: an error event names it, with durability it is handled "
           "again once the store answers") {
   auto store = std::make_shared<test::recording_store>(
     std::make_shared<botmesh::memory_store>());

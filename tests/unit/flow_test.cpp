@@ -94,7 +94,7 @@ TEST_CASE("an ask flow validates, re-asks, keeps state and hands the chat "
   CHECK_FALSE(b.store().get_checkpoint("test:ana").has_value());
 }
 
-TEST_CASE("a conversation coroutine reads like a script; other chats are not "
+TEST_CASE("a conversation coroutine reads like a script, other chats are not "
           "captured") {
   auto p = std::make_shared<botmesh::testing_provider>();
   botmesh::bot b{{.provider = p}};

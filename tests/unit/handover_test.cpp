@@ -67,7 +67,7 @@ TEST_CASE("plain JSON state: no binary values and no non-finite numbers") {
     json{{"n", std::numeric_limits<double>::infinity()}}));
 }
 
-TEST_CASE("a waiting marker round-trips in the checkpoint encoding; older "
+TEST_CASE("a waiting marker round-trips in the checkpoint encoding, older "
           "encodings without it read as checkpoints") {
   botmesh::flow_checkpoint cp;
   cp.key = "test:x";
@@ -128,7 +128,7 @@ botmesh::inbound_message message(std::string id, std::string text) {
 } // namespace
 
 TEST_CASE("with durability a step cut by settle whose answer landed in the "
-          "checkpoint confirms its record; one too large to embed releases "
+          "checkpoint confirms its record, one too large to embed releases "
           "it and the message is handled again") {
   using namespace test::handover;
   bool large = false;

@@ -421,7 +421,7 @@ class closing_server {
 } // namespace
 
 TEST_CASE("a POST whose pooled connection closes after it was written is not "
-          "sent again; an idempotent request is") {
+          "sent again, an idempotent request is") {
   {
     closing_server srv;
     http::client c;

@@ -475,7 +475,7 @@ TEST_CASE("a request given up while its enter is in flight is released, or "
 }
 
 TEST_CASE("enters and releases that reach the lease actor together go to "
-          "the backend as one submit, in order; a lone one goes at once") {
+          "the backend as one submit, in order, a lone one goes at once") {
   lease_fixture f;
   f.hold(key_b, 1, 7);
   f.coord->submits.clear();

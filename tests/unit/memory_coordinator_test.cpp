@@ -33,7 +33,7 @@ struct memory_coordinator_factory {
 TYPE_TO_STRING(memory_coordinator_factory);
 BOTMESH_COORDINATOR_CONFORMANCE(memory_coordinator_factory);
 
-TEST_CASE("the hub evicts idle chats least recently used first; fences stay "
+TEST_CASE("the hub evicts idle chats least recently used first, fences stay "
           "monotonic and a recreated chat has no previous holder") {
   botmesh::manual_clock clock;
   botmesh::memory_coordination_hub hub{{.max_idle_keys = 2, .clock = &clock}};

@@ -127,7 +127,7 @@ TEST_CASE("WhatsApp payloads yield text, button and list replies, media and "
 }
 
 TEST_CASE("Messenger and Instagram payloads share entry[].messaging[]: text, "
-          "quick replies, postbacks; echoes and reads are not messages") {
+          "quick replies, postbacks, echoes and reads are not messages") {
   auto p = meta::internal::parse_payload(
     R"({"object":"page","entry":[{"id":"PAGE","time":1,"messaging":[
       {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1700000000000,"message":{"mid":"m1","text":"hola"}},
@@ -162,8 +162,8 @@ TEST_CASE("Messenger and Instagram payloads share entry[].messaging[]: text, "
                   botmesh::invalid_argument_error);
 }
 
-TEST_CASE("Messenger receipts report every message they cover; a postback "
-          "without mid keeps one id across redeliveries; an unsend is not a "
+TEST_CASE("Messenger receipts report every message they cover, a postback "
+          "without mid keeps one id across redeliveries, an unsend is not a "
           "message") {
   auto body = std::string{R"({"object":"page","entry":[{"id":"PAGE","time":1,"messaging":[
       {"sender":{"id":"PSID1"},"recipient":{"id":"PAGE"},"timestamp":1700000000000,"delivery":{"mids":["m1","m2","m3"],"watermark":1}},
@@ -188,7 +188,7 @@ TEST_CASE("Messenger receipts report every message they cover; a postback "
 }
 
 TEST_CASE("WhatsApp replies with up to three buttons become reply buttons "
-          "and more become a list; media go by link or id") {
+          "and more become a list, media go by link or id") {
   botmesh::outgoing_message m;
   m.chat = "346";
   m.text = "¿Seguro?";
@@ -237,7 +237,7 @@ TEST_CASE("the WhatsApp GET verification echoes the challenge only for the "
 }
 
 TEST_CASE("a signed WhatsApp message is answered 200 and the reply reaches "
-          "the Graph API; bad signatures get 401 and enqueue nothing") {
+          "the Graph API, bad signatures get 401 and enqueue nothing") {
   auto api = fake_graph();
   std::mutex mtx;
   std::vector<std::string> statuses;
@@ -442,7 +442,7 @@ TEST_CASE("when handing over one message of a WhatsApp payload fails, it and "
   CHECK(p->stats().duplicates == 1); // w1, on the retry
 }
 
-TEST_CASE("a Graph API rate limit is waited out and retried in order; a "
+TEST_CASE("a Graph API rate limit is waited out and retried in order, a "
           "permission error becomes forbidden") {
   auto api = fake_graph();
   api->script("PHONE1/messages", 400,

@@ -924,7 +924,7 @@ TEST_CASE("a cron catch-up from a record dated 1970 counts its skipped slots "
   CHECK(store->get("sync")->next_run_at == t0() + 1min);
 }
 
-TEST_CASE("backend failures are logged only while a task is registered; an "
+TEST_CASE("backend failures are logged only while a task is registered, an "
           "in-memory task cancelled twice counts once") {
   // A leader lease whose backend is down: every poll's renewal fails.
   struct down_lease final : botmesh::lease_provider {

@@ -213,7 +213,7 @@ TEST_CASE("a catch-up runs at most 10 missed slots by default") {
 }
 
 TEST_CASE("slots falling due while a run is in progress are claimed next "
-          "with run-once and catch-up; skip goes on after the run's end") {
+          "with run-once and catch-up, skip goes on after the run's end") {
   for (auto policy : {missed_policy::skip, missed_policy::run_once,
                       missed_policy::catch_up}) {
     CAPTURE(botmesh::to_string(policy));

@@ -216,7 +216,7 @@ TEST_CASE("the stored offset belongs to its bot: another token under the same "
   CHECK(first_offset_asked(store, test::telegram_token, 7) == 0);
 }
 
-TEST_CASE("an update that does not parse is skipped, logged and counted; "
+TEST_CASE("an update that does not parse is skipped, logged and counted, "
           "the ones around it are handled and the offset moves on") {
   update_feed feed;
   auto api = test::fake_telegram();

@@ -111,7 +111,7 @@ TEST_CASE("a message in a forum topic is a conversation of its own and its "
   }
 }
 
-TEST_CASE("with the bot's username a command for another bot is no command; "
+TEST_CASE("with the bot's username a command for another bot is no command, "
           "the sender's language is kept") {
   auto update = [](std::string_view text, std::size_t len) {
     return fmt::format(
@@ -139,7 +139,7 @@ TEST_CASE("with the bot's username a command for another bot is no command; "
   CHECK(cq.message.language == "es"); // the presser's, not the message author's
 }
 
-TEST_CASE("Telegram media, location, edits and button presses are parsed; "
+TEST_CASE("Telegram media, location, edits and button presses are parsed, "
           "other kinds are reported unknown") {
   auto photo = tg::internal::parse_update(
     R"({"update_id":1,"message":{"message_id":1,"chat":{"id":5,"type":"private"},"caption":"mira","photo":[{"file_id":"small"},{"file_id":"big"}]}})",
