@@ -126,11 +126,17 @@ servers_start_cluster_node() {
     mkdir -p "$dir"
     # The command line, kept so a test can start a killed node again (it
     # rejoins from nodes.conf); the process is not the caller's child then.
-    printf '%s\n' '#!/bin/sh' \
+    # Notices are logged: failure reports, elections and state changes,
+    # which a cluster test that gives up writes out (dump_cluster).
+    # Descriptors a test process had open (a pipe to ctest among them) are
+    # closed first: a node it starts again outlives it, and a pipe held
+    # open would make ctest wait for that node until its timeout.
+    printf '%s\n' '#!/usr/bin/env bash' \
+      'for fd in /proc/$$/fd/*; do fd="${fd##*/}"; [ "$fd" -gt 2 ] && [ "$fd" != 255 ] && eval "exec $fd>&-" 2>/dev/null; done' \
       "exec redis-server --port $port --bind 127.0.0.1 --save '' --appendonly no \\" \
       "  --dir '$dir' --cluster-enabled yes --cluster-config-file nodes.conf \\" \
       "  --cluster-node-timeout 2000 --enable-debug-command local \\" \
-      "  --pidfile '$dir/redis.pid' --loglevel warning >>'$dir/redis.log' 2>&1" \
+      "  --pidfile '$dir/redis.pid' --loglevel notice >>'$dir/redis.log' 2>&1" \
       >"$dir/start"
     chmod +x "$dir/start"
     "$dir/start" &

@@ -448,16 +448,42 @@ inline bool node_sees_whole_cluster(const std::string& address, int nodes = 6) {
   }
 }
 
-/// True when the cluster has its six nodes and every one sees the whole
-/// cluster (node_sees_whole_cluster); false while a node does not answer.
+/// Which master serves which slots, as the node at `address` sees it: one
+/// line per master with slots, sorted, so that two nodes' views compare.
+inline std::string slot_owners(const std::string& address) {
+  std::vector<std::string> lines;
+  for (auto& n : cluster_nodes(address))
+    if (n.master && !n.slots.empty()) {
+      auto line = n.id;
+      for (auto [a, b] : n.slots)
+        line += " " + std::to_string(a) + "-" + std::to_string(b);
+      lines.push_back(std::move(line));
+    }
+  std::sort(lines.begin(), lines.end());
+  std::string out;
+  for (auto& l : lines)
+    out += l + "\n";
+  return out;
+}
+
+/// True when the cluster has its six nodes, every one sees the whole
+/// cluster (node_sees_whole_cluster), and all agree on which master serves
+/// which slots; false while a node does not answer.
 inline bool cluster_is_whole() {
   try {
     auto nodes = cluster_nodes();
     if (nodes.size() != 6)
       return false;
-    for (auto& n : nodes)
+    std::string owners;
+    for (auto& n : nodes) {
       if (!node_sees_whole_cluster(n.address))
         return false;
+      auto seen = slot_owners(n.address);
+      if (owners.empty())
+        owners = std::move(seen);
+      else if (seen != owners)
+        return false;
+    }
     return true;
   } catch (const std::exception&) {
     return false;
