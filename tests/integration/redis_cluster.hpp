@@ -200,8 +200,57 @@ inline void migrate_keys(const cluster_node& from, const cluster_node& to,
   node_client(from.address)->call(cmd);
 }
 
+/// A node's CLUSTER INFO field (cluster_current_epoch, cluster_my_epoch).
+inline long long cluster_info_field(const std::string& address,
+                                    const std::string& field) {
+  auto text = node_client(address)->call({"CLUSTER", "INFO"}).str;
+  auto at = text.find(field + ":");
+  if (at == std::string::npos)
+    throw std::runtime_error("CLUSTER INFO of " + address + " has no " + field);
+  return std::stoll(text.substr(at + field.size() + 1));
+}
+
+inline void dump_cluster(const std::string& why);
+
+/// Waits (60 s at most, then throws after dump_cluster) until every node
+/// sees `to` serving `slot` and knows the config epoch `to` took for it.
+/// Why: importing a slot bumps the importer's epoch only when it does not
+/// already hold the greatest one it knows. A slot moved back before every
+/// node heard of the first move's epoch can be claimed with an epoch no
+/// greater than that one: the nodes that heard of it keep the first owner
+/// for good, and a node that gave the slot up sees it unassigned
+/// (cluster_state:fail, CLUSTERDOWN for its own slots too).
+inline void await_move_known(int slot, const cluster_node& to) {
+  auto epoch = cluster_info_field(to.address, "cluster_my_epoch");
+  auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    bool all = true;
+    for (auto& n : cluster_nodes()) {
+      if (n.failed)
+        continue;
+      bool serves = false;
+      for (auto& m : cluster_nodes(n.address))
+        if (m.id == to.id && m.serves(slot))
+          serves = true;
+      if (!serves || cluster_info_field(n.address, "cluster_current_epoch") < epoch) {
+        all = false;
+        break;
+      }
+    }
+    if (all)
+      return;
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) {
+      dump_cluster("slot " + std::to_string(slot) + " moved to " + to.address
+                   + " (epoch " + std::to_string(epoch) + ") is not known everywhere");
+      throw std::runtime_error("timed out after 60 s waiting for every node to "
+                               "know slot " + std::to_string(slot) + " moved");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 /// Second half: the rest of the slot's keys moved, then every master told
-/// the new owner.
+/// the new owner; returns once every node knows it (await_move_known).
 inline void end_slot_move(int slot, const cluster_node& from,
                           const cluster_node& to) {
   auto s = std::to_string(slot);
@@ -220,6 +269,7 @@ inline void end_slot_move(int slot, const cluster_node& from,
   for (auto& n : cluster_nodes())
     if (n.master && !n.failed && n.id != from.id && n.id != to.id)
       node_client(n.address)->call_raw({"CLUSTER", "SETSLOT", s, "NODE", to.id});
+  await_move_known(slot, to);
 }
 
 /// A whole slot move.
