@@ -8,12 +8,14 @@
 
 #include <doctest/doctest.h>
 
+#include "listener_base.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 
 namespace test {
 
-struct no_empty_run : doctest::IReporter {
+struct no_empty_run : listener_base {
   explicit no_empty_run(const doctest::ContextOptions&) {
     // nop
   }
@@ -26,18 +28,6 @@ struct no_empty_run : doctest::IReporter {
       std::exit(2);
     }
   }
-
-  void report_query(const doctest::QueryData&) override {}
-  void test_run_start() override {}
-  void test_case_start(const doctest::TestCaseData&) override {}
-  void test_case_reenter(const doctest::TestCaseData&) override {}
-  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
-  void test_case_exception(const doctest::TestCaseException&) override {}
-  void subcase_start(const doctest::SubcaseSignature&) override {}
-  void subcase_end() override {}
-  void log_assert(const doctest::AssertData&) override {}
-  void log_message(const doctest::MessageData&) override {}
-  void test_case_skipped(const doctest::TestCaseData&) override {}
 };
 
 } // namespace test

@@ -9,11 +9,12 @@
 #include <cstdlib>
 #include <exception>
 
+#include "../listener_base.hpp"
 #include "redis_cluster.hpp"
 
 namespace {
 
-struct cluster_guard : doctest::IReporter {
+struct cluster_guard : test::listener_base {
   explicit cluster_guard(const doctest::ContextOptions&) {
     // nop
   }
@@ -28,18 +29,6 @@ struct cluster_guard : doctest::IReporter {
       std::exit(3);
     }
   }
-
-  void report_query(const doctest::QueryData&) override {}
-  void test_run_start() override {}
-  void test_run_end(const doctest::TestRunStats&) override {}
-  void test_case_reenter(const doctest::TestCaseData&) override {}
-  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
-  void test_case_exception(const doctest::TestCaseException&) override {}
-  void subcase_start(const doctest::SubcaseSignature&) override {}
-  void subcase_end() override {}
-  void log_assert(const doctest::AssertData&) override {}
-  void log_message(const doctest::MessageData&) override {}
-  void test_case_skipped(const doctest::TestCaseData&) override {}
 };
 
 } // namespace
