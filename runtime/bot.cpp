@@ -688,7 +688,9 @@ struct bot::impl final : chat_services,
   // Both deliver()s: by reference from here on, so the message is moved
   // once more only, into the event that carries it to its turn.
   void intake(inbound_message& msg, delivery_callbacks& cb) {
-    auto refuse = [&](errc code, const std::string& why) {
+    // Raised as an error event, with the message, and answered.
+    auto refuse = [&](errc code, const std::string& why, std::string key) {
+      raise(code, why, std::move(key), std::move(msg));
       if (auto* note = internal::receipt_of(cb))
         note->why = why; // the bot's actor answers with it
       if (cb.accepted)
@@ -707,18 +709,16 @@ struct bot::impl final : chat_services,
       validate(msg, opts.limits);
     } catch (const invalid_argument_error& e) {
       ++refused_invalid;
-      auto key = msg.chat.empty() ? std::string{} : chat_key(msg);
-      raise(errc::invalid_argument, e.what(), std::move(key), std::move(msg));
-      refuse(errc::invalid_argument, e.what());
+      refuse(errc::invalid_argument, e.what(),
+             msg.chat.empty() ? std::string{} : chat_key(msg));
       return;
     }
+    auto key = chat_key(msg);
     if (!accepting.load()) {
       ++refused_stopped;
-      auto key = chat_key(msg);
-      auto why = fmt::format(
-        "chat {}: message arrived while the bot is stopped", key);
-      raise(errc::stopped, why, key, std::move(msg));
-      refuse(errc::stopped, why);
+      refuse(errc::stopped,
+             fmt::format("chat {}: message arrived while the bot is stopped", key),
+             key);
       return;
     }
     if (exclusive() && !internal::receipt_of(cb) && !leads_now()) {
@@ -729,15 +729,13 @@ struct bot::impl final : chat_services,
       // (What the application's actors deliver, with a receipt, does not
       // come through the transport: it is taken on any replica.)
       ++refused_not_leader;
-      auto key = chat_key(msg);
-      auto why = fmt::format("chat {}: message arrived through provider:{} "
-                             "while this replica's leadership had lapsed",
-                             key, provider_id);
-      raise(errc::provider_not_leader, why, key, std::move(msg));
-      refuse(errc::provider_not_leader, why);
+      refuse(errc::provider_not_leader,
+             fmt::format("chat {}: message arrived through provider:{} while "
+                         "this replica's leadership had lapsed",
+                         key, provider_id),
+             key);
       return;
     }
-    auto key = chat_key(msg);
     if (opts.durability) {
       durable->journal(std::move(key), std::move(msg), std::move(cb));
       return;

@@ -178,38 +178,45 @@ servers_cluster_node_ready() {
 # every replica has synced with its master.
 servers_start_cluster() {
   servers_cluster_ports=()
-  local i nodes=() ready port
+  local i
   for i in 1 2 3 4 5 6; do
     servers_start_cluster_node || return 1
   done
-  for port in "${servers_cluster_ports[@]}"; do
-    nodes+=("127.0.0.1:$port")
-  done
   # The order decides the masters: cluster-reset makes the cluster anew in it.
   printf '%s\n' "${servers_cluster_ports[@]}" >"$servers_run_dir/cluster-ports"
+  servers_join_cluster "$servers_run_dir" "${servers_cluster_ports[@]}" || return 1
+  export REDIS_CLUSTER_URL="redis://127.0.0.1:${servers_cluster_ports[0]}"
+  export REDIS_CLUSTER_DIR="$servers_run_dir"
+  export REDIS_CLUSTER_RESET="$servers_lib_dir/cluster-reset"
+  echo "test: redis cluster (3 masters + 3 replicas) on ports" \
+    "${servers_cluster_ports[*]}, seed $REDIS_CLUSTER_URL" >&2
+}
+
+# Joins the running nodes on ports $2... (3 masters, one replica each, in
+# that order) with redis-cli --cluster create, its log in $1, and waits
+# until every node sees a healthy cluster (servers_cluster_node_ready).
+servers_join_cluster() {
+  local dir="$1" port ready nodes=()
+  shift
+  for port in "$@"; do
+    nodes+=("127.0.0.1:$port")
+  done
   if ! redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 \
-    --cluster-yes >"$servers_run_dir/cluster-create.log" 2>&1; then
+    --cluster-yes >"$dir/cluster-create.log" 2>&1; then
     echo "test: redis-cli --cluster create failed" >&2
-    cat "$servers_run_dir/cluster-create.log" >&2
+    cat "$dir/cluster-create.log" >&2
     return 1
   fi
   for _ in $(seq 1 600); do
     ready=1
-    for port in "${servers_cluster_ports[@]}"; do
+    for port in "$@"; do
       servers_cluster_node_ready "$port" || { ready=0; break; }
     done
-    if [ "$ready" = 1 ]; then
-      export REDIS_CLUSTER_URL="redis://127.0.0.1:${servers_cluster_ports[0]}"
-      export REDIS_CLUSTER_DIR="$servers_run_dir"
-      export REDIS_CLUSTER_RESET="$servers_lib_dir/cluster-reset"
-      echo "test: redis cluster (3 masters + 3 replicas) on ports" \
-        "${servers_cluster_ports[*]}, seed $REDIS_CLUSTER_URL" >&2
-      return 0
-    fi
+    [ "$ready" = 1 ] && return 0
     sleep 0.1
   done
   echo "test: the redis cluster did not become ready within 60 s" >&2
-  for port in "${servers_cluster_ports[@]}"; do
+  for port in "$@"; do
     echo "--- node $port" >&2
     redis-cli -p "$port" cluster info >&2 2>&1 || true
   done

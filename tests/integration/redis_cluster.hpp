@@ -210,74 +210,6 @@ inline long long cluster_info_field(const std::string& address,
   return std::stoll(text.substr(at + field.size() + 1));
 }
 
-inline void dump_cluster(const std::string& why);
-
-/// Waits (60 s at most, then throws after dump_cluster) until every node
-/// sees `to` serving `slot` and knows the config epoch `to` took for it.
-/// Why: importing a slot bumps the importer's epoch only when it does not
-/// already hold the greatest one it knows. A slot moved back before every
-/// node heard of the first move's epoch can be claimed with an epoch no
-/// greater than that one: the nodes that heard of it keep the first owner
-/// for good, and a node that gave the slot up sees it unassigned
-/// (cluster_state:fail, CLUSTERDOWN for its own slots too).
-inline void await_move_known(int slot, const cluster_node& to) {
-  auto epoch = cluster_info_field(to.address, "cluster_my_epoch");
-  auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    bool all = true;
-    for (auto& n : cluster_nodes()) {
-      if (n.failed)
-        continue;
-      bool serves = false;
-      for (auto& m : cluster_nodes(n.address))
-        if (m.id == to.id && m.serves(slot))
-          serves = true;
-      if (!serves || cluster_info_field(n.address, "cluster_current_epoch") < epoch) {
-        all = false;
-        break;
-      }
-    }
-    if (all)
-      return;
-    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) {
-      dump_cluster("slot " + std::to_string(slot) + " moved to " + to.address
-                   + " (epoch " + std::to_string(epoch) + ") is not known everywhere");
-      throw std::runtime_error("timed out after 60 s waiting for every node to "
-                               "know slot " + std::to_string(slot) + " moved");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
-/// Second half: the rest of the slot's keys moved, then every master told
-/// the new owner; returns once every node knows it (await_move_known).
-inline void end_slot_move(int slot, const cluster_node& from,
-                          const cluster_node& to) {
-  auto s = std::to_string(slot);
-  auto src = node_client(from.address);
-  for (;;) {
-    auto keys = src->call({"CLUSTER", "GETKEYSINSLOT", s, "100"});
-    if (keys.elements.empty())
-      break;
-    std::vector<std::string> names;
-    for (auto& k : keys.elements)
-      names.push_back(k.str);
-    migrate_keys(from, to, names);
-  }
-  node_client(to.address)->call({"CLUSTER", "SETSLOT", s, "NODE", to.id});
-  node_client(from.address)->call({"CLUSTER", "SETSLOT", s, "NODE", to.id});
-  for (auto& n : cluster_nodes())
-    if (n.master && !n.failed && n.id != from.id && n.id != to.id)
-      node_client(n.address)->call_raw({"CLUSTER", "SETSLOT", s, "NODE", to.id});
-  await_move_known(slot, to);
-}
-
-/// A whole slot move.
-inline void move_slot(int slot, const cluster_node& from, const cluster_node& to) {
-  begin_slot_move(slot, from, to);
-  end_slot_move(slot, from, to);
-}
-
 /// The count of error replies with this prefix ("TRYAGAIN", "NOSCRIPT")
 /// the node at `address` has sent (INFO errorstats).
 inline long long error_count(const std::string& address, const std::string& prefix) {
@@ -357,13 +289,16 @@ inline void check_wait(std::chrono::steady_clock::time_point start,
   }
 }
 
-/// Waits until every node agrees `slot` is served by `id` (gossip).
+/// Waits until every node agrees `slot` is served by `id` (gossip) and,
+/// with `epoch`, knows a current epoch at least that one.
 inline void await_slot_owner(int slot, const std::string& id,
-                             std::chrono::milliseconds limit = std::chrono::seconds(60)) {
+                             std::chrono::milliseconds limit = std::chrono::seconds(60),
+                             long long epoch = 0) {
   auto start = std::chrono::steady_clock::now();
   for (;;) {
     check_wait(start, limit, "every node to see slot " + std::to_string(slot)
-                               + " served by " + id);
+                               + " served by " + id + " at epoch "
+                               + std::to_string(epoch) + " or later");
     bool all = true;
     for (auto& n : cluster_nodes())
       if (!n.failed) {
@@ -371,12 +306,51 @@ inline void await_slot_owner(int slot, const std::string& id,
         for (auto& m : cluster_nodes(n.address))
           if (m.id == id && m.serves(slot))
             ok = true;
-        all = all && ok;
+        all = all && ok
+              && (epoch == 0
+                  || cluster_info_field(n.address, "cluster_current_epoch") >= epoch);
       }
     if (all)
       return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+/// Second half: the rest of the slot's keys moved, then every master told
+/// the new owner; returns once every node knows it.
+inline void end_slot_move(int slot, const cluster_node& from,
+                          const cluster_node& to) {
+  auto s = std::to_string(slot);
+  auto src = node_client(from.address);
+  for (;;) {
+    auto keys = src->call({"CLUSTER", "GETKEYSINSLOT", s, "100"});
+    if (keys.elements.empty())
+      break;
+    std::vector<std::string> names;
+    for (auto& k : keys.elements)
+      names.push_back(k.str);
+    migrate_keys(from, to, names);
+  }
+  node_client(to.address)->call({"CLUSTER", "SETSLOT", s, "NODE", to.id});
+  node_client(from.address)->call({"CLUSTER", "SETSLOT", s, "NODE", to.id});
+  for (auto& n : cluster_nodes())
+    if (n.master && !n.failed && n.id != from.id && n.id != to.id)
+      node_client(n.address)->call_raw({"CLUSTER", "SETSLOT", s, "NODE", to.id});
+  // Importing a slot bumps the importer's config epoch only when it does
+  // not already hold the greatest one it knows. A slot moved back before
+  // every node heard of this move's epoch could be claimed with an epoch no
+  // greater: the nodes that heard of it would keep this owner for good,
+  // and this owner, which gave the slot up, would see it unassigned
+  // (cluster_state:fail, CLUSTERDOWN for its own slots too). So the move
+  // ends once every node sees `to` serving it and knows its epoch.
+  await_slot_owner(slot, to.id, std::chrono::seconds(60),
+                   cluster_info_field(to.address, "cluster_my_epoch"));
+}
+
+/// A whole slot move.
+inline void move_slot(int slot, const cluster_node& from, const cluster_node& to) {
+  begin_slot_move(slot, from, to);
+  end_slot_move(slot, from, to);
 }
 
 } // namespace test

@@ -642,9 +642,7 @@ TEST_CASE("a failed leave is repeated until the backend answers it") {
 
 TEST_CASE("a failed unlead is repeated until the backend answers it") {
   lease_fixture f;
-  auto [session, session_log] = f.another_probe();
-  f.tell(session, botmesh::lead_atom::value, lead_name);
-  REQUIRE(session_log->leaders.size() == 1);
+  auto [session, session_log] = f.elected_session(lead_name);
   int failures = 2;
   f.coord->set_policy(op::unlead, [&](call& c) {
     if (failures-- > 0)
@@ -784,7 +782,7 @@ TEST_CASE("lead elects at once, not at the next renewal") {
 TEST_CASE("a leadership's validity goes to the session when it leads and "
           "again with every renewal that extends it") {
   lease_fixture f;
-  auto [session, session_log] = f.another_probe();
+  auto [session, session_log] = f.elected_session(lead_name); // until 2700
   // steady_clock ticks at `ms` virtual ms since the start.
   auto tick_at = [&](std::int64_t ms) {
     return (f.vs.now() - std::chrono::milliseconds{f.vs.elapsed_ms()}
@@ -792,8 +790,6 @@ TEST_CASE("a leadership's validity goes to the session when it leads and "
       .time_since_epoch()
       .count();
   };
-  f.tell(session, botmesh::lead_atom::value, lead_name); // until 2700
-  REQUIRE(session_log->leaders.size() == 1);
   CHECK(session_log->valid_until.at(lead_name) == tick_at(2700));
   f.vs.advance_to(1100); // renewed at 1000
   CHECK(session_log->valid_until.at(lead_name) == tick_at(3700));
@@ -805,9 +801,7 @@ TEST_CASE("a leadership's validity goes to the session when it leads and "
 
 TEST_CASE("a leadership a renewal says is lost tells the session") {
   lease_fixture f;
-  auto [session, session_log] = f.another_probe();
-  f.tell(session, botmesh::lead_atom::value, lead_name);
-  REQUIRE(session_log->leaders.size() == 1);
+  auto [session, session_log] = f.elected_session(lead_name);
   f.coord->set_policy(op::renew, [&](call& c) {
     auto r = f.coord->renewed(c);
     for (auto& l : r.leads)
@@ -823,9 +817,7 @@ TEST_CASE("a leadership a renewal says is lost tells the session") {
 TEST_CASE("a leadership whose renewals fail tells the session it is lost "
           "before the backend expires it") {
   lease_fixture f;
-  auto [session, session_log] = f.another_probe();
-  f.tell(session, botmesh::lead_atom::value, lead_name); // until 2700
-  REQUIRE(session_log->leaders.size() == 1);
+  auto [session, session_log] = f.elected_session(lead_name); // until 2700
   // Renewals at 1000 and 2000 succeed (until 4700 locally, 5000 in the
   // backend); every later one fails.
   f.vs.advance_to(2900);
@@ -843,9 +835,7 @@ TEST_CASE("a leadership whose renewals fail tells the session it is lost "
 TEST_CASE("a leadership renewal answered after the lease it reports ran out "
           "does not make the session lead again") {
   lease_fixture f;
-  auto [session, session_log] = f.another_probe();
-  f.tell(session, botmesh::lead_atom::value, lead_name); // until 2700
-  REQUIRE(session_log->leaders.size() == 1);
+  auto [session, session_log] = f.elected_session(lead_name); // until 2700
   f.coord->hold_renewals(); // the renewal at 1000 reaches the backend, its
                             // reply stalls
   f.vs.advance_to(2700);

@@ -603,6 +603,16 @@ struct lease_fixture {
     return {vs.sys().spawn(chat_probe, log), log};
   }
 
+  /// Another probe, presented as a session for `name` and elected (its
+  /// election renewal answered at once).
+  std::pair<caf::actor, std::shared_ptr<probe_log>>
+  elected_session(const std::string& name) {
+    auto [session, log] = another_probe();
+    tell(session, botmesh::lead_atom::value, name);
+    REQUIRE(log->leaders.size() == 1);
+    return {session, log};
+  }
+
   template <class... Ts>
   void tell(const caf::actor& from, Ts&&... xs) {
     caf::send_as(from, lease_actor, std::forward<Ts>(xs)...);

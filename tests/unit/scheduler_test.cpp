@@ -1189,6 +1189,13 @@ struct lost_claim_job {
     a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
             rec.handler());
   }
+
+  // The job falls due and A's claim is taken by the store, the reply lost.
+  void claim_with_lost_reply() {
+    clk.advance(1min);
+    store->losing_claim_replies = 1;
+    a.poll();
+  }
 };
 
 TEST_CASE_FIXTURE(lost_claim_job,
@@ -1216,9 +1223,7 @@ TEST_CASE_FIXTURE(lost_claim_job,
                   "a lost claim whose confirming renewal landed with its reply "
                   "lost is still taken up again at the next look, not after "
                   "its lease") {
-  clk.advance(1min);
-  store->losing_claim_replies = 1;
-  a.poll(); // taken by the store, the reply lost
+  claim_with_lost_reply();
   clk.advance(1s);
   store->losing_renewal_replies = 1;
   a.poll(); // refused by A's own claim: adopted; its renewal lands, unanswered
@@ -1238,9 +1243,7 @@ TEST_CASE_FIXTURE(lost_claim_job,
                   "a claim whose reply was lost is given back at stop: another "
                   "replica runs the slot at once, not after its lease") {
   std::shared_ptr<botmesh::schedule_store> shared{store, &store->inner};
-  clk.advance(1min);
-  store->losing_claim_replies = 1;
-  a.poll(); // taken by the store, the reply lost
+  claim_with_lost_reply();
   REQUIRE(store->get("job")->lease_until > clk.now());
   a.stop();
   CHECK(rec.count() == 0);
@@ -1259,9 +1262,7 @@ TEST_CASE_FIXTURE(lost_claim_job,
 TEST_CASE_FIXTURE(lost_claim_job,
                   "a claim whose reply was lost and that a stop could not give "
                   "back is still taken up again after the next start") {
-  clk.advance(1min);
-  store->losing_claim_replies = 1;
-  a.poll(); // taken by the store, the reply lost
+  claim_with_lost_reply();
   store->failing_gets = true;
   auto errors = a.stats().store_errors;
   a.stop(); // its read fails: the claim stays, so does what A knows of it
@@ -1278,9 +1279,7 @@ TEST_CASE_FIXTURE(lost_claim_job,
 TEST_CASE_FIXTURE(lost_claim_job,
                   "a poll that comes while a stop gives a lost claim back runs "
                   "what is due once the give-back ended") {
-  clk.advance(1min);
-  store->losing_claim_replies = 1;
-  a.poll(); // taken by the store, the reply lost
+  claim_with_lost_reply();
   store->hold_gets = true;
   std::thread stopper{[&] { a.stop(); }};
   REQUIRE(test::eventually([&] { return store->get_held(); }));
