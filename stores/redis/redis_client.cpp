@@ -91,6 +91,22 @@ void block_sigpipe() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
+// What a batch on a cluster gives a command whose node failed (no reply,
+// lost connection): an error reply naming the failure, in the command's
+// place. "BOTMESH-FAILED" is no error prefix Redis uses.
+redis_reply failed_reply(const std::exception_ptr& e) {
+  redis_reply r;
+  r.type = redis_reply::kind::error;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    r.str = fmt::format("BOTMESH-FAILED {}", x.what());
+  } catch (...) {
+    r.str = "BOTMESH-FAILED unknown error";
+  }
+  return r;
+}
+
 // Runs one command on a context that is not pipelining (connection set-up);
 // returns the error text, or nothing on success.
 std::optional<std::string> run_setup(redisContext* ctx,
@@ -901,11 +917,14 @@ void redis_client::async_batch(std::vector<command> cmds, batch_callback done) {
     std::vector<redis_reply> replies;
     std::exception_ptr error;
     std::size_t left;
+    std::size_t answered = 0;
+    bool per_node = false;
     batch_callback done;
   };
   auto st = std::make_shared<state>();
   st->replies.resize(cmds.size());
   st->left = cmds.size();
+  st->per_node = cluster_ != nullptr;
   st->done = std::move(done);
   std::vector<request> rs;
   rs.reserve(cmds.size());
@@ -915,15 +934,22 @@ void redis_client::async_batch(std::vector<command> cmds, batch_callback done) {
                            bool last = false;
                            {
                              std::lock_guard guard{st->mtx};
-                             if (e && !st->error)
-                               st->error = e;
-                             else if (!e)
+                             if (e) {
+                               if (!st->error)
+                                 st->error = e;
+                               if (st->per_node)
+                                 st->replies[i] = failed_reply(e);
+                             } else {
                                st->replies[i] = std::move(r);
+                               ++st->answered;
+                             }
                              last = --st->left == 0;
                            }
                            if (!last)
                              return;
-                           if (st->error)
+                           // On a cluster one node's failure is that node's
+                           // commands' alone (see the header).
+                           if (st->error && !(st->per_node && st->answered > 0))
                              st->done({}, st->error);
                            else
                              st->done(std::move(st->replies), nullptr);

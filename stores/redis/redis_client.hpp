@@ -177,6 +177,11 @@ class redis_client {
   /// Sends commands back to back on one connection; `done` runs once, on
   /// the connection's thread, with every raw reply in order, or with the
   /// first failure (a lost connection or timeout fails the whole batch).
+  /// On a cluster the commands go to their slots' nodes, and a node's
+  /// failure is its commands' alone: each of them gets, in its place, an
+  /// error reply "BOTMESH-FAILED <what failed>" (whether it ran is then
+  /// unknown), so one master down does not cost the others' replies.
+  /// `done` gets the first failure only when no command was answered.
   void async_batch(std::vector<command> cmds, batch_callback done);
 
   /// Runs a script asynchronously (EVALSHA, EVAL on NOSCRIPT) on the

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <iterator>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <variant>
 
@@ -286,14 +287,53 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
       });
   }
 
+  // The earliest clock reading of the renewal's answered scripts (co_renew
+  // and co_lead reply with theirs), if any.
+  static std::optional<std::int64_t>
+  script_clock(const renewal& r, const std::vector<redis_reply>& replies) {
+    std::optional<std::int64_t> out;
+    auto take = [&](std::size_t at, std::size_t index) {
+      auto& reply = replies.at(at);
+      if (reply.type != kind::array || reply.elements.size() <= index
+          || reply.elements[index].type != kind::integer)
+        return;
+      auto t = reply.elements[index].integer;
+      out = out ? std::min(*out, t) : t;
+    };
+    std::size_t at = 2;
+    for (std::size_t n = 0; n < r.turns.size(); ++n)
+      take(at++, 1);
+    for (std::size_t n = 0; n < r.leads.size(); ++n)
+      take(at++, 2);
+    return out;
+  }
+
   renewal_result parse_renewal(const renewal& r,
                                const std::vector<redis_reply>& replies) const {
     renewal_result out;
     auto& time = replies.at(0);
-    if (time.type != kind::array || time.elements.size() != 2)
+    if (time.type == kind::error) {
+      // On a cluster TIME runs on some master, which may be the one that is
+      // down: a script's own clock reading stands in. Any reading taken
+      // after the batch left will do (see lease_actor's observe()): the
+      // deadlines below are lengths from it, and a later reading only
+      // makes the backend clock's bound more cautious.
+      auto stand_in = script_clock(r, replies);
+      if (!stand_in)
+        throw coordination_unavailable_error(
+          fmt::format("coordinator {}: renewal: TIME failed and no part of "
+                      "the batch was answered: {}",
+                      replica, time.str));
+      out.now_ms = *stand_in;
+      out.errors.push_back(fmt::format(
+        "coordinator {}: renewal: TIME failed, a script's clock stands in: {}",
+        replica, time.str));
+    } else if (time.type != kind::array || time.elements.size() != 2) {
       throw coordination_unavailable_error("renewal: malformed TIME reply");
-    out.now_ms = std::stoll(time.elements[0].str) * 1000
-                 + std::stoll(time.elements[1].str) / 1000;
+    } else {
+      out.now_ms = std::stoll(time.elements[0].str) * 1000
+                   + std::stoll(time.elements[1].str) / 1000;
+    }
     // Each part fails alone: one slot's master down (or one damaged key)
     // must not cost every other turn and leadership its renewal.
     if (replies.at(1).type == kind::error)
