@@ -897,6 +897,18 @@ void redis_client::async_keep(const std::string* affinity, command cmd,
   conn.enqueue(request{std::move(cmd), {}, std::move(done)});
 }
 
+void redis_client::async_asking(const std::string* affinity, command cmd,
+                                callback done) {
+  auto& conn = affinity ? impl_->pick(*affinity) : impl_->pick();
+  std::vector<request> both;
+  both.reserve(2);
+  // ASKING's own reply says nothing cmd's does not: a lost connection fails
+  // both, and a command that ASKING did not let in is redirected again.
+  both.push_back(request{{"ASKING"}, [](redis_reply, std::exception_ptr) {}});
+  both.push_back(request{std::move(cmd), std::move(done)});
+  conn.enqueue_many(std::move(both));
+}
+
 void redis_client::async(std::string_view affinity, command cmd,
                          callback done) {
   if (cluster_) {

@@ -249,6 +249,12 @@ class redis_client {
   void async_keep(const std::string* affinity, command cmd,
                   keep_callback done);
 
+  // For the cluster router's ASK redirection: ASKING and `cmd` back to back
+  // in one write, on the connection `affinity` maps to (as `async_keep`), so
+  // commands of one affinity keep their order when they are redirected.
+  // `done` gets cmd's reply.
+  void async_asking(const std::string* affinity, command cmd, callback done);
+
   struct impl;
   struct cluster;
   friend struct cluster;

@@ -286,7 +286,7 @@ redis_client::cluster::node* redis_client::cluster::any_master() {
   return nullptr;
 }
 
-std::vector<std::string> redis_client::cluster::known_nodes() {
+std::vector<std::string> redis_client::cluster::known_nodes(std::size_t* masters) {
   std::vector<std::string> out;
   std::set<std::string> seen;
   auto add = [&](const std::string& a) {
@@ -296,6 +296,8 @@ std::vector<std::string> redis_client::cluster::known_nodes() {
   for (auto& s : slots_)
     if (auto* n = s.load(std::memory_order_acquire))
       add(n->address);
+  if (masters)
+    *masters = out.size();
   std::lock_guard guard{nodes_mtx_};
   for (auto& s : seeds_)
     add(s);
@@ -305,43 +307,115 @@ std::vector<std::string> redis_client::cluster::known_nodes() {
 }
 
 bool redis_client::cluster::refresh_once(std::string* why) {
-  // Masters first (they know the map best), then seeds and every known node.
-  auto candidates = known_nodes();
-  std::vector<std::string> failures;
-  for (auto& address : candidates) {
-    if (closed_)
-      return false;
-    try {
-      auto* n = node_at(address);
-      auto reply = n->client->call_raw({"CLUSTER", "SLOTS"});
-      auto ranges = internal::parse_cluster_slots(
-        reply, internal::split_address(address).first);
-      if (ranges.empty())
-        throw error(errc::store_error, "CLUSTER SLOTS: no slot is served");
-      std::vector<node*> fresh(internal::cluster_slots, nullptr);
-      for (auto& r : ranges) {
-        auto* m = node_at(mapped(r.master));
-        for (std::size_t s = r.first; s <= r.last; ++s)
-          fresh[s] = m;
-        std::lock_guard guard{nodes_mtx_};
-        for (auto& rep : r.replicas)
-          if (auto a = mapped(rep); std::find(seeds_.begin(), seeds_.end(), a)
-                                    == seeds_.end())
-            seeds_.push_back(std::move(a));
-        if (auto a = mapped(r.master);
-            std::find(seeds_.begin(), seeds_.end(), a) == seeds_.end())
-          seeds_.push_back(std::move(a));
-      }
-      for (std::size_t s = 0; s < internal::cluster_slots; ++s)
-        slots_[s].store(fresh[s], std::memory_order_release);
-      return true;
-    } catch (const std::exception& e) {
-      failures.push_back(fmt::format("{}: {}", address, e.what()));
+  // The masters of the map are asked first, all at once, and the first
+  // useful answer is taken; the other nodes are asked too when no master
+  // answered within a short wait (all of them down, or hanging). Asked one
+  // after the other, a master that hangs (paused, swapping, DEBUG SLEEP)
+  // would hold every refresh for a whole command timeout, and with it the
+  // news of its own failover.
+  constexpr auto masters_first = std::chrono::milliseconds{100};
+  std::size_t masters = 0;
+  auto candidates = known_nodes(&masters);
+  struct gather {
+    std::mutex mtx;
+    std::condition_variable cv;
+    std::optional<std::vector<internal::slot_range>> best;
+    std::vector<std::string> failures;
+    std::size_t asked = 0;
+    std::size_t settled = 0;
+  };
+  auto g = std::make_shared<gather>();
+  auto settle = [g](std::optional<std::vector<internal::slot_range>> ranges,
+                    std::string failure) {
+    {
+      std::lock_guard guard{g->mtx};
+      if (ranges && !g->best)
+        g->best = std::move(ranges);
+      else if (!ranges)
+        g->failures.push_back(std::move(failure));
+      ++g->settled;
     }
+    g->cv.notify_all();
+  };
+  auto ask = [&](std::size_t from, std::size_t to) {
+    {
+      std::lock_guard guard{g->mtx};
+      g->asked += to - from;
+    }
+    for (auto at = from; at < to; ++at) {
+      auto& address = candidates[at];
+      node* n = nullptr;
+      try {
+        if (closed_)
+          throw error(errc::store_error, "the client is closed");
+        n = node_at(address);
+      } catch (const std::exception& e) {
+        settle(std::nullopt, fmt::format("{}: {}", address, e.what()));
+        continue;
+      }
+      n->client->async({"CLUSTER", "SLOTS"},
+                       [settle, address](redis_reply reply, std::exception_ptr e) {
+                         try {
+                           if (e)
+                             std::rethrow_exception(e);
+                           auto ranges = internal::parse_cluster_slots(
+                             reply, internal::split_address(address).first);
+                           if (ranges.empty())
+                             throw error(errc::store_error,
+                                         "CLUSTER SLOTS: no slot is served");
+                           settle(std::move(ranges), {});
+                         } catch (const std::exception& x) {
+                           settle(std::nullopt,
+                                  fmt::format("{}: {}", address, x.what()));
+                         }
+                       });
+    }
+  };
+  std::optional<std::vector<internal::slot_range>> got;
+  {
+    ask(0, masters);
+    std::unique_lock guard{g->mtx};
+    g->cv.wait_for(guard, masters_first,
+                   [&] { return g->best || g->settled == g->asked; });
+    if (!g->best && masters < candidates.size()) {
+      guard.unlock();
+      ask(masters, candidates.size());
+      guard.lock();
+    }
+    // Every request ends (answered, failed or timed out), so this does too.
+    g->cv.wait(guard, [&] { return g->best || g->settled == g->asked; });
+    got = std::move(g->best);
+    g->best.reset();
+    if (!got && why)
+      *why = fmt::format("{}", fmt::join(g->failures, "; "));
   }
-  if (why)
-    *why = fmt::format("{}", fmt::join(failures, "; "));
-  return false;
+  if (!got || closed_)
+    return false;
+  try {
+    std::vector<node*> fresh(internal::cluster_slots, nullptr);
+    for (auto& r : *got) {
+      auto* m = node_at(mapped(r.master));
+      for (std::size_t s = r.first; s <= r.last; ++s)
+        fresh[s] = m;
+      std::lock_guard guard{nodes_mtx_};
+      for (auto& rep : r.replicas)
+        if (auto a = mapped(rep); std::find(seeds_.begin(), seeds_.end(), a)
+                                  == seeds_.end())
+          seeds_.push_back(std::move(a));
+      if (auto a = mapped(r.master);
+          std::find(seeds_.begin(), seeds_.end(), a) == seeds_.end())
+        seeds_.push_back(std::move(a));
+    }
+    for (std::size_t s = 0; s < internal::cluster_slots; ++s)
+      slots_[s].store(fresh[s], std::memory_order_release);
+  } catch (const std::exception& e) {
+    // A node of the answer could not be set up (no descriptor left, an
+    // address map that throws): the map stays as it was.
+    if (why)
+      *why = fmt::format("applying CLUSTER SLOTS failed: {}", e.what());
+    return false;
+  }
+  return true;
 }
 
 void redis_client::cluster::discover() {
@@ -388,19 +462,22 @@ void redis_client::cluster::timer_loop() {
   std::unique_lock guard{timer_mtx_};
   while (!stopping_) {
     auto now = steady::now();
-    if (refresh_wanted_ && now - last_refresh_ >= refresh_gap) {
-      refresh_wanted_ = false;
-      last_refresh_ = now;
-      guard.unlock();
-      refresh_once(nullptr);
-      guard.lock();
-      continue;
-    }
+    // Due retries go first: commands that keep failing ask for a refresh
+    // all the time, and refreshes first would leave the retries waiting
+    // well past their bound.
     if (!timers_.empty() && timers_.begin()->first <= now) {
       auto fn = std::move(timers_.begin()->second);
       timers_.erase(timers_.begin());
       guard.unlock();
       fn(false);
+      guard.lock();
+      continue;
+    }
+    if (refresh_wanted_ && now - last_refresh_ >= refresh_gap) {
+      refresh_wanted_ = false;
+      last_refresh_ = now;
+      guard.unlock();
+      refresh_once(nullptr);
       guard.lock();
       continue;
     }
@@ -479,18 +556,12 @@ void redis_client::cluster::dispatch(const std::shared_ptr<op>& o) {
     return;
   }
   if (asking) {
-    std::vector<command> both;
-    both.reserve(2);
-    both.push_back({"ASKING"});
-    both.push_back(o->cmd); // a copy, kept for a resend
-    n->client->async_batch(std::move(both),
-                           [this, o, n](std::vector<redis_reply> rs,
-                                        std::exception_ptr e) {
-                             if (e || rs.size() != 2)
-                               on_reply(o, n, {}, e, true);
-                             else
-                               on_reply(o, n, std::move(rs[1]), nullptr, true);
-                           });
+    // On the affinity's lane, as any other command of it (a copy of the
+    // command, kept for a resend).
+    n->client->async_asking(o->affinity ? &*o->affinity : nullptr, o->cmd,
+                            [this, o, n](redis_reply r, std::exception_ptr e) {
+                              on_reply(o, n, std::move(r), std::move(e), true);
+                            });
     return;
   }
   // The command travels to the node and comes back with the reply (no
@@ -516,7 +587,11 @@ void redis_client::cluster::retry_later(const std::shared_ptr<op>& o,
     auto given_up = fmt::format("given up after {} attempts over {}",
                                 o->attempts, format_duration(took));
     if (last) {
-      last->str += fmt::format(" ({})", given_up);
+      // The reply's own text, and why it was not followed when that is
+      // more than the text says (a redirection past the limit).
+      last->str += why == last->str
+                     ? fmt::format(" ({})", given_up)
+                     : fmt::format(" ({}; {})", why, given_up);
       finish(o, std::move(*last), nullptr);
     } else {
       finish(o, {},
@@ -581,9 +656,9 @@ void redis_client::cluster::on_reply(const std::shared_ptr<op>& o, node* via,
       o->redirections = 0;
       request_refresh();
       retry_later(o,
-                  red ? fmt::format("more than {} redirections (last: {})",
-                                    opts.max_redirections, text)
-                      : fmt::format("malformed redirection: {}", text),
+                  red ? fmt::format("more than {} redirections",
+                                    opts.max_redirections)
+                      : std::string{"a malformed redirection"},
                   std::move(r));
       return;
     }

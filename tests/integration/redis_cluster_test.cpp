@@ -247,3 +247,102 @@ TEST_CASE("cluster: a reply lost to the timeout is not resent and fails with tim
   CHECK(admin->call({"GET", key}).is_nil());
   c.call({"DEL", key});
 }
+
+TEST_CASE("cluster: commands of one affinity redirected with ASK keep their "
+          "order on the importing node") {
+  auto c = cluster_client();
+  auto key = test::unique_prefix("askorder") + ":{l}";
+  auto slot = redis_client::key_slot(key);
+  auto from = test::master_of(slot);
+  auto to = test::other_master(from.id);
+  // The key is new, so the migrating node answers ASK for every push and
+  // each is sent again, with ASKING, to the importing node.
+  test::begin_slot_move(slot, from, to);
+  constexpr int n = 2000;
+  std::atomic<int> left{n};
+  std::atomic<int> failed{0};
+  std::promise<void> all_p;
+  auto all = all_p.get_future();
+  for (int i = 1; i <= n; ++i)
+    c->async(key, {"RPUSH", key, std::to_string(i)},
+             [&](redis_reply r, std::exception_ptr e) {
+               if (e || r.type != redis_reply::kind::integer)
+                 ++failed;
+               if (--left == 0)
+                 all_p.set_value();
+             });
+  bool done = all.wait_for(30s) == std::future_status::ready;
+  auto target = test::node_client(to.address);
+  auto listed = target->pipeline({{"ASKING"}, {"LRANGE", key, "0", "-1"}});
+  target->pipeline({{"ASKING"}, {"DEL", key}});
+  // Back as it was: the slot never moved.
+  auto s = std::to_string(slot);
+  target->call({"CLUSTER", "SETSLOT", s, "STABLE"});
+  test::node_client(from.address)->call({"CLUSTER", "SETSLOT", s, "STABLE"});
+  REQUIRE(done);
+  CHECK(failed.load() == 0);
+  REQUIRE(listed.at(1).elements.size() == static_cast<std::size_t>(n));
+  int out_of_order = 0;
+  for (int i = 0; i < n; ++i)
+    if (listed[1].elements[i].str != std::to_string(i + 1))
+      ++out_of_order;
+  CHECK(out_of_order == 0);
+}
+
+TEST_CASE("cluster: a client made while its first root node hangs takes the "
+          "slot map from another node without waiting for it") {
+  auto seed = test::seed_address();
+  auto asleep = test::master_of(0);
+  std::string other;
+  for (auto& n : test::cluster_nodes())
+    if (n.id != asleep.id && !n.failed)
+      other = n.address;
+  REQUIRE(!other.empty());
+  // 1.5 s stays under the cluster's node timeout (2 s): no failover.
+  auto sleeper = test::node_client(asleep.address, "10s");
+  auto woke_p = std::make_shared<std::promise<void>>();
+  auto woke = woke_p->get_future();
+  sleeper->async({"DEBUG", "SLEEP", "1.5"},
+                 [woke_p](redis_reply, std::exception_ptr) {
+                   woke_p->set_value();
+                 });
+  std::this_thread::sleep_for(100ms);
+  auto opts = test::cluster_options();
+  opts.root_nodes = {asleep.address, other};
+  std::unique_ptr<redis_client> c;
+  try {
+    c = std::make_unique<redis_client>(opts);
+  } catch (const std::exception& e) {
+    FAIL("no slot map: " << std::string{e.what()});
+  }
+  // Made before the sleeping node could answer: asked one after the other,
+  // the roots would have held the client until it woke.
+  CHECK(woke.wait_for(0s) == std::future_status::timeout);
+  REQUIRE(woke.wait_for(10s) == std::future_status::ready);
+  auto key = test::unique_prefix("hang") + ":k";
+  c->call({"SET", key, "1"});
+  CHECK(c->call({"GET", key}).str == "1");
+  c->call({"DEL", key});
+}
+
+TEST_CASE("cluster: a redirection not followed fails with its text and why it "
+          "was not followed") {
+  auto opts = test::cluster_options();
+  opts.max_redirections = 0;
+  opts.retry_attempts = 1;
+  redis_client c{opts};
+  auto key = test::unique_prefix("giveup") + ":{g}";
+  auto slot = redis_client::key_slot(key);
+  auto from = test::master_of(slot);
+  auto to = test::other_master(from.id);
+  test::begin_slot_move(slot, from, to); // a new key: ASK to `to`
+  auto r = c.call_raw({"SET", key, "1"});
+  auto s = std::to_string(slot);
+  test::node_client(to.address)->call({"CLUSTER", "SETSLOT", s, "STABLE"});
+  test::node_client(from.address)->call({"CLUSTER", "SETSLOT", s, "STABLE"});
+  REQUIRE(r.type == redis_reply::kind::error);
+  CAPTURE(r.str);
+  CHECK(r.str.starts_with("ASK "));
+  CHECK(r.str.find("more than 0 redirections") != std::string::npos);
+  CHECK(r.str.find("given up after 1 attempts") != std::string::npos);
+}
