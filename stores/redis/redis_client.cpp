@@ -423,11 +423,20 @@ class connection {
       return false;
     }
     // Scripts are loaded by SHA on every new connection: after a server
-    // restart EVALSHA finds them (a failure here only costs the EVAL
-    // fallback later).
+    // restart EVALSHA finds them (an error reply here only costs the EVAL
+    // fallback later). A failed connection (a server that stopped
+    // answering after it accepted) is one that did not connect: kept, it
+    // would take the next commands and fail them as sent, "may have run",
+    // when none of them left.
     auto scripts = scripts_->all();
     for (auto* script : scripts)
-      (void) run_setup(ctx, {"SCRIPT", "LOAD", script->body()});
+      if (run_setup(ctx, {"SCRIPT", "LOAD", script->body()}) && ctx->err) {
+        mark_down(fmt::format("loading script {} failed: {}", script->name(),
+                              ctx->errstr),
+                  steady::now() - t0);
+        redisFree(ctx);
+        return false;
+      }
     loaded_ = scripts.size();
     in_multi_ = false;
     ctx_ = ctx;

@@ -401,6 +401,50 @@ TEST_CASE("a command queued while another waits for its reply is written "
   fake.join();
 }
 
+TEST_CASE("a reconnection whose script load gets no answer is not taken as "
+          "connected: the command behind it fails as not sent, naming the load") {
+  test::redis_process server;
+  botmesh::redis_client c{{.url = server.url(), .command_timeout = "300ms",
+                           .connections = 1, .max_backoff = "100ms"}};
+  static const botmesh::redis_script probe{"probe_load", "#!lua\nreturn 1"};
+  c.preload(probe);
+  REQUIRE(c.call({"PING"}).str == "PONG");
+  botmesh::redis_client admin{{.url = server.url(), .connections = 1}};
+  // c's connection is dropped; c notices when it next sends (idle for
+  // more than 100 ms) and connects anew...
+  admin.call({"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"});
+  std::this_thread::sleep_for(150ms);
+  // ...to a server that accepts (the kernel does) but answers nothing.
+  std::thread sleeper{[&] {
+    botmesh::redis_client a{{.url = server.url(), .connections = 1}};
+    a.call({"DEBUG", "SLEEP", "1.5"});
+  }};
+  std::this_thread::sleep_for(100ms);
+  std::string what;
+  auto code = botmesh::errc::none;
+  try {
+    c.call({"GET", "k"});
+  } catch (const botmesh::error& e) {
+    code = e.code();
+    what = e.what();
+  }
+  sleeper.join();
+  CAPTURE(what);
+  // Not sent: not errc::timeout, which says the command may have run.
+  CHECK(code == botmesh::errc::store_error);
+  CHECK(what.find("loading script probe_load") != std::string::npos);
+  bool ok = false;
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!ok && std::chrono::steady_clock::now() < deadline) {
+    try {
+      ok = c.eval(probe, {}, {}).integer == 1;
+    } catch (const botmesh::error&) {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  CHECK(ok);
+}
+
 TEST_CASE("a reply slower than the command timeout fails with timeout and the "
           "connection recovers") {
   test::redis_process server;
