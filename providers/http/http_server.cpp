@@ -1,7 +1,10 @@
 #include <botmesh/providers/http/http_server.hpp>
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <iterator>
 #include <condition_variable>
 #include <cstdio>
@@ -131,6 +134,12 @@ struct io_thread {
   std::string key; ///< scratch for route lookups
 };
 
+struct server_state;
+
+// The server whose I/O thread this is, if any: a stop asked for from one
+// of its handlers cannot wait for that handler, nor join its own thread.
+static thread_local const server_state* io_server = nullptr;
+
 struct server_state : std::enable_shared_from_this<server_state> {
   server_options opts;
   std::vector<std::unique_ptr<io_thread>> io;
@@ -161,9 +170,17 @@ struct server_state : std::enable_shared_from_this<server_state> {
   bool started = false;
   bool stopped = false;
   std::mutex lifecycle_mtx;
+  /// A stop asked for on one of the I/O threads (see server::stop): begun
+  /// once, run by `stopper`. stopper_mtx guards the handle only and is
+  /// never held while joining; an I/O thread never waits for
+  /// lifecycle_mtx, which a stop holds while it joins the I/O threads.
+  std::atomic<bool> stop_begun{false};
+  std::mutex stopper_mtx;
+  std::thread stopper;
 
   std::atomic<std::uint64_t> n_connections{0}, n_requests{0}, n_not_found{0},
-    n_too_large{0}, n_timeouts{0}, n_bad{0}, n_accept_errors{0};
+    n_too_large{0}, n_timeouts{0}, n_bad{0}, n_accept_errors{0},
+    n_peers_gone{0};
 
   explicit server_state(server_options o) : opts(std::move(o)) {
     for (std::size_t n = 0; n < opts.io_threads; ++n)
@@ -220,6 +237,7 @@ struct server_state : std::enable_shared_from_this<server_state> {
 /// its connection.
 struct exchange {
   std::shared_ptr<session> conn;
+  std::uint64_t served = 0; // which request of the connection
   std::atomic<bool> done{false};
   ~exchange();
 };
@@ -387,6 +405,13 @@ class session : public std::enable_shared_from_this<session> {
     return gone_.load(std::memory_order_relaxed);
   }
 
+  /// responder::watch_peer (from any thread).
+  void watch(std::uint64_t served) {
+    srv_->post_unless_finished(t_.ioc, [self = shared_from_this(), served] {
+      self->watch_peer(served);
+    });
+  }
+
   /// Called by the sweep: closes the connection when its deadline passed.
   void check(steady::time_point now) {
     if (now >= deadline_) {
@@ -496,6 +521,7 @@ class session : public std::enable_shared_from_this<session> {
     ++srv_->n_requests;
     auto x = std::make_shared<exchange>();
     x->conn = shared_from_this();
+    x->served = served_;
     responder r{std::move(x)};
     try {
       (*h)(req_, r);
@@ -506,6 +532,34 @@ class session : public std::enable_shared_from_this<session> {
     } catch (...) {
       r.respond(500);
     }
+  }
+
+  // While request `served` is handled nothing is read (the next request
+  // waits in the socket), so a client that went away would go unnoticed
+  // until the answer is written into the void, and the answer counted as
+  // delivered (a Telegram reply in the webhook response, say). Readiness
+  // is watched instead: an end of stream or a reset closes the connection,
+  // and the request's responder then refuses its answer, so the caller can
+  // deliver it another way. Data (a pipelined request) is left unread, and
+  // the watch ends there.
+  void watch_peer(std::uint64_t served) {
+    if (closed_ || !handling_ || served_ != served)
+      return;
+    socket_.async_wait(
+      tcp::socket::wait_read,
+      [self = shared_from_this(), served](beast::error_code ec) {
+        if (ec || self->closed_ || !self->handling_ || self->served_ != served)
+          return;
+        char c;
+        auto n = ::recv(self->socket_.native_handle(), &c, 1,
+                        MSG_PEEK | MSG_DONTWAIT);
+        if (n > 0)
+          return;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+          return self->watch_peer(served); // woken for nothing
+        ++self->srv_->n_peers_gone;
+        self->close();
+      });
   }
 
   void write(response r) {
@@ -653,6 +707,11 @@ bool responder::respond(int status) const {
   return respond(response{status, {}, "text/plain; charset=utf-8", {}});
 }
 
+void responder::watch_peer() const {
+  if (x_ && !x_->done.load())
+    x_->conn->watch(x_->served);
+}
+
 bool responder::answered() const noexcept {
   return !x_ || x_->done.load();
 }
@@ -738,6 +797,11 @@ server::server(server_options opts) {
 
 server::~server() {
   stop();
+  // Destroyed on one of its own I/O threads: the stop's thread holds the
+  // state and ends by itself.
+  std::lock_guard guard{impl_->stopper_mtx};
+  if (impl_->stopper.joinable())
+    impl_->stopper.detach();
 }
 
 void server::route(std::string method, std::string path, handler h) {
@@ -792,7 +856,10 @@ void server::start() {
   try {
     for (auto& t : i.io) {
       i.arm_sweep(*t); // keeps run() from returning while idle
-      t->thread = std::thread{[p = impl_, t = t.get()] { t->ioc.run(); }};
+      t->thread = std::thread{[p = impl_, t = t.get()] {
+        internal::io_server = p.get();
+        t->ioc.run();
+      }};
     }
     // Accepting only once every thread runs: a connection dealt to a
     // thread that failed to start would hold stop() for its whole bound.
@@ -857,10 +924,42 @@ void server_state::shut_down() {
 
 void server::stop() {
   auto& i = *impl_;
-  std::lock_guard guard{i.lifecycle_mtx};
-  if (!i.started || i.stopped)
+  if (internal::io_server == &i) {
+    // From a handler of this server (an error listener that stops the
+    // bot, say): this thread can neither wait for its own request nor
+    // join itself. A thread of its own stops the server once the handler
+    // returned; the handler's request is answered like any in flight.
+    if (i.stop_begun.exchange(true))
+      return;
+    i.stopping = true;
+    std::lock_guard guard{i.stopper_mtx};
+    try {
+      i.stopper = std::thread{[p = impl_] {
+        std::lock_guard g{p->lifecycle_mtx};
+        if (p->started && !p->stopped)
+          p->shut_down();
+      }};
+    } catch (...) {
+      i.stop_begun = false;
+      throw;
+    }
     return;
-  i.shut_down();
+  }
+  {
+    std::lock_guard guard{i.lifecycle_mtx};
+    if (i.started && !i.stopped)
+      i.shut_down();
+  }
+  // A stop begun on an I/O thread ends (the shutdown ran, here or there)
+  // before this returns: its thread takes lifecycle_mtx for the whole
+  // shutdown.
+  std::thread running;
+  {
+    std::lock_guard guard{i.stopper_mtx};
+    running = std::move(i.stopper);
+  }
+  if (running.joinable())
+    running.join();
 }
 
 void server::after(std::chrono::milliseconds delay, std::function<void()> fn) {
@@ -895,7 +994,8 @@ std::string server::url() const {
 server_stats server::stats() const {
   auto& i = *impl_;
   return server_stats{i.n_connections, i.n_requests, i.n_not_found,
-                      i.n_too_large,   i.n_timeouts, i.n_bad};
+                      i.n_too_large,   i.n_timeouts, i.n_bad,
+                      i.n_peers_gone};
 }
 
 } // namespace botmesh::http

@@ -66,15 +66,25 @@ class responder {
   }
 
   /// Sends `r`; returns false when the request was already answered, or
-  /// the server closed its connection (a timeout, a stop past its bound).
-  /// A client that went away unnoticed is found only by the write, after
-  /// this returned true. Never blocks: the write runs on I/O threads.
+  /// the server closed its connection (a timeout, a stop past its bound,
+  /// the client gone while watched, see `watch_peer`). A client that went
+  /// away unnoticed is found only by the write, after this returned true.
+  /// Never blocks: the write runs on I/O threads.
   bool respond(response r) const;
 
   /// Shorthand for an empty-bodied answer with `status`.
   bool respond(int status) const;
 
   bool answered() const noexcept;
+
+  /// For an answer held a while (a reply carried in a webhook response):
+  /// while the request waits for it, a client that closes or resets the
+  /// connection is noticed, the connection is closed (counted in
+  /// `server_stats::peers_gone`) and `respond` returns false, so the
+  /// caller can deliver another way. Not the default: a client that
+  /// half-closes after sending its request (shutdown for writing) would be
+  /// taken as gone. Any thread; costs one readiness wait on the socket.
+  void watch_peer() const;
 
  private:
   std::shared_ptr<internal::exchange> x_;
@@ -114,6 +124,9 @@ struct server_stats {
   std::uint64_t too_large = 0;   ///< 413 answers
   std::uint64_t timeouts = 0;    ///< connections closed by a timeout
   std::uint64_t bad_requests = 0; ///< unparsable requests (400, 431)
+  /// Requests whose client closed the connection (or reset it) before
+  /// they were answered: their responders refuse the answer.
+  std::uint64_t peers_gone = 0;
 };
 
 /// An HTTP/1.1 server with keep-alive, routes by method and exact path,
@@ -157,7 +170,11 @@ class server {
   /// Graceful stop: stops accepting, closes idle connections, lets the
   /// requests in flight be answered (with `Connection: close`) for up to
   /// `shutdown_timeout`, then closes everything and joins the threads.
-  /// Idempotent; the server cannot be started again.
+  /// Idempotent; the server cannot be started again. Called from one of
+  /// the server's own handlers (on an I/O thread), it only begins the stop
+  /// and returns: a thread of its own finishes it once that handler
+  /// returned (the handler may still answer its request). A later call
+  /// from another thread, or the destructor, waits for that stop.
   void stop();
 
   /// Runs `fn` on an I/O thread after `delay` (for bounded waits of held

@@ -195,6 +195,10 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         return;
       }
       held_order.push_back(p);
+      // Held for a reply: should Telegram give up on the request meanwhile
+      // (it closes the connection), the reply goes through the API instead
+      // of into the closed connection.
+      p->r.watch_peer();
       if (!ticking) {
         ticking = true;
         start_tick = true;

@@ -45,6 +45,11 @@ class raw_socket {
     ::close(fd_);
   }
 
+  /// Shuts the sending side: the request is complete, the answer awaited.
+  void half_close() {
+    ::shutdown(fd_, SHUT_WR);
+  }
+
   void send(std::string_view s) {
     REQUIRE(::send(fd_, s.data(), s.size(), MSG_NOSIGNAL)
             == static_cast<ssize_t>(s.size()));
@@ -676,4 +681,86 @@ TEST_CASE("after() runs its callback on time, and one still pending when the "
   // The pending callback (and what it holds, often a responder) is gone.
   CHECK(token.use_count() == 1);
   CHECK_FALSE(late.load());
+}
+
+TEST_CASE("a handler that stops its own server still answers its request, "
+          "and the server then stops and accepts no more") {
+  http::server s;
+  std::atomic<bool> stop_threw{false};
+  std::promise<void> stop_returned_p;
+  auto stop_returned = stop_returned_p.get_future();
+  s.route("POST", "/stop", [&](http::request&, http::responder r) {
+    // An error listener that stops the bot does this, on the I/O thread.
+    try {
+      s.stop();
+    } catch (const std::exception&) {
+      stop_threw = true;
+    }
+    stop_returned_p.set_value();
+    r.respond({.status = 200, .body = "bye"});
+  });
+  s.start();
+  auto url = s.url();
+  http::client c;
+  auto res = c.request({.url = url + "/stop", .body = "x"});
+  REQUIRE(stop_returned.wait_for(0s) == std::future_status::ready);
+  CHECK_FALSE(stop_threw.load());
+  CHECK(res.status == 200);
+  CHECK(res.body == "bye");
+  // The stop goes on without the handler: the port is closed soon after.
+  bool refused = false;
+  auto until = std::chrono::steady_clock::now() + 10s;
+  while (!refused && std::chrono::steady_clock::now() < until) {
+    http::client fresh{{.connect_timeout = "1s"}};
+    try {
+      fresh.request(get(s, "/probe")); // answered 404 while it is up
+      std::this_thread::sleep_for(10ms);
+    } catch (const botmesh::error&) {
+      refused = true;
+    }
+  }
+  CHECK(refused);
+  s.stop(); // from outside: waits for the stop begun by the handler
+}
+
+TEST_CASE("a client that half-closes after its request gets the answer held "
+          "for it, and a watched request whose client left refuses its "
+          "answer") {
+  http::server s;
+  std::mutex mtx;
+  std::vector<http::responder> held;
+  s.route("POST", "/hold", [&](http::request&, http::responder r) {
+    std::lock_guard guard{mtx};
+    held.push_back(r);
+  });
+  s.route("POST", "/watched", [&](http::request&, http::responder r) {
+    r.watch_peer();
+    std::lock_guard guard{mtx};
+    held.push_back(r);
+  });
+  s.start();
+  auto held_count = [&] {
+    std::lock_guard guard{mtx};
+    return held.size();
+  };
+  const std::string req = "POST /hold HTTP/1.1\r\nHost: x\r\n"
+                          "Content-Length: 1\r\n\r\nx";
+  // Not watched (the default): the half-close is no hang-up.
+  raw_socket a{s.port()};
+  a.send(req);
+  a.half_close();
+  REQUIRE(test::eventually([&] { return held_count() == 1; }));
+  std::this_thread::sleep_for(50ms); // the end of stream has arrived
+  CHECK(held[0].respond({.status = 200, .body = "tarde"}));
+  auto answer = a.read_all();
+  CHECK(answer.starts_with("HTTP/1.1 200"));
+  CHECK(answer.find("tarde") != std::string::npos);
+  // Watched: the client closing is noticed, and the answer refused.
+  {
+    raw_socket b{s.port()};
+    b.send("POST /watched HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx");
+    REQUIRE(test::eventually([&] { return held_count() == 2; }));
+  } // closed
+  REQUIRE(test::eventually([&] { return s.stats().peers_gone == 1; }));
+  CHECK_FALSE(held[1].respond(200));
 }

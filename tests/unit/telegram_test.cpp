@@ -4,8 +4,14 @@
 
 #include <fmt/format.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <future>
 #include <latch>
+#include <utility>
 
 #include <botmesh/providers/http/http_server.hpp>
 #include <botmesh/providers/telegram/internal/methods.hpp>
@@ -493,6 +499,111 @@ TEST_CASE("replies to a forum topic, in the webhook response and through the "
   auto body = api->calls("sendMessage")[0].body;
   CHECK(body.find(R"("chat_id":-100777,"message_thread_id":3)") != std::string::npos);
   CHECK(body.find("dos") != std::string::npos);
+}
+
+namespace {
+
+// Sends a whole webhook POST on a raw loopback connection and closes it
+// without reading the answer: Telegram giving up on a slow webhook.
+void post_and_hang_up(std::uint16_t port, const std::string& body) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  auto req = fmt::format("POST /telegram HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         "Content-Type: application/json\r\n"
+                         "X-Telegram-Bot-Api-Secret-Token: {}\r\n"
+                         "Content-Length: {}\r\n\r\n{}",
+                         secret, body.size(), body);
+  REQUIRE(::send(fd, req.data(), req.size(), MSG_NOSIGNAL)
+          == static_cast<ssize_t>(req.size()));
+  ::close(fd);
+}
+
+} // namespace
+
+TEST_CASE("with reply in webhook a reply whose update's connection was "
+          "closed meanwhile goes through the Bot API, not into the closed "
+          "connection") {
+  auto api = test::fake_telegram();
+  auto o = options(*api);
+  o.reply_in_webhook = true;
+  o.reply_wait = "30s"; // the answer stays held until the reply
+  auto p = std::make_shared<tg::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  // Opened by the test, or on its way out (a failed REQUIRE), so the
+  // handler never holds the bot's stop.
+  struct gate {
+    std::promise<void> p;
+    std::shared_future<void> f = p.get_future().share();
+    bool opened = false;
+    void open() {
+      if (!std::exchange(opened, true))
+        p.set_value();
+    }
+    ~gate() {
+      open();
+    }
+  } hung_up;
+  std::atomic<bool> in_handler{false};
+  bot.on_message([&, f = hung_up.f](botmesh::context& c) {
+    in_handler = true;
+    f.wait();
+    c.reply("tarde");
+  });
+  bot.start();
+  post_and_hang_up(p->server().port(), test::tg_text_update(1, 42, "hola"));
+  REQUIRE(test::eventually([&] { return in_handler.load(); }));
+  REQUIRE(test::eventually([&] { return p->server().stats().peers_gone == 1; }));
+  hung_up.open();
+  REQUIRE(api->wait_for_calls("sendMessage", 1));
+  CHECK(api->calls("sendMessage")[0].body.find("tarde") != std::string::npos);
+  CHECK(p->stats().replies_in_webhook == 0);
+  bot.stop();
+}
+
+TEST_CASE("an error listener that stops the bot on the webhook's own thread "
+          "stops it: the listener returns, the port closes, nothing hangs") {
+  auto api = test::fake_telegram();
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  botmesh::bot bot{{.provider = p, .limits = {.max_text_bytes = 8}}};
+  std::atomic<bool> stop_returned{false};
+  std::atomic<bool> stop_threw{false};
+  bot.on<botmesh::events::error>([&](const botmesh::events::error& e) {
+    if (e.code != botmesh::errc::invalid_argument || stop_returned)
+      return;
+    try {
+      bot.stop(); // on the I/O thread that delivers the update
+    } catch (...) {
+      stop_threw = true;
+    }
+    stop_returned = true;
+  });
+  bot.on_message([](botmesh::context& c) { c.reply("x"); });
+  bot.start();
+  auto url = p->server().url();
+  auto post = poster_for(*p);
+  // Over max_text_bytes: refused at intake, raised as an error event.
+  try {
+    post.post(test::tg_text_update(1, 42, "demasiado largo"));
+  } catch (const botmesh::error&) {
+    // the connection may close with the stop
+  }
+  REQUIRE(test::eventually([&] { return stop_returned.load(); }));
+  CHECK_FALSE(stop_threw.load());
+  CHECK(test::eventually([&] {
+    try {
+      http::client fresh{{.connect_timeout = "1s"}};
+      fresh.request({.method = "GET", .url = url + "/probe"});
+      return false;
+    } catch (const botmesh::error&) {
+      return true; // refused: the server stopped
+    }
+  }));
+  bot.stop(); // stopped already: returns at once
 }
 
 TEST_CASE("with reply in webhook a slow handler's held answer is released "
