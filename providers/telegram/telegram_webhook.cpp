@@ -17,6 +17,7 @@
 #include <botmesh/providers/telegram/internal/update_parser.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/json.hpp>
+#include <botmesh/runtime/core/log.hpp>
 
 namespace botmesh::telegram {
 
@@ -66,7 +67,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   internal::callback_answers open_callbacks;
 
   std::atomic<std::uint64_t> n_updates{0}, n_accepted{0}, n_unauthorized{0},
-    n_malformed{0}, n_unknown{0}, n_duplicates{0}, n_refused{0},
+    n_malformed{0}, n_skipped{0}, n_unknown{0}, n_duplicates{0}, n_refused{0},
     n_in_webhook{0}, n_expired{0}, n_sent{0}, n_retried{0};
 
   explicit impl(webhook_options o)
@@ -99,8 +100,19 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     try {
       u = internal::parse_update_in_place(req.body, opts.id, true, opts.username);
     } catch (const invalid_argument_error& e) {
-      ++n_malformed;
-      r.respond({.status = 400, .body = e.what()});
+      if (e.field() == "body" || e.field() == "update_id") { // no update
+        ++n_malformed;
+        r.respond({.status = 400, .body = e.what()});
+        return;
+      }
+      // An update of a known kind missing what it needs (a message without
+      // its chat): answered 200, named and counted, as getUpdates skips
+      // one. Refused, Telegram would send it again and again, and hold the
+      // updates after it back meanwhile.
+      ++n_skipped;
+      log::warn("telegram", fmt::format("{}: skipping a webhook update: {}",
+                                        opts.id, e.what()));
+      r.respond(200);
       return;
     }
     ++n_updates;
@@ -414,7 +426,7 @@ webhook_stats webhook_provider::stats() const {
   return webhook_stats{i.n_updates,  i.n_accepted,   i.n_unauthorized,
                        i.n_malformed, i.n_unknown,   i.n_duplicates,
                        i.n_refused,  i.n_in_webhook, i.n_expired,
-                       i.n_sent,     i.n_retried};
+                       i.n_sent,     i.n_retried,    i.n_skipped};
 }
 
 } // namespace botmesh::telegram

@@ -72,12 +72,17 @@ struct webhook_stats {
   std::uint64_t reply_wait_expired = 0; ///< held answers released by reply_wait
   std::uint64_t sent = 0;          ///< API calls that sent a message
   std::uint64_t retried = 0;       ///< 429s waited out
+  /// 200, not handled: an update of a known kind missing what it needs (a
+  /// message without its chat), logged as a warning. Refused, Telegram
+  /// would send it again and hold the updates after it back.
+  std::uint64_t skipped = 0;
 };
 
 /// Shared session (every replica receives): a webhook is stateless.
 ///
 /// Answers: 401 (secret), 400 (malformed JSON, no update_id), 200 for an
-/// accepted, duplicate, unknown-kind or over-the-limits update (the bot
+/// accepted, duplicate, unknown-kind, skipped (a known kind missing what
+/// it needs) or over-the-limits update (the bot
 /// raises an error event for the latter: retrying would not help), 503
 /// while the bot is stopping (Telegram retries later, maybe elsewhere).
 /// `send` blocks: flood control, then the Bot API; a 429 is waited out and

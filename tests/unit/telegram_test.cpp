@@ -287,6 +287,30 @@ TEST_CASE("malformed JSON is answered 400 and an unknown update kind 200, "
   CHECK(bot.stats().received == 0);
 }
 
+TEST_CASE("an update of a known kind missing what it needs is answered 200, "
+          "skipped and counted, so Telegram does not hold the next ones back") {
+  auto api = test::fake_telegram();
+  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+  botmesh::bot bot{{.provider = p}};
+  std::atomic<int> handled{0};
+  bot.on_message([&](botmesh::context&) { ++handled; });
+  bot.start();
+  auto post = poster_for(*p);
+  // A message without its chat, and a pressed button without its id.
+  CHECK(post.post(R"({"update_id":3,"message":{"message_id":1,"text":"hola"}})")
+          .status
+        == 200);
+  CHECK(post.post(R"({"update_id":4,"callback_query":{"from":{"id":42},"data":"x"}})")
+          .status
+        == 200);
+  CHECK(p->stats().skipped == 2);
+  CHECK(p->stats().malformed == 0);
+  // The next update is taken as usual.
+  CHECK(post.post(test::tg_text_update(5, 42, "hola")).status == 200);
+  REQUIRE(test::eventually([&] { return handled.load() == 1; }));
+  CHECK(bot.stats().received == 1);
+}
+
 TEST_CASE("a duplicate Telegram update is answered 200 and handled once") {
   auto api = test::fake_telegram();
   auto p = std::make_shared<tg::webhook_provider>(options(*api));
