@@ -413,19 +413,7 @@ TEST_CASE("a step that ignores its stop token past settle does not keep the "
     c.reply("a " + c.text());
   });
   b.bot->on_message([&](botmesh::context& c) { c.reply("b " + c.text()); });
-  // Opened before the replicas go, also when a REQUIRE fails: a bot's stop
-  // waits for its handlers.
-  struct gate {
-    std::promise<void>& p;
-    bool opened = false;
-    void open() {
-      if (!std::exchange(opened, true))
-        p.set_value();
-    }
-    ~gate() {
-      open();
-    }
-  } step{go};
+  test::opener step{go};
   a.bot->start();
   b.bot->start();
   a.provider->inject("x", "cuelga");

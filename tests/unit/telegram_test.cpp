@@ -287,45 +287,53 @@ TEST_CASE("malformed JSON is answered 400 and an unknown update kind 200, "
   CHECK(bot.stats().received == 0);
 }
 
-TEST_CASE("an update of a known kind missing what it needs is answered 200, "
-          "skipped and counted, so Telegram does not hold the next ones back") {
-  auto api = test::fake_telegram();
-  auto p = std::make_shared<tg::webhook_provider>(options(*api));
+namespace {
+
+// A started webhook bot that counts the messages it handles.
+struct counting_bot {
+  std::unique_ptr<test::fake_api> api = test::fake_telegram();
+  std::shared_ptr<tg::webhook_provider> p =
+    std::make_shared<tg::webhook_provider>(options(*api));
   botmesh::bot bot{{.provider = p}};
   std::atomic<int> handled{0};
-  bot.on_message([&](botmesh::context&) { ++handled; });
-  bot.start();
-  auto post = poster_for(*p);
+
+  counting_bot() {
+    bot.on_message([this](botmesh::context&) { ++handled; });
+    bot.start();
+  }
+
+  int post(const std::string& body) {
+    return poster_for(*p).post(body).status;
+  }
+};
+
+} // namespace
+
+TEST_CASE("an update of a known kind missing what it needs is answered 200, "
+          "skipped and counted, so Telegram does not hold the next ones back") {
+  counting_bot f;
   // A message without its chat, and a pressed button without its id.
-  CHECK(post.post(R"({"update_id":3,"message":{"message_id":1,"text":"hola"}})")
-          .status
+  CHECK(f.post(R"({"update_id":3,"message":{"message_id":1,"text":"hola"}})")
         == 200);
-  CHECK(post.post(R"({"update_id":4,"callback_query":{"from":{"id":42},"data":"x"}})")
-          .status
+  CHECK(f.post(R"({"update_id":4,"callback_query":{"from":{"id":42},"data":"x"}})")
         == 200);
-  CHECK(p->stats().skipped == 2);
-  CHECK(p->stats().malformed == 0);
+  CHECK(f.p->stats().skipped == 2);
+  CHECK(f.p->stats().malformed == 0);
   // The next update is taken as usual.
-  CHECK(post.post(test::tg_text_update(5, 42, "hola")).status == 200);
-  REQUIRE(test::eventually([&] { return handled.load() == 1; }));
-  CHECK(bot.stats().received == 1);
+  CHECK(f.post(test::tg_text_update(5, 42, "hola")) == 200);
+  REQUIRE(test::eventually([&] { return f.handled.load() == 1; }));
+  CHECK(f.bot.stats().received == 1);
 }
 
 TEST_CASE("a duplicate Telegram update is answered 200 and handled once") {
-  auto api = test::fake_telegram();
-  auto p = std::make_shared<tg::webhook_provider>(options(*api));
-  botmesh::bot bot{{.provider = p}};
-  std::atomic<int> handled{0};
-  bot.on_message([&](botmesh::context&) { ++handled; });
-  bot.start();
-  auto post = poster_for(*p);
+  counting_bot f;
   auto u = test::tg_text_update(5, 42, "hola");
-  CHECK(post.post(u).status == 200);
-  CHECK(post.post(u).status == 200);
-  CHECK(post.post(test::tg_text_update(6, 42, "otra")).status == 200);
-  REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
-  CHECK(handled.load() == 2);
-  CHECK(p->stats().duplicates == 1);
+  CHECK(f.post(u) == 200);
+  CHECK(f.post(u) == 200);
+  CHECK(f.post(test::tg_text_update(6, 42, "otra")) == 200);
+  REQUIRE(test::eventually([&] { return f.bot.stats().handled == 2; }));
+  CHECK(f.handled.load() == 2);
+  CHECK(f.p->stats().duplicates == 1);
 }
 
 namespace {
@@ -557,25 +565,14 @@ TEST_CASE("with reply in webhook a reply whose update's connection was "
   o.reply_in_webhook = true;
   o.reply_wait = "30s"; // the answer stays held until the reply
   auto p = std::make_shared<tg::webhook_provider>(o);
+  std::promise<void> hung_up_p;
+  auto hung_up_f = hung_up_p.get_future().share();
   botmesh::bot bot{{.provider = p}};
-  // Opened by the test, or on its way out (a failed REQUIRE), so the
-  // handler never holds the bot's stop.
-  struct gate {
-    std::promise<void> p;
-    std::shared_future<void> f = p.get_future().share();
-    bool opened = false;
-    void open() {
-      if (!std::exchange(opened, true))
-        p.set_value();
-    }
-    ~gate() {
-      open();
-    }
-  } hung_up;
+  test::opener hung_up{hung_up_p};
   std::atomic<bool> in_handler{false};
-  bot.on_message([&, f = hung_up.f](botmesh::context& c) {
+  bot.on_message([&](botmesh::context& c) {
     in_handler = true;
-    f.wait();
+    hung_up_f.wait();
     c.reply("tarde");
   });
   bot.start();

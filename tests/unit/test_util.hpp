@@ -2,8 +2,10 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <botmesh/runtime/bot.hpp>
@@ -23,6 +25,31 @@ inline bool eventually(const std::function<bool()>& pred,
   }
   return true;
 }
+
+/// Sets `p` when opened or when it goes out of scope, whichever comes
+/// first. Declared after the bots whose handlers wait on p's future, it
+/// opens before they stop (a bot's stop waits for its handlers), also when
+/// a REQUIRE fails.
+class opener {
+ public:
+  explicit opener(std::promise<void>& p) : p_(p) {
+    // nop
+  }
+  opener(const opener&) = delete;
+  opener& operator=(const opener&) = delete;
+  ~opener() {
+    open();
+  }
+
+  void open() {
+    if (!std::exchange(opened_, true))
+      p_.set_value();
+  }
+
+ private:
+  std::promise<void>& p_;
+  bool opened_ = false;
+};
 
 /// Collects a bot's error events (thread-safe).
 class error_log {
