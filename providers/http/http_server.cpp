@@ -162,6 +162,7 @@ struct server_state : std::enable_shared_from_this<server_state> {
   std::mutex sessions_mtx;
   std::condition_variable sessions_cv;
   std::size_t live = 0; // connections accepted and not closed
+  bool accept_paused = false; // at max_connections (under sessions_mtx)
   std::atomic<bool> stopping{false};
   /// Set by stop() once the threads are joined; `posting` counts answers
   /// being posted, so stop() knows none lands after its last poll.
@@ -180,7 +181,7 @@ struct server_state : std::enable_shared_from_this<server_state> {
 
   std::atomic<std::uint64_t> n_connections{0}, n_requests{0}, n_not_found{0},
     n_too_large{0}, n_timeouts{0}, n_bad{0}, n_accept_errors{0},
-    n_peers_gone{0};
+    n_peers_gone{0}, n_at_capacity{0};
 
   explicit server_state(server_options o) : opts(std::move(o)) {
     for (std::size_t n = 0; n < opts.io_threads; ++n)
@@ -227,9 +228,22 @@ struct server_state : std::enable_shared_from_this<server_state> {
   /// stop()'s work, under lifecycle_mtx.
   void shut_down();
   void closed() {
-    std::lock_guard guard{sessions_mtx};
-    if (--live == 0)
-      sessions_cv.notify_all();
+    bool resume = false;
+    {
+      std::lock_guard guard{sessions_mtx};
+      if (--live == 0)
+        sessions_cv.notify_all();
+      if (accept_paused && live < opts.max_connections) {
+        accept_paused = false;
+        resume = true;
+      }
+    }
+    // The acceptor belongs to io[0].
+    if (resume && !stopping)
+      post_unless_finished(io.front()->ioc, [p = shared_from_this()] {
+        if (!p->stopping)
+          p->do_accept();
+      });
   }
 };
 
@@ -741,6 +755,7 @@ void server_state::do_accept() {
         });
         return;
       }
+      bool full = false;
       if (!self->stopping) {
         beast::error_code ignored;
         socket.set_option(tcp::no_delay{true}, ignored);
@@ -748,11 +763,16 @@ void server_state::do_accept() {
         {
           std::lock_guard guard{self->sessions_mtx};
           ++self->live;
+          // At the cap: the next accept waits for a connection to close
+          // (see closed()).
+          full = self->accept_paused = self->live >= self->opts.max_connections;
         }
+        if (full)
+          ++self->n_at_capacity;
         auto s = std::make_shared<session>(std::move(socket), self, t);
         net::post(t.ioc, [s] { s->start(); });
       }
-      if (!self->stopping)
+      if (!self->stopping && !full)
         self->do_accept();
     });
 }
@@ -783,6 +803,9 @@ server::server(server_options opts) {
   if (opts.max_body_bytes == 0)
     throw invalid_argument_error(
       "max_body_bytes", "http server_options.max_body_bytes must be > 0");
+  if (opts.max_connections == 0)
+    throw invalid_argument_error(
+      "max_connections", "http server_options.max_connections must be > 0");
   auto positive = [](const duration& d, const char* name) {
     if (d.count() <= 0)
       throw invalid_argument_error(
@@ -995,7 +1018,7 @@ server_stats server::stats() const {
   auto& i = *impl_;
   return server_stats{i.n_connections, i.n_requests, i.n_not_found,
                       i.n_too_large,   i.n_timeouts, i.n_bad,
-                      i.n_peers_gone};
+                      i.n_peers_gone,  i.n_at_capacity};
 }
 
 } // namespace botmesh::http

@@ -114,6 +114,11 @@ struct server_options {
   duration idle_timeout = "60s";
   /// `stop()` waits this long for requests in flight to be answered.
   duration shutdown_timeout = "10s";
+  /// Most connections open at once. At the cap the server stops accepting
+  /// (new connections wait in the listen backlog) until one closes, so
+  /// slow or idle clients cannot take every descriptor of the process,
+  /// whose own Redis and platform connections need some.
+  std::size_t max_connections = 512;
 };
 
 /// Counters since construction.
@@ -127,6 +132,8 @@ struct server_stats {
   /// Requests whose client closed the connection (or reset it) before
   /// they were answered: their responders refuse the answer.
   std::uint64_t peers_gone = 0;
+  /// Times the server stopped accepting at `max_connections`.
+  std::uint64_t at_capacity = 0;
 };
 
 /// An HTTP/1.1 server with keep-alive, routes by method and exact path,
@@ -144,7 +151,8 @@ struct server_stats {
 class server {
  public:
   /// Throws `invalid_argument_error` for `io_threads` 0 ("io_threads"),
-  /// `max_body_bytes` 0 ("max_body_bytes") or a non-positive timeout
+  /// `max_body_bytes` 0 ("max_body_bytes"), `max_connections` 0
+  /// ("max_connections") or a non-positive timeout
   /// (named after the field).
   explicit server(server_options opts = {});
 

@@ -764,3 +764,24 @@ TEST_CASE("a client that half-closes after its request gets the answer held "
   REQUIRE(test::eventually([&] { return s.stats().peers_gone == 1; }));
   CHECK_FALSE(held[1].respond(200));
 }
+
+TEST_CASE("at max_connections the server accepts no more connections until "
+          "one closes, and max_connections 0 is refused") {
+  CHECK_THROWS_AS(http::server({.max_connections = 0}),
+                  botmesh::invalid_argument_error);
+  http::server s{{.max_connections = 2}};
+  s.route("GET", "/x", [](http::request&, http::responder r) { r.respond(200); });
+  s.start();
+  auto a = std::make_unique<raw_socket>(s.port());
+  raw_socket b{s.port()};
+  REQUIRE(test::eventually([&] { return s.stats().at_capacity == 1; }));
+  // Connected (the kernel's backlog takes it) but not accepted meanwhile.
+  raw_socket c{s.port()};
+  c.send("GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  std::this_thread::sleep_for(200ms);
+  CHECK(s.stats().connections == 2);
+  a.reset(); // one closes: the next is accepted and answered
+  auto answer = c.read_all();
+  CHECK(answer.starts_with("HTTP/1.1 200"));
+  CHECK(s.stats().connections == 3);
+}
