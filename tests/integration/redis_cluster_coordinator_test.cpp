@@ -132,7 +132,7 @@ TEST_CASE("cluster: a renewal fails only the turns of a master that does not "
                    [woke_p](botmesh::redis_reply, std::exception_ptr) {
                      woke_p->set_value();
                    });
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    REQUIRE(test::await_unresponsive("redis://" + asleep.address));
     botmesh::renewal_result res;
     try {
       res = sync.renew(r);

@@ -306,7 +306,7 @@ TEST_CASE("cluster: a client made while its first root node hangs takes the "
                  [woke_p](redis_reply, std::exception_ptr) {
                    woke_p->set_value();
                  });
-  std::this_thread::sleep_for(100ms);
+  REQUIRE(test::await_unresponsive("redis://" + asleep.address));
   auto opts = test::cluster_options();
   opts.root_nodes = {asleep.address, other};
   std::unique_ptr<redis_client> c;

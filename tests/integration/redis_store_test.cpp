@@ -415,11 +415,11 @@ TEST_CASE("a reconnection whose script load gets no answer is not taken as "
   admin.call({"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"});
   std::this_thread::sleep_for(150ms);
   // ...to a server that accepts (the kernel does) but answers nothing.
-  std::thread sleeper{[&] {
+  std::jthread sleeper{[&] {
     botmesh::redis_client a{{.url = server.url(), .connections = 1}};
     a.call({"DEBUG", "SLEEP", "1.5"});
   }};
-  std::this_thread::sleep_for(100ms);
+  REQUIRE(test::await_unresponsive(server.url()));
   std::string what;
   auto code = botmesh::errc::none;
   try {
