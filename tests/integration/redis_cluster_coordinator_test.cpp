@@ -16,6 +16,7 @@
 
 #include "redis_cluster.hpp"
 #include "redis_coordinator_factory.hpp"
+#include "redis_pause.hpp"
 #include "redis_server.hpp"
 
 namespace {

@@ -14,6 +14,7 @@
 #include <botmesh/stores/redis/redis_client.hpp>
 
 #include "redis_cluster.hpp"
+#include "redis_pause.hpp"
 #include "redis_server.hpp"
 
 using namespace std::chrono_literals;

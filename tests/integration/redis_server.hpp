@@ -18,8 +18,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <botmesh/stores/redis/redis_client.hpp>
-
 namespace test {
 
 /// REDIS_URL from the environment. Redis tests must run, never skip: a
@@ -34,22 +32,6 @@ inline std::string redis_url() {
 }
 
 /// A prefix no other test uses, so tests share one server safely.
-/// Waits (5 s at most) until the Redis at `url` stops answering: a DEBUG
-/// SLEEP sent on another connection has begun. False if it never did.
-inline bool await_unresponsive(const std::string& url) {
-  for (int i = 0; i < 100; ++i) {
-    botmesh::redis_client probe{
-      {.url = url, .command_timeout = "50ms", .connections = 1}};
-    try {
-      probe.call({"PING"});
-    } catch (const std::exception&) {
-      return true; // no answer within 50 ms: asleep
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
 inline std::string unique_prefix(const std::string& base = "bmtest") {
   static std::mt19937_64 rng{std::random_device{}()};
   return base + "-" + std::to_string(rng());

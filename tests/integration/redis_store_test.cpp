@@ -16,6 +16,7 @@
 #include <botmesh/runtime/core/metrics.hpp>
 #include <botmesh/stores/redis/redis_store.hpp>
 
+#include "redis_pause.hpp"
 #include "redis_server.hpp"
 
 using namespace std::chrono_literals;
