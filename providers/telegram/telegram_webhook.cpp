@@ -31,6 +31,7 @@ struct held_answer {
   std::string key; // chat '\n' message id
   std::string callback_query_id;
   steady::time_point deadline;
+  bool watched = false; // under held_mtx
 };
 
 std::string held_key(std::string_view chat, std::string_view id) {
@@ -207,10 +208,6 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         return;
       }
       held_order.push_back(p);
-      // Held for a reply: should Telegram give up on the request meanwhile
-      // (it closes the connection), the reply goes through the API instead
-      // of into the closed connection.
-      p->r.watch_peer();
       if (!ticking) {
         ticking = true;
         start_tick = true;
@@ -241,10 +238,13 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       ++n_expired;
   }
 
+  std::chrono::milliseconds tick_period() const {
+    return std::max(std::chrono::milliseconds{5}, opts.reply_wait.ms() / 4);
+  }
+
   void schedule_tick() {
-    auto period = std::max(std::chrono::milliseconds{5}, opts.reply_wait.ms() / 4);
     std::weak_ptr<impl> weak = shared_from_this();
-    srv->after(period, [weak] {
+    srv->after(tick_period(), [weak] {
       if (auto self = weak.lock())
         self->tick();
     });
@@ -264,6 +264,19 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         if (p && !p->r.answered())
           expired.push_back(std::move(p));
       }
+      // Held past a tick: should Telegram give up on the request (it
+      // closes the connection), the reply goes through the API instead of
+      // into the closed connection. Watched only from here, since most
+      // replies come well within a tick, and a watch costs each request
+      // a readiness wait on its socket.
+      auto period = tick_period();
+      for (auto& w : held_order)
+        if (auto p = w.lock(); p && !p->watched && !p->r.answered()
+                               && now - (p->deadline - opts.reply_wait.ms())
+                                    >= period) {
+          p->watched = true;
+          p->r.watch_peer();
+        }
       again = !held_order.empty();
       ticking = again;
     }
