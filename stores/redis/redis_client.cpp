@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/metrics.hpp>
 #include <botmesh/stores/redis/internal/cluster.hpp>
 #include <botmesh/stores/redis/internal/protocol.hpp>
@@ -97,13 +98,7 @@ void block_sigpipe() {
 redis_reply failed_reply(const std::exception_ptr& e) {
   redis_reply r;
   r.type = redis_reply::kind::error;
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    r.str = fmt::format("BOTMESH-FAILED {}", x.what());
-  } catch (...) {
-    r.str = "BOTMESH-FAILED unknown error";
-  }
+  r.str = "BOTMESH-FAILED " + botmesh::internal::what_of(e);
   return r;
 }
 

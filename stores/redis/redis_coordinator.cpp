@@ -287,6 +287,10 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
       });
   }
 
+  // A renewal's replies: TIME, the heartbeat, then one per turn and one
+  // per leadership (see renew_batch).
+  static constexpr std::size_t first_part = 2;
+
   // The earliest clock reading of the renewal's answered scripts (co_renew
   // and co_lead reply with theirs), if any.
   static std::optional<std::int64_t>
@@ -300,7 +304,7 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
       auto t = reply.elements[index].integer;
       out = out ? std::min(*out, t) : t;
     };
-    std::size_t at = 2;
+    auto at = first_part;
     for (std::size_t n = 0; n < r.turns.size(); ++n)
       take(at++, 1);
     for (std::size_t n = 0; n < r.leads.size(); ++n)
@@ -339,7 +343,7 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
     if (replies.at(1).type == kind::error)
       out.errors.push_back(fmt::format("coordinator {}: heartbeat failed: {}",
                                        replica, replies[1].str));
-    std::size_t at = 2;
+    auto at = first_part;
     for (std::size_t n = 0; n < r.turns.size(); ++n, ++at) {
       auto& reply = replies.at(at);
       if (reply.type == kind::error) {

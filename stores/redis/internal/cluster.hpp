@@ -143,9 +143,8 @@ struct redis_client::cluster {
   node* node_at(const std::string& address);
   node* any_master();
   /// Every node known, once each: the slot map's masters first (in slot
-  /// order), then the seeds and every node a client was made for.
-  // Masters of the slot map first (`masters`, when given, says how many),
-  // then seeds and every other node met.
+  /// order; `masters`, when given, says how many), then the seeds and
+  /// every node a client was made for.
   std::vector<std::string> known_nodes(std::size_t* masters = nullptr);
   bool refresh_once(std::string* why);
   void discover();
