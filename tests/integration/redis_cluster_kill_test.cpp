@@ -506,6 +506,10 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
         }
     }
     if (!o.failed) {
+      std::string said_text; // doctest prints no multiset
+      for (auto& t : said)
+        said_text += "[" + t + "]";
+      CAPTURE(said_text);
       CHECK(said
             == std::multiset<std::string>{"¿Producto?", "¿Cantidad?",
                                           "¿Dirección?", summary_text});
