@@ -126,6 +126,21 @@ TEST_CASE("WhatsApp payloads yield text, button and list replies, media and "
   CHECK(p.phone_number_ids[0] == "PHONE1");
 }
 
+TEST_CASE("a WhatsApp timestamp too large for milliseconds leaves the "
+          "message without a time instead of overflowing") {
+  auto p = meta::internal::parse_payload(
+    wa_payload(
+      R"([{"from":"346","id":"w1","timestamp":"9223372036854775","type":"text","text":{"body":"a"}})"
+      R"(,{"from":"346","id":"w2","timestamp":"9223372036854776","type":"text","text":{"body":"b"}})"
+      R"(,{"from":"346","id":"w3","timestamp":"9223372036854775807","type":"text","text":{"body":"c"}}])"),
+    meta::platform::whatsapp, "whatsapp");
+  REQUIRE(p.messages.size() == 3);
+  CHECK(botmesh::to_unix_ms(p.messages[0].timestamp) == 9223372036854775000);
+  CHECK(botmesh::to_unix_ms(p.messages[1].timestamp) == 0);
+  CHECK(botmesh::to_unix_ms(p.messages[2].timestamp) == 0);
+  CHECK(p.messages[2].text == "c");
+}
+
 TEST_CASE("Messenger and Instagram payloads share entry[].messaging[]: text, "
           "quick replies, postbacks, echoes and reads are not messages") {
   auto p = meta::internal::parse_payload(

@@ -87,6 +87,24 @@ TEST_CASE("a Telegram update is parsed into a message with its command, "
   CHECK(botmesh::to_unix_ms(u.message.timestamp) == 1700000000000);
 }
 
+TEST_CASE("a Telegram date too large for milliseconds leaves the message "
+          "without a time instead of overflowing") {
+  auto at = [](const std::string& date) {
+    auto u = tg::internal::parse_update(
+      R"({"update_id":1,"message":{"message_id":1,"from":{"id":4},"chat":{"id":4,"type":"private"},"date":)"
+        + date + R"(,"text":"hola"}})",
+      "telegram");
+    CHECK(u.kind == tg::internal::update_kind::message);
+    CHECK(u.message.text == "hola");
+    return botmesh::to_unix_ms(u.message.timestamp);
+  };
+  // The largest that fits, the first that does not, and the int64 limit.
+  CHECK(at("9223372036854775") == 9223372036854775000);
+  CHECK(at("9223372036854776") == 0);
+  CHECK(at("9223372036854775807") == 0);
+  CHECK(at("-5") == 0);
+}
+
 TEST_CASE("a message in a forum topic is a conversation of its own and its "
           "reply goes to the same topic") {
   auto in_topic = [](int update_id, int thread, bool topic) {

@@ -36,7 +36,7 @@ std::string id_text(element e) {
 time_point seconds_text(std::string_view s) {
   std::int64_t v = 0;
   std::from_chars(s.data(), s.data() + s.size(), v);
-  return v > 0 ? from_unix_ms(v * 1000) : time_point{};
+  return from_unix_seconds(v);
 }
 
 // One WhatsApp messages[] item; false when its type is not handled.

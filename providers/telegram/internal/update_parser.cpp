@@ -117,8 +117,8 @@ void read_message(object msg, inbound_message& m, std::string_view username) {
   if ((type == "group" || type == "supergroup") && !m.sender.empty())
     m.participant = m.sender;
   std::int64_t date = 0;
-  if (msg["date"].get(date) == simdjson::SUCCESS && date > 0)
-    m.timestamp = from_unix_ms(date * 1000);
+  if (msg["date"].get(date) == simdjson::SUCCESS)
+    m.timestamp = from_unix_seconds(date);
   m.type = message_type::text;
   if (has(msg, "text")) {
     m.text = std::string{str(msg, "text")};
