@@ -154,6 +154,8 @@ std::chrono::milliseconds flood_control::wait_time(std::string_view chat,
 
 void flood_control::pause(std::chrono::milliseconds d) {
   auto& i = *impl_;
+  d = std::clamp<std::chrono::milliseconds>(d, std::chrono::milliseconds{0},
+                                            std::chrono::hours{24});
   std::lock_guard guard{i.mtx};
   i.paused_until = std::max(i.paused_until, steady::now() + d);
 }

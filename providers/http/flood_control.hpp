@@ -65,7 +65,8 @@ class flood_control {
   std::chrono::milliseconds wait_time(std::string_view chat, bool group);
 
   /// The platform said to wait (a 429's retry_after): nothing goes to any
-  /// chat before `d` from now.
+  /// chat before `d` from now. `d` is taken as at most a day (and a
+  /// negative one as none), so no wait or clock sum can overflow.
   void pause(std::chrono::milliseconds d);
 
  private:

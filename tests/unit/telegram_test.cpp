@@ -13,6 +13,7 @@
 #include <latch>
 #include <utility>
 
+#include <botmesh/providers/http/flood_control.hpp>
 #include <botmesh/providers/http/http_server.hpp>
 #include <botmesh/providers/telegram/internal/methods.hpp>
 #include <botmesh/providers/telegram/internal/update_parser.hpp>
@@ -103,6 +104,59 @@ TEST_CASE("a Telegram date too large for milliseconds leaves the message "
   CHECK(at("9223372036854776") == 0);
   CHECK(at("9223372036854775807") == 0);
   CHECK(at("-5") == 0);
+}
+
+TEST_CASE("a Telegram edit_date too large for milliseconds is taken as none: "
+          "the message keeps its send date") {
+  auto at = [](const std::string& edit_date) {
+    auto u = tg::internal::parse_update(
+      R"({"update_id":1,"edited_message":{"message_id":1,"chat":{"id":5,"type":"private"},"date":1700000000,"edit_date":)"
+        + edit_date + R"(,"text":"x"}})",
+      "telegram");
+    CHECK(u.kind == tg::internal::update_kind::edited_message);
+    CHECK(u.message.edited);
+    return botmesh::to_unix_ms(u.message.timestamp);
+  };
+  CHECK(at("1700000300") == 1700000300000);
+  CHECK(at("9223372036854775") == 9223372036854775000);
+  CHECK(at("9223372036854776") == 1700000000000);
+  CHECK(at("9223372036854775807") == 1700000000000);
+  CHECK(at("0") == 1700000000000);
+}
+
+TEST_CASE("a Telegram update_id whose next offset would overflow, or a "
+          "negative one, is refused naming the update_id") {
+  auto parse = [](const std::string& id) {
+    return tg::internal::parse_update(
+      R"({"update_id":)" + id
+        + R"(,"message":{"message_id":1,"chat":{"id":5,"type":"private"},"date":1,"text":"x"}})",
+      "telegram");
+  };
+  CHECK(parse("9223372036854775806").update_id == 9223372036854775806);
+  CHECK(parse("0").update_id == 0);
+  for (std::string bad : {"9223372036854775807", "-1"}) {
+    CAPTURE(bad);
+    try {
+      parse(bad);
+      FAIL("no error");
+    } catch (const botmesh::invalid_argument_error& e) {
+      CHECK(e.field() == "update_id");
+      CHECK(std::string{e.what()}.find("out of range") != std::string::npos);
+      CHECK(std::string{e.what()}.find(bad) != std::string::npos);
+    }
+  }
+  // In a getUpdates batch: the item is malformed with no id (the offset is
+  // not moved by it), the others parse.
+  auto batch = tg::internal::parse_updates(
+    R"([{"update_id":9223372036854775807,"message":{"message_id":1,"chat":{"id":5},"date":1,"text":"x"}},)"
+    R"({"update_id":7,"message":{"message_id":2,"chat":{"id":5},"date":1,"text":"y"}}])",
+    "telegram");
+  REQUIRE(batch.size() == 2);
+  CHECK(batch[0].kind == tg::internal::update_kind::malformed);
+  CHECK(batch[0].update_id == 0);
+  CHECK(batch[0].unknown_kind.find("out of range") != std::string::npos);
+  CHECK(batch[1].kind == tg::internal::update_kind::message);
+  CHECK(batch[1].update_id == 7);
 }
 
 TEST_CASE("a message in a forum topic is a conversation of its own and its "
@@ -247,6 +301,12 @@ TEST_CASE("Bot API errors become typed errors: retry_after, forbidden, "
   };
   CHECK(code_of(429, too_many_requests(7))
         == std::make_pair(botmesh::errc::retry_after, std::chrono::milliseconds{7000}));
+  // A retry_after of 0, beyond a day, or so large its milliseconds would
+  // overflow: one second to one day.
+  CHECK(code_of(429, too_many_requests(0)).second == 1000ms);
+  CHECK(code_of(429, too_many_requests(86'401)).second == 86'400'000ms);
+  CHECK(code_of(429, R"({"ok":false,"error_code":429,"parameters":{"retry_after":9223372036854775807}})")
+        == std::make_pair(botmesh::errc::retry_after, std::chrono::milliseconds{86'400'000}));
   CHECK(code_of(403, R"({"ok":false,"error_code":403,"description":"Forbidden: bot was blocked by the user"})").first
         == botmesh::errc::forbidden);
   CHECK(code_of(400, R"({"ok":false,"error_code":400,"description":"Bad Request: chat not found"})").first
@@ -254,6 +314,23 @@ TEST_CASE("Bot API errors become typed errors: retry_after, forbidden, "
   CHECK(code_of(502, "<html>bad gateway</html>").first == botmesh::errc::provider_error);
   CHECK(tg::internal::check_answer("getMe", 200, R"({"ok":true,"result":{"id":1}})")
         == R"({"id":1})");
+}
+
+TEST_CASE("a flood control pause is taken as at most a day, a negative one "
+          "as none") {
+  http::flood_control f{http::flood_limits::none()};
+  CHECK(f.wait_time("1", false) == 0ms);
+  // Milliseconds this large would overflow the clock sum (and then not
+  // pause at all).
+  f.pause(std::chrono::milliseconds::max());
+  auto w = f.wait_time("1", false);
+  CHECK(w > 23h);
+  CHECK(w <= 24h);
+  http::flood_control g{http::flood_limits::none()};
+  g.pause(-5s);
+  CHECK(g.wait_time("1", false) == 0ms);
+  g.pause(3s);
+  CHECK(g.wait_time("1", false) > 2s);
 }
 
 TEST_CASE("a Telegram update with the right secret is answered 200 and the "

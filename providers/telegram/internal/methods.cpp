@@ -1,5 +1,6 @@
 #include <botmesh/providers/telegram/internal/methods.hpp>
 
+#include <algorithm>
 #include <charconv>
 
 #include <fmt/format.h>
@@ -204,9 +205,13 @@ std::string check_answer(std::string_view method, int status,
     kind = errc::forbidden;
   else if (c == 400 || c == 404)
     kind = errc::bad_request;
-  std::chrono::milliseconds wait{kind == errc::retry_after
-                                   ? std::max<std::int64_t>(1, retry) * 1000
-                                   : 0};
+  // At least a second, at most a day: a wait beyond that is a broken
+  // answer (every send of the bot would pause on it), and seconds that
+  // large would overflow the milliseconds and the clock they are added to.
+  std::chrono::milliseconds wait{
+    kind == errc::retry_after
+      ? std::clamp<std::int64_t>(retry, 1, max_retry_after_seconds) * 1000
+      : 0};
   throw platform_error(kind, c, std::string{description}, wait,
                        fmt::format("telegram {}: {} {}", method, c,
                                    description.empty() ? "failed" : description));

@@ -3,6 +3,7 @@
 // Internal: outgoing messages as Bot API method calls, and Bot API error
 // answers as typed errors.
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -49,9 +50,13 @@ method_call to_method_call(const outgoing_message& msg);
 /// The same call as a webhook answer: the parameters with a "method" field.
 std::string to_webhook_answer(const method_call& call);
 
+/// The longest retry_after (seconds) a 429 is waited out for; a larger one
+/// is taken as this.
+inline constexpr std::int64_t max_retry_after_seconds = 86'400;
+
 /// Throws the `platform_error` an answer with ok=false stands for (see
-/// bot_api.hpp); returns the raw JSON of `result` for ok=true. `status` is
-/// the HTTP status.
+/// bot_api.hpp; a 429's retry_after is clamped to 1..max_retry_after_seconds);
+/// returns the raw JSON of `result` for ok=true. `status` is the HTTP status.
 std::string check_answer(std::string_view method, int status,
                          std::string_view body);
 

@@ -1,6 +1,7 @@
 #include <botmesh/providers/telegram/internal/update_parser.hpp>
 
 #include <charconv>
+#include <limits>
 
 #include <fmt/format.h>
 #include <simdjson.h>
@@ -15,6 +16,13 @@ namespace {
 
 using simdjson::dom::element;
 using simdjson::dom::object;
+
+// The largest update_id whose successor (the next offset) is an int64.
+constexpr std::int64_t max_update_id = std::numeric_limits<std::int64_t>::max() - 1;
+
+bool valid_update_id(std::int64_t id) {
+  return id >= 0 && id <= max_update_id;
+}
 
 std::string number_text(element e) {
   std::int64_t i;
@@ -174,6 +182,12 @@ parsed_update read_update(object u, std::string_view provider,
   if (u["update_id"].get(out.update_id) != simdjson::SUCCESS)
     throw invalid_argument_error("update_id",
                                  "telegram update has no integer update_id");
+  // The next getUpdates offset is update_id + 1, and a negative offset
+  // means "the last N updates" to the Bot API.
+  if (!valid_update_id(out.update_id))
+    throw invalid_argument_error(
+      "update_id", fmt::format("telegram update_id {} is out of range (0 to {})",
+                               out.update_id, max_update_id));
   auto& m = out.message;
   m.provider = std::string{provider};
   object msg;
@@ -186,9 +200,12 @@ parsed_update read_update(object u, std::string_view provider,
     m.edited = true;
     m.edit_id = std::to_string(out.update_id);
     // When the edit was made, not when the original was sent.
+    // An edit_date too large to be a time is taken as none (the send
+    // date stays), not multiplied into an overflow.
     std::int64_t edited_at = 0;
-    if (msg["edit_date"].get(edited_at) == simdjson::SUCCESS && edited_at > 0)
-      m.timestamp = from_unix_ms(edited_at * 1000);
+    if (msg["edit_date"].get(edited_at) == simdjson::SUCCESS)
+      if (auto t = from_unix_seconds(edited_at); t != time_point{})
+        m.timestamp = t;
   } else if (object cq; u["callback_query"].get(cq) == simdjson::SUCCESS) {
     out.kind = update_kind::callback_query;
     out.callback_query_id = std::string{str(cq, "id")};
@@ -305,7 +322,8 @@ std::vector<parsed_update> parse_updates(std::string_view result_json,
       bad.kind = update_kind::malformed;
       bad.unknown_kind = err.what();
       std::int64_t id = 0;
-      if (e.is_object() && u["update_id"].get(id) == simdjson::SUCCESS)
+      if (e.is_object() && u["update_id"].get(id) == simdjson::SUCCESS
+          && valid_update_id(id))
         bad.update_id = id;
       out.push_back(std::move(bad));
     }

@@ -22,7 +22,7 @@ enum class update_kind : std::uint8_t {
   unknown,
   /// In a getUpdates batch: an item that does not parse (a message without
   /// its chat...). `unknown_kind` holds why; `update_id` is 0 when the item
-  /// had none. The others of the batch parse on their own.
+  /// had none (or one out of range). The others of the batch parse on their own.
   malformed,
 };
 
@@ -42,7 +42,9 @@ struct parsed_update {
 /// @name without '@'), a command addressed to another bot ("/start@other")
 /// leaves `message.command` empty. Throws
 /// `invalid_argument_error` (field "body") for anything that is not a JSON
-/// object with an integer update_id, and (field named after the JSON path)
+/// object, (field "update_id") for an update_id missing, not an integer or
+/// outside 0..2^63-2 (its successor is the next offset), and (field named
+/// after the JSON path)
 /// for a known kind missing what it needs (a message without chat.id).
 parsed_update parse_update(std::string_view json, std::string_view provider,
                            bool keep_raw = true,
