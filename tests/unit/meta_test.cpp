@@ -141,6 +141,38 @@ TEST_CASE("a WhatsApp timestamp too large for milliseconds leaves the "
   CHECK(p.messages[2].text == "c");
 }
 
+TEST_CASE("a WhatsApp sender with an '@', or a phone number id of anything "
+          "but letters and digits, is not taken as a chat to reply to") {
+  // A chat id is <wa_id>@<phone_number_id>: "111@222" would send the
+  // reply to 111 from the number 222, and the phone number id goes into a
+  // Graph API path.
+  auto p = meta::internal::parse_payload(
+    wa_payload(
+      R"([{"from":"111@222","id":"w1","timestamp":"1","type":"text","text":{"body":"a"}})"
+      R"(,{"from":"346","id":"w2","timestamp":"1","type":"text","text":{"body":"b"}}])"),
+    meta::platform::whatsapp, "whatsapp");
+  REQUIRE(p.messages.size() == 1);
+  CHECK(p.messages[0].chat == "346");
+  CHECK(p.unknown == 1);
+  auto with_phone = [](const std::string& phone) {
+    return meta::internal::parse_payload(
+      wa_payload(
+        R"([{"from":"346","id":"w1","timestamp":"1","type":"text","text":{"body":"a"}}])",
+        "[]", phone),
+      meta::platform::whatsapp, "whatsapp");
+  };
+  auto good = with_phone("1234");
+  REQUIRE(good.messages.size() == 1);
+  CHECK(good.phone_number_ids[0] == "1234");
+  for (std::string bad : {"12/../me", "12?x=1", "12@3", "12 3", "12%2F"}) {
+    CAPTURE(bad);
+    auto q = with_phone(bad);
+    CHECK(q.messages.empty());
+    CHECK(q.phone_number_ids.empty());
+    CHECK(q.unknown == 1);
+  }
+}
+
 TEST_CASE("Messenger and Instagram payloads share entry[].messaging[]: text, "
           "quick replies, postbacks, echoes and reads are not messages") {
   auto p = meta::internal::parse_payload(

@@ -1,5 +1,6 @@
 #include <botmesh/providers/meta/internal/payload.hpp>
 
+#include <algorithm>
 #include <charconv>
 
 #include <fmt/format.h>
@@ -134,14 +135,24 @@ void read_whatsapp(object entry, parsed_payload& out, std::string_view provider)
     object meta;
     if (value["metadata"].get(meta) == simdjson::SUCCESS)
       phone_id = std::string{str(meta, "phone_number_id")};
+    // The phone number id goes into a Graph API path, and the chat id is
+    // `<wa_id>@<phone_number_id>`: an id of anything but letters and
+    // digits ('/', '?', '@'...), or a sender with an '@', would send the
+    // reply elsewhere.
+    bool usable_phone =
+      std::all_of(phone_id.begin(), phone_id.end(), [](unsigned char c) {
+        return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z')
+               || (c >= 'a' && c <= 'z');
+      });
     array items;
     if (value["messages"].get(items) == simdjson::SUCCESS) {
       for (element me : items) {
         object m;
         inbound_message msg;
         msg.provider = std::string{provider};
-        if (me.get(m) != simdjson::SUCCESS || !read_whatsapp_message(m, msg)
-            || msg.chat.empty()) {
+        if (!usable_phone || me.get(m) != simdjson::SUCCESS
+            || !read_whatsapp_message(m, msg) || msg.chat.empty()
+            || msg.chat.find('@') != std::string::npos) {
           ++out.unknown;
           continue;
         }
