@@ -279,6 +279,11 @@ class request_reader final : public bhttp::basic_parser<true> {
 
   void on_field_impl(bhttp::field, beast::string_view name,
                      beast::string_view value, beast::error_code&) override {
+    // A chunked body's trailer fields come after the header is complete:
+    // they are not headers (a check that read the header must not see a
+    // field added after the body), so they are dropped.
+    if (header_done_)
+      return;
     if (n_ == r_.headers.size())
       r_.headers.emplace_back();
     auto& [k, v] = r_.headers[n_++];
@@ -288,6 +293,7 @@ class request_reader final : public bhttp::basic_parser<true> {
   }
 
   void on_header_impl(beast::error_code&) override {
+    header_done_ = true;
     r_.headers.resize(n_);
   }
 
@@ -323,6 +329,7 @@ class request_reader final : public bhttp::basic_parser<true> {
 
   request& r_;
   std::size_t n_ = 0;
+  bool header_done_ = false;
 };
 
 bool clean_header_text(std::string_view s) {

@@ -526,6 +526,38 @@ TEST_CASE("pipelined requests on one connection are answered in order, and a "
   CHECK(seen[2] == "abcde|-|3");
 }
 
+TEST_CASE("a chunked body's trailer fields are not taken as headers") {
+  http::server s;
+  std::mutex m;
+  std::vector<std::string> seen;
+  s.route("POST", "/t", [&](http::request& req, http::responder r) {
+    auto* a = req.header("x-a");
+    auto* b = req.header("x-b");
+    std::lock_guard g{m};
+    seen.push_back(req.body + "|" + (a ? *a : "-") + "|" + (b ? *b : "-")
+                   + "|" + std::to_string(req.headers.size()));
+    r.respond({.body = "ok"});
+  });
+  s.start();
+  raw_socket sock{s.port()};
+  // The second request's trailer names a header the first had and one it
+  // did not; neither is the request's.
+  sock.send("POST /t HTTP/1.1\r\nHost: x\r\nX-A: one\r\nContent-Length: 2\r\n\r\nhi"
+            "POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            "Trailer: X-A, X-B\r\nConnection: close\r\n\r\n"
+            "3\r\nabc\r\n0\r\nX-A: trailer\r\nX-B: trailer\r\n\r\n");
+  auto all = sock.read_all();
+  std::size_t answered = 0;
+  for (auto p = all.find("HTTP/1.1 200"); p != std::string::npos;
+       p = all.find("HTTP/1.1 200", p + 1))
+    ++answered;
+  CHECK(answered == 2);
+  std::lock_guard g{m};
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[0] == "hi|one|-|3");
+  CHECK(seen[1] == "abc|-|-|4");
+}
+
 TEST_CASE("an idle keep-alive connection is closed after the idle timeout, a "
           "busy one is not") {
   http::server s{{.idle_timeout = "1s"}};
