@@ -667,6 +667,10 @@ void redis_client::cluster::on_reply(const std::shared_ptr<op>& o, node* via,
       o->ask_to = std::move(address);
     } else {
       slots_[red->slot].store(node_at(address), std::memory_order_release);
+      // The slot the server named, not the one guessed from the command: a
+      // command whose key is not its first argument (OBJECT ENCODING k)
+      // would otherwise go back to the same node until given up.
+      o->slot = red->slot;
       request_refresh();
     }
     resend(o);

@@ -326,6 +326,27 @@ TEST_CASE("cluster: a client made while its first root node hangs takes the "
   c->call({"DEL", key});
 }
 
+TEST_CASE("cluster: a MOVED for a command whose key is not its first "
+          "argument is followed to the slot the server named") {
+  // OBJECT ENCODING <key>: the slot is guessed from "ENCODING"; the key is
+  // picked on another master, so only the MOVED's slot leads to it.
+  auto c = cluster_client();
+  auto guessed = test::master_of(redis_client::key_slot("ENCODING"));
+  std::string key;
+  for (int i = 0; key.empty(); ++i) {
+    auto k = test::unique_prefix("moved") + ":" + std::to_string(i);
+    if (test::master_of(redis_client::key_slot(k)).id != guessed.id)
+      key = k;
+  }
+  CAPTURE(key);
+  c->call({"SET", key, "12345"});
+  auto r = c->call_raw({"OBJECT", "ENCODING", key});
+  CAPTURE(r.str);
+  CHECK(r.type == redis_reply::kind::string);
+  CHECK(r.str == "int");
+  c->call({"DEL", key});
+}
+
 TEST_CASE("cluster: a redirection not followed fails with its text and why it "
           "was not followed") {
   auto opts = test::cluster_options();
