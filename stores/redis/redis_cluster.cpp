@@ -99,6 +99,21 @@ std::optional<std::string_view> first_key(const redis_client::command& cmd) {
   return std::string_view{cmd[1]};
 }
 
+namespace {
+
+bool usable_host(std::string_view host) noexcept {
+  // A name or an address, IPv6 included: nothing a URL would read as a
+  // user ('@'), a database ('/') or more.
+  return !host.empty()
+         && std::all_of(host.begin(), host.end(), [](unsigned char c) {
+              return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z')
+                     || (c >= 'A' && c <= 'Z') || c == '.' || c == '-'
+                     || c == '_' || c == ':' || c == '[' || c == ']';
+            });
+}
+
+} // namespace
+
 std::optional<redirection> parse_redirection(std::string_view error) {
   redirection r;
   if (error.starts_with("MOVED "))
@@ -117,6 +132,7 @@ std::optional<redirection> parse_redirection(std::string_view error) {
   auto colon = r.address.rfind(':');
   long long port = 0;
   if (colon == std::string::npos || colon == 0
+      || !usable_host(std::string_view{r.address}.substr(0, colon))
       || !parse_int(std::string_view{r.address}.substr(colon + 1), port)
       || port < 1 || port > 65535)
     return std::nullopt;
@@ -156,6 +172,10 @@ std::vector<slot_range> parse_cluster_slots(const redis_reply& reply,
     auto host = n.elements[0].str;
     if (host.empty() || host == "?")
       host = std::string{asked_host};
+    if (!usable_host(host))
+      throw bad(fmt::format("a node's host \"{}\" is not a host name or "
+                            "address",
+                            host));
     return fmt::format("{}:{}", host, n.elements[1].integer);
   };
   std::vector<slot_range> out;
@@ -261,14 +281,22 @@ redis_client::cluster::node_at(const std::string& address) {
   std::lock_guard guard{nodes_mtx_};
   auto& n = nodes_[address];
   if (!n) {
-    auto [host, port] = internal::split_address(address);
-    auto o = opts.node;
-    o.url = internal::node_url(opts.user, opts.password, host, port);
-    n = std::make_unique<node>();
-    n->address = address;
-    n->client = std::make_unique<redis_client>(std::move(o));
-    for (auto* s : scripts_)
-      n->client->preload(*s);
+    // Made whole before it is in the map: a throw (an address the URL
+    // refuses, no descriptor left) leaves no empty entry behind.
+    try {
+      auto [host, port] = internal::split_address(address);
+      auto o = opts.node;
+      o.url = internal::node_url(opts.user, opts.password, host, port);
+      auto made = std::make_unique<node>();
+      made->address = address;
+      made->client = std::make_unique<redis_client>(std::move(o));
+      for (auto* s : scripts_)
+        made->client->preload(*s);
+      n = std::move(made);
+    } catch (...) {
+      nodes_.erase(address);
+      throw;
+    }
   }
   return n.get();
 }
@@ -539,8 +567,10 @@ void redis_client::cluster::dispatch(const std::shared_ptr<op>& o) {
   node* n = nullptr;
   bool asking = !o->ask_to.empty();
   if (asking) {
-    n = node_at(o->ask_to);
+    auto to = std::move(o->ask_to);
     o->ask_to.clear();
+    if (!(n = redirected_node(o, to)))
+      return;
   } else if (o->slot >= 0) {
     n = slots_[static_cast<std::size_t>(o->slot)].load(std::memory_order_acquire);
   } else {
@@ -575,6 +605,25 @@ void redis_client::cluster::dispatch(const std::shared_ptr<op>& o) {
                           o->router->on_reply(o, o->via, std::move(r),
                                               std::move(e), false);
                         });
+}
+
+redis_client::cluster::node*
+redis_client::cluster::redirected_node(const std::shared_ptr<op>& o,
+                                       const std::string& address) {
+  try {
+    return node_at(address);
+  } catch (const std::exception& x) {
+    // On a node's thread (a reply's callback): the error goes to the
+    // command, never up that thread.
+    finish(o, {},
+           std::make_exception_ptr(error(
+             errc::store_error,
+             fmt::format("redis {} {}: redirected to \"{}\", which cannot be "
+                         "used: {}",
+                         endpoint, o->cmd.empty() ? "" : o->cmd[0], address,
+                         x.what()))));
+    return nullptr;
+  }
 }
 
 void redis_client::cluster::retry_later(const std::shared_ptr<op>& o,
@@ -666,7 +715,10 @@ void redis_client::cluster::on_reply(const std::shared_ptr<op>& o, node* via,
     if (red->ask) {
       o->ask_to = std::move(address);
     } else {
-      slots_[red->slot].store(node_at(address), std::memory_order_release);
+      auto* to = redirected_node(o, address);
+      if (!to)
+        return;
+      slots_[red->slot].store(to, std::memory_order_release);
       // The slot the server named, not the one guessed from the command: a
       // command whose key is not its first argument (OBJECT ENCODING k)
       // would otherwise go back to the same node until given up.

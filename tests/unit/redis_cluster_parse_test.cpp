@@ -72,7 +72,10 @@ TEST_CASE("MOVED and ASK replies are parsed and a malformed one is not a "
   CHECK(a->address == "::1:7000");
   for (auto bad : {"MOVED", "MOVED 16384 h:1", "MOVED -1 h:1", "MOVED 1 h",
                    "MOVED 1 h:0", "MOVED x h:1", "ASK 1 :1", "ERR MOVED 1 h:1",
-                   "TRYAGAIN Multiple keys"}) {
+                   "TRYAGAIN Multiple keys",
+                   // Hosts a URL would read as a database or a user.
+                   "MOVED 3999 a/b:6379", "ASK 1 u:p@h:1", "MOVED 1 h?x:1",
+                   "MOVED 1 h h:1"}) {
     CAPTURE(bad);
     CHECK(!internal::parse_redirection(bad));
   }
@@ -109,6 +112,13 @@ TEST_CASE("a CLUSTER SLOTS reply becomes ranges with masters and replicas, "
       array({array({integer(0), integer(1), array({string("h"), integer(0)})})}),
       "h"),
     doctest::Contains("a node is not [host, port"), botmesh::error);
+  // A host a URL would read as a database: named, not made a client.
+  CHECK_THROWS_WITH_AS(
+    internal::parse_cluster_slots(
+      array({array({integer(0), integer(1), array({string("a/b"), integer(7000)})})}),
+      "h"),
+    doctest::Contains("a node's host \"a/b\" is not a host name or address"),
+    botmesh::error);
 }
 
 TEST_CASE("the masters a cluster scan reads: every slot served, none failing") {

@@ -140,7 +140,11 @@ struct redis_client::cluster {
   void subscribe_on(node& n, std::string channel,
                     std::function<void(std::string_view)> on_message,
                     std::function<void()> on_subscribed);
+  /// Throws when `address` cannot be made a client (nothing is kept then).
   node* node_at(const std::string& address);
+  /// node_at for a redirection: on a throw, ends `o` with an error naming
+  /// the address and gives nullptr.
+  node* redirected_node(const std::shared_ptr<op>& o, const std::string& address);
   node* any_master();
   /// Every node known, once each: the slot map's masters first (in slot
   /// order; `masters`, when given, says how many), then the seeds and
