@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/actors/messages.hpp>
+#include <botmesh/runtime/core/log.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::turn_token>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
@@ -397,6 +398,29 @@ void push(chat_actor_t* self, event_ptr ev) {
   next_turn(self);
 }
 
+// A chat that dies otherwise than idle (an exception out of its services,
+// an exit the router passes on) gives back every ticket and turn it holds:
+// nothing else would, and a turn granted to a chat that is gone would be
+// renewed for as long as the lease actor lives, keeping the chat from
+// every replica. A running step's turn goes too: its token ends, so its
+// effects are refused from then on. Its events end as refused when they
+// are freed.
+void give_back_all(chat_actor_t* self) {
+  auto& st = self->state;
+  if (!st.coordinated() || st.empty())
+    return;
+  auto& q = st.q();
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    auto& e = q[i];
+    if (e.token)
+      self->send(st.cfg().lease, release_atom::value, st.key, e.token->fence());
+    else if (e.req != 0)
+      self->send(st.cfg().lease, leave_atom::value, st.key, e.req);
+    e.req = 0;
+    e.token.reset();
+  }
+}
+
 entry* find(chat_actor_t* self, std::uint64_t req, std::size_t* index = nullptr) {
   auto& st = self->state;
   if (st.empty())
@@ -418,6 +442,33 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
   self->state.key = std::move(key);
   self->state.config = std::move(cfg);
   self->state.router = std::move(router);
+  // As CAF's defaults (an exit of a non-normal reason ends the actor, an
+  // exception ends it), giving back what it holds first. No captures: the
+  // handlers allocate nothing per chat.
+  self->set_exit_handler([](caf::scheduled_actor* ptr, caf::exit_msg& m) {
+    if (!m.reason)
+      return;
+    auto* me = static_cast<chat_actor_t*>(ptr);
+    give_back_all(me);
+    me->quit(m.reason);
+  });
+  self->set_exception_handler(
+    [](caf::scheduled_actor* ptr, std::exception_ptr& e) -> caf::error {
+      auto* me = static_cast<chat_actor_t*>(ptr);
+      std::string what = "an exception of unknown type";
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        what = x.what();
+      } catch (...) {
+      }
+      log::error("chat", fmt::format("chat {} ended by an exception: {}; its "
+                                     "tickets and turns are given back",
+                                     me->state.key, what));
+      give_back_all(me);
+      me->send(me->state.router, chat_gone_atom::value, me->state.key);
+      return caf::exit_reason::unhandled_exception;
+    });
   return {
     [=](event_ptr& ev) {
       auto& st = self->state;

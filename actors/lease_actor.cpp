@@ -787,6 +787,43 @@ void wake(lease_actor_t* self) {
   check_shutdown(self);
 }
 
+// Ends every held turn (its token as stopped), gives up every waiting
+// request and every leadership, and sends it all. When `exiting`, no answer
+// will be read: a request whose enter is in flight is left at once rather
+// than when its answer comes.
+void give_back_everything(lease_actor_t* self, bool exiting) {
+  auto& st = self->state;
+  std::vector<std::string> keys;
+  for (auto& [key, h] : st.holds)
+    keys.push_back(key);
+  for (auto& key : keys) {
+    auto h = st.holds.find(key);
+    auto fence = h->second.token->fence();
+    h->second.token->end(turn_end::stopped);
+    st.holds.erase(h);
+    send_release(self, turn_ref{key, fence});
+  }
+  std::vector<std::pair<std::string, std::uint64_t>> reqs;
+  // (A settled request's turn was dealt with; a cancelled one is left
+  // when its answer comes, unless no answer will be read.)
+  for (auto& [req, w] : st.waits)
+    if (!w.settled && (exiting || !w.cancelled))
+      reqs.emplace_back(w.key, req);
+  for (auto& [key, req] : reqs) {
+    if (exiting) {
+      st.waits.erase(req);
+      send_leave(self, key, req);
+    } else {
+      leave_request(self, key, req);
+    }
+  }
+  for (auto& [name, l] : st.leads)
+    if (l.fence)
+      send_unlead(self, name, *l.fence);
+  st.leads.clear();
+  flush(self);
+}
+
 caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
@@ -799,9 +836,11 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
   });
   self->send(self, tick_atom::value);
   self->set_exit_handler([=](caf::exit_msg& msg) {
-    // What was decided goes out (its answers are not awaited): a release
-    // held back must not leave its chat blocked for a lease.
-    flush(self);
+    // What was decided goes out, and every turn, ticket and leadership is
+    // given back (answers are not awaited): a release held back, or a turn
+    // nobody will release, must not keep a chat from every replica for a
+    // lease.
+    give_back_everything(self, true);
     self->state.g->close();
     self->quit(msg.reason);
   });
@@ -1013,26 +1052,7 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       auto& st = self->state;
       st.shutting_down = true;
       st.shutdown_rp = self->make_response_promise();
-      std::vector<std::string> keys;
-      for (auto& [key, h] : st.holds)
-        keys.push_back(key);
-      for (auto& key : keys) {
-        auto h = st.holds.find(key);
-        auto fence = h->second.token->fence();
-        h->second.token->end(turn_end::stopped);
-        st.holds.erase(h);
-        send_release(self, turn_ref{key, fence});
-      }
-      std::vector<std::pair<std::string, std::uint64_t>> reqs;
-      for (auto& [req, w] : st.waits)
-        reqs.emplace_back(w.key, req);
-      for (auto& [key, req] : reqs)
-        leave_request(self, key, req);
-      for (auto& [name, l] : st.leads)
-        if (l.fence)
-          send_unlead(self, name, *l.fence);
-      st.leads.clear();
-      flush(self);
+      give_back_everything(self, false);
       // Repairs are best effort: whatever is left expires within a lease.
       self->delayed_send(self, st.lease, give_up_atom::value);
       auto rp = st.shutdown_rp;

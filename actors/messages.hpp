@@ -22,6 +22,11 @@ using turn_done_atom = caf::atom_constant<caf::atom("bm_done")>;
 /// exit because the router forwarded nothing more.
 using idle_atom = caf::atom_constant<caf::atom("bm_idle")>;
 
+/// chat -> router: (key): the chat is ending by an exception; the router
+/// forgets it, so the next message spawns a new chat instead of going to
+/// one that is gone.
+using chat_gone_atom = caf::atom_constant<caf::atom("bm_cgone")>;
+
 /// runtime -> router: (key, timer id): a timer armed for a chat fired; the
 /// router forwards (timer id) to the chat actor, spawning it if needed.
 using timer_atom = caf::atom_constant<caf::atom("bm_timer")>;

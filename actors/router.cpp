@@ -111,6 +111,17 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       st.cfg->services->chat_passivated(key);
       return true;
     },
+    // A chat ended by an exception: forgotten (if it is still the chat's
+    // actor), so the next message spawns another. What was sent to it on
+    // the way ends as refused when it is freed.
+    [=](chat_gone_atom, const std::string& key) {
+      auto& st = self->state;
+      auto i = st.chats.find(key);
+      if (i == st.chats.end() || i->second.handle != self->current_sender())
+        return;
+      st.chats.erase(i);
+      st.cfg->services->chat_passivated(key);
+    },
     [=](drain_atom, std::chrono::milliseconds bound) -> caf::result<bool> {
       auto& st = self->state;
       st.draining = true;

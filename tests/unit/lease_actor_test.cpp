@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include <botmesh/actors/chat_services.hpp>
 #include <botmesh/actors/router.hpp>
@@ -688,6 +689,23 @@ TEST_CASE("shutdown releases held turns, leaves waiting requests, gives up "
   caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a lease actor ended by an exit releases held turns, leaves "
+          "waiting requests and gives up leaderships on its way out") {
+  lease_fixture f;
+  auto token = f.hold(key_a, 1, 7);
+  f.acquire(key_b, 2); // its enter in flight
+  auto [session, log] = f.elected_session(lead_name);
+  auto fence = log->leaders.back().second;
+  caf::anon_send_exit(f.lease_actor, caf::exit_reason::user_shutdown);
+  f.vs.run();
+  CHECK(token->ended() == turn_end::stopped);
+  CHECK(token->stop_token().stop_requested());
+  CHECK(f.releases(key_a, 7) == 1);
+  CHECK(f.coord->count(op::leave, key_b, 2) == 1);
+  CHECK(f.coord->count(op::unlead, lead_name, fence) == 1);
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("shutdown replies after a lease when the backend never answers") {
   lease_fixture f;
   f.hold(key_a, 1, 7);
@@ -865,10 +883,13 @@ struct recording_services final : botmesh::chat_services {
   std::vector<run> runs;
   std::vector<std::string> failed;
   std::vector<std::string> refused_keys;
+  bool throw_on_run = false; // run_turn throws (a services bug)
 
   void run_turn(const std::string& key, botmesh::event_ptr, bool,
                 std::shared_ptr<botmesh::turn_token> turn,
                 std::function<void()> done) override {
+    if (throw_on_run)
+      throw std::runtime_error("run_turn failed");
     runs.push_back({key, std::move(turn), std::move(done)});
   }
 
@@ -950,6 +971,68 @@ TEST_CASE("events a chat actor still holds when the router exits end as "
   f.vs.run();
   REQUIRE(ended.size() == 3);
   CHECK(ended.back() == "tres:refused");
+}
+
+// Whether a renewal after `from` (a call index) names `key`.
+bool renewed_after(scripted_coordinator& c, std::size_t from,
+                   const std::string& key) {
+  auto all = c.all(op::renew);
+  for (auto i = from; i < all.size(); ++i)
+    for (auto& t : all[i]->renewal.turns)
+      if (t.key == key)
+        return true;
+  return false;
+}
+
+TEST_CASE("a chat ended by an exit gives its requests back: a grant that "
+          "comes after is released at once, not held and renewed") {
+  chat_fixture f;
+  f.inject("uno");
+  f.inject("dos");
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 2);
+  // The router passes its exit on to the chat while both enters are in
+  // flight.
+  caf::anon_send_exit(f.router, caf::exit_reason::user_shutdown);
+  f.vs.run();
+  sc::answer(*enters[0], f.coord->granted(f.key, enters[0]->req, 7));
+  sc::answer(*enters[1], f.coord->waiting(f.key, enters[1]->req));
+  f.vs.run();
+  CHECK(f.releases(f.key, 7) == 1);
+  CHECK(f.coord->count(op::leave, f.key, enters[1]->req) == 1);
+  auto renewals = f.coord->count(op::renew);
+  f.vs.advance(3000ms);
+  CHECK_FALSE(renewed_after(*f.coord, renewals, f.key));
+  CHECK(f.services.runs.empty());
+}
+
+TEST_CASE("a chat ended by an exception out of its services gives back the "
+          "turn it was granted and the tickets behind it") {
+  chat_fixture f;
+  f.services.throw_on_run = true;
+  f.inject("uno");
+  f.inject("dos");
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 2);
+  sc::answer(*enters[1], f.coord->waiting(f.key, enters[1]->req));
+  f.vs.run();
+  // The grant makes the chat run "uno": run_turn throws, the chat ends.
+  sc::answer(*enters[0], f.coord->granted(f.key, enters[0]->req, 7));
+  f.vs.run();
+  CHECK(f.releases(f.key, 7) == 1);
+  CHECK(f.coord->count(op::leave, f.key, enters[1]->req) == 1);
+  auto renewals = f.coord->count(op::renew);
+  f.vs.advance(3000ms);
+  CHECK_FALSE(renewed_after(*f.coord, renewals, f.key));
+  // The router spawns a new chat for the next message, which asks again.
+  f.services.throw_on_run = false;
+  f.inject("tres");
+  auto later = f.coord->all(op::enter);
+  REQUIRE(later.size() == 3);
+  sc::answer(*later[2], f.coord->granted(f.key, later[2]->req, 8));
+  f.vs.run();
+  REQUIRE(f.services.runs.size() == 1);
+  CHECK(f.services.runs[0].turn->fence() == 8);
 }
 
 TEST_CASE("a grant that arrives after the chat's turn_wait gave up is "
