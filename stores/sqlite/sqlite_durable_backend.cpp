@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -227,12 +228,21 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
         r.id = s.text(0);
         r.key = s.text(1);
         r.message = s.text(2);
-        auto seq = s.int64(3);
-        auto attempts = s.int64(4);
-        if (seq < 0 || attempts < 0) {
-          // Taken out of the open records (named in `corrupted`), not
-          // thrown: the whole beat would fail with it, every beat, on
-          // every replica, and nothing else would be claimed.
+        // A count that is not one (negative, too large, a real, text) is
+        // taken out of the open records (named in `corrupted`), not
+        // thrown: the whole beat would fail with it, every beat, on every
+        // replica, and nothing else would be claimed.
+        std::int64_t seq = -1, attempts = -1;
+        try {
+          seq = s.int64(3);
+          attempts = s.int64(4);
+        } catch (const error& e) {
+          if (e.code() != errc::corrupted_record)
+            throw;
+          seq = attempts = -1;
+        }
+        if (seq < 0 || attempts < 0
+            || attempts > std::numeric_limits<std::uint32_t>::max()) {
           out.corrupted.push_back(std::move(r.id));
           continue;
         }

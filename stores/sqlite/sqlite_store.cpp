@@ -1,5 +1,8 @@
 #include <botmesh/stores/sqlite/sqlite_store.hpp>
 
+#include <limits>
+#include <string_view>
+
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
@@ -10,6 +13,20 @@
 namespace botmesh {
 
 namespace {
+
+// The counter after `v` (a message seq, a revision, a fence): a stored one
+// that is negative or at its limit is a damaged record, named, never
+// wrapped into a number that repeats or goes back.
+std::int64_t next_counter(std::int64_t v, std::string_view what,
+                          std::string_view key) {
+  if (v < 0 || v == std::numeric_limits<std::int64_t>::max())
+    throw error(errc::corrupted_record,
+                fmt::format("sqlite {} of \"{}\" is stored as {}: not a "
+                            "counter that can go on",
+                            what, key, v));
+  return v + 1;
+}
+
 
 // Version 1 of the schema. Times are Unix milliseconds.
 constexpr std::string_view schema = R"sql(
@@ -214,7 +231,7 @@ std::uint64_t sqlite_store::append_message(std::string_view chat_key,
   internal::stmt q{d, "SELECT COALESCE(MAX(seq), 0) FROM messages WHERE "
                       "chat_key=?"};
   q.bind(1, chat_key).step();
-  auto seq = q.int64(0) + 1;
+  auto seq = next_counter(q.int64(0), "message seq", chat_key);
   internal::stmt ins{d, "INSERT INTO messages VALUES (?,?,?,?,?,?,?,?)"};
   ins.bind(1, chat_key).bind(2, seq);
   ins.bind(3, static_cast<std::int64_t>(msg.dir));
@@ -300,7 +317,8 @@ std::uint64_t write_checkpoint(internal::db& d, const flow_checkpoint& cp,
                                std::optional<time_point> created,
                                time_point now) {
   auto stored = cp;
-  stored.revision = static_cast<std::uint64_t>(last_revision + 1);
+  auto revision = next_counter(last_revision, "checkpoint revision", cp.key);
+  stored.revision = static_cast<std::uint64_t>(revision);
   stored.created_at = created ? *created
                               : (cp.created_at == time_point{} ? now
                                                                : cp.created_at);
@@ -308,7 +326,7 @@ std::uint64_t write_checkpoint(internal::db& d, const flow_checkpoint& cp,
   internal::stmt s{d, "INSERT INTO checkpoints VALUES (?,?,?,?) "
                       "ON CONFLICT(key) DO UPDATE SET revision=excluded.revision,"
                       " body=excluded.body, expires_at=excluded.expires_at"};
-  s.bind(1, cp.key).bind(2, last_revision + 1).bind(3, to_json(stored, SIZE_MAX));
+  s.bind(1, cp.key).bind(2, revision).bind(3, to_json(stored, SIZE_MAX));
   if (cp.ephemeral)
     s.bind(4, ms(cp.expires_at));
   else
@@ -479,9 +497,10 @@ sqlite_store::acquire_lock_fenced(std::string_view key,
       return std::nullopt;
     fence = q.int64(1);
   }
-  fenced_lock lock{detail::random_token(), static_cast<std::uint64_t>(fence + 1)};
+  auto next = next_counter(fence, "lock fence", key);
+  fenced_lock lock{detail::random_token(), static_cast<std::uint64_t>(next)};
   internal::stmt w{d, "INSERT OR REPLACE INTO locks VALUES (?,?,?,?)"};
-  w.bind(1, key).bind(2, lock.token).bind(3, fence + 1).bind(4, now + ttl.count());
+  w.bind(1, key).bind(2, lock.token).bind(3, next).bind(4, now + ttl.count());
   w.run();
   tx.commit();
   return lock;

@@ -178,31 +178,33 @@ TEST_CASE("a corrupted Redis journal record is named: settling it fails "
 
 TEST_CASE("a corrupted SQLite journal row is named and set aside by a claim, "
           "the other rows are claimed") {
-  sqlite_durable_factory f;
-  auto b = f.make();
-  dc::sync s{*b};
-  REQUIRE(s.record("t:1#bad", "a") == dc::journal_put::recorded);
-  REQUIRE(s.record("t:1#good", "a") == dc::journal_put::recorded);
-  REQUIRE(s.record("t:1#good2", "a") == dc::journal_put::recorded);
-  {
-    sqlite3* raw = nullptr;
-    REQUIRE(sqlite3_open(f.file.path().c_str(), &raw) == SQLITE_OK);
-    // First in arrival order, and so first in the claim's read.
-    REQUIRE(sqlite3_exec(raw,
-                         "UPDATE durable_inbound SET seq = -1 WHERE id = "
-                         "'t:1#bad'",
-                         nullptr, nullptr, nullptr)
-            == SQLITE_OK);
-    sqlite3_close(raw);
+  // A negative seq, a seq of text, a real or too large an attempt count.
+  for (std::string damage : {"seq = -1", "seq = 'x'", "attempts = 1.5",
+                             "attempts = 5000000000"}) {
+    CAPTURE(damage);
+    sqlite_durable_factory f;
+    auto b = f.make();
+    dc::sync s{*b};
+    REQUIRE(s.record("t:1#bad", "a") == dc::journal_put::recorded);
+    REQUIRE(s.record("t:1#good", "a") == dc::journal_put::recorded);
+    REQUIRE(s.record("t:1#good2", "a") == dc::journal_put::recorded);
+    {
+      sqlite3* raw = nullptr;
+      REQUIRE(sqlite3_open(f.file.path().c_str(), &raw) == SQLITE_OK);
+      auto sql = "UPDATE durable_inbound SET " + damage + " WHERE id = 't:1#bad'";
+      REQUIRE(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr)
+              == SQLITE_OK);
+      sqlite3_close(raw);
+    }
+    f.advance(sqlite_durable_factory::lease * 2); // a is dead
+    auto c = s.claim("b", sqlite_durable_factory::lease);
+    CHECK(dc::ids(c.records) == std::vector<std::string>{"t:1#good", "t:1#good2"});
+    CHECK(c.corrupted == std::vector<std::string>{"t:1#bad"});
+    // Set aside: not named again, and the heartbeat was written.
+    auto again = s.claim("b", sqlite_durable_factory::lease);
+    CHECK(again.corrupted.empty());
+    CHECK(again.records.empty());
   }
-  f.advance(sqlite_durable_factory::lease * 2); // a is dead
-  auto c = s.claim("b", sqlite_durable_factory::lease);
-  CHECK(dc::ids(c.records) == std::vector<std::string>{"t:1#good", "t:1#good2"});
-  CHECK(c.corrupted == std::vector<std::string>{"t:1#bad"});
-  // Set aside: not named again, and the heartbeat was written.
-  auto again = s.claim("b", sqlite_durable_factory::lease);
-  CHECK(again.corrupted.empty());
-  CHECK(again.records.empty());
 }
 
 TEST_CASE("Redis journal operations issued together go out in a few script "

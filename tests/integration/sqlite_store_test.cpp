@@ -146,6 +146,58 @@ TEST_CASE("a corrupted checkpoint row gives an error naming the key, and the "
   CHECK(s.get_checkpoint("test:broken")->flow == "pedido");
 }
 
+TEST_CASE("a SQLite counter stored negative or at its limit is a corrupted "
+          "record named with its key, and the row is left as it was") {
+  test::temp_file file;
+  botmesh::sqlite_store s{{.path = file.path()}};
+  s.start();
+  auto expect_corrupted = [](const std::function<void()>& f,
+                             const std::string& what, const std::string& key) {
+    try {
+      f();
+      FAIL("a damaged counter went on");
+    } catch (const botmesh::error& e) {
+      CHECK(e.code() == botmesh::errc::corrupted_record);
+      std::string text = e.what();
+      CHECK(text.find(what) != std::string::npos);
+      CHECK(text.find(key) != std::string::npos);
+    }
+  };
+  constexpr auto top = std::numeric_limits<std::int64_t>::max();
+  // A lock whose fence is at the limit: the next would wrap to a number
+  // every earlier holder had.
+  auto lock = s.acquire_lock_fenced("test:lock", std::chrono::seconds{5});
+  REQUIRE(lock);
+  REQUIRE(s.release_lock("test:lock", lock->token));
+  raw_sql(file.path(), "UPDATE locks SET fence=" + std::to_string(top)
+                         + ", token='' WHERE key='test:lock'");
+  expect_corrupted([&] { s.acquire_lock_fenced("test:lock", std::chrono::seconds{5}); },
+                   "lock fence", "test:lock");
+  CHECK(raw_int(file.path(), "SELECT fence FROM locks WHERE key='test:lock'") == top);
+  // A message log whose last seq is at the limit.
+  botmesh::logged_message m;
+  m.id = "m1";
+  m.text = "hola";
+  s.append_message("test:chat", m);
+  raw_sql(file.path(), "UPDATE messages SET seq=" + std::to_string(top)
+                         + " WHERE chat_key='test:chat'");
+  expect_corrupted([&] { s.append_message("test:chat", m); }, "message seq",
+                   "test:chat");
+  CHECK(raw_int(file.path(),
+                "SELECT COUNT(*) FROM messages WHERE chat_key='test:chat'")
+        == 1);
+  // A checkpoint whose revision is negative.
+  botmesh::flow_checkpoint cp;
+  cp.key = "test:cp";
+  cp.flow = "pedido";
+  REQUIRE(s.set_checkpoint_if(cp, 0));
+  raw_sql(file.path(), "UPDATE checkpoints SET revision=-1 WHERE key='test:cp'");
+  expect_corrupted([&] { s.set_checkpoint(cp); }, "checkpoint revision",
+                   "test:cp");
+  CHECK(raw_int(file.path(), "SELECT revision FROM checkpoints WHERE key='test:cp'")
+        == -1);
+}
+
 namespace {
 
 // Each of `calls` reads a damaged schedule: it throws corrupted_record, and
