@@ -48,7 +48,12 @@ schedule_record read_record(std::string_view id, std::string_view key,
   rec.id = std::string{id};
   rec.spec = get("spec");
   rec.next_run_at = from_unix_ms(num("next"));
-  rec.fencing_token = static_cast<std::uint64_t>(num("token"));
+  auto token = num("token");
+  if (token < 0) // a fencing token only grows from 0: damage, not a number to wrap
+    throw error(errc::corrupted_record,
+                fmt::format("redis schedule {}: field \"token\" is negative: {}",
+                            key, token));
+  rec.fencing_token = static_cast<std::uint64_t>(token);
   rec.lease_owner = get("owner");
   rec.lease_until = from_unix_ms(num("until"));
   rec.claimed_at = from_unix_ms(num("claimed"));
@@ -314,6 +319,10 @@ class redis_lease_provider final : public lease_provider {
     if (r.is_nil())
       return std::nullopt;
     expect_reply("script lease_acquire", r, kind::integer);
+    if (r.integer < 0)
+      throw error(errc::corrupted_record,
+                  fmt::format("redis lease {}: its fencing token is negative: {}",
+                              n_.lease(name), r.integer));
     return static_cast<std::uint64_t>(r.integer);
   }
 

@@ -256,9 +256,36 @@ TEST_CASE("corrupted records read back as errors naming the key") {
           sched->claim("job", "me", botmesh::from_unix_ms(5), 1000ms);
         })
         == botmesh::errc::corrupted_record);
+  // A negative fencing token: named, never cast to a huge one that no
+  // renewal or commit would match.
+  c->call({"HSET", prefix + ":sched:job", "next", "1", "token", "-5"});
+  what = what_of([&] { sched->get("job"); });
+  CHECK(what.find("\"token\" is negative: -5") != std::string::npos);
+  CHECK(code_of([&] { sched->get("job"); }) == botmesh::errc::corrupted_record);
   c->call({"RPUSH", prefix + ":log:test:x", "not json"});
   CHECK(code_of([&] { s.messages("test:x", 10); })
         == botmesh::errc::corrupted_record);
+}
+
+TEST_CASE("a lock whose fence counter is damaged is refused naming the "
+          "counter, and is not left taken") {
+  auto c = shared_client();
+  auto prefix = test::unique_prefix();
+  botmesh::redis_store s{{.client = c, .prefix = prefix}};
+  auto counter = prefix + ":fence:test:l";
+  // Not an integer, at its limit, negative.
+  for (std::string bad : {"abc", "9223372036854775807", "-5"}) {
+    CAPTURE(bad);
+    c->call({"SET", counter, bad});
+    auto what = what_of([&] { s.acquire_lock_fenced("test:l", 5s); });
+    CHECK(what.find(counter) != std::string::npos);
+    CHECK(c->call({"EXISTS", prefix + ":lock:test:l"}).integer == 0);
+  }
+  c->call({"SET", counter, "41"});
+  auto lock = s.acquire_lock_fenced("test:l", 5s);
+  REQUIRE(lock);
+  CHECK(lock->fence == 42);
+  c->call({"DEL", counter, prefix + ":lock:test:l"});
 }
 
 TEST_CASE("an unreachable server fails fast with a typed error") {

@@ -78,6 +78,11 @@ std::optional<std::uint64_t> rev_or_nil(std::string_view what,
   if (r.is_nil())
     return std::nullopt;
   expect_reply(what, r, kind::integer);
+  if (r.integer < 0) // revisions and fences only grow from 0
+    throw error(errc::corrupted_record,
+                fmt::format("redis {}: a negative revision or fence {} (the "
+                            "stored counter is damaged)",
+                            what, r.integer));
   return static_cast<std::uint64_t>(r.integer);
 }
 
