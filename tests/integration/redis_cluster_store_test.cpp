@@ -226,6 +226,33 @@ TEST_CASE("cluster: a log over its cap drops its oldest entries with their "
   CHECK(c->call({"ZCARD", L.message_log("tg:1")}).integer == 3);
 }
 
+TEST_CASE("cluster: a log's seq from 1e14 is written as an integer, not in "
+          "Lua's 1e+14") {
+  auto c = cluster_client();
+  auto prefix = test::unique_prefix("bmclb");
+  botmesh::redis_store s{{.client = c, .prefix = prefix}};
+  botmesh::redis_cluster_layout L{prefix};
+  s.append_message("tg:1", {0, botmesh::direction::in, "m1", "u", "a"});
+  // The entry renumbered just below 1e14.
+  std::string high = "99999999999999";
+  auto item = c->call({"GET", L.message_item("tg:1", "1")}).str;
+  REQUIRE(item.starts_with("{\"seq\":1,"));
+  item = "{\"seq\":" + high + "," + item.substr(std::string{"{\"seq\":1,"}.size());
+  c->call({"SET", L.message_item("tg:1", high), item});
+  c->call({"ZADD", L.message_log("tg:1"), high, high});
+  c->call({"ZREM", L.message_log("tg:1"), "1"});
+  c->call({"DEL", L.message_item("tg:1", "1")});
+  CHECK(s.append_message("tg:1", {0, botmesh::direction::in, "m2", "u", "b"})
+        == 100000000000000);
+  auto log = s.messages("tg:1", 10);
+  REQUIRE(log.size() == 2);
+  CHECK(log[0].seq == 99999999999999);
+  CHECK(log[1].seq == 100000000000000);
+  CHECK(log[1].text == "b");
+  CHECK(c->call({"ZSCORE", L.message_log("tg:1"), "100000000000000"}).type
+        == botmesh::redis_reply::kind::string);
+}
+
 TEST_CASE("cluster: damaged cluster-layout records read back as errors naming "
           "the key, and the rest of the keyspace stays readable") {
   auto c = cluster_client();

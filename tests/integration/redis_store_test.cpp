@@ -288,6 +288,48 @@ TEST_CASE("a lock whose fence counter is damaged is refused naming the "
   c->call({"DEL", counter, prefix + ":lock:test:l"});
 }
 
+TEST_CASE("Redis counters from 1e14 are written as integers, and one a Lua "
+          "number cannot hold is refused naming its key, losing nothing") {
+  auto c = shared_client();
+  auto prefix = test::unique_prefix();
+  botmesh::redis_store s{{.client = c, .prefix = prefix}};
+  // A checkpoint revision: Lua would print 1e14 as "1e+14", a revision no
+  // reader parses.
+  botmesh::flow_checkpoint cp;
+  cp.key = "test:big";
+  cp.flow = "pedido";
+  auto rev_key = prefix + ":cprev:test:big";
+  c->call({"SET", rev_key, "99999999999999"});
+  auto rev = s.set_checkpoint(cp);
+  CHECK(rev == 100000000000000);
+  CHECK(c->call({"GET", rev_key}).str == "100000000000000");
+  REQUIRE(s.get_checkpoint("test:big"));
+  CHECK(s.get_checkpoint("test:big")->revision == rev);
+  for (std::string bad : {"9007199254740991", "abc", "-3"}) {
+    CAPTURE(bad);
+    c->call({"SET", rev_key, bad});
+    auto what = what_of([&] { s.set_checkpoint(cp); });
+    CHECK(what.find(rev_key) != std::string::npos);
+    CHECK(s.get_checkpoint("test:big")->revision == rev);
+  }
+  // A message log's seq.
+  auto seq_key = prefix + ":logseq:test:big";
+  botmesh::logged_message m;
+  m.id = "m1";
+  m.text = "hola";
+  c->call({"SET", seq_key, "99999999999999"});
+  CHECK(s.append_message("test:big", m) == 100000000000000);
+  auto log = s.messages("test:big", 10);
+  REQUIRE(log.size() == 1);
+  CHECK(log[0].seq == 100000000000000);
+  c->call({"SET", seq_key, "9007199254740991"});
+  auto what = what_of([&] { s.append_message("test:big", m); });
+  CHECK(what.find(seq_key) != std::string::npos);
+  CHECK(s.messages("test:big", 10).size() == 1);
+  c->call({"DEL", rev_key, seq_key, prefix + ":cp:test:big",
+           prefix + ":log:test:big"});
+}
+
 TEST_CASE("an unreachable server fails fast with a typed error") {
   botmesh::redis_client c{{.url = "redis://127.0.0.1:" + std::to_string(test::free_port()),
                            .connect_timeout = "500ms"}};

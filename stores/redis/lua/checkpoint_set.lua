@@ -12,15 +12,31 @@
 -- ARGV[2] body  ARGV[3] created_at for a new conversation (Unix ms)
 -- ARGV[4] absolute expiry in Unix ms (ephemeral), or 0
 -- ARGV[5] (with KEYS[3]) the checkpoint key
--- Returns the new revision, or nil when the expected revision differs.
+-- Returns the new revision, or nil when the expected revision differs; an
+-- error naming KEYS[2], before anything is written, when the last revision
+-- is not one a Lua number holds exactly (0 to 2^53-2: damaged), so a
+-- revision is never handed out twice nor written as "1e+14".
 -- Cost: O(1); O(log n) with the index.
+local function revision(v)
+  local n = tonumber(v)
+  if n == nil or n < 0 or n > 9007199254740990 or n ~= math.floor(n) then
+    return nil
+  end
+  return n
+end
 local live = redis.call('EXISTS', KEYS[1]) == 1
 local current = 0
-if live then current = tonumber(redis.call('HGET', KEYS[1], 'rev')) or 0 end
+if live then current = revision(redis.call('HGET', KEYS[1], 'rev')) or 0 end
 if ARGV[1] ~= 'any' and tonumber(ARGV[1]) ~= current then return false end
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+local stored = redis.call('GET', KEYS[2]) or '0'
+local last = revision(stored)
+if not last then
+  return redis.error_reply('checkpoint revision ' .. KEYS[2]
+                           .. ' is damaged: "' .. stored
+                           .. '" is not a revision')
+end
 if current > last then last = current end
-local rev = last + 1
+local rev = string.format('%d', last + 1)
 redis.call('SET', KEYS[2], rev)
 local created = ARGV[3]
 if live then created = redis.call('HGET', KEYS[1], 'created') or created end
@@ -32,4 +48,4 @@ if KEYS[3] then
   if tonumber(ARGV[4]) > 0 then score = ARGV[4] end
   redis.call('ZADD', KEYS[3], score, ARGV[5])
 end
-return rev
+return last + 1

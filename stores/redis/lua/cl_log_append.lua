@@ -20,7 +20,15 @@
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 local seq = 1
 if last[2] then seq = tonumber(last[2]) + 1 end
+-- Past 2^53-1 a Lua number no longer holds every seq (and from 1e14 it
+-- prints as "1e+14"): the log's newest score is damaged.
+if seq < 1 or seq > 9007199254740991 or seq ~= math.floor(seq) then
+  return redis.error_reply('message log ' .. KEYS[1] .. ' is damaged: its '
+                           .. 'newest seq ' .. tostring(last[2])
+                           .. ' is not a sequence number')
+end
 if seq ~= tonumber(ARGV[2]) then return {0, seq} end
-redis.call('SET', KEYS[2], '{"seq":' .. seq .. ',' .. string.sub(ARGV[1], 2))
-redis.call('ZADD', KEYS[1], seq, seq)
+local n = string.format('%d', seq)
+redis.call('SET', KEYS[2], '{"seq":' .. n .. ',' .. string.sub(ARGV[1], 2))
+redis.call('ZADD', KEYS[1], n, n)
 return {1, seq, redis.call('ZCARD', KEYS[1])}
