@@ -4,6 +4,7 @@
 #include <atomic>
 #include <charconv>
 #include <iterator>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -38,6 +39,21 @@ std::string str_at(const redis_reply& r, std::size_t i, std::string_view what) {
     throw coordination_unavailable_error(
       fmt::format("{}: malformed reply (element {} is not a string)", what, i));
   return r.elements[i].str;
+}
+
+// Element i of an array reply as a decimal integer string ("0" to
+// INT64_MAX): a malformed one is named, not a bare "stoll" exception.
+std::int64_t decimal_at(const redis_reply& r, std::size_t i,
+                        std::string_view what) {
+  auto text = str_at(r, i, what);
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc{} || p != text.data() + text.size() || v < 0)
+    throw coordination_unavailable_error(
+      fmt::format("{}: malformed reply (element {} is \"{}\", not a "
+                  "non-negative integer)",
+                  what, i, text));
+  return v;
 }
 
 // Parses a grant published by co_common.lua:
@@ -131,7 +147,7 @@ release_result release_from(const redis_reply& r, const std::string& key) {
     turn_state g;
     g.state = turn_state::status::granted;
     g.key = key;
-    g.req = std::stoull(str_at(r, 2, "co_release"));
+    g.req = static_cast<std::uint64_t>(decimal_at(r, 2, "co_release"));
     g.ticket = static_cast<std::uint64_t>(int_at(r, 3, "co_release"));
     g.fence = static_cast<std::uint64_t>(int_at(r, 4, "co_release"));
     auto prev = str_at(r, 5, "co_release");
@@ -335,8 +351,12 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
     } else if (time.type != kind::array || time.elements.size() != 2) {
       throw coordination_unavailable_error("renewal: malformed TIME reply");
     } else {
-      out.now_ms = std::stoll(time.elements[0].str) * 1000
-                   + std::stoll(time.elements[1].str) / 1000;
+      auto secs = decimal_at(time, 0, "renewal: TIME");
+      auto micros = decimal_at(time, 1, "renewal: TIME");
+      if (secs > std::numeric_limits<std::int64_t>::max() / 1000 - 1)
+        throw coordination_unavailable_error(fmt::format(
+          "renewal: malformed TIME reply (seconds {} out of range)", secs));
+      out.now_ms = secs * 1000 + micros / 1000;
     }
     // Each part fails alone: one slot's master down (or one damaged key)
     // must not cost every other turn and leadership its renewal.

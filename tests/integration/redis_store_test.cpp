@@ -330,6 +330,21 @@ TEST_CASE("Redis counters from 1e14 are written as integers, and one a Lua "
            prefix + ":log:test:big"});
 }
 
+TEST_CASE("deleting user data whose index is damaged says so, naming the "
+          "index") {
+  auto c = shared_client();
+  auto prefix = test::unique_prefix();
+  botmesh::redis_store s{{.client = c, .prefix = prefix}};
+  s.set_user_data("u1", "prefs", "lang", R"("es")");
+  auto index = prefix + ":udidx:u1:prefs";
+  c->call({"DEL", index});
+  c->call({"SET", index, "not a sorted set"});
+  auto what = what_of([&] { s.delete_user_data("u1", "prefs", "lang"); });
+  CHECK(what.find(index) != std::string::npos);
+  CHECK(what.find("WRONGTYPE") != std::string::npos);
+  c->call({"DEL", index});
+}
+
 TEST_CASE("an unreachable server fails fast with a typed error") {
   botmesh::redis_client c{{.url = "redis://127.0.0.1:" + std::to_string(test::free_port()),
                            .connect_timeout = "500ms"}};

@@ -305,7 +305,12 @@ bool legacy_store::delete_user_data(std::string_view user, std::string_view ns,
   auto replies = client_->pipeline(
     {{"DEL", L.user_data(user, ns, key)},
      {"ZREM", L.user_data_index(user, ns), std::string{key}}});
-  return flag("DEL user data", replies[0]);
+  auto deleted = flag("DEL user data", replies[0]);
+  // An index the key stays in (a damaged one: WRONGTYPE) would list a
+  // value that is gone: said, not dropped.
+  flag(fmt::format("ZREM user data index {}", L.user_data_index(user, ns)),
+       replies[1]);
+  return deleted;
 }
 
 std::vector<std::pair<std::string, std::string>>
