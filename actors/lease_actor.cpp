@@ -164,7 +164,11 @@ struct leading {
 };
 
 struct repair {
-  enum kind_t { release, leave, unlead } kind = release;
+  // probe: a leadership given up while a renewal naming it was on its way,
+  // whose answer was lost: it may have been won. Renewed alone to learn
+  // (and then give back) its fence, while nobody here leads it again (a
+  // name free by then is taken and given back at once: one round trip).
+  enum kind_t { release, leave, unlead, probe } kind = release;
   std::string key;
   std::uint64_t id = 0; // fence or request
   clk::time_point give_up{};
@@ -636,8 +640,15 @@ void renew_now(lease_actor_t* self) {
 
 void on_renewed(lease_actor_t* self, renew_done& d) {
   auto& st = self->state;
-  if (!d.error.empty())
-    return; // leases lapse on their own: each turn's validity runs out
+  if (!d.error.empty()) {
+    // Leases lapse on their own: each turn's validity runs out. A name
+    // given up meanwhile may have been won by this very renewal, though,
+    // and nothing here renews or releases it any more: probed.
+    for (auto& name : d.asked.leads)
+      if (!st.leads.contains(name))
+        add_repair(self, repair::probe, name, 0);
+    return;
+  }
   if (!d.res.errors.empty())
     // Parts that failed alone lapse quietly otherwise (a heartbeat that
     // keeps failing gets this replica's tickets skipped by the others).
@@ -671,6 +682,8 @@ void on_renewed(lease_actor_t* self, renew_done& d) {
       // win is nobody's now; give it back instead of holding it a lease.
       if (got)
         send_unlead(self, d.asked.leads[i], got->fence);
+      else if (d.res.lead_failed(i))
+        add_repair(self, repair::probe, d.asked.leads[i], 0);
       continue;
     }
     auto& lead = l->second;
@@ -781,6 +794,14 @@ void wake(lease_actor_t* self) {
         break;
       case repair::unlead:
         send_unlead(self, r.key, r.id);
+        break;
+      case repair::probe:
+        // Presented again meanwhile: its own renewals tell.
+        if (!st.leads.contains(r.key)) {
+          renewal probe;
+          probe.leads.push_back(r.key);
+          send_renew(self, std::move(probe));
+        }
         break;
     }
   }

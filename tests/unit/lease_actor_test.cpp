@@ -734,6 +734,113 @@ TEST_CASE("a leadership won by a renewal answered after it was given up is "
   caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
 }
 
+// The renewals after call `from` that name only `name`, no turn.
+std::vector<call*> probes_after(scripted_coordinator& c, std::size_t from,
+                                const std::string& name) {
+  std::vector<call*> out;
+  auto all = c.all(op::renew);
+  for (auto i = from; i < all.size(); ++i)
+    if (all[i]->renewal.turns.empty()
+        && all[i]->renewal.leads == std::vector<std::string>{name})
+      out.push_back(all[i]);
+  return out;
+}
+
+TEST_CASE("a leadership given up while its renewal's reply was lost is "
+          "probed, and given back when that renewal had won it") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  f.coord->hold_renewals();
+  f.tell(session, botmesh::lead_atom::value, lead_name);
+  auto& election = f.coord->last(op::renew);
+  f.tell(session, botmesh::unlead_atom::value, lead_name);
+  auto before = f.coord->count(op::renew);
+  sc::fail(election); // it may have run: the name may be held, by nobody
+  f.vs.run();
+  f.vs.advance(150ms);
+  auto probes = probes_after(*f.coord, before, lead_name);
+  REQUIRE(probes.size() == 1);
+  // Its answer lost too: probed again, within a lease.
+  sc::fail(*probes[0]);
+  f.vs.run();
+  f.vs.advance(150ms);
+  probes = probes_after(*f.coord, before, lead_name);
+  REQUIRE(probes.size() == 2);
+  sc::answer(*probes[1], f.coord->renewed(*probes[1], {}, 4)); // held, fence 4
+  f.vs.run();
+  CHECK(f.coord->count(op::unlead, lead_name, 4) == 1);
+  CHECK(session_log->leaders.empty());
+  // Known now: no more probes.
+  f.vs.advance(1000ms);
+  CHECK(probes_after(*f.coord, before, lead_name).size() == 2);
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a leadership probe stops when another replica leads the name, "
+          "when it is presented again, or after a lease") {
+  SUBCASE("another replica leads it") {
+    lease_fixture f;
+    auto [session, session_log] = f.another_probe();
+    f.coord->hold_renewals();
+    f.tell(session, botmesh::lead_atom::value, lead_name);
+    auto& election = f.coord->last(op::renew);
+    f.tell(session, botmesh::unlead_atom::value, lead_name);
+    auto before = f.coord->count(op::renew);
+    sc::fail(election);
+    f.vs.run();
+    f.vs.advance(150ms);
+    auto probes = probes_after(*f.coord, before, lead_name);
+    REQUIRE(probes.size() == 1);
+    auto r = f.coord->renewed(*probes[0]);
+    r.leads[0].reset(); // someone else leads
+    sc::answer(*probes[0], r);
+    f.vs.run();
+    f.vs.advance(3000ms);
+    CHECK(probes_after(*f.coord, before, lead_name).size() == 1);
+    CHECK(f.coord->count(op::unlead) == 0);
+    caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+  }
+  SUBCASE("presented again before the probe") {
+    lease_fixture f;
+    auto [session, session_log] = f.another_probe();
+    f.coord->hold_renewals();
+    f.tell(session, botmesh::lead_atom::value, lead_name);
+    auto& election = f.coord->last(op::renew);
+    f.tell(session, botmesh::unlead_atom::value, lead_name);
+    sc::fail(election);
+    f.vs.run();
+    f.tell(session, botmesh::lead_atom::value, lead_name); // its own renewal
+    auto before = f.coord->count(op::renew);
+    f.vs.advance(150ms);
+    CHECK(f.coord->count(op::renew) == before);
+    caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+  }
+  SUBCASE("every answer lost: given up after a lease") {
+    lease_fixture f;
+    auto [session, session_log] = f.another_probe();
+    f.coord->hold_renewals();
+    f.tell(session, botmesh::lead_atom::value, lead_name);
+    auto& election = f.coord->last(op::renew);
+    f.tell(session, botmesh::unlead_atom::value, lead_name);
+    auto before = f.coord->count(op::renew);
+    sc::fail(election);
+    f.vs.run();
+    for (int i = 0; i < 60; ++i) {
+      f.vs.advance(100ms);
+      for (auto* p : probes_after(*f.coord, before, lead_name))
+        if (!p->answered)
+          sc::fail(*p);
+      f.vs.run();
+    }
+    auto n = probes_after(*f.coord, before, lead_name).size();
+    CHECK(n >= 2);
+    CHECK(n <= 31); // one per lease/30 at most, for one lease
+    f.vs.advance(3000ms);
+    CHECK(probes_after(*f.coord, before, lead_name).size() == n);
+    caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+  }
+}
+
 TEST_CASE("a leadership won by a renewal answered during shutdown is given "
           "back before the reply") {
   lease_fixture f;
