@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -205,9 +206,23 @@ live_state(redis_client& c, const std::string& prefix,
     return {beats, pending};
   auto t = c.call({"TIME"});
   std::int64_t now = 0;
-  if (t.elements.size() == 2)
-    now = std::stoll(t.elements[0].str) * 1000
-          + std::stoll(t.elements[1].str) / 1000;
+  {
+    // [seconds, microseconds] as decimal strings; anything else is named.
+    std::int64_t part[2] = {0, 0};
+    bool ok = t.type == redis_reply::kind::array && t.elements.size() == 2;
+    for (std::size_t i = 0; ok && i < 2; ++i) {
+      auto& e = t.elements[i].str;
+      auto [p, ec] = std::from_chars(e.data(), e.data() + e.size(), part[i]);
+      ok = ec == std::errc{} && p == e.data() + e.size() && part[i] >= 0;
+    }
+    if (!ok || part[0] > std::numeric_limits<std::int64_t>::max() / 1000 - 1)
+      throw error(errc::store_error,
+                  fmt::format("redis TIME: malformed reply{}",
+                              t.type == redis_reply::kind::error
+                                ? ": " + t.str
+                                : std::string{}));
+    now = part[0] * 1000 + part[1] / 1000;
+  }
   for (auto& k : turns) {
     if (k.ends_with(":q")) {
       if (c.call({"LLEN", k}).integer > 0)

@@ -139,6 +139,33 @@ TEST_CASE("expired Redis journal records and outbox entries are dropped by "
   CHECK(count("ZCARD", out + "fexp") == 0);
 }
 
+TEST_CASE("Redis journal records from seq 1e14 keep seqs of their own") {
+  redis_durable_factory f;
+  auto b = f.make();
+  dc::sync s{*b};
+  // cjson writes numbers with 14 digits: 1e14 and 1e14+1 were one seq.
+  f.client->call({"SET", f.prefix + ":{durable:inbound}:seq", "99999999999999"});
+  REQUIRE(s.record("t:1#x", "a") == dc::journal_put::recorded);
+  REQUIRE(s.record("t:1#y", "a") == dc::journal_put::recorded);
+  f.advance(redis_durable_factory::lease * 2); // a is dead: both claimable
+  auto c = s.claim("b", redis_durable_factory::lease);
+  REQUIRE(c.records.size() == 2);
+  CHECK(c.corrupted.empty());
+  CHECK(c.records[0].seq == 100000000000000);
+  CHECK(c.records[1].seq == 100000000000001);
+  // A counter a Lua number cannot hold: that record fails, named.
+  f.client->call({"SET", f.prefix + ":{durable:inbound}:seq", "9007199254740991"});
+  auto what = [&] {
+    try {
+      s.record("t:1#z", "a");
+    } catch (const botmesh::error& e) {
+      return std::string{e.what()};
+    }
+    return std::string{};
+  }();
+  CHECK(what.find(":{durable:inbound}:seq") != std::string::npos);
+}
+
 TEST_CASE("a corrupted Redis journal record is named: settling it fails "
           "with corrupted_record and a claim sets it aside") {
   redis_durable_factory f;

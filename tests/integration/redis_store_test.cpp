@@ -293,8 +293,7 @@ TEST_CASE("Redis counters from 1e14 are written as integers, and one a Lua "
   auto c = shared_client();
   auto prefix = test::unique_prefix();
   botmesh::redis_store s{{.client = c, .prefix = prefix}};
-  // A checkpoint revision: Lua would print 1e14 as "1e+14", a revision no
-  // reader parses.
+  // A checkpoint revision from 1e14 goes on as an integer.
   botmesh::flow_checkpoint cp;
   cp.key = "test:big";
   cp.flow = "pedido";
@@ -312,6 +311,12 @@ TEST_CASE("Redis counters from 1e14 are written as integers, and one a Lua "
     CHECK(what.find(rev_key) != std::string::npos);
     CHECK(s.get_checkpoint("test:big")->revision == rev);
   }
+  // A live revision past the counter, and damaged: named too.
+  c->call({"SET", rev_key, "5"});
+  c->call({"HSET", prefix + ":cp:test:big", "rev", "9007199254740991"});
+  auto live = what_of([&] { s.set_checkpoint(cp); });
+  CHECK(live.find(prefix + ":cp:test:big") != std::string::npos);
+  CHECK(c->call({"GET", rev_key}).str == "5");
   // A message log's seq.
   auto seq_key = prefix + ":logseq:test:big";
   botmesh::logged_message m;
@@ -326,6 +331,7 @@ TEST_CASE("Redis counters from 1e14 are written as integers, and one a Lua "
   auto what = what_of([&] { s.append_message("test:big", m); });
   CHECK(what.find(seq_key) != std::string::npos);
   CHECK(s.messages("test:big", 10).size() == 1);
+  CHECK(c->call({"GET", seq_key}).str == "9007199254740991"); // not moved on
   c->call({"DEL", rev_key, seq_key, prefix + ":cp:test:big",
            prefix + ":log:test:big"});
 }

@@ -13,9 +13,10 @@
 -- ARGV[4] absolute expiry in Unix ms (ephemeral), or 0
 -- ARGV[5] (with KEYS[3]) the checkpoint key
 -- Returns the new revision, or nil when the expected revision differs; an
--- error naming KEYS[2], before anything is written, when the last revision
--- is not one a Lua number holds exactly (0 to 2^53-2: damaged), so a
--- revision is never handed out twice nor written as "1e+14".
+-- error naming KEYS[2] (or KEYS[1], for a live revision past it), before
+-- anything is written, when the last revision is not one a Lua number
+-- holds exactly with its successor (0 to 2^53-2: damaged), so a revision
+-- is never handed out twice.
 -- Cost: O(1); O(log n) with the index.
 local function revision(v)
   local n = tonumber(v)
@@ -26,7 +27,7 @@ local function revision(v)
 end
 local live = redis.call('EXISTS', KEYS[1]) == 1
 local current = 0
-if live then current = revision(redis.call('HGET', KEYS[1], 'rev')) or 0 end
+if live then current = tonumber(redis.call('HGET', KEYS[1], 'rev')) or 0 end
 if ARGV[1] ~= 'any' and tonumber(ARGV[1]) ~= current then return false end
 local stored = redis.call('GET', KEYS[2]) or '0'
 local last = revision(stored)
@@ -35,7 +36,14 @@ if not last then
                            .. ' is damaged: "' .. stored
                            .. '" is not a revision')
 end
-if current > last then last = current end
+if current > last then
+  last = revision(current)
+  if not last then
+    return redis.error_reply('checkpoint ' .. KEYS[1] .. ' is damaged: its '
+                             .. 'revision ' .. string.format('%.17g', current)
+                             .. ' is not one')
+  end
+end
 local rev = string.format('%d', last + 1)
 redis.call('SET', KEYS[2], rev)
 local created = ARGV[3]

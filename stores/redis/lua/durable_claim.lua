@@ -32,7 +32,7 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
     if not ok or type(r) ~= 'table' or type(r.st) ~= 'number'
        or not dj_count(r.a) or type(r.h) ~= 'string'
        or type(r.k) ~= 'string' or type(r.m) ~= 'string'
-       or not dj_count(r.s) then
+       or not dj_count(tonumber(r.s)) then
       redis.call('ZREM', KEYS[2], id)
       corrupted[#corrupted + 1] = id
     elseif r.st == 1 or (r.st == 0 and r.h ~= me
@@ -52,7 +52,7 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
       list[#list + 1] = id
       list[#list + 1] = r.k
       list[#list + 1] = r.m
-      list[#list + 1] = string.format('%d', r.s)
+      list[#list + 1] = string.format('%d', tonumber(r.s))
       list[#list + 1] = string.format('%d', r.a)
       if list == dropped then r.m = '' end
       redis.call('HSET', KEYS[1], id, cjson.encode(r))

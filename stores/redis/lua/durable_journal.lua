@@ -6,6 +6,8 @@
 --
 --   p:{durable:inbound}:rec   hash  id -> {"k":key,"m":message,"s":seq,
 --                                          "h":holder,"st":state,"a":attempts}
+--                                    (seq: a decimal string; a number in
+--                                    records written before)
 --                                    state 0 held, 1 free, 2 done (tombstone)
 --   p:{durable:inbound}:open  zset  id -> seq, for held and free records
 --   p:{durable:inbound}:exp   zset  id -> expiry (server ms)
@@ -40,9 +42,15 @@ local function record(id, key, message, holder, ttl)
     -- callers must hear they landed.
     return {err = 'corrupted durable journal counter ' .. KEYS[4]}
   end
+  if seq < 1 or seq > 9007199254740991 then
+    return {err = 'corrupted durable journal counter ' .. KEYS[4] .. ': '
+                  .. string.format('%.0f', seq) .. ' is not a sequence number'}
+  end
   if seq % 8 == 0 then dj_sweep(now, 16) end
+  -- The seq as a decimal string: cjson writes numbers with 14 digits, and
+  -- from 1e14 two records would share one seq.
   redis.call('HSET', KEYS[1], id, cjson.encode({k = key, m = message,
-    s = seq, h = holder, st = 0, a = 1}))
+    s = string.format('%d', seq), h = holder, st = 0, a = 1}))
   redis.call('ZADD', KEYS[2], seq, id)
   redis.call('ZADD', KEYS[3], now + tonumber(ttl), id)
   return seq
