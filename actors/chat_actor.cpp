@@ -403,9 +403,10 @@ void push(chat_actor_t* self, event_ptr ev) {
 // nothing else would, and a turn granted to a chat that is gone would be
 // renewed for as long as the lease actor lives, keeping the chat from
 // every replica. A running step's turn goes too: its token ends, so its
-// effects are refused from then on. Its events end as refused when they
-// are freed.
-void give_back_all(chat_actor_t* self) {
+// effects are refused from then on. Its waiting messages are refused as
+// at stop, which releases their journal records for another try (freed
+// unsettled, a record would stay held by this replica's heartbeat).
+void give_back_all(chat_actor_t* self, std::string_view why) {
   auto& st = self->state;
   if (!st.coordinated() || st.empty())
     return;
@@ -418,6 +419,11 @@ void give_back_all(chat_actor_t* self) {
       self->send(st.cfg().lease, leave_atom::value, st.key, e.req);
     e.req = 0;
     e.token.reset();
+    if ((i > 0 || !st.busy) && e.ev && !e.ev->ev.is_timer())
+      st.cfg().services->refused(
+        st.key, std::move(e.ev->ev), errc::stopped,
+        fmt::format("chat {} ended ({}) before this message's turn", st.key,
+                    why));
   }
 }
 
@@ -449,7 +455,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
     if (!m.reason)
       return;
     auto* me = static_cast<chat_actor_t*>(ptr);
-    give_back_all(me);
+    give_back_all(me, "an exit: " + caf::to_string(m.reason));
     me->quit(m.reason);
   });
   self->set_exception_handler(
@@ -465,7 +471,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       log::error("chat", fmt::format("chat {} ended by an exception: {}; its "
                                      "tickets and turns are given back",
                                      me->state.key, what));
-      give_back_all(me);
+      give_back_all(me, "an exception: " + what);
       me->send(me->state.router, chat_gone_atom::value, me->state.key);
       return caf::exit_reason::unhandled_exception;
     });

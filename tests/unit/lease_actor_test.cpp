@@ -1111,6 +1111,9 @@ TEST_CASE("a chat ended by an exit gives its requests back: a grant that "
   f.vs.advance(3000ms);
   CHECK_FALSE(renewed_after(*f.coord, renewals, f.key));
   CHECK(f.services.runs.empty());
+  // Both messages refused through the services (which release their
+  // journal records), not only freed.
+  CHECK(f.services.refused_keys == std::vector<std::string>{f.key, f.key});
 }
 
 TEST_CASE("a chat ended by an exception out of its services gives back the "
@@ -1131,6 +1134,9 @@ TEST_CASE("a chat ended by an exception out of its services gives back the "
   auto renewals = f.coord->count(op::renew);
   f.vs.advance(3000ms);
   CHECK_FALSE(renewed_after(*f.coord, renewals, f.key));
+  // "dos", waiting behind it, is refused through the services ("uno" went
+  // to run_turn, which threw).
+  CHECK(f.services.refused_keys == std::vector<std::string>{f.key});
   // The router spawns a new chat for the next message, which asks again.
   f.services.throw_on_run = false;
   f.inject("tres");
