@@ -33,10 +33,25 @@ namespace botmesh {
 namespace internal {
 
 void scheduler_engine::log(std::string_view text) const {
-  if (opts.log)
-    opts.log(text);
-  else
+  if (!opts.log) {
     log::warn("scheduler", text, {.replica = owner});
+    return;
+  }
+  // User code, called from task actors (mid-claim) and handler jobs: a
+  // throw costs its line, never the actor holding a claim (stop() would
+  // wait for its run forever) nor a pool thread.
+  try {
+    opts.log(text);
+  } catch (const std::exception& e) {
+    log::warn("scheduler",
+              fmt::format("the log callback threw ({}); its line: {}", e.what(),
+                          text),
+              {.replica = owner});
+  } catch (...) {
+    log::warn("scheduler",
+              fmt::format("the log callback threw; its line: {}", text),
+              {.replica = owner});
+  }
 }
 
 void scheduler_engine::log_failure(std::string_view text) {

@@ -137,7 +137,8 @@ struct scheduler_options {
   /// A bot sets `task_namespace(...)`. Changing it orphans the old rows.
   std::string ns{};
   /// Where warnings go (orphans, skipped catch-up slots, rejected commits,
-  /// store errors); stderr when empty. Called from scheduler threads.
+  /// store errors); stderr when empty. Called from scheduler threads; an
+  /// exception it throws is caught (the line goes to stderr with it).
   std::function<void(std::string_view)> log{};
 };
 

@@ -1,5 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <future>
+#include <stdexcept>
+
 #include <atomic>
 #include <condition_variable>
 #include <latch>
@@ -431,6 +434,31 @@ TEST_CASE("missed slots follow skip, run-once and catch-up") {
     CHECK_FALSE(rec.runs.back().missed);
     CHECK(rec.runs.back().scheduled_at == t0() + 11min);
   }
+}
+
+TEST_CASE("a log callback that throws costs its line, not the task holding "
+          "a claim nor the scheduler's stop") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  recorder rec;
+  std::atomic<int> logged{0};
+  auto s = std::make_unique<botmesh::scheduler>(botmesh::scheduler_options{
+    .store = store, .clock = &clk, .log = [&](std::string_view) {
+      ++logged;
+      throw std::runtime_error("log sink down");
+    }});
+  s->every("1m", {.id = "job", .missed = missed_policy::catch_up,
+                  .max_catch_up = 4},
+           rec.handler());
+  // Slots missed past max_catch_up: the claim's catch-up is logged, from
+  // the task actor that holds the claim.
+  clk.advance(10min + 30s);
+  s->poll();
+  CHECK(logged.load() >= 1);
+  CHECK(rec.count() == 4);
+  auto stopped = std::async(std::launch::async, [&] { s->stop(); });
+  REQUIRE(stopped.wait_for(std::chrono::seconds{20}) == std::future_status::ready);
+  s.reset();
 }
 
 TEST_CASE("a catch-up cancelled by its own handler runs no further slot") {
