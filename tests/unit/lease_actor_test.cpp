@@ -746,17 +746,25 @@ std::vector<call*> probes_after(scripted_coordinator& c, std::size_t from,
   return out;
 }
 
-TEST_CASE("a leadership given up while its renewal's reply was lost is "
-          "probed, and given back when that renewal had won it") {
-  lease_fixture f;
-  auto [session, session_log] = f.another_probe();
+// `session` presents lead_name and gives it up while its election renewal
+// is held, and that renewal's reply is lost (it may have run). Returns the
+// number of renewals before the loss.
+std::size_t lose_election_reply(lease_fixture& f, const caf::actor& session) {
   f.coord->hold_renewals();
   f.tell(session, botmesh::lead_atom::value, lead_name);
   auto& election = f.coord->last(op::renew);
   f.tell(session, botmesh::unlead_atom::value, lead_name);
   auto before = f.coord->count(op::renew);
-  sc::fail(election); // it may have run: the name may be held, by nobody
+  sc::fail(election);
   f.vs.run();
+  return before;
+}
+
+TEST_CASE("a leadership given up while its renewal's reply was lost is "
+          "probed, and given back when that renewal had won it") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  auto before = lose_election_reply(f, session);
   f.vs.advance(150ms);
   auto probes = probes_after(*f.coord, before, lead_name);
   REQUIRE(probes.size() == 1);
@@ -778,16 +786,10 @@ TEST_CASE("a leadership given up while its renewal's reply was lost is "
 
 TEST_CASE("a leadership probe stops when another replica leads the name, "
           "when it is presented again, or after a lease") {
+  lease_fixture f;
+  auto [session, session_log] = f.another_probe();
+  auto before = lose_election_reply(f, session);
   SUBCASE("another replica leads it") {
-    lease_fixture f;
-    auto [session, session_log] = f.another_probe();
-    f.coord->hold_renewals();
-    f.tell(session, botmesh::lead_atom::value, lead_name);
-    auto& election = f.coord->last(op::renew);
-    f.tell(session, botmesh::unlead_atom::value, lead_name);
-    auto before = f.coord->count(op::renew);
-    sc::fail(election);
-    f.vs.run();
     f.vs.advance(150ms);
     auto probes = probes_after(*f.coord, before, lead_name);
     REQUIRE(probes.size() == 1);
@@ -798,33 +800,14 @@ TEST_CASE("a leadership probe stops when another replica leads the name, "
     f.vs.advance(3000ms);
     CHECK(probes_after(*f.coord, before, lead_name).size() == 1);
     CHECK(f.coord->count(op::unlead) == 0);
-    caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
   }
   SUBCASE("presented again before the probe") {
-    lease_fixture f;
-    auto [session, session_log] = f.another_probe();
-    f.coord->hold_renewals();
-    f.tell(session, botmesh::lead_atom::value, lead_name);
-    auto& election = f.coord->last(op::renew);
-    f.tell(session, botmesh::unlead_atom::value, lead_name);
-    sc::fail(election);
-    f.vs.run();
     f.tell(session, botmesh::lead_atom::value, lead_name); // its own renewal
-    auto before = f.coord->count(op::renew);
+    auto presented = f.coord->count(op::renew);
     f.vs.advance(150ms);
-    CHECK(f.coord->count(op::renew) == before);
-    caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+    CHECK(f.coord->count(op::renew) == presented);
   }
   SUBCASE("every answer lost: given up after a lease") {
-    lease_fixture f;
-    auto [session, session_log] = f.another_probe();
-    f.coord->hold_renewals();
-    f.tell(session, botmesh::lead_atom::value, lead_name);
-    auto& election = f.coord->last(op::renew);
-    f.tell(session, botmesh::unlead_atom::value, lead_name);
-    auto before = f.coord->count(op::renew);
-    sc::fail(election);
-    f.vs.run();
     for (int i = 0; i < 60; ++i) {
       f.vs.advance(100ms);
       for (auto* p : probes_after(*f.coord, before, lead_name))
@@ -837,8 +820,8 @@ TEST_CASE("a leadership probe stops when another replica leads the name, "
     CHECK(n <= 31); // one per lease/30 at most, for one lease
     f.vs.advance(3000ms);
     CHECK(probes_after(*f.coord, before, lead_name).size() == n);
-    caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
   }
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("a leadership won by a renewal answered during shutdown is given "
