@@ -392,7 +392,10 @@ struct scheduler::impl final : task_owner,
             caf::anon_send(a, task_give_back_atom::value, ticket);
         },
         std::chrono::seconds{10});
-    if (was_started && eng->opts.lease && eng->leader.load()) {
+    // Given back whether or not this replica knows it leads: an acquire
+    // whose reply was lost may have won it (release only ends the lease
+    // this owner holds), and another replica would wait out leader_ttl.
+    if (was_started && eng->opts.lease) {
       try {
         eng->opts.lease->release(eng->leader_name(), eng->owner);
       } catch (...) {

@@ -952,6 +952,45 @@ TEST_CASE("a cron catch-up from a record dated 1970 counts its skipped slots "
   CHECK(store->get("sync")->next_run_at == t0() + 1min);
 }
 
+TEST_CASE("stop gives the leader lease back also when the reply of the "
+          "acquire that won it was lost") {
+  // Every acquire runs, and its reply is lost.
+  struct lossy_lease final : botmesh::lease_provider {
+    botmesh::memory_lease_provider inner;
+    std::mutex mtx;
+    std::string name;
+    std::optional<std::uint64_t> try_acquire(std::string_view n, std::string_view owner,
+                                             botmesh::time_point now,
+                                             std::chrono::milliseconds ttl) override {
+      {
+        std::lock_guard guard{mtx};
+        name = std::string{n};
+      }
+      inner.try_acquire(n, owner, now, ttl);
+      throw botmesh::error(botmesh::errc::timeout, "the reply was lost");
+    }
+    void release(std::string_view n, std::string_view owner) override {
+      inner.release(n, owner);
+    }
+  };
+  botmesh::manual_clock clk{t0()};
+  auto lease = std::make_shared<lossy_lease>();
+  {
+    botmesh::scheduler s{{.lease = lease, .owner = "a", .clock = &clk}};
+    s.start();
+    s.poll();
+    s.stop();
+  }
+  std::string name;
+  {
+    std::lock_guard guard{lease->mtx};
+    name = lease->name;
+  }
+  REQUIRE_FALSE(name.empty());
+  // Another replica takes it at once, not after leader_ttl.
+  CHECK(lease->inner.try_acquire(name, "b", clk.now(), 30s).has_value());
+}
+
 TEST_CASE("backend failures are logged only while a task is registered, an "
           "in-memory task cancelled twice counts once") {
   // A leader lease whose backend is down: every poll's renewal fails.
