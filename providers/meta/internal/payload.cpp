@@ -7,6 +7,7 @@
 #include <simdjson.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/platform_time.hpp>
 #include <botmesh/runtime/core/json.hpp>
 
 namespace botmesh::meta::internal {
@@ -37,7 +38,7 @@ std::string id_text(element e) {
 time_point seconds_text(std::string_view s) {
   std::int64_t v = 0;
   std::from_chars(s.data(), s.data() + s.size(), v);
-  return from_unix_seconds(v);
+  return botmesh::internal::from_unix_seconds(v);
 }
 
 // One WhatsApp messages[] item; false when its type is not handled.

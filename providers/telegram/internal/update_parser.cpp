@@ -8,6 +8,7 @@
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/providers/telegram/internal/methods.hpp>
+#include <botmesh/runtime/core/internal/platform_time.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 
 namespace botmesh::telegram::internal {
@@ -126,7 +127,7 @@ void read_message(object msg, inbound_message& m, std::string_view username) {
     m.participant = m.sender;
   std::int64_t date = 0;
   if (msg["date"].get(date) == simdjson::SUCCESS)
-    m.timestamp = from_unix_seconds(date);
+    m.timestamp = botmesh::internal::from_unix_seconds(date);
   m.type = message_type::text;
   if (has(msg, "text")) {
     m.text = std::string{str(msg, "text")};
@@ -204,7 +205,8 @@ parsed_update read_update(object u, std::string_view provider,
     // date stays), not multiplied into an overflow.
     std::int64_t edited_at = 0;
     if (msg["edit_date"].get(edited_at) == simdjson::SUCCESS)
-      if (auto t = from_unix_seconds(edited_at); t != time_point{})
+      if (auto t = botmesh::internal::from_unix_seconds(edited_at);
+          t != time_point{})
         m.timestamp = t;
   } else if (object cq; u["callback_query"].get(cq) == simdjson::SUCCESS) {
     out.kind = update_kind::callback_query;
