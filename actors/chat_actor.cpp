@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/actors/messages.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/log.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::turn_token>)
@@ -289,6 +290,18 @@ void enter_again(chat_actor_t* self, std::size_t from) {
 // as long as it waits, and it waits for that step).
 constexpr std::chrono::milliseconds cut_grace{1000};
 
+// Gives back what `e` holds of its turn: the turn when granted, else its
+// ticket.
+void give_back_turn(chat_actor_t* self, entry& e) {
+  auto& st = self->state;
+  if (e.token)
+    self->send(st.cfg().lease, release_atom::value, st.key, e.token->fence());
+  else if (e.req != 0)
+    self->send(st.cfg().lease, leave_atom::value, st.key, e.req);
+  e.req = 0;
+  e.token.reset();
+}
+
 // The running step was cut and did not return within cut_grace: the
 // entries behind it give back their tickets and turns, so the chat goes on
 // elsewhere; here they wait for the step, the first bounded by turn_wait.
@@ -296,15 +309,8 @@ void give_back(chat_actor_t* self) {
   auto& st = self->state;
   auto& q = st.q();
   for (std::size_t i = 1; i < q.size(); ++i) {
-    auto& e = q[i];
-    if (e.token)
-      self->send(st.cfg().lease, release_atom::value, st.key,
-                 e.token->fence());
-    else if (e.req != 0)
-      self->send(st.cfg().lease, leave_atom::value, st.key, e.req);
-    e.req = 0;
-    e.token.reset();
-    e.wait = 0;
+    give_back_turn(self, q[i]);
+    q[i].wait = 0;
   }
   st.given_back = true;
 }
@@ -413,12 +419,7 @@ void give_back_all(chat_actor_t* self, std::string_view why) {
   auto& q = st.q();
   for (std::size_t i = 0; i < q.size(); ++i) {
     auto& e = q[i];
-    if (e.token)
-      self->send(st.cfg().lease, release_atom::value, st.key, e.token->fence());
-    else if (e.req != 0)
-      self->send(st.cfg().lease, leave_atom::value, st.key, e.req);
-    e.req = 0;
-    e.token.reset();
+    give_back_turn(self, e);
     if ((i > 0 || !st.busy) && e.ev && !e.ev->ev.is_timer())
       st.cfg().services->refused(
         st.key, std::move(e.ev->ev), errc::stopped,
@@ -461,13 +462,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
   self->set_exception_handler(
     [](caf::scheduled_actor* ptr, std::exception_ptr& e) -> caf::error {
       auto* me = static_cast<chat_actor_t*>(ptr);
-      std::string what = "an exception of unknown type";
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& x) {
-        what = x.what();
-      } catch (...) {
-      }
+      auto what = internal::what_of(e);
       log::error("chat", fmt::format("chat {} ended by an exception: {}; its "
                                      "tickets and turns are given back",
                                      me->state.key, what));

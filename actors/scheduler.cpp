@@ -19,6 +19,7 @@
 #include <botmesh/actors/messages.hpp>
 #include <botmesh/actors/system_setup.hpp>
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/scheduler/cron.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>
@@ -42,14 +43,10 @@ void scheduler_engine::log(std::string_view text) const {
   // wait for its run forever) nor a pool thread.
   try {
     opts.log(text);
-  } catch (const std::exception& e) {
-    log::warn("scheduler",
-              fmt::format("the log callback threw ({}); its line: {}", e.what(),
-                          text),
-              {.replica = owner});
   } catch (...) {
     log::warn("scheduler",
-              fmt::format("the log callback threw; its line: {}", text),
+              fmt::format("the log callback threw ({}); its line: {}",
+                          what_of(std::current_exception()), text),
               {.replica = owner});
   }
 }
