@@ -4,7 +4,6 @@
 #include <atomic>
 #include <charconv>
 #include <iterator>
-#include <limits>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -15,6 +14,7 @@
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/store.hpp>
 #include <botmesh/stores/redis/internal/keyspace.hpp>
+#include <botmesh/stores/redis/internal/protocol.hpp>
 #include <botmesh/stores/redis/internal/scripts.hpp>
 
 namespace botmesh {
@@ -348,15 +348,10 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
       out.errors.push_back(fmt::format(
         "coordinator {}: renewal: TIME failed, a script's clock stands in: {}",
         replica, time.str));
-    } else if (time.type != kind::array || time.elements.size() != 2) {
-      throw coordination_unavailable_error("renewal: malformed TIME reply");
+    } else if (auto ms = internal::time_reply_ms(time)) {
+      out.now_ms = *ms;
     } else {
-      auto secs = decimal_at(time, 0, "renewal: TIME");
-      auto micros = decimal_at(time, 1, "renewal: TIME");
-      if (secs > std::numeric_limits<std::int64_t>::max() / 1000 - 1)
-        throw coordination_unavailable_error(fmt::format(
-          "renewal: malformed TIME reply (seconds {} out of range)", secs));
-      out.now_ms = secs * 1000 + micros / 1000;
+      throw coordination_unavailable_error("renewal: malformed TIME reply");
     }
     // Each part fails alone: one slot's master down (or one damaged key)
     // must not cost every other turn and leadership its renewal.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <limits>
 #include <set>
 #include <sstream>
 
@@ -12,6 +11,7 @@
 #include <botmesh/runtime/core/json.hpp>
 #include <botmesh/stores/redis/internal/cluster.hpp>
 #include <botmesh/stores/redis/internal/keyspace.hpp>
+#include <botmesh/stores/redis/internal/protocol.hpp>
 #include <botmesh/stores/redis/internal/store_impl.hpp>
 #include <botmesh/stores/redis/redis_cluster_layout.hpp>
 #include <botmesh/stores/redis/redis_layout.hpp>
@@ -205,24 +205,13 @@ live_state(redis_client& c, const std::string& prefix,
   if (turns.empty())
     return {beats, pending};
   auto t = c.call({"TIME"});
-  std::int64_t now = 0;
-  {
-    // [seconds, microseconds] as decimal strings; anything else is named.
-    std::int64_t part[2] = {0, 0};
-    bool ok = t.type == redis_reply::kind::array && t.elements.size() == 2;
-    for (std::size_t i = 0; ok && i < 2; ++i) {
-      auto& e = t.elements[i].str;
-      auto [p, ec] = std::from_chars(e.data(), e.data() + e.size(), part[i]);
-      ok = ec == std::errc{} && p == e.data() + e.size() && part[i] >= 0;
-    }
-    if (!ok || part[0] > std::numeric_limits<std::int64_t>::max() / 1000 - 1)
-      throw error(errc::store_error,
-                  fmt::format("redis TIME: malformed reply{}",
-                              t.type == redis_reply::kind::error
-                                ? ": " + t.str
-                                : std::string{}));
-    now = part[0] * 1000 + part[1] / 1000;
-  }
+  auto time_ms = time_reply_ms(t);
+  if (!time_ms)
+    throw error(errc::store_error,
+                fmt::format("redis TIME: malformed reply{}",
+                            t.type == redis_reply::kind::error ? ": " + t.str
+                                                               : std::string{}));
+  auto now = *time_ms;
   for (auto& k : turns) {
     if (k.ends_with(":q")) {
       if (c.call({"LLEN", k}).integer > 0)

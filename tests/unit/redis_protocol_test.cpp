@@ -73,3 +73,39 @@ TEST_CASE("a cluster node's URL keeps a password holding ':' or '@' whole, "
   CHECK(c.password.empty());
   CHECK(c.port == 7002);
 }
+
+TEST_CASE("a TIME reply reads as Unix milliseconds, and any other reply as "
+          "nothing") {
+  using botmesh::redis_reply;
+  using kind = redis_reply::kind;
+  auto str = [](std::string s) {
+    redis_reply r;
+    r.type = kind::string;
+    r.str = std::move(s);
+    return r;
+  };
+  auto time = [&](std::string secs, std::string micros) {
+    redis_reply r;
+    r.type = kind::array;
+    r.elements = {str(std::move(secs)), str(std::move(micros))};
+    return r;
+  };
+  CHECK(botmesh::internal::time_reply_ms(time("1700000000", "123456"))
+        == 1700000000123);
+  // The largest seconds whose milliseconds (and the micros' share) fit.
+  CHECK(botmesh::internal::time_reply_ms(time("9223372036854774", "999999"))
+        == 9223372036854774999);
+  for (auto bad : {time("9223372036854775", "0"), time("x", "0"),
+                   time("1", "-5"), time("1", "2.5"), time("", "0")}) {
+    CAPTURE(bad.elements[0].str);
+    CAPTURE(bad.elements[1].str);
+    CHECK_FALSE(botmesh::internal::time_reply_ms(bad));
+  }
+  redis_reply error;
+  error.type = kind::error;
+  error.str = "ERR unknown command";
+  CHECK_FALSE(botmesh::internal::time_reply_ms(error));
+  auto one = time("1", "0");
+  one.elements.pop_back();
+  CHECK_FALSE(botmesh::internal::time_reply_ms(one));
+}

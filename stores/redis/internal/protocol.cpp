@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <iterator>
+#include <limits>
 
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
@@ -67,6 +68,21 @@ endpoint_info parse_url(std::string_view url) {
     bad_url(url, "no host");
   ep.host = std::string{rest};
   return ep;
+}
+
+std::optional<std::int64_t> time_reply_ms(const redis_reply& r) {
+  if (r.type != redis_reply::kind::array || r.elements.size() != 2)
+    return std::nullopt;
+  std::int64_t part[2] = {0, 0};
+  for (std::size_t i = 0; i < 2; ++i) {
+    auto& e = r.elements[i].str;
+    auto [p, ec] = std::from_chars(e.data(), e.data() + e.size(), part[i]);
+    if (ec != std::errc{} || p != e.data() + e.size() || part[i] < 0)
+      return std::nullopt;
+  }
+  if (part[0] > std::numeric_limits<std::int64_t>::max() / 1000 - 1)
+    return std::nullopt;
+  return part[0] * 1000 + part[1] / 1000;
 }
 
 std::string node_url(std::string_view user, std::string_view password,

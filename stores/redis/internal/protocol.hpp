@@ -5,6 +5,8 @@
 // without a server. Not installed.
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -74,6 +76,11 @@ class unsent_error : public error {
  public:
   using error::error;
 };
+
+/// A TIME reply ([seconds, microseconds] as decimal strings) as Unix
+/// milliseconds; nothing for any other reply (an error, another shape,
+/// negative or non-decimal parts, seconds whose milliseconds overflow).
+std::optional<std::int64_t> time_reply_ms(const redis_reply& r);
 
 /// The client (an address compared, never dereferenced) whose connection
 /// or subscriber thread is the calling thread; null on other threads.
