@@ -238,8 +238,7 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
           attempts = s.int64(4);
         } catch (const error& e) {
           if (e.code() != errc::corrupted_record)
-            throw;
-          seq = attempts = -1;
+            throw; // still -1 where the column was not read
         }
         if (seq < 0 || attempts < 0
             || attempts > std::numeric_limits<std::uint32_t>::max()) {

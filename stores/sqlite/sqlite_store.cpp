@@ -27,7 +27,6 @@ std::int64_t next_counter(std::int64_t v, std::string_view what,
   return v + 1;
 }
 
-
 // Version 1 of the schema. Times are Unix milliseconds.
 constexpr std::string_view schema = R"sql(
 CREATE TABLE IF NOT EXISTS chats (
