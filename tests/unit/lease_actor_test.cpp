@@ -1074,6 +1074,16 @@ bool renewed_after(scripted_coordinator& c, std::size_t from,
   return false;
 }
 
+// After its chat ended: the turn granted at fence 7 was released once, the
+// ticket of `waiting` left once, and nothing of the chat is renewed.
+void check_given_back(chat_fixture& f, const call& waiting) {
+  CHECK(f.releases(f.key, 7) == 1);
+  CHECK(f.coord->count(op::leave, f.key, waiting.req) == 1);
+  auto renewals = f.coord->count(op::renew);
+  f.vs.advance(3000ms);
+  CHECK_FALSE(renewed_after(*f.coord, renewals, f.key));
+}
+
 TEST_CASE("a chat ended by an exit gives its requests back: a grant that "
           "comes after is released at once, not held and renewed") {
   chat_fixture f;
@@ -1088,11 +1098,7 @@ TEST_CASE("a chat ended by an exit gives its requests back: a grant that "
   sc::answer(*enters[0], f.coord->granted(f.key, enters[0]->req, 7));
   sc::answer(*enters[1], f.coord->waiting(f.key, enters[1]->req));
   f.vs.run();
-  CHECK(f.releases(f.key, 7) == 1);
-  CHECK(f.coord->count(op::leave, f.key, enters[1]->req) == 1);
-  auto renewals = f.coord->count(op::renew);
-  f.vs.advance(3000ms);
-  CHECK_FALSE(renewed_after(*f.coord, renewals, f.key));
+  check_given_back(f, *enters[1]);
   CHECK(f.services.runs.empty());
   // Both messages refused through the services (which release their
   // journal records), not only freed.
@@ -1112,11 +1118,7 @@ TEST_CASE("a chat ended by an exception out of its services gives back the "
   // The grant makes the chat run "uno": run_turn throws, the chat ends.
   sc::answer(*enters[0], f.coord->granted(f.key, enters[0]->req, 7));
   f.vs.run();
-  CHECK(f.releases(f.key, 7) == 1);
-  CHECK(f.coord->count(op::leave, f.key, enters[1]->req) == 1);
-  auto renewals = f.coord->count(op::renew);
-  f.vs.advance(3000ms);
-  CHECK_FALSE(renewed_after(*f.coord, renewals, f.key));
+  check_given_back(f, *enters[1]);
   // "dos", waiting behind it, is refused through the services ("uno" went
   // to run_turn, which threw).
   CHECK(f.services.refused_keys == std::vector<std::string>{f.key});
