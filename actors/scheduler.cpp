@@ -392,7 +392,14 @@ struct scheduler::impl final : task_owner,
     // Given back whether or not this replica knows it leads: an acquire
     // whose reply was lost may have won it (release only ends the lease
     // this owner holds), and another replica would wait out leader_ttl.
+    // After the acquire in flight, if any, answered: it would take the
+    // lease again (bounded: a hung store call; the lease then expires).
     if (was_started && eng->opts.lease) {
+      await_idle(
+        [&](const auto& ticket) {
+          caf::anon_send(timers, leader_atom::value, ticket);
+        },
+        std::chrono::seconds{10});
       try {
         eng->opts.lease->release(eng->leader_name(), eng->owner);
       } catch (...) {

@@ -257,6 +257,11 @@ void refresh_leadership(timer_actor* self, bool fire = false) {
       fire_due(self);
     return;
   }
+  // Stopped: no new acquire. stop() gives the lease back once the one in
+  // flight answered (an acquire landing after that release would hold the
+  // lease for a stopped replica until leader_ttl).
+  if (eng->paused.load())
+    return;
   st.fire_pending = st.fire_pending || fire;
   if (st.leading_in_flight)
     return; // the pending reply fires
@@ -450,7 +455,8 @@ caf::behavior timer_behavior(timer_actor* self,
     },
     [=](leader_atom, std::shared_ptr<poll_ticket>& ticket) {
       // poll()'s first step: the leader lease only, the ticket held until
-      // its call answered.
+      // its call answered. (From stop(): no call, the ticket held until
+      // the one in flight answered.)
       auto& st = self->state;
       st.polls.push_back(std::move(ticket));
       refresh_leadership(self);

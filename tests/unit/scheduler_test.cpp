@@ -991,6 +991,63 @@ TEST_CASE("stop gives the leader lease back also when the reply of the "
   CHECK(lease->inner.try_acquire(name, "b", clk.now(), 30s).has_value());
 }
 
+TEST_CASE("stop gives the leader lease back after the acquire in flight "
+          "answered: a late acquire does not take it again") {
+  // The first acquire waits until the test lets it go, then wins.
+  struct slow_lease final : botmesh::lease_provider {
+    botmesh::memory_lease_provider inner;
+    std::mutex mtx;
+    std::string name;
+    std::promise<void> entered;
+    std::shared_future<void> go;
+    std::atomic<int> calls{0};
+    std::optional<std::uint64_t> try_acquire(std::string_view n, std::string_view owner,
+                                             botmesh::time_point now,
+                                             std::chrono::milliseconds ttl) override {
+      if (++calls == 1) {
+        {
+          std::lock_guard guard{mtx};
+          name = std::string{n};
+        }
+        entered.set_value();
+        go.wait();
+      }
+      return inner.try_acquire(n, owner, now, ttl);
+    }
+    void release(std::string_view n, std::string_view owner) override {
+      inner.release(n, owner);
+    }
+  };
+  botmesh::manual_clock clk{t0()};
+  auto lease = std::make_shared<slow_lease>();
+  std::promise<void> go;
+  lease->go = go.get_future().share();
+  auto entered = lease->entered.get_future();
+  std::atomic<bool> stopped{false};
+  {
+    botmesh::scheduler s{{.lease = lease, .owner = "a", .clock = &clk}};
+    s.start();
+    REQUIRE(entered.wait_for(5s) == std::future_status::ready);
+    std::thread stopper{[&] {
+      s.stop();
+      stopped = true;
+    }};
+    // stop() waits for the acquire; a stop that did not would be done.
+    test::eventually([&] { return stopped.load(); }, 300ms);
+    CHECK_FALSE(stopped.load());
+    go.set_value(); // the acquire lands, and wins
+    stopper.join();
+  }
+  CHECK(lease->calls == 1);
+  std::string name;
+  {
+    std::lock_guard guard{lease->mtx};
+    name = lease->name;
+  }
+  // Given back after it: another replica takes it at once.
+  CHECK(lease->inner.try_acquire(name, "b", clk.now(), 30s).has_value());
+}
+
 TEST_CASE("backend failures are logged only while a task is registered, an "
           "in-memory task cancelled twice counts once") {
   // A leader lease whose backend is down: every poll's renewal fails.
