@@ -132,6 +132,9 @@ using task_done_atom = caf::atom_constant<caf::atom("bm_tdone")>;
 /// self -> task actor: (token) renew the claim's lease (every lease/3).
 using task_renew_atom = caf::atom_constant<caf::atom("bm_trenew")>;
 
+/// self -> task actor: (token, attempt) try a failed commit again.
+using task_commit_atom = caf::atom_constant<caf::atom("bm_tcommit")>;
+
 /// facade -> actors: stop() (the running handler's stop token fires).
 using task_pause_atom = caf::atom_constant<caf::atom("bm_tpause")>;
 

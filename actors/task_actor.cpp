@@ -48,6 +48,14 @@ struct run_ctx {
   std::optional<std::size_t> completed_before_loss;
 };
 
+// Where the calendar goes once the claimed run ended, having run `ran`
+// slots of the plan. Nothing when there is nothing to commit.
+struct outcome {
+  std::optional<time_point> next;
+  bool done = false;
+  bool exhausted = false; // a calendar with no next slot: ended
+};
+
 struct task_state {
   std::shared_ptr<scheduler_engine> eng;
   // The store-I/O actor, copied at spawn: the scheduler clears the engine's
@@ -79,6 +87,12 @@ struct task_state {
   std::uint64_t wake_gen = 0;
   time_point armed = time_point::max();
   bool cancelled = false;
+  // A commit whose store call failed is tried again while the claim's
+  // lease surely holds (see commit()): what it writes, and the attempt a
+  // pending retry is for (0: none pending).
+  outcome to_commit;
+  time_point run_end;
+  int commit_retry = 0;
 
   ~task_state() {
     if (lost_claims && eng)
@@ -292,14 +306,6 @@ void renew(task_actor* self) {
     });
 }
 
-// Where the calendar goes once the claimed run ended, having run `ran`
-// slots of the plan. Nothing when there is nothing to commit.
-struct outcome {
-  std::optional<time_point> next;
-  bool done = false;
-  bool exhausted = false; // a calendar with no next slot: ended
-};
-
 outcome after_run(const task_state& st, std::size_t ran, time_point end) {
   auto& t = *st.t;
   auto& plan = st.run->plan;
@@ -372,6 +378,71 @@ void cut_lease(task_actor* self, std::uint64_t token, Then then) {
     });
 }
 
+// Writes the claim's outcome (st.to_commit): attempt `attempt`. A failed
+// call (the store down, a lost reply) is tried again every tick while the
+// lease surely holds and the scheduler runs: the slot ran, and a claim left
+// to lapse would run it again once its lease is out. Past that, or once
+// stopped, the claim is left to lapse: the slot runs again as interrupted
+// (at least once). A retry refused may be the earlier attempt that landed,
+// its reply lost: the record is then committed already.
+void commit(task_actor* self, int attempt) {
+  auto& st = self->state;
+  auto* eng = st.eng.get();
+  st.ph = phase::committing;
+  st.commit_retry = 0;
+  auto id = st.t->stored_id;
+  auto token = st.claim.token;
+  auto o = st.to_commit;
+  auto end = st.run_end;
+  store_io<bool>(
+    self,
+    [=](scheduler_engine& e) {
+      return e.store->commit(id, e.owner, token, *o.next, o.done, end);
+    },
+    [=](async_schedule_store& a, scheduler_engine& e, auto done) {
+      a.commit_async(id, e.owner, token, *o.next, o.done, end, std::move(done));
+    },
+    [=](bool committed, const std::string& failure) {
+      auto& st = self->state;
+      if (!failure.empty()) {
+        eng->log_failure(fmt::format("committing {} failed: {}", id, failure));
+        auto delay = eng->opts.tick.ms();
+        // (A lease lost or run out while the run went on: no retry, the
+        // claim is not this replica's to keep.)
+        bool held = st.run && !st.run->completed_before_loss
+                    && st.held_until != time_point::max()
+                    && eng->now() + delay < st.held_until;
+        if (held && eng->started.load() && !eng->paused.load()
+            && !st.cancelled) {
+          st.commit_retry = attempt + 1;
+          self->delayed_send(self, delay, task_commit_atom::value, token,
+                             attempt + 1);
+          return;
+        }
+        // Tried again as a claim: refused while this claim's lease holds,
+        // then taken as interrupted.
+        finish(self, true);
+        return;
+      }
+      if (!committed) {
+        if (attempt > 1)
+          eng->log(fmt::format("commit of {} with token {} refused after a "
+                               "failed attempt: that attempt landed, or a "
+                               "newer claim exists",
+                               id, token));
+        else
+          eng->log(fmt::format("commit of {} with token {} rejected: a newer "
+                               "claim exists (this executor was stale)",
+                               id, token));
+      } else {
+        st.t->next = *o.next;
+        if (o.done)
+          st.t->st->active = false;
+      }
+      finish(self);
+    });
+}
+
 void run_ended(task_actor* self, std::size_t ran) {
   auto& st = self->state;
   auto* eng = st.eng.get();
@@ -412,34 +483,9 @@ void run_ended(task_actor* self, std::size_t ran) {
     eng->log(fmt::format("{}: its calendar has no slot after {}: the task "
                          "ends",
                          st.t->stored_id, format_iso8601(*o.next, "UTC")));
-  st.ph = phase::committing;
-  auto id = st.t->stored_id;
-  auto token = st.claim.token;
-  store_io<bool>(
-    self,
-    [=](scheduler_engine& e) {
-      return e.store->commit(id, e.owner, token, *o.next, o.done, end);
-    },
-    [=](async_schedule_store& a, scheduler_engine& e, auto done) {
-      a.commit_async(id, e.owner, token, *o.next, o.done, end, std::move(done));
-    },
-    [=](bool committed, const std::string& failure) {
-      auto& st = self->state;
-      if (!failure.empty()) {
-        eng->log_failure(fmt::format("committing {} failed: {}", id, failure));
-      } else if (!committed) {
-        eng->log(fmt::format("commit of {} with token {} rejected: a newer claim "
-                             "exists (this executor was stale)",
-                             id, token));
-      } else {
-        st.t->next = *o.next;
-        if (o.done)
-          st.t->st->active = false;
-      }
-      // A failed commit is tried again as a claim: refused while this
-      // claim's lease holds, then taken as interrupted.
-      finish(self, !failure.empty());
-    });
+  st.to_commit = o;
+  st.run_end = end;
+  commit(self, 1);
 }
 
 // Posts the plan's runs to the executor; the job reports how many ran.
@@ -834,6 +880,16 @@ caf::behavior task_behavior(task_actor* self,
       auto& st = self->state;
       if (st.run)
         st.run->stop.request_stop();
+      // A commit waiting to be tried again: once more now, and not after
+      // (stop() waits for it).
+      if (st.ph == phase::committing && st.commit_retry > 0)
+        commit(self, st.commit_retry);
+    },
+    [=](task_commit_atom, std::uint64_t token, int attempt) {
+      auto& st = self->state;
+      if (st.ph == phase::committing && st.claim.token == token
+          && st.commit_retry == attempt)
+        commit(self, attempt);
     },
     [=](task_cancel_atom) {
       auto& st = self->state;

@@ -1098,10 +1098,13 @@ class test_store final : public test::forwarding_schedule_store,
                          public botmesh::internal::async_schedule_store {
  public:
   std::atomic<int> failing_commits{0};  // the next N commits throw
+  std::atomic<int> losing_commit_replies{0}; // the next N commits land,
+                                             // their replies fail
   std::atomic<bool> stopped{false};     // set by the test after stop()
   std::atomic<int> calls_after_stop{0}; // claims/commits seen while set
   std::mutex mtx;
   std::map<std::uint64_t, int> renewals; // renew calls per token
+  std::map<std::uint64_t, int> commits;  // commit calls per token
   std::uint64_t hold_renewal_of = 0;     // this token's first renewal is held
   done<bool> held;
   std::atomic<bool> failing_renewals{false}; // every renewal throws
@@ -1128,6 +1131,10 @@ class test_store final : public test::forwarding_schedule_store,
               botmesh::time_point now) override {
     if (stopped.load())
       ++calls_after_stop;
+    {
+      std::lock_guard guard{mtx};
+      ++commits[token];
+    }
     if (failing_commits.load() > 0) {
       --failing_commits;
       throw botmesh::error(botmesh::errc::store_error, "store is down");
@@ -1245,6 +1252,12 @@ class test_store final : public test::forwarding_schedule_store,
       ok = commit(id, owner, token, next, done_flag, now);
     } catch (...) {
       fn(false, std::current_exception());
+      return;
+    }
+    if (losing_commit_replies.load() > 0) {
+      --losing_commit_replies;
+      fn(false, std::make_exception_ptr(botmesh::error(
+                  botmesh::errc::store_error, "connection lost")));
       return;
     }
     fn(ok, nullptr);
@@ -1689,22 +1702,69 @@ TEST_CASE("a catch-up whose lease is lost keeps the slots it completed "
   CHECK(rec.runs[2].fencing_token > rec.runs[1].fencing_token);
 }
 
-TEST_CASE("a started durable task goes on after a failed commit") {
+TEST_CASE("a failed commit is tried again while the claim's lease holds: "
+          "the slot is not run again") {
   auto store = std::make_shared<test_store>();
-  store->failing_commits = 1;
+  store->failing_commits = 2;
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .tick = "50ms", .log = rec.logger()}};
+  // A lease long enough for the retries however slow the machine.
+  s.every(100ms, {.id = "job", .lease = std::chrono::milliseconds{3000}},
+          rec.handler());
+  s.start();
+  bool went_on = test::eventually([&] { return rec.count() >= 3; });
+  s.stop();
+  CHECK(went_on);
+  CHECK(s.stats().store_errors == 2); // (the log says it once in 30 s)
+  std::lock_guard guard{rec.mtx};
+  REQUIRE(rec.runs.size() >= 3);
+  for (std::size_t i = 1; i < rec.runs.size(); ++i)
+    CHECK(rec.runs[i].scheduled_at > rec.runs[i - 1].scheduled_at);
+}
+
+TEST_CASE("a commit that landed but whose reply was lost is tried again, "
+          "refused, and the slot is not run again") {
+  auto store = std::make_shared<test_store>();
+  store->losing_commit_replies = 1;
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .tick = "50ms", .log = rec.logger()}};
+  s.every(100ms, {.id = "job", .lease = std::chrono::milliseconds{3000}},
+          rec.handler());
+  s.start();
+  bool went_on = test::eventually([&] { return rec.count() >= 3; });
+  s.stop();
+  CHECK(went_on);
+  CHECK(rec.logs_containing("committing job failed: connection lost") == 1);
+  CHECK(rec.logs_containing("refused after a failed attempt") == 1);
+  std::lock_guard guard{rec.mtx};
+  REQUIRE(rec.runs.size() >= 3);
+  for (std::size_t i = 1; i < rec.runs.size(); ++i)
+    CHECK(rec.runs[i].scheduled_at > rec.runs[i - 1].scheduled_at);
+}
+
+TEST_CASE("a commit that fails for as long as the claim's lease holds is "
+          "left to lapse: the slot runs again as interrupted, and the task "
+          "goes on") {
+  auto store = std::make_shared<test_store>();
+  store->failing_commits = 1'000'000;
   recorder rec;
   botmesh::scheduler s{{.store = store, .tick = "50ms", .log = rec.logger()}};
   s.every(100ms, {.id = "job", .lease = std::chrono::milliseconds{300}},
           rec.handler());
   s.start();
-  // The failed commit leaves the claim's lease: the slot is taken again
-  // once it ran out, as interrupted, and the task goes on after that.
+  bool again = test::eventually([&] { return rec.count() >= 2; });
+  store->failing_commits = 0;
   bool went_on = test::eventually([&] { return rec.count() >= 3; });
   s.stop();
+  CHECK(again);
   CHECK(went_on);
-  CHECK(rec.logs_containing("committing job failed") == 1);
   std::lock_guard guard{rec.mtx};
   REQUIRE(rec.runs.size() >= 2);
+  // Tried every tick (50 ms) within the lease (300 ms, less a tenth).
+  {
+    std::lock_guard g{store->mtx};
+    CHECK(store->commits[rec.runs[0].fencing_token] >= 2);
+  }
   CHECK(rec.runs[1].scheduled_at == rec.runs[0].scheduled_at);
   CHECK(rec.runs[1].fencing_token > rec.runs[0].fencing_token);
 }
