@@ -566,9 +566,12 @@ struct bot::impl final : chat_services,
     pool->post(std::move(job));
   }
 
-  // Only a replica that can send takes records over (ready_now).
+  // Only a replica that can send takes records over (ready_now), and not
+  // one that stops: a record it claimed would lengthen the drain, or, once
+  // the drain ended, get no turn and be released with an attempt spent
+  // (max_attempts of them and it is given up). The live replicas take it.
   bool may_claim() override {
-    return ready_now();
+    return accepting.load() && ready_now();
   }
 
   void turn_failed(const std::string& key, chat_event ev,

@@ -922,6 +922,50 @@ botmesh::outbox_verdict outbox_verdict_of(botmesh::durable_backend& b,
 
 } // namespace
 
+TEST_CASE("with durability a stopping bot takes no record over: what a dead "
+          "replica held is left, unattempted, to the live ones") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  // Beats every 100 ms; the drain lasts its whole bound (the handler below
+  // waits for its stop token), several beats long.
+  botmesh::bot b{{.provider = p, .stop_timeout = "800ms",
+                  .durability = durable(backend)}};
+  std::latch entered{1};
+  std::atomic<int> handled{0};
+  b.on_message([&](botmesh::context& c) {
+    if (c.text() == "lento") {
+      entered.count_down();
+      while (!c.stop_token().stop_requested())
+        std::this_thread::sleep_for(1ms);
+      return;
+    }
+    if (c.text() == "dos")
+      ++handled;
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "lento"));
+  entered.wait();
+  std::thread stopper{[&] { b.stop(); }};
+  // Stopping: a delivery is refused from here.
+  int probe = 0;
+  bool stopping = test::eventually([&] {
+    p->inject(msg("eva", "probe-" + std::to_string(++probe), "tarde"));
+    return b.stats().refused_stopped > 0;
+  });
+  orphan(*backend, msg("bea", "m2", "dos"));
+  stopper.join();
+  REQUIRE(stopping);
+  CHECK(b.stats().reprocessed == 0);
+  CHECK(handled == 0);
+  // The next replica takes it as its second holder (the dead one was the
+  // first): the stopping one spent no attempt.
+  auto taken = claim_as_other(*backend);
+  REQUIRE(taken.records.size() == 1);
+  CHECK(taken.records[0].id
+        == botmesh::journal_id(botmesh::chat_key("test", "bea"), "m2"));
+  CHECK(taken.records[0].attempts == 2);
+}
+
 TEST_CASE("with durability a handler that outlives stop() waits for the "
           "outbox's verdict once the heartbeat is retired: what the replica "
           "that took its record over sent is not sent again") {
