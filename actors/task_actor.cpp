@@ -382,8 +382,8 @@ void cut_lease(task_actor* self, std::uint64_t token, Then then) {
 // call (the store down, a lost reply) is tried again every tick while the
 // lease surely holds and the scheduler runs: the slot ran, and a claim left
 // to lapse would run it again once its lease is out. Past that, or once
-// stopped, the claim is left to lapse: the slot runs again as interrupted
-// (at least once). A retry refused may be the earlier attempt that landed,
+// stopped or cancelled while waiting to try again, the claim is left to
+// lapse: the slot runs again as interrupted (at least once). A retry refused may be the earlier attempt that landed,
 // its reply lost: the record is then committed already.
 void commit(task_actor* self, int attempt) {
   auto& st = self->state;
@@ -880,10 +880,11 @@ caf::behavior task_behavior(task_actor* self,
       auto& st = self->state;
       if (st.run)
         st.run->stop.request_stop();
-      // A commit waiting to be tried again: once more now, and not after
-      // (stop() waits for it).
+      // A commit waiting to be tried again is given up: stop() waits for
+      // what is in flight, and a store that fails would hold it a call
+      // more per task. The claim lapses (its slot runs again, interrupted).
       if (st.ph == phase::committing && st.commit_retry > 0)
-        commit(self, st.commit_retry);
+        finish(self, true);
     },
     [=](task_commit_atom, std::uint64_t token, int attempt) {
       auto& st = self->state;
@@ -897,6 +898,8 @@ caf::behavior task_behavior(task_actor* self,
       st.t->st->active = false;
       if (st.run)
         st.run->stop.request_stop();
+      if (st.ph == phase::committing && st.commit_retry > 0)
+        finish(self, true); // (its record is gone: nothing to commit)
       reply_if_idle(self);
     },
   };

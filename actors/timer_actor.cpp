@@ -270,6 +270,10 @@ void refresh_leadership(timer_actor* self, bool fire = false) {
   auto won = std::make_shared<bool>(false);
   auto call = std::make_shared<store_call>();
   call->fn = [=] {
+    // Queued behind other store calls past stop(): not made (stop() may
+    // have given the lease back already, and gives up waiting after 10 s).
+    if (eng->paused.load())
+      return;
     *won = eng->opts.lease
              ->try_acquire(eng->leader_name(), eng->owner, now,
                            eng->opts.leader_ttl.ms())

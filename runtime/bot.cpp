@@ -571,7 +571,7 @@ struct bot::impl final : chat_services,
   // the drain ended, get no turn and be released with an attempt spent
   // (max_attempts of them and it is given up). The live replicas take it.
   bool may_claim() override {
-    return accepting.load() && ready_now();
+    return claiming.load() && ready_now();
   }
 
   void turn_failed(const std::string& key, chat_event ev,
@@ -1311,6 +1311,9 @@ struct bot::impl final : chat_services,
   bool stopped = false;
   bool ran = false; // run() was called (it runs once)
   std::atomic<bool> accepting{false};
+  // Whether the journal's beats claim records (see may_claim): from
+  // start() until stop() begins, before the scheduler's stop.
+  std::atomic<bool> claiming{false};
 
   std::mutex run_mtx;
   std::condition_variable run_cv;
@@ -1679,6 +1682,7 @@ void bot::start() {
   }
   impl_->started = true;
   impl_->accepting = true;
+  impl_->claiming = true;
   if (impl_->exclusive())
     impl_->start_session();
   else
@@ -1691,14 +1695,18 @@ void bot::stop() {
   if (!impl_->started || impl_->stopped)
     return;
   impl_->stopped = true;
+  impl_->claiming = false;
   {
     std::lock_guard run_guard{impl_->run_mtx};
     impl_->stop_requested = true;
     impl_->run_cv.notify_all();
   }
-  impl_->tasks->stop();
+  // The scheduler's leadership ends first: its stop() waits for a leader
+  // acquire in flight, which waits for the election's first answer (up to
+  // a lease) unless the leadership is closed.
   if (impl_->sched_leadership)
     impl_->sched_leadership->close();
+  impl_->tasks->stop();
   // 1. No more intake: later deliveries are refused. The transport stays up
   //    while draining, so turns in flight can still answer.
   impl_->accepting = false;

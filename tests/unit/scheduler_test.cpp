@@ -1742,6 +1742,40 @@ TEST_CASE("a commit that landed but whose reply was lost is tried again, "
     CHECK(rec.runs[i].scheduled_at > rec.runs[i - 1].scheduled_at);
 }
 
+TEST_CASE("a task cancelled while its failed commit is tried again stops "
+          "trying") {
+  auto store = std::make_shared<test_store>();
+  store->failing_commits = 1'000'000;
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .tick = "50ms", .log = rec.logger()}};
+  auto task = s.every(100ms, {.id = "job", .lease = std::chrono::milliseconds{3000}},
+                      rec.handler());
+  s.start();
+  REQUIRE(test::eventually([&] { return s.stats().store_errors >= 1; }));
+  task.cancel();
+  std::uint64_t token = 0;
+  {
+    std::lock_guard guard{rec.mtx};
+    REQUIRE(rec.runs.size() == 1);
+    token = rec.runs[0].fencing_token;
+  }
+  auto calls = [&] {
+    std::lock_guard guard{store->mtx};
+    return store->commits[token];
+  };
+  // Once the cancel is handled the calls stop (tried every 50 ms before).
+  bool quiet = test::eventually(
+    [&] {
+      auto n = calls();
+      std::this_thread::sleep_for(150ms); // three ticks
+      return calls() == n;
+    },
+    5s);
+  CHECK(quiet);
+  s.stop();
+  CHECK(rec.logs_containing("refused after a failed attempt") == 0);
+}
+
 TEST_CASE("a commit that fails for as long as the claim's lease holds is "
           "left to lapse: the slot runs again as interrupted, and the task "
           "goes on") {
