@@ -551,6 +551,13 @@ struct bot::impl final : chat_services,
       durable->settle(key, ev, keep);
   }
 
+  // A journaled event refused before its handler ran: released with its
+  // attempt given back (refusals alone never give a record up).
+  void give_back_record(const std::string& key, const chat_event& ev) {
+    if (durable && !ev.journal.empty())
+      durable->give_back(key, ev);
+  }
+
   void reinject(chat_event ev) override {
     enqueued(ev);
     caf::anon_send(router_handle, make_event(std::move(ev)));
@@ -587,7 +594,7 @@ struct bot::impl final : chat_services,
                   key, std::nullopt);
       return;
     }
-    settle_record(key, ev, false);
+    give_back_record(key, ev);
     ev.end(turn_outcome::failed);
     auto id = ev.message.id;
     raise_later(errc::coordination_unavailable,
@@ -659,8 +666,8 @@ struct bot::impl final : chat_services,
       ++refused_stopped;
     dequeued(ev, false);
     // Journaled: released, so another replica (or this one, restarted)
-    // handles it.
-    settle_record(key, ev, false);
+    // handles it; it never ran, so no attempt is spent.
+    give_back_record(key, ev);
     ev.end(turn_outcome::refused);
     raise_later(code, std::move(why), key, std::move(ev.message));
   }

@@ -108,6 +108,16 @@ class durable_backend {
                        completion<bool> done)
     = 0;
 
+  /// As `release`, for a record whose message `holder` never handled (it
+  /// was refused before its turn: the chat over max_pending_per_chat, no
+  /// turn within turn_wait, the bot stopping): the attempt its claim (or
+  /// its recording) counted is given back, so refusals alone never bring a
+  /// record to `max_attempts`. The default releases and keeps the count.
+  virtual void release_unhandled(std::string_view id, std::string_view holder,
+                                 completion<bool> done) {
+    release(id, holder, std::move(done));
+  }
+
   /// Renews `holder`'s heartbeat for `lease`, then claims up to `limit`
   /// records that are free or held by a holder whose heartbeat lapsed, and
   /// returns them in arrival order, now held by `holder`. Records that

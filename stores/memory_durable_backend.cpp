@@ -120,8 +120,9 @@ namespace {
 
 // Moves record `id` held by `holder` to `to` (done: a tombstone, or free);
 // true when it did. Called under the backend's mutex.
+// `unhandled`: a release that gives its attempt back.
 bool settle(std::unordered_map<std::string, row>& rows, std::string_view id,
-            std::string_view holder, rstate to) {
+            std::string_view holder, rstate to, bool unhandled = false) {
   auto i = rows.find(std::string{id});
   if (i == rows.end() || i->second.state != rstate::held
       || i->second.holder != holder)
@@ -130,6 +131,8 @@ bool settle(std::unordered_map<std::string, row>& rows, std::string_view id,
   i->second.holder.clear();
   if (to == rstate::done)
     i->second.rec.message.clear();
+  if (unhandled && i->second.rec.attempts > 0)
+    --i->second.rec.attempts;
   return true;
 }
 
@@ -153,6 +156,17 @@ void memory_durable_backend::release(std::string_view id,
   {
     std::lock_guard guard{impl_->mtx};
     ok = settle(impl_->rows, id, holder, rstate::free);
+  }
+  done(ok, nullptr);
+}
+
+void memory_durable_backend::release_unhandled(std::string_view id,
+                                               std::string_view holder,
+                                               completion<bool> done) {
+  bool ok;
+  {
+    std::lock_guard guard{impl_->mtx};
+    ok = settle(impl_->rows, id, holder, rstate::free, true);
   }
   done(ok, nullptr);
 }

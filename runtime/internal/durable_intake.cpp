@@ -1,6 +1,7 @@
 #include <botmesh/runtime/internal/durable_intake.hpp>
 
 #include <future>
+#include <limits>
 #include <optional>
 
 #include <fmt/format.h>
@@ -274,8 +275,15 @@ void durable_intake::write_entry(const std::string& record, entry e) {
 }
 
 // `counted`: the record was opened (open_one) and closes once this landed.
+void durable_intake::give_back(const std::string& key,
+                               const chat_event& ev) {
+  // Never ran: no outbox entry of it can be in flight (see settle()).
+  settle_as(key, ev.journal, false, ev.journal_gen, true, true);
+}
+
 void durable_intake::settle_as(const std::string& key, const std::string& id,
-                               bool keep, std::uint32_t gen, bool counted) {
+                               bool keep, std::uint32_t gen, bool counted,
+                               bool unhandled) {
   op([&](std::function<void()> finished) {
     auto done = [this, key, id, keep, gen, counted,
                  finished](bool, std::exception_ptr e) {
@@ -293,6 +301,8 @@ void durable_intake::settle_as(const std::string& key, const std::string& id,
     };
     if (keep)
       backend_->confirm(id, holder_of(gen), std::move(done));
+    else if (unhandled)
+      backend_->release_unhandled(id, holder_of(gen), std::move(done));
     else
       backend_->release(id, holder_of(gen), std::move(done));
   });
@@ -567,6 +577,10 @@ void durable_intake::claimed(durable_backend::claim_result r,
     chat_event ev{std::move(msg), 0, {}};
     ev.journal = std::move(rec.id);
     ev.attempt = rec.attempts;
+    // Never written ahead, even as attempt 1 (a record whose earlier
+    // holders only refused it, release_unhandled): its sends wait for the
+    // outbox's verdict, as any taken-over record's do.
+    ev.heartbeat_epoch = std::numeric_limits<std::uint64_t>::max();
     ev.journal_gen = gen;
     open_in(gen);
     host_.reinject(std::move(ev));

@@ -115,6 +115,12 @@ class durable_intake {
   /// `ev.journal_gen`): confirmed when `keep`, else released.
   void settle(const std::string& key, const chat_event& ev, bool keep);
 
+  /// The end of a journaled event that was refused before its handler ran
+  /// (overload, no turn, stopping): released with its attempt given back
+  /// (durable_backend::release_unhandled), so refusals alone never give a
+  /// record up.
+  void give_back(const std::string& key, const chat_event& ev);
+
   /// One beat: heartbeat, then claimed records re-injected in order.
   void beat(std::function<void()> done);
 
@@ -159,7 +165,7 @@ class durable_intake {
   void close_one(std::uint32_t gen);
   void suspect(std::uint32_t gen);
   void settle_as(const std::string& key, const std::string& id, bool keep,
-                 std::uint32_t gen, bool counted);
+                 std::uint32_t gen, bool counted, bool unhandled = false);
   void renewed(steady::rep sent, bool new_generation);
   struct entry {
     std::string send_id, key;

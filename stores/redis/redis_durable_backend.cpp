@@ -342,6 +342,12 @@ void redis_durable_backend::release(std::string_view id,
   settle(*impl_->batch, id, holder, "f", std::move(done));
 }
 
+void redis_durable_backend::release_unhandled(std::string_view id,
+                                              std::string_view holder,
+                                              completion<bool> done) {
+  settle(*impl_->batch, id, holder, "u", std::move(done));
+}
+
 void redis_durable_backend::beat_and_claim(std::string_view holder,
                                            std::chrono::milliseconds lease,
                                            std::size_t limit,

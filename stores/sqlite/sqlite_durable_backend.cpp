@@ -159,11 +159,17 @@ void sqlite_durable_backend::record(journal_record rec,
 namespace {
 
 // Moves record `id` held by `holder` to `state`; true when it did.
+// `unhandled`: a release that gives its attempt back.
 bool settle_record(internal::db& d, const std::string& id,
-                   const std::string& holder, std::int64_t state) {
+                   const std::string& holder, std::int64_t state,
+                   bool unhandled = false) {
   internal::stmt s{d, state == done_
                         ? "UPDATE durable_inbound SET state = ?, holder = '', "
                           "message = '' WHERE id = ? AND holder = ? AND state = 0"
+                      : unhandled
+                        ? "UPDATE durable_inbound SET state = ?, holder = '', "
+                          "attempts = MAX(attempts - 1, 0) "
+                          "WHERE id = ? AND holder = ? AND state = 0"
                         : "UPDATE durable_inbound SET state = ?, holder = '' "
                           "WHERE id = ? AND holder = ? AND state = 0"};
   s.bind(1, state).bind(2, id).bind(3, holder);
@@ -187,6 +193,15 @@ void sqlite_durable_backend::release(std::string_view id,
   impl_->run<bool>(std::move(done), [i = impl_.get(), id = std::string{id},
                                      h = std::string{holder}] {
     return settle_record(*i->db, id, h, free_);
+  });
+}
+
+void sqlite_durable_backend::release_unhandled(std::string_view id,
+                                               std::string_view holder,
+                                               completion<bool> done) {
+  impl_->run<bool>(std::move(done), [i = impl_.get(), id = std::string{id},
+                                     h = std::string{holder}] {
+    return settle_record(*i->db, id, h, free_, true);
   });
 }
 

@@ -46,6 +46,8 @@ class sqlite_durable_backend final : public durable_backend {
                completion<bool> done) override;
   void release(std::string_view id, std::string_view holder,
                completion<bool> done) override;
+  void release_unhandled(std::string_view id, std::string_view holder,
+                         completion<bool> done) override;
   void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
                       std::size_t limit, std::uint32_t max_attempts,
                       completion<claim_result> done) override;

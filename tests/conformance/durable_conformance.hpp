@@ -64,6 +64,11 @@ struct sync {
   bool release(std::string id, std::string holder) {
     return wait<bool>([&](auto done) { b.release(id, holder, std::move(done)); });
   }
+  bool release_unhandled(std::string id, std::string holder) {
+    return wait<bool>([&](auto done) {
+      b.release_unhandled(id, holder, std::move(done));
+    });
+  }
   durable_backend::claim_result claim(std::string holder,
                                       std::chrono::milliseconds lease,
                                       std::uint32_t max_attempts = 5,
@@ -222,6 +227,36 @@ TEST_CASE_TEMPLATE_DEFINE("a record reprocessed max_attempts times is given "
   CHECK(s.record("t:1#m1", "a") == dc::journal_put::duplicate);
 }
 
+TEST_CASE_TEMPLATE_DEFINE("a record released as unhandled gives its attempt "
+                          "back: refusals alone never reach max_attempts",
+                          F, dc_unhandled) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  REQUIRE(s.record("t:1#m1", "a") == dc::journal_put::recorded);
+  CHECK_FALSE(s.release_unhandled("t:1#m1", "b")); // not b's
+  CHECK(s.release_unhandled("t:1#m1", "a"));
+  CHECK_FALSE(s.release_unhandled("t:1#m1", "a")); // free already
+  for (int round = 0; round < 4; ++round) {
+    auto c = s.claim("b", F::lease, 2);
+    REQUIRE(c.records.size() == 1);
+    CHECK(c.dropped.empty());
+    CHECK(c.records[0].attempts == 1);
+    REQUIRE(s.release_unhandled("t:1#m1", "b"));
+  }
+  // A handled attempt counts: the second one is the last.
+  auto c = s.claim("b", F::lease, 2);
+  REQUIRE(c.records.size() == 1);
+  REQUIRE(s.release("t:1#m1", "b"));
+  c = s.claim("b", F::lease, 2);
+  REQUIRE(c.records.size() == 1);
+  CHECK(c.records[0].attempts == 2);
+  REQUIRE(s.release("t:1#m1", "b"));
+  c = s.claim("b", F::lease, 2);
+  CHECK(c.records.empty());
+  CHECK(dc::ids(c.dropped) == std::vector<std::string>{"t:1#m1"});
+}
+
 TEST_CASE_TEMPLATE_DEFINE("the outbox sends a send id once and refuses a "
                           "sender with a lower fence than the chat's last",
                           F, dc_outbox) {
@@ -323,6 +358,7 @@ TEST_CASE_TEMPLATE_DEFINE("the same id recorded by two holders at once is "
   TEST_CASE_TEMPLATE_INVOKE(dc_dead, F);                                       \
   TEST_CASE_TEMPLATE_INVOKE(dc_retire, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(dc_attempts, F);                                   \
+  TEST_CASE_TEMPLATE_INVOKE(dc_unhandled, F);                                  \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_ttl, F);                                 \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_forget, F);                              \

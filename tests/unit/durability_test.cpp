@@ -569,6 +569,52 @@ TEST_CASE("with durability a message refused because the bot stops is "
   CHECK(seen == std::vector<std::string>{"second dos", "second tres"});
 }
 
+TEST_CASE("with durability messages refused for overload are handled once the "
+          "chat catches up: refusals spend no attempt, none is given up") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  auto d = durable(backend); // beats every 100 ms
+  d.max_attempts = 2;
+  botmesh::bot b{{.provider = p, .max_pending_per_chat = 1, .durability = d}};
+  test::error_log errors;
+  errors.attach(b);
+  std::promise<void> go;
+  auto resume = go.get_future().share();
+  std::latch entered{1};
+  std::mutex mtx;
+  std::vector<std::string> seen;
+  b.on_message([&](botmesh::context& c) {
+    if (c.text() == "uno") {
+      entered.count_down();
+      resume.wait();
+    }
+    std::lock_guard guard{mtx};
+    seen.push_back(c.text());
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "uno"));
+  entered.wait();
+  for (auto [id, text] : {std::pair{"m2", "dos"}, {"m3", "tres"}, {"m4", "cuatro"}})
+    p->inject(msg("ana", id, text));
+  // Refused again at every beat while "uno" runs: well past max_attempts
+  // refusals each.
+  bool refused = test::eventually(
+    [&] { return b.stats().refused_overload >= 8; }, 5s);
+  go.set_value();
+  bool all = test::eventually([&] {
+    std::lock_guard guard{mtx};
+    return seen.size() == 4;
+  });
+  b.stop();
+  CHECK(refused);
+  CHECK(all);
+  CHECK(errors.count(errc::handler_failed) == 0); // nothing given up
+  std::lock_guard guard{mtx};
+  std::vector<std::string> sorted = seen;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted == std::vector<std::string>{"cuatro", "dos", "tres", "uno"});
+}
+
 TEST_CASE("with durability a replayed send under a fence lower than the "
           "chat's last is refused as superseded and nothing is sent") {
   botmesh::memory_coordination_hub hub;

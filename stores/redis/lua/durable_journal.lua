@@ -20,7 +20,9 @@
 --                                         duplicate)
 --   d id holder                           confirm (done) a record the
 --   f id holder                           holder holds, or release it
---                                         (free): 1, or 0 when not held
+--   u id holder                           (free; u: giving back the
+--                                         attempt of a message it never
+--                                         handled): 1, or 0 when not held
 -- Returns one reply per operation, in order. A stored record that is not a
 -- journal record fails only its own operation (an error reply naming its
 -- id in that place); the others run.
@@ -56,7 +58,7 @@ local function record(id, key, message, holder, ttl)
   return seq
 end
 
-local function settle(id, holder, done)
+local function settle(id, holder, done, unhandled)
   local v = redis.call('HGET', KEYS[1], id)
   if not v then return 0 end
   local ok, r = pcall(cjson.decode, v)
@@ -71,6 +73,9 @@ local function settle(id, holder, done)
     redis.call('ZREM', KEYS[2], id)
   else
     r.st = 1
+    if unhandled and type(r.a) == 'number' and r.a > 0 then
+      r.a = r.a - 1
+    end
   end
   redis.call('HSET', KEYS[1], id, cjson.encode(r))
   return 1
@@ -84,8 +89,8 @@ while i <= #ARGV do
     out[#out + 1] = record(ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
                            ARGV[i + 5])
     i = i + 6
-  elseif op == 'd' or op == 'f' then
-    out[#out + 1] = settle(ARGV[i + 1], ARGV[i + 2], op == 'd')
+  elseif op == 'd' or op == 'f' or op == 'u' then
+    out[#out + 1] = settle(ARGV[i + 1], ARGV[i + 2], op == 'd', op == 'u')
     i = i + 3
   else
     return redis.error_reply('durable_journal: unknown operation ' .. op)
