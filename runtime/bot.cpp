@@ -551,8 +551,13 @@ struct bot::impl final : chat_services,
       durable->settle(key, ev, keep);
   }
 
-  // A journaled event refused before its handler ran: released with its
-  // attempt given back (refusals alone never give a record up).
+  // A journaled event refused before its handler ran because this replica
+  // stops (or its chat ended): released with its attempt given back, so
+  // rolling restarts alone never give a record up. (An overloaded chat's
+  // refusals, and turns that never came, spend theirs: given back, they
+  // would be claimed again at every beat for as long as the cause lasts,
+  // ahead of every newer record, and end only at the journal's ttl,
+  // unreported.)
   void give_back_record(const std::string& key, const chat_event& ev) {
     if (durable && !ev.journal.empty())
       durable->give_back(key, ev);
@@ -594,7 +599,7 @@ struct bot::impl final : chat_services,
                   key, std::nullopt);
       return;
     }
-    give_back_record(key, ev);
+    settle_record(key, ev, false);
     ev.end(turn_outcome::failed);
     auto id = ev.message.id;
     raise_later(errc::coordination_unavailable,
@@ -666,8 +671,11 @@ struct bot::impl final : chat_services,
       ++refused_stopped;
     dequeued(ev, false);
     // Journaled: released, so another replica (or this one, restarted)
-    // handles it; it never ran, so no attempt is spent.
-    give_back_record(key, ev);
+    // handles it.
+    if (code == errc::stopped)
+      give_back_record(key, ev);
+    else
+      settle_record(key, ev, false);
     ev.end(turn_outcome::refused);
     raise_later(code, std::move(why), key, std::move(ev.message));
   }

@@ -108,11 +108,11 @@ class durable_backend {
                        completion<bool> done)
     = 0;
 
-  /// As `release`, for a record whose message `holder` never handled (it
-  /// was refused before its turn: the chat over max_pending_per_chat, no
-  /// turn within turn_wait, the bot stopping): the attempt its claim (or
-  /// its recording) counted is given back, so refusals alone never bring a
-  /// record to `max_attempts`. The default releases and keeps the count.
+  /// As `release`, for a record whose message `holder` never handled (the
+  /// bot refused it before its turn because it stops): the attempt its
+  /// claim (or its recording) counted is given back, so restarts alone
+  /// never bring a record to `max_attempts`. The default releases and
+  /// keeps the count.
   virtual void release_unhandled(std::string_view id, std::string_view holder,
                                  completion<bool> done) {
     release(id, holder, std::move(done));

@@ -116,9 +116,8 @@ class durable_intake {
   void settle(const std::string& key, const chat_event& ev, bool keep);
 
   /// The end of a journaled event that was refused before its handler ran
-  /// (overload, no turn, stopping): released with its attempt given back
-  /// (durable_backend::release_unhandled), so refusals alone never give a
-  /// record up.
+  /// because the bot stops: released with its attempt given back
+  /// (durable_backend::release_unhandled).
   void give_back(const std::string& key, const chat_event& ev);
 
   /// One beat: heartbeat, then claimed records re-injected in order.
