@@ -473,6 +473,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
   return {
     [=](event_ptr& ev) {
       auto& st = self->state;
+      ev->via = nullptr; // taken: this actor ends it
       ++st.received;
       auto pending = st.run ? st.run->waiting() : st.queue.size();
       if (pending >= st.cfg().max_pending_per_chat) {

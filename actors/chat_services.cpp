@@ -3,6 +3,12 @@
 #include <mutex>
 #include <new>
 
+#include <caf/actor_cast.hpp>
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/send.hpp>
+
+#include <botmesh/actors/messages.hpp>
+
 #if defined(__SANITIZE_ADDRESS__)
 #  define BOTMESH_ASAN 1
 #elif defined(__has_feature)
@@ -13,6 +19,8 @@
 #ifdef BOTMESH_ASAN
 #  include <sanitizer/asan_interface.h>
 #endif
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
 
 namespace botmesh {
 
@@ -93,6 +101,21 @@ box_cache& boxes() {
 }
 
 } // namespace
+
+event_box::~event_box() {
+  if (!via)
+    return;
+  auto router = caf::actor_cast<caf::actor>(via);
+  if (!router)
+    return; // the router ended too: the event ends refused (its notice)
+  try {
+    auto back = caf::make_counted<event_box>(std::move(key), std::move(ev));
+    back->bounces = static_cast<std::uint8_t>(bounces + 1);
+    caf::anon_send(router, bounced_atom::value, std::move(back));
+  } catch (...) {
+    // nop: out of memory; the event ends refused (its notice)
+  }
+}
 
 void* event_box::operator new(std::size_t) {
   return boxes().take();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <caf/actor.hpp>
+#include <caf/actor_addr.hpp>
 #include <caf/intrusive_ptr.hpp>
 #include <caf/make_counted.hpp>
 #include <caf/ref_counted.hpp>
@@ -155,6 +156,20 @@ struct event_box final : caf::ref_counted, internal::run_link {
   /// Internal to the chat actor: whether the event starts the chat
   /// actor's activation (its run queue links through `run_link`).
   bool first = false;
+
+  /// Internal to the router: set while the box travels from the router to
+  /// a chat actor, cleared by the chat actor that takes it. A box freed in
+  /// between was dropped by CAF (the chat ended by an exception with it in
+  /// its mailbox, or it arrived after): its event goes back to the router
+  /// (bounced_atom), which gives it to the chat's next actor, instead of
+  /// being lost with its journal record held. `bounces` bounds the round
+  /// trips.
+  caf::actor_addr via{};
+  std::uint8_t bounces = 0;
+
+  event_box(const event_box&) = delete;
+  event_box& operator=(const event_box&) = delete;
+  ~event_box() override;
 
   /// Boxes are recycled: a box is usually made on a transport's thread and
   /// freed on a handler thread, and glibc frees a block made on another

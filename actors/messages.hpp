@@ -27,6 +27,11 @@ using idle_atom = caf::atom_constant<caf::atom("bm_idle")>;
 /// one that is gone.
 using chat_gone_atom = caf::atom_constant<caf::atom("bm_cgone")>;
 
+/// event box -> router: (event): a chat event the router sent on to a chat
+/// actor that ended before taking it (CAF frees a message to an ended
+/// actor); the router sends it on again, to the chat's next actor.
+using bounced_atom = caf::atom_constant<caf::atom("bm_bounce")>;
+
 /// runtime -> router: (key, timer id): a timer armed for a chat fired; the
 /// router forwards (timer id) to the chat actor, spawning it if needed.
 using timer_atom = caf::atom_constant<caf::atom("bm_timer")>;

@@ -66,6 +66,7 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     }
     ++entry.forwarded;
     entry.last = clk::now();
+    ev->via = self->address(); // cleared by the chat actor that takes it
     self->send(entry.handle, std::move(ev));
   };
   // One sweep for all chats instead of a timer per chat: a chat that got
@@ -76,6 +77,22 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
   self->delayed_send(self, sweep_every, sweep_atom::value);
   return {
     [=](event_ptr& ev) { forward(ev); },
+    // Sent on to a chat actor that ended before it took it (see
+    // event_box::via). Its chat_gone came first (sent before it ended), so
+    // the chat's next actor takes it; after a few round trips (a chat that
+    // keeps ending) it is refused.
+    [=](bounced_atom, event_ptr& ev) {
+      if (ev->bounces > 3) {
+        auto key = ev->key;
+        self->state.cfg->services->refused(
+          key, std::move(ev->ev), errc::handler_failed,
+          fmt::format("chat {}: its chat actor ended {} times before taking "
+                      "this message",
+                      key, ev->bounces));
+        return;
+      }
+      forward(ev);
+    },
     [=](timer_atom, const std::string& key, std::uint64_t id) {
       auto& st = self->state;
       if (st.draining)

@@ -1133,6 +1133,45 @@ TEST_CASE("a chat ended by an exception out of its services gives back the "
   CHECK(f.services.runs[0].turn->fence() == 8);
 }
 
+TEST_CASE("a message sent on to a chat that ends by an exception before "
+          "taking it goes to the chat's next actor, not lost") {
+  chat_fixture f;
+  f.services.throw_on_run = true;
+  std::vector<std::string> ended;
+  f.inject("uno");
+  auto& enter = f.coord->last(op::enter);
+  REQUIRE(enter.key == f.key);
+  // The grant reaches the chat's mailbox, and "dos" behind it: the chat
+  // ends on the grant (run_turn throws) with "dos" not yet taken.
+  sc::answer(enter, f.coord->granted(f.key, enter.req, 7));
+  auto& sched = f.vs.sched();
+  REQUIRE(sched.prioritize(f.lease_actor));
+  sched.run_once();
+  botmesh::inbound_message m;
+  m.provider = "test";
+  m.chat = "x";
+  m.sender = "x";
+  m.text = "dos";
+  botmesh::chat_event ev{std::move(m), 0, {}};
+  ev.on_end = [&ended](botmesh::turn_outcome o) {
+    ended.push_back(std::string{to_string(o)});
+  };
+  caf::anon_send(f.router, botmesh::make_event(std::move(ev)));
+  REQUIRE(sched.prioritize(f.router));
+  sched.run_once(); // the router sends "dos" on to the chat
+  f.vs.run();
+  f.services.throw_on_run = false;
+  // A new chat actor asks a turn for "dos", and runs it.
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 2);
+  CHECK(ended.empty()); // not ended (a dropped event ends refused)
+  CHECK(f.services.refused_keys.empty());
+  sc::answer(*enters[1], f.coord->granted(f.key, enters[1]->req, 8));
+  f.vs.run();
+  REQUIRE(f.services.runs.size() == 1);
+  CHECK(f.services.runs[0].turn->fence() == 8);
+}
+
 TEST_CASE("a grant that arrives after the chat's turn_wait gave up is "
           "released and its message never runs") {
   chat_fixture f;
