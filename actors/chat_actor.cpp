@@ -411,8 +411,13 @@ void push(chat_actor_t* self, event_ptr ev) {
 // every replica. A running step's turn goes too: its token ends, so its
 // effects are refused from then on. Its waiting messages are refused as
 // at stop, which releases their journal records for another try (freed
-// unsettled, a record would stay held by this replica's heartbeat).
-void give_back_all(chat_actor_t* self, std::string_view why) {
+// unsettled, a record would stay held by this replica's heartbeat); with
+// `bounce` (the chat ends by an exception, the router lives on) they go
+// back to the router instead, in order, for the chat's next actor: after
+// the chat_gone already sent, and before what is still in the mailbox
+// (which CAF frees, bouncing it, once this actor ended).
+void give_back_all(chat_actor_t* self, std::string_view why,
+                   bool bounce = false) {
   auto& st = self->state;
   if (!st.coordinated() || st.empty())
     return;
@@ -420,11 +425,17 @@ void give_back_all(chat_actor_t* self, std::string_view why) {
   for (std::size_t i = 0; i < q.size(); ++i) {
     auto& e = q[i];
     give_back_turn(self, e);
-    if ((i > 0 || !st.busy) && e.ev && !e.ev->ev.is_timer())
+    if ((i == 0 && st.busy) || !e.ev || e.ev->ev.is_timer())
+      continue;
+    if (bounce) {
+      ++e.ev->bounces;
+      self->send(st.router, bounced_atom::value, std::move(e.ev));
+    } else {
       st.cfg().services->refused(
         st.key, std::move(e.ev->ev), errc::stopped,
         fmt::format("chat {} ended ({}) before this message's turn", st.key,
                     why));
+    }
   }
 }
 
@@ -466,8 +477,8 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       log::error("chat", fmt::format("chat {} ended by an exception: {}; its "
                                      "tickets and turns are given back",
                                      me->state.key, what));
-      give_back_all(me, "an exception: " + what);
       me->send(me->state.router, chat_gone_atom::value, me->state.key);
+      give_back_all(me, "an exception: " + what, true);
       return caf::exit_reason::unhandled_exception;
     });
   return {
