@@ -111,6 +111,7 @@ event_box::~event_box() {
   try {
     auto back = caf::make_counted<event_box>(std::move(key), std::move(ev));
     back->bounces = static_cast<std::uint8_t>(bounces + 1);
+    back->seq = seq; // its place among what the router sent the chat
     caf::anon_send(router, bounced_atom::value, std::move(back));
   } catch (...) {
     // nop: out of memory; the event ends refused (its notice)

@@ -162,10 +162,13 @@ struct event_box final : caf::ref_counted, internal::run_link {
   /// between was dropped by CAF (the chat ended by an exception with it in
   /// its mailbox, or it arrived after): its event goes back to the router
   /// (bounced_atom), which gives it to the chat's next actor, instead of
-  /// being lost with its journal record held. `bounces` bounds the round
-  /// trips.
+  /// being lost with its journal record held. `bounces` counts the round
+  /// trips (bounded by the router as a safety net).
   caf::actor_addr via{};
   std::uint8_t bounces = 0;
+  /// Internal to the router: the box's number among what the router sent
+  /// the chat's actor (bounced boxes go on in this order).
+  std::uint64_t seq = 0;
 
   event_box(const event_box&) = delete;
   event_box& operator=(const event_box&) = delete;

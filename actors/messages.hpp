@@ -23,13 +23,14 @@ using turn_done_atom = caf::atom_constant<caf::atom("bm_done")>;
 using idle_atom = caf::atom_constant<caf::atom("bm_idle")>;
 
 /// chat -> router: (key): the chat is ending by an exception; the router
-/// forgets it, so the next message spawns a new chat instead of going to
-/// one that is gone.
+/// holds what it sent back (bounced_atom) and what comes for the chat until
+/// the actor is down, then gives all of it, in order, to a new chat actor.
 using chat_gone_atom = caf::atom_constant<caf::atom("bm_cgone")>;
 
-/// event box -> router: (event): a chat event the router sent on to a chat
-/// actor that ended before taking it (CAF frees a message to an ended
-/// actor); the router sends it on again, to the chat's next actor.
+/// event box / chat -> router: (event): a chat event the router sent on to
+/// a chat actor that ended by an exception before running it (left in its
+/// queue, or freed by CAF from its mailbox); the router sends it on again,
+/// to the chat's next actor.
 using bounced_atom = caf::atom_constant<caf::atom("bm_bounce")>;
 
 /// runtime -> router: (key, timer id): a timer armed for a chat fired; the

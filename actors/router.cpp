@@ -4,6 +4,8 @@
 #include <memory>
 #include <thread>
 #include <unordered_map>
+#include <variant>
+#include <vector>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -21,10 +23,22 @@ namespace {
 using sweep_atom = caf::atom_constant<caf::atom("bm_sweep")>;
 using clk = std::chrono::steady_clock;
 
+// A chat actor that ended by an exception, from its chat_gone until its
+// down message: what it held comes back (bounced_atom) and waits here with
+// what arrives meanwhile, then all of it goes to the chat's next actor in
+// the chat's order. CAF frees an ended actor's mailbox (each box bouncing)
+// before it sends the down message, so nothing of it comes after.
+struct ending_chat {
+  std::vector<event_ptr> bounced; // sorted by event_box::seq at the end
+  // Arrived since chat_gone, in order: events, and timers (their ids).
+  std::vector<std::variant<event_ptr, std::uint64_t>> fresh;
+};
+
 struct chat_entry {
   caf::actor handle;
   std::uint64_t forwarded = 0; // messages sent to this activation
   clk::time_point last{};      // when the last one was sent
+  std::unique_ptr<ending_chat> ending; // set while `handle` ends
 };
 
 struct router_state {
@@ -60,15 +74,78 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       return;
     }
     auto& entry = st.chats[key];
+    if (entry.ending) {
+      entry.ending->fresh.emplace_back(std::move(ev));
+      return;
+    }
+    if (!entry.handle) {
+      entry.handle = spawn_chat(self, key, st.cfg);
+      st.cfg->services->chat_activated(key);
+    }
+    ev->seq = ++entry.forwarded;
+    entry.last = clk::now();
+    ev->via = self->address(); // cleared by the chat actor that takes it
+    self->send(entry.handle, std::move(ev));
+  };
+  auto forward_timer = [=](const std::string& key, std::uint64_t id) {
+    auto& st = self->state;
+    if (st.draining)
+      return; // a stopping bot runs no more timers
+    auto& entry = st.chats[key];
+    if (entry.ending) {
+      entry.ending->fresh.emplace_back(id);
+      return;
+    }
     if (!entry.handle) {
       entry.handle = spawn_chat(self, key, st.cfg);
       st.cfg->services->chat_activated(key);
     }
     ++entry.forwarded;
     entry.last = clk::now();
-    ev->via = self->address(); // cleared by the chat actor that takes it
-    self->send(entry.handle, std::move(ev));
+    self->send(entry.handle, timer_atom::value, id);
   };
+  // A bounced event: sent on again. Each time the chat's actor ended by an
+  // exception on another message (the message that ends it is not sent
+  // back), so this does not loop; the bound is a safety net against one
+  // that would.
+  auto resend = [=](event_ptr& ev) {
+    if (ev->bounces > 100) {
+      auto key = ev->key;
+      self->state.cfg->services->refused(
+        key, std::move(ev->ev), errc::handler_failed,
+        fmt::format("chat {}: its chat actor ended {} times before taking "
+                    "this message",
+                    key, ev->bounces));
+      return;
+    }
+    forward(ev);
+  };
+  // The ended chat actor is gone for good: what it held, then what came
+  // since, goes to the chat's next actor.
+  self->set_down_handler([=](caf::down_msg& down) {
+    auto& st = self->state;
+    auto i = std::find_if(st.chats.begin(), st.chats.end(), [&](auto& kv) {
+      return kv.second.ending && kv.second.handle.address() == down.source;
+    });
+    if (i == st.chats.end())
+      return;
+    auto key = i->first;
+    auto ending = std::move(i->second.ending);
+    st.chats.erase(i);
+    st.cfg->services->chat_passivated(key);
+    std::stable_sort(ending->bounced.begin(), ending->bounced.end(),
+                     [](const event_ptr& a, const event_ptr& b) {
+                       return a->seq < b->seq;
+                     });
+    for (auto& ev : ending->bounced)
+      resend(ev);
+    for (auto& x : ending->fresh) {
+      if (auto* ev = std::get_if<event_ptr>(&x))
+        forward(*ev);
+      else
+        forward_timer(key, std::get<std::uint64_t>(x));
+    }
+  });
   // One sweep for all chats instead of a timer per chat: a chat that got
   // nothing for passivate_after is asked whether it is idle; if it is, it
   // asks to exit (the received == forwarded handshake below).
@@ -77,34 +154,20 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
   self->delayed_send(self, sweep_every, sweep_atom::value);
   return {
     [=](event_ptr& ev) { forward(ev); },
-    // Sent on to a chat actor that ended before it took it (see
-    // event_box::via). Its chat_gone came first (sent before it ended), so
-    // the chat's next actor takes it; after a few round trips (a chat that
-    // keeps ending) it is refused.
+    // Held by a chat actor that ended before it ran it (see
+    // event_box::via): its chat_gone came first (sent before it ended), so
+    // it waits for the actor's end with the rest (ending_chat).
     [=](bounced_atom, event_ptr& ev) {
-      if (ev->bounces > 3) {
-        auto key = ev->key;
-        self->state.cfg->services->refused(
-          key, std::move(ev->ev), errc::handler_failed,
-          fmt::format("chat {}: its chat actor ended {} times before taking "
-                      "this message",
-                      key, ev->bounces));
+      auto& st = self->state;
+      auto i = st.chats.find(ev->key);
+      if (i != st.chats.end() && i->second.ending) {
+        i->second.ending->bounced.push_back(std::move(ev));
         return;
       }
-      forward(ev);
+      resend(ev);
     },
     [=](timer_atom, const std::string& key, std::uint64_t id) {
-      auto& st = self->state;
-      if (st.draining)
-        return; // a stopping bot runs no more timers
-      auto& entry = st.chats[key];
-      if (!entry.handle) {
-        entry.handle = spawn_chat(self, key, st.cfg);
-        st.cfg->services->chat_activated(key);
-      }
-      ++entry.forwarded;
-      entry.last = clk::now();
-      self->send(entry.handle, timer_atom::value, id);
+      forward_timer(key, id);
     },
     [=](sweep_atom) {
       auto& st = self->state;
@@ -128,16 +191,17 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       st.cfg->services->chat_passivated(key);
       return true;
     },
-    // A chat ended by an exception: forgotten (if it is still the chat's
-    // actor), so the next message spawns another. What was sent to it on
-    // the way ends as refused when it is freed.
+    // A chat ended by an exception (if it is still the chat's actor): what
+    // it held and what comes meanwhile waits for its end (ending_chat), then
+    // goes to the chat's next actor.
     [=](chat_gone_atom, const std::string& key) {
       auto& st = self->state;
       auto i = st.chats.find(key);
-      if (i == st.chats.end() || i->second.handle != self->current_sender())
+      if (i == st.chats.end() || i->second.ending
+          || i->second.handle != self->current_sender())
         return;
-      st.chats.erase(i);
-      st.cfg->services->chat_passivated(key);
+      i->second.ending = std::make_unique<ending_chat>();
+      self->monitor(i->second.handle);
     },
     [=](drain_atom, std::chrono::milliseconds bound) -> caf::result<bool> {
       auto& st = self->state;
