@@ -425,12 +425,12 @@ void give_back_all(chat_actor_t* self, std::string_view why,
   for (std::size_t i = 0; i < q.size(); ++i) {
     auto& e = q[i];
     give_back_turn(self, e);
-    if ((i == 0 && st.busy) || !e.ev || e.ev->ev.is_timer())
+    if ((i == 0 && st.busy) || !e.ev)
       continue;
-    if (bounce) {
+    if (bounce) { // (timers too: a flow waits for them)
       ++e.ev->bounces;
       self->send(st.router, bounced_atom::value, std::move(e.ev));
-    } else {
+    } else if (!e.ev->ev.is_timer()) {
       st.cfg().services->refused(
         st.key, std::move(e.ev->ev), errc::stopped,
         fmt::format("chat {} ended ({}) before this message's turn", st.key,
@@ -479,6 +479,11 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
                                      me->state.key, what));
       me->send(me->state.router, chat_gone_atom::value, me->state.key);
       give_back_all(me, "an exception: " + what, true);
+      // A drain waiting here is answered (the router refuses what comes
+      // back, since it drains), or the bot's stop would wait its bound.
+      for (auto& rp : me->state.drain_waiters)
+        rp.deliver(false);
+      me->state.drain_waiters.clear();
       return caf::exit_reason::unhandled_exception;
     });
   return {
@@ -487,7 +492,9 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       ev->via = nullptr; // taken: this actor ends it
       ++st.received;
       auto pending = st.run ? st.run->waiting() : st.queue.size();
-      if (pending >= st.cfg().max_pending_per_chat) {
+      // (A timer comes this way only sent back from an ended actor; timers
+      // are never refused.)
+      if (pending >= st.cfg().max_pending_per_chat && !ev->ev.is_timer()) {
         st.cfg().services->refused(
           st.key, std::move(ev->ev), errc::overloaded,
           fmt::format("chat {} has {} messages waiting (max_pending_per_chat)",
@@ -499,8 +506,10 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
     // Timers are internal and never refused: they do not count against the
     // pending bound.
     [=](timer_atom, std::uint64_t id) {
-      ++self->state.received;
-      push(self, make_event(self->state.key, chat_event{{}, id, {}}));
+      auto box = make_event(self->state.key, chat_event{{}, id, {}});
+      // Its place among what the router sent (see event_box::seq).
+      box->seq = ++self->state.received;
+      push(self, std::move(box));
     },
     [=](granted_atom, std::uint64_t req, std::shared_ptr<turn_token>& token) {
       std::size_t i = 0;

@@ -29,6 +29,7 @@ using clk = std::chrono::steady_clock;
 // the chat's order. CAF frees an ended actor's mailbox (each box bouncing)
 // before it sends the down message, so nothing of it comes after.
 struct ending_chat {
+  caf::actor_addr actor;          // the chat actor that ends
   std::vector<event_ptr> bounced; // sorted by event_box::seq at the end
   // Arrived since chat_gone, in order: events, and timers (their ids).
   std::vector<std::variant<event_ptr, std::uint64_t>> fresh;
@@ -38,13 +39,15 @@ struct chat_entry {
   caf::actor handle;
   std::uint64_t forwarded = 0; // messages sent to this activation
   clk::time_point last{};      // when the last one was sent
-  std::unique_ptr<ending_chat> ending; // set while `handle` ends
 };
 
 struct router_state {
   // Shared with every chat actor (one copy, not one per chat).
   std::shared_ptr<const router_config> cfg;
   std::unordered_map<std::string, chat_entry> chats;
+  // Chats whose actor ends by an exception (rare): apart, so a live chat's
+  // entry costs no more for them.
+  std::unordered_map<std::string, ending_chat> ending;
   bool draining = false;
 
   static inline const char* name = "botmesh.router";
@@ -57,9 +60,28 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
   // Chat actors are not linked (unlinking costs O(links) per passivation):
   // the router forwards its own exit to every live chat instead.
   self->set_exit_handler([=](caf::exit_msg& msg) {
-    for (auto& [key, entry] : self->state.chats)
+    auto& st = self->state;
+    for (auto& [key, entry] : st.chats)
       self->send_exit(entry.handle, msg.reason);
-    self->state.chats.clear();
+    st.chats.clear();
+    // What waits for an ending chat is refused as a live chat's queue is.
+    for (auto& kv : st.ending) {
+      const auto& key = kv.first;
+      auto refuse = [&](event_ptr& ev) {
+        if (!ev->ev.is_timer())
+          st.cfg->services->refused(
+            key, std::move(ev->ev), errc::stopped,
+            fmt::format("chat {}: the router ended before this message's "
+                        "turn",
+                        key));
+      };
+      for (auto& ev : kv.second.bounced)
+        refuse(ev);
+      for (auto& x : kv.second.fresh)
+        if (auto* ev = std::get_if<event_ptr>(&x))
+          refuse(*ev);
+    }
+    st.ending.clear();
     self->quit(msg.reason);
   });
   // A message (with the provider's turn-end notice, if any) goes to its
@@ -68,16 +90,19 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     auto& st = self->state;
     const auto& key = ev->key;
     if (st.draining) {
-      st.cfg->services->refused(key, std::move(ev->ev), errc::stopped,
-                               fmt::format("chat {}: the bot is stopping",
-                                           key));
+      if (!ev->ev.is_timer()) // (a stopping bot runs no more timers)
+        st.cfg->services->refused(key, std::move(ev->ev), errc::stopped,
+                                  fmt::format("chat {}: the bot is stopping",
+                                              key));
       return;
+    }
+    if (!st.ending.empty()) {
+      if (auto e = st.ending.find(key); e != st.ending.end()) {
+        e->second.fresh.emplace_back(std::move(ev));
+        return;
+      }
     }
     auto& entry = st.chats[key];
-    if (entry.ending) {
-      entry.ending->fresh.emplace_back(std::move(ev));
-      return;
-    }
     if (!entry.handle) {
       entry.handle = spawn_chat(self, key, st.cfg);
       st.cfg->services->chat_activated(key);
@@ -91,11 +116,13 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     auto& st = self->state;
     if (st.draining)
       return; // a stopping bot runs no more timers
-    auto& entry = st.chats[key];
-    if (entry.ending) {
-      entry.ending->fresh.emplace_back(id);
-      return;
+    if (!st.ending.empty()) {
+      if (auto e = st.ending.find(key); e != st.ending.end()) {
+        e->second.fresh.emplace_back(id);
+        return;
+      }
     }
+    auto& entry = st.chats[key];
     if (!entry.handle) {
       entry.handle = spawn_chat(self, key, st.cfg);
       st.cfg->services->chat_activated(key);
@@ -124,22 +151,21 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
   // since, goes to the chat's next actor.
   self->set_down_handler([=](caf::down_msg& down) {
     auto& st = self->state;
-    auto i = std::find_if(st.chats.begin(), st.chats.end(), [&](auto& kv) {
-      return kv.second.ending && kv.second.handle.address() == down.source;
+    auto i = std::find_if(st.ending.begin(), st.ending.end(), [&](auto& kv) {
+      return kv.second.actor == down.source;
     });
-    if (i == st.chats.end())
+    if (i == st.ending.end())
       return;
     auto key = i->first;
-    auto ending = std::move(i->second.ending);
-    st.chats.erase(i);
-    st.cfg->services->chat_passivated(key);
-    std::stable_sort(ending->bounced.begin(), ending->bounced.end(),
+    auto ending = std::move(i->second);
+    st.ending.erase(i);
+    std::stable_sort(ending.bounced.begin(), ending.bounced.end(),
                      [](const event_ptr& a, const event_ptr& b) {
                        return a->seq < b->seq;
                      });
-    for (auto& ev : ending->bounced)
+    for (auto& ev : ending.bounced)
       resend(ev);
-    for (auto& x : ending->fresh) {
+    for (auto& x : ending.fresh) {
       if (auto* ev = std::get_if<event_ptr>(&x))
         forward(*ev);
       else
@@ -159,9 +185,8 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     // it waits for the actor's end with the rest (ending_chat).
     [=](bounced_atom, event_ptr& ev) {
       auto& st = self->state;
-      auto i = st.chats.find(ev->key);
-      if (i != st.chats.end() && i->second.ending) {
-        i->second.ending->bounced.push_back(std::move(ev));
+      if (auto e = st.ending.find(ev->key); e != st.ending.end()) {
+        e->second.bounced.push_back(std::move(ev));
         return;
       }
       resend(ev);
@@ -197,11 +222,13 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     [=](chat_gone_atom, const std::string& key) {
       auto& st = self->state;
       auto i = st.chats.find(key);
-      if (i == st.chats.end() || i->second.ending
-          || i->second.handle != self->current_sender())
+      if (i == st.chats.end() || i->second.handle != self->current_sender())
         return;
-      i->second.ending = std::make_unique<ending_chat>();
+      auto& ending = st.ending[key];
+      ending.actor = i->second.handle.address();
       self->monitor(i->second.handle);
+      st.chats.erase(i);
+      st.cfg->services->chat_passivated(key);
     },
     [=](drain_atom, std::chrono::milliseconds bound) -> caf::result<bool> {
       auto& st = self->state;
@@ -221,7 +248,11 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       for (auto& [key, entry] : st.chats) {
         auto chat = entry.handle;
         self->request(chat, bound, drain_atom::value)
-          .then([finish_one](bool) mutable { finish_one(); },
+          .then([=](bool all) mutable {
+                  if (!all) // (a chat that ended by an exception meanwhile)
+                    prog->all_drained = false;
+                  finish_one();
+                },
                 [=](caf::error&) mutable {
                   // Timed out (or the chat is gone): refuse what it still holds.
                   prog->all_drained = false;

@@ -969,18 +969,19 @@ struct recording_services final : botmesh::chat_services {
     std::string key;
     std::shared_ptr<botmesh::turn_token> turn;
     std::function<void()> done;
+    std::uint64_t timer = 0; // a timer's id (0: a message)
   };
   std::vector<run> runs;
   std::vector<std::string> failed;
   std::vector<std::string> refused_keys;
   bool throw_on_run = false; // run_turn throws (a services bug)
 
-  void run_turn(const std::string& key, botmesh::event_ptr, bool,
+  void run_turn(const std::string& key, botmesh::event_ptr ev, bool,
                 std::shared_ptr<botmesh::turn_token> turn,
                 std::function<void()> done) override {
     if (throw_on_run)
       throw std::runtime_error("run_turn failed");
-    runs.push_back({key, std::move(turn), std::move(done)});
+    runs.push_back({key, std::move(turn), std::move(done), ev->ev.timer});
   }
 
   // Only used without coordination; these tests always coordinate.
@@ -1177,6 +1178,50 @@ TEST_CASE("a message sent on to a chat that ends by an exception before "
   sc::answer(*enters[1], f.coord->granted(f.key, enters[1]->req, 8));
   f.vs.run();
   REQUIRE(f.services.runs.size() == 1);
+  CHECK(f.services.runs[0].turn->fence() == 8);
+}
+
+TEST_CASE("a chat that ends by an exception while the router drains "
+          "answers the drain at once, not at its bound") {
+  chat_fixture f;
+  f.services.throw_on_run = true;
+  f.inject("uno");
+  auto& enter = f.coord->last(op::enter);
+  auto answer = std::make_shared<std::optional<bool>>();
+  f.vs.sys().spawn([router = f.router, answer](caf::event_based_actor* self) {
+    self->request(router, caf::infinite, botmesh::drain_atom::value,
+                  std::chrono::milliseconds{60'000})
+      .then([answer](bool all) { *answer = all; },
+            [](caf::error&) {});
+  });
+  f.vs.run();
+  CHECK_FALSE(answer->has_value()); // "uno" still waits for its turn
+  // Granted: run_turn throws and the chat ends while the drain waits.
+  sc::answer(enter, f.coord->granted(f.key, enter.req, 7));
+  f.vs.run();
+  REQUIRE(answer->has_value());
+  CHECK_FALSE(**answer);
+}
+
+TEST_CASE("a flow timer waiting in a chat that ends by an exception goes to "
+          "the chat's next actor and runs") {
+  chat_fixture f;
+  f.services.throw_on_run = true;
+  f.inject("uno");
+  caf::anon_send(f.router, botmesh::timer_atom::value, f.key,
+                 std::uint64_t{42});
+  f.vs.run();
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 2); // "uno", then the timer behind it
+  sc::answer(*enters[0], f.coord->granted(f.key, enters[0]->req, 7));
+  f.vs.run();
+  f.services.throw_on_run = false;
+  auto again = f.coord->all(op::enter);
+  REQUIRE(again.size() == 3);
+  sc::answer(*again[2], f.coord->granted(f.key, again[2]->req, 8));
+  f.vs.run();
+  REQUIRE(f.services.runs.size() == 1);
+  CHECK(f.services.runs[0].timer == 42);
   CHECK(f.services.runs[0].turn->fence() == 8);
 }
 
