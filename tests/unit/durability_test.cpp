@@ -57,6 +57,24 @@ void orphan(botmesh::durable_backend& b, const botmesh::inbound_message& m) {
   REQUIRE(p.get_future().get() == botmesh::journal_put::recorded);
 }
 
+// A handler: "lento" counts `entered` down and runs until the stop gives up
+// on it (the chat's later messages stay queued); any other text goes to
+// `seen`, after `prefix`.
+std::function<void(botmesh::context&)>
+slow_until_stop(std::latch& entered, std::mutex& mtx,
+                std::vector<std::string>& seen, std::string prefix = {}) {
+  return [&entered, &mtx, &seen, prefix](botmesh::context& c) {
+    if (c.text() == "lento") {
+      entered.count_down();
+      while (!c.stop_token().stop_requested())
+        std::this_thread::sleep_for(1ms);
+      return;
+    }
+    std::lock_guard guard{mtx};
+    seen.push_back(prefix + c.text());
+  };
+}
+
 std::vector<std::string> texts(const botmesh::testing_provider& p) {
   std::vector<std::string> out;
   for (auto& m : p.sent())
@@ -534,17 +552,7 @@ TEST_CASE("with durability a message refused because the bot stops is "
     botmesh::bot b{{.provider = p, .stop_timeout = "50ms",
                     .durability = durable(backend, "first")}};
     std::latch entered{1};
-    b.on_message([&](botmesh::context& c) {
-      if (c.text() == "lento") {
-        entered.count_down();
-        // Until the stop gives up on it: the rest stay queued.
-        while (!c.stop_token().stop_requested())
-          std::this_thread::sleep_for(1ms);
-        return;
-      }
-      std::lock_guard guard{mtx};
-      seen.push_back("first " + c.text());
-    });
+    b.on_message(slow_until_stop(entered, mtx, seen, "first "));
     b.start();
     p->inject(msg("ana", "m1", "lento"));
     entered.wait();
@@ -588,16 +596,7 @@ TEST_CASE("with durability a message refused at every stop keeps its "
     botmesh::bot b{{.provider = p, .stop_timeout = "50ms",
                     .durability = options("r" + std::to_string(round))}};
     std::latch entered{1};
-    b.on_message([&](botmesh::context& c) {
-      if (c.text() == "lento") {
-        entered.count_down();
-        while (!c.stop_token().stop_requested())
-          std::this_thread::sleep_for(1ms);
-        return;
-      }
-      std::lock_guard guard{mtx};
-      seen.push_back(c.text());
-    });
+    b.on_message(slow_until_stop(entered, mtx, seen));
     b.start();
     if (round == 0) {
       p->inject(msg("ana", "m1", "lento"));

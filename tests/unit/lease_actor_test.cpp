@@ -1036,6 +1036,12 @@ struct chat_fixture : lease_fixture {
     caf::anon_send(router, botmesh::make_event(std::move(ev)));
     vs.run();
   }
+
+  // Grants the chat's turn to enter `c` at `fence`, and runs what follows.
+  void grant(call& c, std::uint64_t fence) {
+    sc::answer(c, coord->granted(key, c.req, fence));
+    vs.run();
+  }
 };
 
 } // namespace
@@ -1125,8 +1131,7 @@ TEST_CASE("a chat ended by an exception out of its services gives back the "
   CHECK(f.services.refused_keys.empty());
   auto again = f.coord->all(op::enter);
   REQUIRE(again.size() == 3);
-  sc::answer(*again[2], f.coord->granted(f.key, again[2]->req, 8));
-  f.vs.run();
+  f.grant(*again[2], 8);
   REQUIRE(f.services.runs.size() == 1);
   CHECK(f.services.runs[0].turn->fence() == 8);
   f.services.runs[0].done();
@@ -1136,8 +1141,7 @@ TEST_CASE("a chat ended by an exception out of its services gives back the "
   f.inject("tres");
   auto later = f.coord->all(op::enter);
   REQUIRE(later.size() == 4);
-  sc::answer(*later[3], f.coord->granted(f.key, later[3]->req, 9));
-  f.vs.run();
+  f.grant(*later[3], 9);
   REQUIRE(f.services.runs.size() == 2);
   CHECK(f.services.runs[1].turn->fence() == 9);
 }
@@ -1175,8 +1179,7 @@ TEST_CASE("a message sent on to a chat that ends by an exception before "
   REQUIRE(enters.size() == 2);
   CHECK(ended.empty()); // not ended (a dropped event ends refused)
   CHECK(f.services.refused_keys.empty());
-  sc::answer(*enters[1], f.coord->granted(f.key, enters[1]->req, 8));
-  f.vs.run();
+  f.grant(*enters[1], 8);
   REQUIRE(f.services.runs.size() == 1);
   CHECK(f.services.runs[0].turn->fence() == 8);
 }
@@ -1218,8 +1221,7 @@ TEST_CASE("a flow timer waiting in a chat that ends by an exception goes to "
   f.services.throw_on_run = false;
   auto again = f.coord->all(op::enter);
   REQUIRE(again.size() == 3);
-  sc::answer(*again[2], f.coord->granted(f.key, again[2]->req, 8));
-  f.vs.run();
+  f.grant(*again[2], 8);
   REQUIRE(f.services.runs.size() == 1);
   CHECK(f.services.runs[0].timer == 42);
   CHECK(f.services.runs[0].turn->fence() == 8);
