@@ -28,9 +28,14 @@
 //   "superseded" (lease_lost) because the failover lost the revision the
 //   previous step had written: the spec's "una actualización
 //   compare-and-set perdida".
+// - The same caveat without an error: an order under way when the master
+//   died whose checkpoint the failover set back (or lost) asks a question
+//   again, or takes its last answer as a new message, and gives no
+//   summary. Counted and printed, not failed; any other shape fails.
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -476,7 +481,7 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
   }
 
   // Orders.
-  int right = 0, ended_by_error = 0;
+  int right = 0, ended_by_error = 0, restarted_by_lost_write = 0;
   for (auto& o : orders) {
     std::multiset<std::string> said;
     for (auto* r : both)
@@ -510,10 +515,31 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
       for (auto& t : said)
         said_text += "[" + t + "]";
       CAPTURE(said_text);
-      CHECK(said
-            == std::multiset<std::string>{"¿Producto?", "¿Cantidad?",
-                                          "¿Dirección?", summary_text});
-      ++right;
+      bool exact = said
+                   == std::multiset<std::string>{"¿Producto?", "¿Cantidad?",
+                                                 "¿Dirección?", summary_text};
+      // The spec's caveat (asynchronous replication): a failover can lose
+      // the last acknowledged writes. A checkpoint the failover set back
+      // (to an earlier step, or to before it waited) or lost shows, with no
+      // error, as a question asked again, or the last answer taken as a new
+      // message ("nuevo: ..."), and no summary. Only an order under way
+      // when the master died can show it.
+      bool set_back_shape =
+        said.size() == 4 && !said.contains(summary_text)
+        && std::all_of(said.begin(), said.end(), [&](auto& t) {
+             return t == "¿Producto?" || t == "¿Cantidad?"
+                    || t == "¿Dirección?" || t == "nuevo: " + o.d;
+           });
+      bool restarted = !exact && o.began < killed_by && o.ended > killed_at
+                       && set_back_shape;
+      if (restarted) {
+        ++restarted_by_lost_write;
+        MESSAGE(o.chat, " went back (its checkpoint set back by the "
+                "failover): ", said_text);
+      } else {
+        CHECK(exact);
+        ++right;
+      }
     } else if (said.contains(summary_text)) {
       ++right;
     } else {
@@ -524,6 +550,8 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
     }
   }
   MESSAGE(orders.size(), " orders: ", right, " with the right answers, ",
-          ended_by_error, " ended by a documented error", said_after_error);
+          ended_by_error, " ended by a documented error", said_after_error,
+          "; ", restarted_by_lost_write,
+          " went back after a checkpoint set back by the failover");
   CHECK(right > 0);
 }
