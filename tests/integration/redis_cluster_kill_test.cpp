@@ -482,6 +482,25 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
 
   // Orders.
   int right = 0, ended_by_error = 0, restarted_by_lost_write = 0;
+  // What each bot told an order's chat, in order, and what became of each
+  // of its messages: for an order that did not end as it should.
+  auto describe = [&](const order& o) {
+    std::string out;
+    for (auto* r : both) {
+      out += " " + r->name + ":";
+      for (auto& m : r->provider->sent_to(o.chat))
+        out += " [" + m.text + "]";
+    }
+    for (auto& id : o.ids) {
+      out += " " + id + "=";
+      if (auto i = j.outcomes.find(id); i != j.outcomes.end())
+        out += std::string{to_string(i->second)};
+      if (auto e = j.errors.find(id); e != j.errors.end())
+        for (auto& [code, what] : e->second)
+          out += " (" + what + ")";
+    }
+    return out;
+  };
   for (auto& o : orders) {
     std::multiset<std::string> said;
     for (auto* r : both)
@@ -535,8 +554,10 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
       if (restarted) {
         ++restarted_by_lost_write;
         MESSAGE(o.chat, " went back (its checkpoint set back by the "
-                "failover): ", said_text);
+                "failover):", describe(o));
       } else {
+        auto story = describe(o);
+        CAPTURE(story);
         CHECK(exact);
         ++right;
       }
@@ -545,8 +566,7 @@ TEST_CASE("cluster chaos: two bots taking turns keep each chat's turns "
     } else {
       ++ended_by_error;
       if (said_after_error.empty())
-        for (auto& t : said)
-          said_after_error += " [" + t + "]";
+        said_after_error = describe(o);
     }
   }
   MESSAGE(orders.size(), " orders: ", right, " with the right answers, ",
