@@ -84,8 +84,29 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     st.ending.clear();
     self->quit(msg.reason);
   });
+  // Where what comes for chat `key` goes: while its actor ends, that ending
+  // chat's holding; otherwise its actor's entry (the actor spawned on first
+  // use), counting what is sent to it.
+  struct target {
+    chat_entry* entry = nullptr;
+    ending_chat* ending = nullptr;
+  };
+  auto target_of = [=](const std::string& key) -> target {
+    auto& st = self->state;
+    if (!st.ending.empty())
+      if (auto e = st.ending.find(key); e != st.ending.end())
+        return {nullptr, &e->second};
+    auto& entry = st.chats[key];
+    if (!entry.handle) {
+      entry.handle = spawn_chat(self, key, st.cfg);
+      st.cfg->services->chat_activated(key);
+    }
+    ++entry.forwarded;
+    entry.last = clk::now();
+    return {&entry, nullptr};
+  };
   // A message (with the provider's turn-end notice, if any) goes to its
-  // chat actor, spawned on first use.
+  // chat actor.
   auto forward = [=](event_ptr& ev) {
     auto& st = self->state;
     const auto& key = ev->key;
@@ -96,40 +117,23 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
                                               key));
       return;
     }
-    if (!st.ending.empty()) {
-      if (auto e = st.ending.find(key); e != st.ending.end()) {
-        e->second.fresh.emplace_back(std::move(ev));
-        return;
-      }
+    auto t = target_of(key);
+    if (t.ending) {
+      t.ending->fresh.emplace_back(std::move(ev));
+      return;
     }
-    auto& entry = st.chats[key];
-    if (!entry.handle) {
-      entry.handle = spawn_chat(self, key, st.cfg);
-      st.cfg->services->chat_activated(key);
-    }
-    ev->seq = ++entry.forwarded;
-    entry.last = clk::now();
+    ev->seq = t.entry->forwarded;
     ev->via = self->address(); // cleared by the chat actor that takes it
-    self->send(entry.handle, std::move(ev));
+    self->send(t.entry->handle, std::move(ev));
   };
   auto forward_timer = [=](const std::string& key, std::uint64_t id) {
-    auto& st = self->state;
-    if (st.draining)
+    if (self->state.draining)
       return; // a stopping bot runs no more timers
-    if (!st.ending.empty()) {
-      if (auto e = st.ending.find(key); e != st.ending.end()) {
-        e->second.fresh.emplace_back(id);
-        return;
-      }
-    }
-    auto& entry = st.chats[key];
-    if (!entry.handle) {
-      entry.handle = spawn_chat(self, key, st.cfg);
-      st.cfg->services->chat_activated(key);
-    }
-    ++entry.forwarded;
-    entry.last = clk::now();
-    self->send(entry.handle, timer_atom::value, id);
+    auto t = target_of(key);
+    if (t.ending)
+      t.ending->fresh.emplace_back(id);
+    else
+      self->send(t.entry->handle, timer_atom::value, id);
   };
   // A bounced event: sent on again. Each time the chat's actor ended by an
   // exception on another message (the message that ends it is not sent
