@@ -48,12 +48,13 @@ struct run_ctx {
   std::optional<std::size_t> completed_before_loss;
 };
 
-// Where the calendar goes once the claimed run ended, having run `ran`
-// slots of the plan. Nothing when there is nothing to commit.
+// Where the calendar goes once the claimed run ended (at `end`), having
+// run `ran` slots of the plan. Nothing when there is nothing to commit.
 struct outcome {
   std::optional<time_point> next;
   bool done = false;
   bool exhausted = false; // a calendar with no next slot: ended
+  time_point end{};
 };
 
 struct task_state {
@@ -91,7 +92,6 @@ struct task_state {
   // lease surely holds (see commit()): what it writes, and the attempt a
   // pending retry is for (0: none pending).
   outcome to_commit;
-  time_point run_end;
   int commit_retry = 0;
 
   ~task_state() {
@@ -310,6 +310,7 @@ outcome after_run(const task_state& st, std::size_t ran, time_point end) {
   auto& t = *st.t;
   auto& plan = st.run->plan;
   outcome o;
+  o.end = end;
   if (ran < plan.slots.size()) {
     o.next = plan.slots[ran]; // a stop: resume from the first slot not run
   } else if (plan.one_shot) {
@@ -382,9 +383,10 @@ void cut_lease(task_actor* self, std::uint64_t token, Then then) {
 // call (the store down, a lost reply) is tried again every tick while the
 // lease surely holds and the scheduler runs: the slot ran, and a claim left
 // to lapse would run it again once its lease is out. Past that, or once
-// stopped or cancelled while waiting to try again, the claim is left to
-// lapse: the slot runs again as interrupted (at least once). A retry refused may be the earlier attempt that landed,
-// its reply lost: the record is then committed already.
+// stopped or cancelled while waiting to try again (give_up_commit), the
+// claim is left to lapse: the slot runs again as interrupted (at least
+// once). A retry refused may be the earlier attempt that landed, its reply
+// lost: the record is then committed already.
 void commit(task_actor* self, int attempt) {
   auto& st = self->state;
   auto* eng = st.eng.get();
@@ -393,14 +395,14 @@ void commit(task_actor* self, int attempt) {
   auto id = st.t->stored_id;
   auto token = st.claim.token;
   auto o = st.to_commit;
-  auto end = st.run_end;
   store_io<bool>(
     self,
     [=](scheduler_engine& e) {
-      return e.store->commit(id, e.owner, token, *o.next, o.done, end);
+      return e.store->commit(id, e.owner, token, *o.next, o.done, o.end);
     },
     [=](async_schedule_store& a, scheduler_engine& e, auto done) {
-      a.commit_async(id, e.owner, token, *o.next, o.done, end, std::move(done));
+      a.commit_async(id, e.owner, token, *o.next, o.done, o.end,
+                     std::move(done));
     },
     [=](bool committed, const std::string& failure) {
       auto& st = self->state;
@@ -484,8 +486,15 @@ void run_ended(task_actor* self, std::size_t ran) {
                          "ends",
                          st.t->stored_id, format_iso8601(*o.next, "UTC")));
   st.to_commit = o;
-  st.run_end = end;
   commit(self, 1);
+}
+
+// Stopped or cancelled while a failed commit waits to be tried again: given
+// up, the claim lapses (see commit()).
+void give_up_commit(task_actor* self) {
+  auto& st = self->state;
+  if (st.ph == phase::committing && st.commit_retry > 0)
+    finish(self, true);
 }
 
 // Posts the plan's runs to the executor; the job reports how many ran.
@@ -880,11 +889,9 @@ caf::behavior task_behavior(task_actor* self,
       auto& st = self->state;
       if (st.run)
         st.run->stop.request_stop();
-      // A commit waiting to be tried again is given up: stop() waits for
-      // what is in flight, and a store that fails would hold it a call
-      // more per task. The claim lapses (its slot runs again, interrupted).
-      if (st.ph == phase::committing && st.commit_retry > 0)
-        finish(self, true);
+      // Not tried again: stop() waits for what is in flight, and a store
+      // that fails would hold it a call more per task.
+      give_up_commit(self);
     },
     [=](task_commit_atom, std::uint64_t token, int attempt) {
       auto& st = self->state;
@@ -898,8 +905,7 @@ caf::behavior task_behavior(task_actor* self,
       st.t->st->active = false;
       if (st.run)
         st.run->stop.request_stop();
-      if (st.ph == phase::committing && st.commit_retry > 0)
-        finish(self, true); // (its record is gone: nothing to commit)
+      give_up_commit(self); // (its record is gone: nothing to commit)
       reply_if_idle(self);
     },
   };
