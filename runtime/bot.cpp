@@ -583,7 +583,7 @@ struct bot::impl final : chat_services,
   // the drain ended, get no turn and be released with an attempt spent
   // (max_attempts of them and it is given up). The live replicas take it.
   bool may_claim() override {
-    return claiming.load() && ready_now();
+    return !stopped.load() && ready_now();
   }
 
   void turn_failed(const std::string& key, chat_event ev,
@@ -1323,12 +1323,12 @@ struct bot::impl final : chat_services,
 
   std::mutex lifecycle_mtx;
   bool started = false;
-  bool stopped = false;
+  // Set when stop() begins. Atomic: may_claim reads it on the journal's
+  // thread (nothing is claimed once it is set; before start, ready_now()
+  // is false).
+  std::atomic<bool> stopped{false};
   bool ran = false; // run() was called (it runs once)
   std::atomic<bool> accepting{false};
-  // Whether the journal's beats claim records (see may_claim): from
-  // start() until stop() begins, before the scheduler's stop.
-  std::atomic<bool> claiming{false};
 
   std::mutex run_mtx;
   std::condition_variable run_cv;
@@ -1697,7 +1697,6 @@ void bot::start() {
   }
   impl_->started = true;
   impl_->accepting = true;
-  impl_->claiming = true;
   if (impl_->exclusive())
     impl_->start_session();
   else
@@ -1710,7 +1709,6 @@ void bot::stop() {
   if (!impl_->started || impl_->stopped)
     return;
   impl_->stopped = true;
-  impl_->claiming = false;
   {
     std::lock_guard run_guard{impl_->run_mtx};
     impl_->stop_requested = true;
