@@ -274,13 +274,14 @@ void durable_intake::write_entry(const std::string& record, entry e) {
   });
 }
 
-// `counted`: the record was opened (open_one) and closes once this landed.
 void durable_intake::give_back(const std::string& key,
                                const chat_event& ev) {
   // Never ran: no outbox entry of it can be in flight (see settle()).
   settle_as(key, ev.journal, false, ev.journal_gen, true, true);
 }
 
+// `counted`: the record was opened (open_one) and closes once this landed.
+// `unhandled`: a release that gives its attempt back.
 void durable_intake::settle_as(const std::string& key, const std::string& id,
                                bool keep, std::uint32_t gen, bool counted,
                                bool unhandled) {

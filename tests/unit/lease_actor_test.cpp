@@ -1025,6 +1025,13 @@ struct chat_fixture : lease_fixture {
 
   void inject(const std::string& text,
               std::function<void(botmesh::turn_outcome)> on_end = {}) {
+    send(text, std::move(on_end));
+    vs.run();
+  }
+
+  // As inject, without running what follows.
+  void send(const std::string& text,
+            std::function<void(botmesh::turn_outcome)> on_end = {}) {
     botmesh::inbound_message m;
     m.provider = "test";
     m.chat = "x";
@@ -1034,7 +1041,6 @@ struct chat_fixture : lease_fixture {
     botmesh::chat_event ev{std::move(m), 0, {}};
     ev.on_end = std::move(on_end);
     caf::anon_send(router, botmesh::make_event(std::move(ev)));
-    vs.run();
   }
 
   // Grants the chat's turn to enter `c` at `fence`, and runs what follows.
@@ -1160,16 +1166,9 @@ TEST_CASE("a message sent on to a chat that ends by an exception before "
   auto& sched = f.vs.sched();
   REQUIRE(sched.prioritize(f.lease_actor));
   sched.run_once();
-  botmesh::inbound_message m;
-  m.provider = "test";
-  m.chat = "x";
-  m.sender = "x";
-  m.text = "dos";
-  botmesh::chat_event ev{std::move(m), 0, {}};
-  ev.on_end = [&ended](botmesh::turn_outcome o) {
+  f.send("dos", [&ended](botmesh::turn_outcome o) {
     ended.push_back(std::string{to_string(o)});
-  };
-  caf::anon_send(f.router, botmesh::make_event(std::move(ev)));
+  });
   REQUIRE(sched.prioritize(f.router));
   sched.run_once(); // the router sends "dos" on to the chat
   f.vs.run();
