@@ -492,8 +492,8 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       ev->via = nullptr; // taken: this actor ends it
       ++st.received;
       auto pending = st.run ? st.run->waiting() : st.queue.size();
-      // (A timer comes this way only sent back from an ended actor; timers
-      // are never refused.)
+      // (Timers are internal and never refused: they do not count against
+      // the pending bound.)
       if (pending >= st.cfg().max_pending_per_chat && !ev->ev.is_timer()) {
         st.cfg().services->refused(
           st.key, std::move(ev->ev), errc::overloaded,
@@ -502,14 +502,6 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
         return;
       }
       push(self, std::move(ev));
-    },
-    // Timers are internal and never refused: they do not count against the
-    // pending bound.
-    [=](timer_atom, std::uint64_t id) {
-      auto box = make_event(self->state.key, chat_event{{}, id, {}});
-      // Its place among what the router sent (see event_box::seq).
-      box->seq = ++self->state.received;
-      push(self, std::move(box));
     },
     [=](granted_atom, std::uint64_t req, std::shared_ptr<turn_token>& token) {
       std::size_t i = 0;

@@ -23,7 +23,7 @@ namespace botmesh {
 /// nothing for `passivate_after` it sends `(idle_atom)`; an idle chat then
 /// asks the router `(idle_atom, key, received)` and exits when allowed.
 ///
-/// Protocol: `event_ptr`; `(timer_atom, id)`; `turn_done_atom`;
+/// Protocol: `event_ptr` (a message, or a timer as an event); `turn_done_atom`;
 /// `drain_atom` -> `bool` (replied once the queue is empty and no turn
 /// runs); `abandon_atom`.
 caf::actor spawn_chat(caf::event_based_actor* parent, std::string key,

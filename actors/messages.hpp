@@ -34,7 +34,8 @@ using chat_gone_atom = caf::atom_constant<caf::atom("bm_cgone")>;
 using bounced_atom = caf::atom_constant<caf::atom("bm_bounce")>;
 
 /// runtime -> router: (key, timer id): a timer armed for a chat fired; the
-/// router forwards (timer id) to the chat actor, spawning it if needed.
+/// router sends it on to the chat actor as a timer event (an event box, so
+/// it comes back if that actor ends before taking it), spawning it if needed.
 using timer_atom = caf::atom_constant<caf::atom("bm_timer")>;
 
 // -- chat <-> lease actor (see lease_actor.hpp) ------------------------------

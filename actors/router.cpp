@@ -4,7 +4,6 @@
 #include <memory>
 #include <thread>
 #include <unordered_map>
-#include <variant>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -31,8 +30,7 @@ using clk = std::chrono::steady_clock;
 struct ending_chat {
   caf::actor_addr actor;          // the chat actor that ends
   std::vector<event_ptr> bounced; // sorted by event_box::seq at the end
-  // Arrived since chat_gone, in order: events, and timers (their ids).
-  std::vector<std::variant<event_ptr, std::uint64_t>> fresh;
+  std::vector<event_ptr> fresh;   // arrived since chat_gone, in order
 };
 
 struct chat_entry {
@@ -77,9 +75,8 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       };
       for (auto& ev : kv.second.bounced)
         refuse(ev);
-      for (auto& x : kv.second.fresh)
-        if (auto* ev = std::get_if<event_ptr>(&x))
-          refuse(*ev);
+      for (auto& ev : kv.second.fresh)
+        refuse(ev);
     }
     st.ending.clear();
     self->quit(msg.reason);
@@ -126,14 +123,12 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     ev->via = self->address(); // cleared by the chat actor that takes it
     self->send(t.entry->handle, std::move(ev));
   };
+  // A timer goes as an event box, as a message does: one that its chat
+  // actor ends before taking comes back (event_box::via) instead of being
+  // freed with the mailbox, and a flow waiting for it would wait forever.
   auto forward_timer = [=](const std::string& key, std::uint64_t id) {
-    if (self->state.draining)
-      return; // a stopping bot runs no more timers
-    auto t = target_of(key);
-    if (t.ending)
-      t.ending->fresh.emplace_back(id);
-    else
-      self->send(t.entry->handle, timer_atom::value, id);
+    auto box = make_event(key, chat_event{{}, id, {}});
+    forward(box);
   };
   // A bounced event: sent on again. Each time the chat's actor ended by an
   // exception on another message (the message that ends it is not sent
@@ -160,7 +155,6 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     });
     if (i == st.ending.end())
       return;
-    auto key = i->first;
     auto ending = std::move(i->second);
     st.ending.erase(i);
     std::stable_sort(ending.bounced.begin(), ending.bounced.end(),
@@ -169,12 +163,8 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
                      });
     for (auto& ev : ending.bounced)
       resend(ev);
-    for (auto& x : ending.fresh) {
-      if (auto* ev = std::get_if<event_ptr>(&x))
-        forward(*ev);
-      else
-        forward_timer(key, std::get<std::uint64_t>(x));
-    }
+    for (auto& ev : ending.fresh)
+      forward(ev);
   });
   // One sweep for all chats instead of a timer per chat: a chat that got
   // nothing for passivate_after is asked whether it is idle; if it is, it

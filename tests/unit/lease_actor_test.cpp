@@ -1226,6 +1226,33 @@ TEST_CASE("a flow timer waiting in a chat that ends by an exception goes to "
   CHECK(f.services.runs[0].turn->fence() == 8);
 }
 
+TEST_CASE("a flow timer sent on to a chat that ends by an exception before "
+          "taking it goes to the chat's next actor and runs") {
+  chat_fixture f;
+  f.services.throw_on_run = true;
+  f.inject("uno");
+  auto& enter = f.coord->last(op::enter);
+  REQUIRE(enter.key == f.key);
+  // The grant reaches the chat's mailbox, and the timer behind it: the chat
+  // ends on the grant (run_turn throws) with the timer not yet taken.
+  sc::answer(enter, f.coord->granted(f.key, enter.req, 7));
+  auto& sched = f.vs.sched();
+  REQUIRE(sched.prioritize(f.lease_actor));
+  sched.run_once();
+  caf::anon_send(f.router, botmesh::timer_atom::value, f.key,
+                 std::uint64_t{42});
+  REQUIRE(sched.prioritize(f.router));
+  sched.run_once(); // the router sends the timer on to the chat
+  f.vs.run();
+  f.services.throw_on_run = false;
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 2); // the next actor asks a turn for the timer
+  f.grant(*enters[1], 8);
+  REQUIRE(f.services.runs.size() == 1);
+  CHECK(f.services.runs[0].timer == 42);
+  CHECK(f.services.runs[0].turn->fence() == 8);
+}
+
 TEST_CASE("a grant that arrives after the chat's turn_wait gave up is "
           "released and its message never runs") {
   chat_fixture f;
