@@ -1183,6 +1183,39 @@ TEST_CASE("a message sent on to a chat that ends by an exception before "
   CHECK(f.services.runs[0].turn->fence() == 8);
 }
 
+TEST_CASE("what the router holds for a chat whose actor ends is refused, "
+          "once each, when the router exits before that actor's end") {
+  chat_fixture f;
+  f.services.throw_on_run = true;
+  std::vector<std::string> ended;
+  auto note = [&](std::string name) {
+    return [&ended, name](botmesh::turn_outcome o) {
+      ended.push_back(name + ":" + std::string{to_string(o)});
+    };
+  };
+  f.inject("uno");
+  f.inject("dos", note("dos")); // waits behind "uno"
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 2);
+  // Granted: run_turn throws, the chat actor ends and sends "dos" back.
+  sc::answer(*enters[0], f.coord->granted(f.key, enters[0]->req, 7));
+  auto& sched = f.vs.sched();
+  REQUIRE(sched.prioritize(f.lease_actor));
+  sched.run_once(); // the grant goes to the chat actor
+  sched.run_once(); // which throws and ends
+  CHECK(f.coord->all(op::enter).size() == 2);
+  // The router hears chat_gone, holds "dos" (it came back) and "tres" (it
+  // came meanwhile), then exits before the ended actor's down message.
+  f.send("tres", note("tres"));
+  caf::anon_send_exit(f.router, caf::exit_reason::user_shutdown);
+  f.vs.run();
+  f.services.throw_on_run = false;
+  CHECK(f.services.runs.empty());
+  CHECK(f.services.refused_keys == std::vector<std::string>{f.key, f.key});
+  std::sort(ended.begin(), ended.end());
+  CHECK(ended == std::vector<std::string>{"dos:refused", "tres:refused"});
+}
+
 TEST_CASE("a chat that ends by an exception while the router drains "
           "answers the drain at once, not at its bound") {
   chat_fixture f;
