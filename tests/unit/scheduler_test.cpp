@@ -1779,6 +1779,36 @@ TEST_CASE("a task cancelled while its failed commit is tried again stops "
   CHECK(rec.logs_containing("refused after a failed attempt") == 0);
 }
 
+TEST_CASE("a scheduler stopped while a failed commit waits to be tried "
+          "again stops trying: no commit call after stop()") {
+  auto store = std::make_shared<test_store>();
+  store->failing_commits = 1'000'000;
+  recorder rec;
+  // Tried again a tick (1 s) later: stop() comes well inside that wait.
+  botmesh::scheduler s{{.store = store, .tick = "1s", .log = rec.logger()}};
+  s.every(100ms, {.id = "job", .lease = std::chrono::milliseconds{30'000}},
+          rec.handler());
+  s.start();
+  REQUIRE(test::eventually([&] { return s.stats().store_errors >= 1; }));
+  std::uint64_t token = 0;
+  {
+    std::lock_guard guard{rec.mtx};
+    REQUIRE(rec.runs.size() == 1);
+    token = rec.runs[0].fencing_token;
+  }
+  auto calls = [&] {
+    std::lock_guard guard{store->mtx};
+    return store->commits[token];
+  };
+  REQUIRE(calls() == 1);
+  s.stop();
+  store->stopped = true;
+  // Past the retry's tick: a retry still armed would have called by now.
+  std::this_thread::sleep_for(1500ms);
+  CHECK(calls() == 1);
+  CHECK(store->calls_after_stop.load() == 0);
+}
+
 TEST_CASE("a commit that fails for as long as the claim's lease holds is "
           "left to lapse: the slot runs again as interrupted, and the task "
           "goes on") {
