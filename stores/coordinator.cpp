@@ -103,7 +103,16 @@ class coordinator_lease final : public lease_provider {
   std::optional<std::uint64_t> try_acquire(std::string_view name,
                                            std::string_view, time_point,
                                            std::chrono::milliseconds) override {
-    auto l = blocking_coordinator{*c_}.lead(name);
+    std::optional<leadership> l;
+    try {
+      l = blocking_coordinator{*c_}.lead(name);
+    } catch (...) {
+      // Its reply lost, the call may have won: release() must still be
+      // able to give it back.
+      std::lock_guard guard{mtx_};
+      fences_[std::string{name}] = std::nullopt;
+      throw;
+    }
     std::lock_guard guard{mtx_};
     if (!l) {
       fences_.erase(std::string{name});
@@ -114,7 +123,7 @@ class coordinator_lease final : public lease_provider {
   }
 
   void release(std::string_view name, std::string_view) override {
-    std::uint64_t fence = 0;
+    std::optional<std::uint64_t> fence;
     {
       std::lock_guard guard{mtx_};
       auto i = fences_.find(std::string{name});
@@ -123,13 +132,25 @@ class coordinator_lease final : public lease_provider {
       fence = i->second;
       fences_.erase(i);
     }
-    blocking_coordinator{*c_}.unlead(name, fence);
+    blocking_coordinator b{*c_};
+    if (!fence) {
+      // Unknown since a lost reply: a lead call says it. It keeps this
+      // replica's leadership (and its fence) or takes a free one, both
+      // given up below; it takes nothing another replica leads.
+      auto l = b.lead(name);
+      if (!l)
+        return;
+      fence = l->fence;
+    }
+    b.unlead(name, *fence);
   }
 
  private:
   std::shared_ptr<coordinator> c_;
   std::mutex mtx_;
-  std::unordered_map<std::string, std::uint64_t> fences_;
+  // Per name this replica may lead: its fence, or nothing when the reply
+  // that would say it was lost.
+  std::unordered_map<std::string, std::optional<std::uint64_t>> fences_;
 };
 
 } // namespace

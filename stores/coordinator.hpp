@@ -283,9 +283,12 @@ class blocking_coordinator {
 
 class lease_provider;
 
-/// The coordinator's leaderships as a scheduler leader lease (the default
-/// `scheduler.lease` of a bot with coordination); `ttl` is the
-/// coordinator's lease.
+/// The coordinator's leaderships as a scheduler leader lease, for a
+/// scheduler run beside a coordinator without a bot (a bot's scheduler
+/// leads through its lease actor); `ttl` is the coordinator's lease. Each
+/// call blocks on the coordinator. An acquire whose reply was lost throws,
+/// and `release` then asks the coordinator once more, so a leadership the
+/// lost call won is still given back at once.
 std::shared_ptr<lease_provider>
 make_coordinator_lease(std::shared_ptr<coordinator> c);
 

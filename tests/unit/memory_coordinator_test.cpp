@@ -2,7 +2,12 @@
 
 #include <conformance/coordinator_conformance.hpp>
 
+#include <botmesh/stores/forwarding_coordinator.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
+#include <botmesh/stores/schedule_store.hpp>
+
+#include <stdexcept>
+#include <utility>
 
 using namespace std::chrono_literals;
 
@@ -72,4 +77,65 @@ TEST_CASE("a crashed coordinator refuses calls and replica ids default to "
                   botmesh::coordination_unavailable_error);
   CHECK_THROWS_AS((botmesh::memory_coordinator{hub, {.lease = 0ms}}),
                   botmesh::invalid_argument_error);
+}
+
+TEST_CASE("a coordinator lease whose acquire won but lost its reply is still "
+          "given back: another replica leads at once") {
+  // The first renewal runs, and its answer is lost.
+  struct lossy final : botmesh::forwarding_coordinator {
+    using forwarding_coordinator::forwarding_coordinator;
+    bool lose = true;
+    void renew(botmesh::renewal r,
+               completion<botmesh::renewal_result> done) override {
+      if (!std::exchange(lose, false)) {
+        c_->renew(std::move(r), std::move(done));
+        return;
+      }
+      c_->renew(std::move(r), [done](botmesh::renewal_result, std::exception_ptr) {
+        done({}, std::make_exception_ptr(std::runtime_error("reply lost")));
+      });
+    }
+  };
+  botmesh::manual_clock clock;
+  botmesh::memory_coordination_hub hub{{.clock = &clock}};
+  auto a = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "a"});
+  botmesh::memory_coordinator b{hub, {.replica_id = "b"}};
+  auto lease = botmesh::make_coordinator_lease(std::make_shared<lossy>(a));
+  CHECK_THROWS(lease->try_acquire("sched", "a", clock.now(), 15s));
+  // It did win: b cannot lead while a holds it.
+  CHECK_FALSE(botmesh::blocking_coordinator{b}.lead("sched").has_value());
+  lease->release("sched", "a");
+  CHECK(botmesh::blocking_coordinator{b}.lead("sched").has_value());
+}
+
+TEST_CASE("a coordinator lease given back after a lost reply does not take "
+          "a leadership another replica holds") {
+  struct lossy final : botmesh::forwarding_coordinator {
+    using forwarding_coordinator::forwarding_coordinator;
+    bool lose = true;
+    void renew(botmesh::renewal r,
+               completion<botmesh::renewal_result> done) override {
+      if (!lose) {
+        c_->renew(std::move(r), std::move(done));
+        return;
+      }
+      done({}, std::make_exception_ptr(std::runtime_error("no answer")));
+    }
+  };
+  botmesh::manual_clock clock;
+  botmesh::memory_coordination_hub hub{{.clock = &clock}};
+  auto a = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "a"});
+  botmesh::memory_coordinator b{hub, {.replica_id = "b"}};
+  auto faulty = std::make_shared<lossy>(a);
+  auto lease = botmesh::make_coordinator_lease(faulty);
+  CHECK_THROWS(lease->try_acquire("sched", "a", clock.now(), 15s));
+  auto held = botmesh::blocking_coordinator{b}.lead("sched");
+  REQUIRE(held.has_value()); // the lost call never ran: b leads
+  faulty->lose = false;
+  lease->release("sched", "a");
+  auto still = botmesh::blocking_coordinator{b}.lead("sched");
+  REQUIRE(still.has_value());
+  CHECK(still->fence == held->fence);
 }
