@@ -339,6 +339,11 @@ outcome after_run(const task_state& st, std::size_t ran, time_point end) {
 void finish(task_actor* self, bool retry = false) {
   auto& st = self->state;
   st.ph = phase::idle;
+  // No retry waits any more. Left set, a later cut_lease (also
+  // `committing`) would look like a waiting retry to give_up_commit, which
+  // would finish it while its store call is in flight: finished twice, the
+  // scheduler's count of runs would wrap and a later stop() wait forever.
+  st.commit_retry = 0;
   st.run.reset();
   st.next_renew = time_point::max();
   st.held_until = time_point::max();
@@ -468,10 +473,10 @@ void run_ended(task_actor* self, std::size_t ran) {
       return;
     }
   }
-  if (ran == 0 && st.claim.interrupted && !st.run->plan.slots.empty()) {
+  if (ran == 0 && !st.run->plan.slots.empty()) {
     // Stopped before its slot started: given back with its mark, as a
     // claim handed back on its way is (a commit of the same slot would
-    // have the next claimer judge it missed).
+    // have a later claimer judge it missed).
     cut_lease(self, st.claim.token, [self] { finish(self, true); });
     return;
   }
@@ -634,22 +639,14 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
   run_claimed(self, std::move(*claim), now, now);
 }
 
-// Given up while the claim was on its way: the slot goes back untouched
-// (the commit is refused if a newer claim exists); an interrupted one by
-// cut_lease, which keeps its mark (committed, the next claimer would judge
-// it missed, and skip it under `missed_policy::skip`).
+// Given up while the claim was on its way: the slot goes back by
+// cut_lease, which keeps the claim's mark (when it was claimed), as a
+// crash would have left it. Committed instead, the mark would go, and a
+// replica that looks again only later (it saw this claim's lease) would
+// judge the slot missed and skip it under `missed_policy::skip`.
 void hand_back(task_actor* self, schedule_claim claim) {
-  auto& st = self->state;
-  if (claim.interrupted) {
-    cut_lease(self, claim.token,
-              [self] { claim_again_later(self, self->state.eng->now()); });
-    return;
-  }
-  st.claim = std::move(claim);
-  st.run = std::make_shared<run_ctx>();
-  st.run->plan.next_if_completed = st.claim.record.next_run_at;
-  st.ph = phase::running;
-  run_ended(self, 0);
+  cut_lease(self, claim.token,
+            [self] { claim_again_later(self, self->state.eng->now()); });
 }
 
 // Runs what `claim` (sent at `claimed_at`) covers; the store holds it for a

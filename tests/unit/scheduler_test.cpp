@@ -1528,6 +1528,58 @@ TEST_CASE("an interrupted slot whose claim is handed back at stop keeps its "
   CHECK(rec_b.runs[0].scheduled_at == t0() + 1min);
 }
 
+TEST_CASE("an on-time slot whose claim is handed back at stop keeps its "
+          "claim's mark: a replica that takes it over late runs it, not "
+          "skipped as missed") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<test_store>();
+  std::shared_ptr<botmesh::schedule_store> shared{store, &store->inner};
+  recorder rec_a;
+  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec_a.logger()}};
+  // A task whose handler runs when stop() comes (claimed first): its stop
+  // token tells the test that A is stopping.
+  std::atomic<bool> other_started{false};
+  std::atomic<bool> other_stopped{false};
+  a.every("1m", {.id = "other", .lease = "30s"},
+          [&](const scheduled_run& r) {
+            other_started = true;
+            while (!r.stop.stop_requested())
+              std::this_thread::sleep_for(1ms);
+            other_stopped = true;
+          });
+  a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
+          rec_a.handler());
+  clk.advance(1min); // both slots due: "job"'s claim is on time
+  store->hold_claims_of = "job";
+  store->hold_claims = true;
+  std::thread a_poll{[&] { a.poll(); }};
+  REQUIRE(test::eventually(
+    [&] { return store->claim_held() && other_started.load(); }));
+  std::thread stopper{[&] { a.stop(); }};
+  REQUIRE(test::eventually([&] { return other_stopped.load(); }));
+  // A is stopping when its claim comes back: handed back, not run.
+  CHECK(store->answer_held_claim());
+  stopper.join();
+  a_poll.join();
+  CHECK(rec_a.count() == 0);
+  auto rec = store->get("job");
+  REQUIRE(rec);
+  CHECK(rec->next_run_at == t0() + 1min);
+  CHECK(rec->claimed_at == t0() + 1min);
+  // Another replica looks again only a minute later (it saw A's claim and
+  // its lease): the slot was claimed on time, so it runs (under skip, a
+  // missed slot would not), as it would had A died instead.
+  clk.advance(1min);
+  recorder rec_b;
+  botmesh::scheduler b{{.store = shared, .clock = &clk}};
+  b.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
+          rec_b.handler());
+  b.poll();
+  REQUIRE(rec_b.count() >= 1);
+  CHECK_FALSE(rec_b.runs[0].missed);
+  CHECK(rec_b.runs[0].scheduled_at == t0() + 1min);
+}
+
 TEST_CASE("a claim answered late whose lease still holds is renewed and runs "
           "its slot, not as missed") {
   botmesh::manual_clock clk{t0()};
@@ -1807,6 +1859,65 @@ TEST_CASE("a scheduler stopped while a failed commit waits to be tried "
   std::this_thread::sleep_for(1500ms);
   CHECK(calls() == 1);
   CHECK(store->calls_after_stop.load() == 0);
+}
+
+TEST_CASE("a retry given up at stop leaves nothing behind: after a restart, "
+          "a cancel during a claim's hand-back at stop does not end it twice") {
+  auto store = std::make_shared<test_store>();
+  store->failing_commits = 1;
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .tick = "1s", .log = rec.logger()}};
+  // A task whose handler runs until stop() comes: its stop token tells the
+  // test that the scheduler is stopping.
+  std::atomic<int> other_started{0};
+  std::atomic<int> other_stopped{0};
+  s.every(100ms, {.id = "other", .lease = std::chrono::milliseconds{2000}},
+          [&](const scheduled_run& r) {
+            ++other_started;
+            while (!r.stop.stop_requested())
+              std::this_thread::sleep_for(1ms);
+            ++other_stopped;
+          });
+  auto task = s.every(100ms, {.id = "job", .lease = std::chrono::milliseconds{2000}},
+                      rec.handler());
+  s.start();
+  // The first commit fails; its retry waits a tick, and stop() gives it up.
+  REQUIRE(test::eventually([&] { return s.stats().store_errors >= 1; }));
+  std::uint64_t token = 0;
+  {
+    std::lock_guard guard{rec.mtx};
+    REQUIRE(rec.runs.size() == 1);
+    token = rec.runs[0].fencing_token;
+  }
+  s.stop();
+  std::this_thread::sleep_for(2100ms); // that claim's lease runs out
+  // Started again: "job"'s next claim is held until the scheduler stops,
+  // so it is handed back, and that hand-back (a cut of its lease) is held.
+  store->hold_renewal_of = token + 1;
+  store->hold_claims_of = "job";
+  store->hold_claims = true;
+  auto before = other_stopped.load();
+  s.start();
+  REQUIRE(test::eventually(
+    [&] { return store->claim_held() && other_started.load() == 2; }));
+  std::atomic<bool> stopped{false};
+  std::thread stopper{[&] {
+    s.stop();
+    stopped = true;
+  }};
+  REQUIRE(test::eventually([&] { return other_stopped.load() > before; }));
+  CHECK(store->answer_held_claim());
+  REQUIRE(test::eventually([&] { return store->renewals_of(token + 1) == 1; }));
+  // A cancel now finds no retry waiting (that one was given up before the
+  // restart): the hand-back goes on, and stop() waits for it. Taken for a
+  // waiting retry, the claim would end here and again at the cut's answer,
+  // and stop() would return with the cut in flight.
+  task.cancel();
+  test::eventually([&] { return stopped.load(); }, 300ms);
+  CHECK_FALSE(stopped.load());
+  CHECK(store->answer_held());
+  stopper.join();
+  CHECK(rec.count() == 1);
 }
 
 TEST_CASE("a commit that fails for as long as the claim's lease holds is "
