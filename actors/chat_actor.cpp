@@ -13,8 +13,35 @@
 #include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/log.hpp>
 
+namespace botmesh::internal {
+
+// Carried by the message that says a step returned. Its chat actor takes it
+// (clearing `router`); freed untaken, the actor had ended (an exception)
+// while the step ran, and the router, which holds the chat's events until
+// then, hears that the step is over: the chat's next actor must not start
+// a step of the same chat beside it.
+struct step_end final : caf::ref_counted {
+  step_end(caf::actor_addr r, caf::actor_addr c)
+    : router(std::move(r)), chat(std::move(c)) {
+    // nop
+  }
+  ~step_end() override {
+    if (!router)
+      return;
+    if (auto r = caf::actor_cast<caf::actor>(router))
+      caf::anon_send(r, step_done_atom::value, std::move(chat));
+  }
+  caf::actor_addr router;
+  caf::actor_addr chat;
+};
+
+using step_end_ptr = caf::intrusive_ptr<step_end>;
+
+} // namespace botmesh::internal
+
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::turn_token>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::internal::step_end_ptr)
 
 namespace botmesh {
 
@@ -353,15 +380,19 @@ void next_turn(chat_actor_t* self) {
     }
     return;
   }
-  st.busy = true;
   st.first = false;
   auto handle = caf::actor_cast<caf::actor>(self);
+  auto end = caf::make_counted<internal::step_end>(st.router.address(),
+                                                   self->address());
   // The event goes with its turn (it is freed where the turn ends); the
   // entry stays, holding the turn, until turn_done.
   st.cfg().services->run_turn(st.key, std::move(head.ev), first, head.token,
-                              [handle] {
-    caf::anon_send(handle, turn_done_atom::value);
+                              [handle, end]() mutable {
+    caf::anon_send(handle, turn_done_atom::value, std::move(end));
   });
+  // Only now: a run_turn that throws started no step (the chat's next
+  // actor need not wait for one).
+  st.busy = true;
 }
 
 // Answers drain waiters once nothing is queued or running.
@@ -477,7 +508,9 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       log::error("chat", fmt::format("chat {} ended by an exception: {}; its "
                                      "tickets and turns are given back",
                                      me->state.key, what));
-      me->send(me->state.router, chat_gone_atom::value, me->state.key);
+      // (With a step still running, the router waits for it too.)
+      me->send(me->state.router, chat_gone_atom::value, me->state.key,
+               me->state.busy);
       give_back_all(me, "an exception: " + what, true);
       // A drain waiting here is answered (the router refuses what comes
       // back, since it drains), or the bot's stop would wait its bound.
@@ -589,11 +622,11 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       next_turn(self);
     },
     [=](turn_done_atom) {
+      check_idle(self); // the runner went idle while a drain waited
+    },
+    [=](turn_done_atom, internal::step_end_ptr& end) {
       auto& st = self->state;
-      if (!st.coordinated()) {
-        check_idle(self); // the runner went idle while a drain waited
-        return;
-      }
+      end->router = nullptr; // taken: nobody else waits for this step
       st.busy = false;
       st.cut_wait = 0;
       if (st.coordinated() && !st.empty()) {

@@ -22,10 +22,16 @@ using turn_done_atom = caf::atom_constant<caf::atom("bm_done")>;
 /// exit because the router forwarded nothing more.
 using idle_atom = caf::atom_constant<caf::atom("bm_idle")>;
 
-/// chat -> router: (key): the chat is ending by an exception; the router
-/// holds what it sent back (bounced_atom) and what comes for the chat until
-/// the actor is down, then gives all of it, in order, to a new chat actor.
+/// chat -> router: (key, step running): the chat is ending by an
+/// exception; the router holds what it sent back (bounced_atom) and what
+/// comes for the chat until the actor is down and, if a step of the chat
+/// was running, until that step returned (step_done_atom); then it gives
+/// all of it, in order, to a new chat actor.
 using chat_gone_atom = caf::atom_constant<caf::atom("bm_cgone")>;
+
+/// step's end -> router: (chat actor address): a step returned after its
+/// chat actor ended (see chat_gone_atom).
+using step_done_atom = caf::atom_constant<caf::atom("bm_stdone")>;
 
 /// event box / chat -> router: (event): a chat event the router sent on to
 /// a chat actor that ended by an exception before running it (left in its

@@ -26,11 +26,15 @@ using clk = std::chrono::steady_clock;
 // down message: what it held comes back (bounced_atom) and waits here with
 // what arrives meanwhile, then all of it goes to the chat's next actor in
 // the chat's order. CAF frees an ended actor's mailbox (each box bouncing)
-// before it sends the down message, so nothing of it comes after.
+// before it sends the down message, so nothing of it comes after. A step
+// of the chat still running then (on a handler thread) is waited for too:
+// the next actor's step would run beside it, in the same conversation.
 struct ending_chat {
   caf::actor_addr actor;          // the chat actor that ends
   std::vector<event_ptr> bounced; // sorted by event_box::seq at the end
   std::vector<event_ptr> fresh;   // arrived since chat_gone, in order
+  bool step_running = false;      // until its step_done
+  bool down = false;              // its down message came
 };
 
 struct chat_entry {
@@ -116,6 +120,17 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     }
     auto t = target_of(key);
     if (t.ending) {
+      // Bounded as the chat's own queue: an ending chat may wait long for
+      // a step that ignores its stop token.
+      auto held = t.ending->bounced.size() + t.ending->fresh.size();
+      if (held >= st.cfg->max_pending_per_chat && !ev->ev.is_timer()) {
+        st.cfg->services->refused(
+          key, std::move(ev->ev), errc::overloaded,
+          fmt::format("chat {} has {} messages waiting (max_pending_per_chat) "
+                      "while its chat actor ends",
+                      key, held));
+        return;
+      }
       t.ending->fresh.emplace_back(std::move(ev));
       return;
     }
@@ -146,17 +161,18 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     }
     forward(ev);
   };
-  // The ended chat actor is gone for good: what it held, then what came
-  // since, goes to the chat's next actor.
-  self->set_down_handler([=](caf::down_msg& down) {
+  auto ending_of = [=](const caf::actor_addr& actor) {
     auto& st = self->state;
-    auto i = std::find_if(st.ending.begin(), st.ending.end(), [&](auto& kv) {
-      return kv.second.actor == down.source;
+    return std::find_if(st.ending.begin(), st.ending.end(), [&](auto& kv) {
+      return kv.second.actor == actor;
     });
-    if (i == st.ending.end())
-      return;
+  };
+  // The ended chat actor is gone for good, and its step (if one ran) is
+  // over: what it held, then what came since, goes to the chat's next
+  // actor.
+  auto pass_on = [=](std::unordered_map<std::string, ending_chat>::iterator i) {
     auto ending = std::move(i->second);
-    st.ending.erase(i);
+    self->state.ending.erase(i);
     std::stable_sort(ending.bounced.begin(), ending.bounced.end(),
                      [](const event_ptr& a, const event_ptr& b) {
                        return a->seq < b->seq;
@@ -165,6 +181,14 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       resend(ev);
     for (auto& ev : ending.fresh)
       forward(ev);
+  };
+  self->set_down_handler([=](caf::down_msg& down) {
+    auto i = ending_of(down.source);
+    if (i == self->state.ending.end())
+      return;
+    i->second.down = true;
+    if (!i->second.step_running)
+      pass_on(i);
   });
   // One sweep for all chats instead of a timer per chat: a chat that got
   // nothing for passivate_after is asked whether it is idle; if it is, it
@@ -213,16 +237,27 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     // A chat ended by an exception (if it is still the chat's actor): what
     // it held and what comes meanwhile waits for its end (ending_chat), then
     // goes to the chat's next actor.
-    [=](chat_gone_atom, const std::string& key) {
+    [=](chat_gone_atom, const std::string& key, bool step_running) {
       auto& st = self->state;
       auto i = st.chats.find(key);
       if (i == st.chats.end() || i->second.handle != self->current_sender())
         return;
       auto& ending = st.ending[key];
       ending.actor = i->second.handle.address();
+      ending.step_running = step_running;
       self->monitor(i->second.handle);
       st.chats.erase(i);
       st.cfg->services->chat_passivated(key);
+    },
+    // The step an ending chat actor left running returned (see
+    // ending_chat). It says so after that actor's chat_gone.
+    [=](step_done_atom, const caf::actor_addr& actor) {
+      auto i = ending_of(actor);
+      if (i == self->state.ending.end() || !i->second.step_running)
+        return;
+      i->second.step_running = false;
+      if (i->second.down)
+        pass_on(i);
     },
     [=](drain_atom, std::chrono::milliseconds bound) -> caf::result<bool> {
       auto& st = self->state;

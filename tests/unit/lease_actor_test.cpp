@@ -975,6 +975,7 @@ struct recording_services final : botmesh::chat_services {
   std::vector<std::string> failed;
   std::vector<std::string> refused_keys;
   bool throw_on_run = false; // run_turn throws (a services bug)
+  bool throw_on_refused = false; // refused throws, after it noted the key
 
   void run_turn(const std::string& key, botmesh::event_ptr ev, bool,
                 std::shared_ptr<botmesh::turn_token> turn,
@@ -1002,6 +1003,8 @@ struct recording_services final : botmesh::chat_services {
   void refused(const std::string& key, botmesh::chat_event, botmesh::errc,
                std::string) override {
     refused_keys.push_back(key);
+    if (throw_on_refused)
+      throw std::runtime_error("refused failed");
   }
 };
 
@@ -1011,11 +1014,13 @@ struct chat_fixture : lease_fixture {
   caf::actor router;
   std::string key = botmesh::chat_key("test", "x");
 
-  explicit chat_fixture(ms turn_wait = 2000ms) {
-    router = botmesh::spawn_router(
-      vs.sys(), botmesh::router_config{.services = &services,
-                                       .lease = lease_actor,
-                                       .turn_wait = turn_wait});
+  explicit chat_fixture(ms turn_wait = 2000ms,
+                        std::size_t max_pending = 10'000) {
+    botmesh::router_config cfg{.services = &services,
+                               .lease = lease_actor,
+                               .turn_wait = turn_wait};
+    cfg.max_pending_per_chat = max_pending;
+    router = botmesh::spawn_router(vs.sys(), std::move(cfg));
   }
 
   ~chat_fixture() {
@@ -1236,6 +1241,63 @@ TEST_CASE("a chat that ends by an exception while the router drains "
   f.vs.run();
   REQUIRE(answer->has_value());
   CHECK_FALSE(**answer);
+}
+
+TEST_CASE("a chat actor that ends by an exception while its step runs: the "
+          "chat's next actor starts no step before that step returned") {
+  chat_fixture f{2000ms, 2}; // one message may wait behind the running one
+  f.inject("uno");
+  auto& first = f.coord->last(op::enter);
+  f.grant(first, 7);
+  REQUIRE(f.services.runs.size() == 1); // "uno" runs (and has not returned)
+  f.inject("dos"); // waits behind it
+  // "tres" is one too many: refused, and the refusal throws (a services
+  // bug): the chat actor ends while "uno"'s step still runs.
+  f.services.throw_on_refused = true;
+  f.inject("tres");
+  f.services.throw_on_refused = false;
+  REQUIRE(f.services.refused_keys.size() == 1);
+  CHECK(f.releases(f.key, 7) == 1); // its turn ended: its effects are refused
+  // "dos" waits in the router: a next actor would run it beside "uno".
+  // What comes meanwhile waits with it, bounded as the chat's queue.
+  f.inject("cuatro");
+  f.inject("cinco"); // two wait already: refused
+  CHECK(f.services.refused_keys.size() == 2);
+  auto enters = f.coord->all(op::enter);
+  CHECK(enters.size() == 2); // "uno"'s and "dos"'s first, given back
+  f.services.runs[0].done(); // "uno"'s step returns
+  f.vs.run();
+  enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 4); // "dos", then "cuatro"
+  f.grant(*enters[2], 8);
+  REQUIRE(f.services.runs.size() == 2);
+  CHECK(f.services.runs[1].turn->fence() == 8);
+}
+
+TEST_CASE("a step that returned while its chat actor ended by an exception, "
+          "its done unread, does not hold the chat") {
+  chat_fixture f{2000ms, 2};
+  f.inject("uno");
+  auto& first = f.coord->last(op::enter);
+  f.grant(first, 7);
+  REQUIRE(f.services.runs.size() == 1);
+  f.inject("dos");
+  // "tres" reaches the chat's mailbox, then "uno"'s step returns: the
+  // chat ends on "tres" with that news unread (freed with the mailbox).
+  f.services.throw_on_refused = true;
+  f.send("tres");
+  auto& sched = f.vs.sched();
+  REQUIRE(sched.prioritize(f.router));
+  sched.run_once();
+  f.services.runs[0].done();
+  f.vs.run();
+  f.services.throw_on_refused = false;
+  REQUIRE(f.services.refused_keys.size() == 1);
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 3); // "dos" asks again from the next actor
+  f.grant(*enters[2], 8);
+  REQUIRE(f.services.runs.size() == 2);
+  CHECK(f.services.runs[1].turn->fence() == 8);
 }
 
 TEST_CASE("a flow timer waiting in a chat that ends by an exception goes to "
