@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -37,11 +38,161 @@ struct step_end final : caf::ref_counted {
 
 using step_end_ptr = caf::intrusive_ptr<step_end>;
 
+// Without coordination a chat's events run on a handler thread that goes on
+// with the chat's next events while there are any, instead of one hand-off
+// and one reply per event. The chat actor pushes (one producer), a drain
+// job on the handler pool pops (one consumer at a time: `scheduled_` lets
+// only one job drain). A lock-free queue (D. Vyukov's intrusive MPSC).
+class chat_runner {
+ public:
+  // The queue's nodes are the events' own boxes (no allocation per push);
+  // the stub is a bare link: an idle runner costs a few words, not an event.
+  using link = internal::run_link;
+
+  chat_runner() : head_(&stub_), tail_(&stub_) {
+    // nop
+  }
+
+  ~chat_runner() {
+    while (auto* n = pop())
+      adopt(n);
+  }
+
+  /// Chat actor: queues an event; true when a drain job must be posted.
+  bool push(event_ptr ev, bool first) {
+    ev->first = first;
+    enqueue(ev.release());
+    ++pushed_;
+    return !scheduled_.exchange(true);
+  }
+
+  /// Chat actor: events pushed and not finished yet.
+  std::uint64_t pending() const {
+    return pushed_ - done_.load(std::memory_order_acquire);
+  }
+
+  /// Chat actor: events waiting behind the one that runs (the bound of
+  /// max_pending_per_chat counts these, as the queue of a busy chat).
+  std::uint64_t waiting() const {
+    auto p = pending();
+    return p > 0 ? p - 1 : 0;
+  }
+
+  bool idle() const {
+    return pending() == 0 && !scheduled_.load();
+  }
+
+  /// Chat actor: the drain job push() asked for could not be posted (the
+  /// post threw): the next push asks again, and its job drains all.
+  void not_posted() {
+    scheduled_.store(false);
+  }
+
+  /// Set by the chat actor when it waits for the runner to go idle (a
+  /// drain): the job then reports it with one message, to owner().
+  std::atomic<bool> notify{false};
+
+  /// The chat actor that pushes: a later one when the first ended by an
+  /// exception with this runner busy. Read by a job only to report idle,
+  /// written once per actor: a spin lock (a mutex would cost every chat
+  /// 40 bytes).
+  caf::actor owner() {
+    lock();
+    auto a = caf::actor_cast<caf::actor>(owner_);
+    owner_lock_.clear(std::memory_order_release);
+    return a;
+  }
+  void set_owner(const caf::actor& a) {
+    lock();
+    owner_ = a.address(); // (weak: the actor's state holds this runner)
+    owner_lock_.clear(std::memory_order_release);
+  }
+
+  /// A handler thread: runs events until none is left.
+  template <class Run>
+  void drain(Run&& run) {
+    for (;;) {
+      while (auto* l = pop()) {
+        {
+          auto ev = adopt(l);
+          run(*ev);
+        }
+        done_.fetch_add(1, std::memory_order_release);
+      }
+      scheduled_.store(false);
+      // A push between the last pop and the store saw `scheduled_` set and
+      // posted nothing: take it (unless a new job already did).
+      if (!maybe_nonempty() || scheduled_.exchange(true))
+        return;
+    }
+  }
+
+ private:
+  // Takes back the reference the queue held.
+  static event_ptr adopt(link* l) {
+    return event_ptr{static_cast<event_box*>(l), false};
+  }
+
+  void enqueue(link* n) {
+    n->next.store(nullptr, std::memory_order_relaxed);
+    auto* prev = tail_.exchange(n);
+    prev->next.store(n, std::memory_order_release);
+  }
+
+  link* pop() {
+    auto* head = head_.load(std::memory_order_relaxed);
+    auto* next = head->next.load(std::memory_order_acquire);
+    if (head == &stub_) {
+      if (!next)
+        return nullptr;
+      head_.store(next, std::memory_order_relaxed);
+      head = next;
+      next = next->next.load(std::memory_order_acquire);
+    }
+    if (next) {
+      head_.store(next, std::memory_order_relaxed);
+      return head;
+    }
+    if (tail_.load() != head)
+      return nullptr; // a push is half done: drain() comes back for it
+    enqueue(&stub_);
+    next = head->next.load(std::memory_order_acquire);
+    if (next) {
+      head_.store(next, std::memory_order_relaxed);
+      return head;
+    }
+    return nullptr;
+  }
+
+  bool maybe_nonempty() const {
+    return !(head_.load(std::memory_order_relaxed) == &stub_
+             && tail_.load() == &stub_);
+  }
+
+  link stub_;
+  // The consumer's (one drain job at a time). Atomic because a job that just
+  // gave up the queue still reads it in maybe_nonempty() while the job that
+  // took over pops; that read's answer is then discarded (the exchange on
+  // scheduled_ decides), but it must not be a data race.
+  std::atomic<link*> head_;
+  std::atomic<link*> tail_;    // the producers'
+  std::atomic<bool> scheduled_{false};
+  std::uint64_t pushed_ = 0;   // the chat actor's
+  std::atomic<std::uint64_t> done_{0};
+  void lock() {
+    while (owner_lock_.test_and_set(std::memory_order_acquire))
+      std::this_thread::yield();
+  }
+  std::atomic_flag owner_lock_ = ATOMIC_FLAG_INIT;
+  caf::actor_addr owner_;
+};
+
 } // namespace botmesh::internal
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::turn_token>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::internal::step_end_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::chat_runner>)
 
 namespace botmesh {
 
@@ -120,126 +271,6 @@ class event_queue {
   std::size_t head_ = 0;
 };
 
-// Without coordination a chat's events run on a handler thread that goes on
-// with the chat's next events while there are any, instead of one hand-off
-// and one reply per event. The chat actor pushes (one producer), a drain
-// job on the handler pool pops (one consumer at a time: `scheduled_` lets
-// only one job drain). A lock-free queue (D. Vyukov's intrusive MPSC).
-class runner {
- public:
-  // The queue's nodes are the events' own boxes (no allocation per push);
-  // the stub is a bare link: an idle runner costs a few words, not an event.
-  using link = internal::run_link;
-
-  runner() : head_(&stub_), tail_(&stub_) {
-    // nop
-  }
-
-  ~runner() {
-    while (auto* n = pop())
-      adopt(n);
-  }
-
-  /// Chat actor: queues an event; true when a drain job must be posted.
-  bool push(event_ptr ev, bool first) {
-    ev->first = first;
-    enqueue(ev.release());
-    ++pushed_;
-    return !scheduled_.exchange(true);
-  }
-
-  /// Chat actor: events pushed and not finished yet.
-  std::uint64_t pending() const {
-    return pushed_ - done_.load(std::memory_order_acquire);
-  }
-
-  /// Chat actor: events waiting behind the one that runs (the bound of
-  /// max_pending_per_chat counts these, as the queue of a busy chat).
-  std::uint64_t waiting() const {
-    auto p = pending();
-    return p > 0 ? p - 1 : 0;
-  }
-
-  bool idle() const {
-    return pending() == 0 && !scheduled_.load();
-  }
-
-  /// Set by the chat actor when it waits for the runner to go idle (a
-  /// drain): the job then reports it with one message.
-  std::atomic<bool> notify{false};
-
-  /// A handler thread: runs events until none is left.
-  template <class Run>
-  void drain(Run&& run) {
-    for (;;) {
-      while (auto* l = pop()) {
-        {
-          auto ev = adopt(l);
-          run(*ev);
-        }
-        done_.fetch_add(1, std::memory_order_release);
-      }
-      scheduled_.store(false);
-      // A push between the last pop and the store saw `scheduled_` set and
-      // posted nothing: take it (unless a new job already did).
-      if (!maybe_nonempty() || scheduled_.exchange(true))
-        return;
-    }
-  }
-
- private:
-  // Takes back the reference the queue held.
-  static event_ptr adopt(link* l) {
-    return event_ptr{static_cast<event_box*>(l), false};
-  }
-
-  void enqueue(link* n) {
-    n->next.store(nullptr, std::memory_order_relaxed);
-    auto* prev = tail_.exchange(n);
-    prev->next.store(n, std::memory_order_release);
-  }
-
-  link* pop() {
-    auto* head = head_.load(std::memory_order_relaxed);
-    auto* next = head->next.load(std::memory_order_acquire);
-    if (head == &stub_) {
-      if (!next)
-        return nullptr;
-      head_.store(next, std::memory_order_relaxed);
-      head = next;
-      next = next->next.load(std::memory_order_acquire);
-    }
-    if (next) {
-      head_.store(next, std::memory_order_relaxed);
-      return head;
-    }
-    if (tail_.load() != head)
-      return nullptr; // a push is half done: drain() comes back for it
-    enqueue(&stub_);
-    next = head->next.load(std::memory_order_acquire);
-    if (next) {
-      head_.store(next, std::memory_order_relaxed);
-      return head;
-    }
-    return nullptr;
-  }
-
-  bool maybe_nonempty() const {
-    return !(head_.load(std::memory_order_relaxed) == &stub_
-             && tail_.load() == &stub_);
-  }
-
-  link stub_;
-  // The consumer's (one drain job at a time). Atomic because a job that just
-  // gave up the queue still reads it in maybe_nonempty() while the job that
-  // took over pops; that read's answer is then discarded (the exchange on
-  // scheduled_ decides), but it must not be a data race.
-  std::atomic<link*> head_;
-  std::atomic<link*> tail_;    // the producers'
-  std::atomic<bool> scheduled_{false};
-  std::uint64_t pushed_ = 0;   // the chat actor's
-  std::atomic<std::uint64_t> done_{0};
-};
 
 struct chat_state {
   std::string key;
@@ -247,7 +278,7 @@ struct chat_state {
   caf::actor router;
   event_queue queue; // released when idle: an idle chat holds no queue memory
   // Without coordination: where events go (allocated on first use).
-  std::shared_ptr<runner> run;
+  std::shared_ptr<internal::chat_runner> run;
   bool busy = false;
   // Set while the running step's turn ended under it (settle, a lost
   // lease) and the step has not returned (it ignores its stop token, or is
@@ -410,21 +441,30 @@ void check_idle(chat_actor_t* self) {
 void push(chat_actor_t* self, event_ptr ev) {
   auto& st = self->state;
   if (!st.coordinated()) {
-    if (!st.run)
-      st.run = std::make_shared<runner>();
+    if (!st.run) {
+      st.run = std::make_shared<internal::chat_runner>();
+      st.run->set_owner(caf::actor_cast<caf::actor>(self));
+    }
     auto first = st.first;
     st.first = false;
     if (st.run->push(std::move(ev), first)) {
       auto* services = st.cfg().services;
-      auto chat = caf::actor_cast<caf::actor>(self);
-      services->post([run = st.run, services, chat] {
-        // The event's box carries its key: the job may outlive the actor.
-        run->drain([&](event_box& e) {
-          services->run_event(e.key, e.ev, e.first);
+      try {
+        services->post([run = st.run, services] {
+          // The event's box carries its key: the job may outlive the actor.
+          run->drain([&](event_box& e) {
+            services->run_event(e.key, e.ev, e.first);
+          });
+          if (run->notify.exchange(false))
+            if (auto owner = run->owner())
+              caf::anon_send(owner, turn_done_atom::value);
         });
-        if (run->notify.exchange(false))
-          caf::anon_send(chat, turn_done_atom::value);
-      });
+      } catch (...) {
+        // The event stays queued; this actor ends (its exception handler)
+        // and the chat's next one goes on with the queue.
+        st.run->not_posted();
+        throw;
+      }
     }
     return;
   }
@@ -487,10 +527,15 @@ entry* find(chat_actor_t* self, std::uint64_t req, std::size_t* index = nullptr)
 
 caf::behavior chat_actor(chat_actor_t* self, std::string key,
                          std::shared_ptr<const router_config> cfg,
-                         caf::actor router) {
+                         caf::actor router,
+                         std::shared_ptr<internal::chat_runner> run) {
   self->state.key = std::move(key);
   self->state.config = std::move(cfg);
   self->state.router = std::move(router);
+  if (run) { // the chat's previous actor ended with it busy: go on with it
+    run->set_owner(caf::actor_cast<caf::actor>(self));
+    self->state.run = std::move(run);
+  }
   // As CAF's defaults (an exit of a non-normal reason ends the actor, an
   // exception ends it), giving back what it holds first. No captures: the
   // handlers allocate nothing per chat.
@@ -510,7 +555,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
                                      me->state.key, what));
       // (With a step still running, the router waits for it too.)
       me->send(me->state.router, chat_gone_atom::value, me->state.key,
-               me->state.busy);
+               me->state.busy, me->state.run);
       give_back_all(me, "an exception: " + what, true);
       // A drain waiting here is answered (the router refuses what comes
       // back, since it drains), or the bot's stop would wait its bound.
@@ -698,9 +743,10 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
 } // namespace
 
 caf::actor spawn_chat(caf::event_based_actor* parent, std::string key,
-                      std::shared_ptr<const router_config> cfg) {
+                      std::shared_ptr<const router_config> cfg,
+                      std::shared_ptr<internal::chat_runner> run) {
   return parent->spawn(chat_actor, std::move(key), std::move(cfg),
-                       caf::actor_cast<caf::actor>(parent));
+                       caf::actor_cast<caf::actor>(parent), std::move(run));
 }
 
 } // namespace botmesh

@@ -9,6 +9,13 @@
 
 namespace botmesh {
 
+namespace internal {
+
+/// Without coordination: the run queue of one chat's events (chat_actor.cpp).
+class chat_runner;
+
+} // namespace internal
+
 /// Spawns the actor of one chat for `parent` (the router), which tells it
 /// when to exit.
 ///
@@ -26,7 +33,13 @@ namespace botmesh {
 /// Protocol: `event_ptr` (a message, or a timer as an event); `turn_done_atom`;
 /// `drain_atom` -> `bool` (replied once the queue is empty and no turn
 /// runs); `abandon_atom`.
+///
+/// `run`: the run queue of the chat's previous actor, which ended by an
+/// exception (see chat_gone_atom) while events still ran or waited in it:
+/// the new actor goes on with it, so they keep their order and never run
+/// beside the chat's newer events.
 caf::actor spawn_chat(caf::event_based_actor* parent, std::string key,
-                      std::shared_ptr<const router_config> cfg);
+                      std::shared_ptr<const router_config> cfg,
+                      std::shared_ptr<internal::chat_runner> run = nullptr);
 
 } // namespace botmesh

@@ -22,11 +22,12 @@ using turn_done_atom = caf::atom_constant<caf::atom("bm_done")>;
 /// exit because the router forwarded nothing more.
 using idle_atom = caf::atom_constant<caf::atom("bm_idle")>;
 
-/// chat -> router: (key, step running): the chat is ending by an
-/// exception; the router holds what it sent back (bounced_atom) and what
+/// chat -> router: (key, step running, run queue): the chat is ending by
+/// an exception; the router holds what it sent back (bounced_atom) and what
 /// comes for the chat until the actor is down and, if a step of the chat
 /// was running, until that step returned (step_done_atom); then it gives
-/// all of it, in order, to a new chat actor.
+/// all of it, in order, to a new chat actor, with the ended one's run queue
+/// (without coordination; may be null) to go on with.
 using chat_gone_atom = caf::atom_constant<caf::atom("bm_cgone")>;
 
 /// step's end -> router: (chat actor address): a step returned after its

@@ -13,7 +13,7 @@
 #include <botmesh/actors/messages.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
-
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::chat_runner>)
 
 namespace botmesh {
 
@@ -35,6 +35,9 @@ struct ending_chat {
   std::vector<event_ptr> fresh;   // arrived since chat_gone, in order
   bool step_running = false;      // until its step_done
   bool down = false;              // its down message came
+  // Without coordination: its run queue, which may still run or hold
+  // events; the chat's next actor goes on with it.
+  std::shared_ptr<internal::chat_runner> run;
 };
 
 struct chat_entry {
@@ -171,8 +174,15 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
   // over: what it held, then what came since, goes to the chat's next
   // actor.
   auto pass_on = [=](std::unordered_map<std::string, ending_chat>::iterator i) {
+    auto key = i->first;
     auto ending = std::move(i->second);
     self->state.ending.erase(i);
+    if (ending.run) {
+      auto& entry = self->state.chats[key];
+      entry.handle = spawn_chat(self, key, self->state.cfg,
+                                std::move(ending.run));
+      self->state.cfg->services->chat_activated(key);
+    }
     std::stable_sort(ending.bounced.begin(), ending.bounced.end(),
                      [](const event_ptr& a, const event_ptr& b) {
                        return a->seq < b->seq;
@@ -237,7 +247,8 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     // A chat ended by an exception (if it is still the chat's actor): what
     // it held and what comes meanwhile waits for its end (ending_chat), then
     // goes to the chat's next actor.
-    [=](chat_gone_atom, const std::string& key, bool step_running) {
+    [=](chat_gone_atom, const std::string& key, bool step_running,
+        std::shared_ptr<internal::chat_runner>& run) {
       auto& st = self->state;
       auto i = st.chats.find(key);
       if (i == st.chats.end() || i->second.handle != self->current_sender())
@@ -245,6 +256,7 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       auto& ending = st.ending[key];
       ending.actor = i->second.handle.address();
       ending.step_running = step_running;
+      ending.run = std::move(run);
       self->monitor(i->second.handle);
       st.chats.erase(i);
       st.cfg->services->chat_passivated(key);

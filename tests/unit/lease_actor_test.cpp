@@ -1300,6 +1300,123 @@ TEST_CASE("a step that returned while its chat actor ended by an exception, "
   CHECK(f.services.runs[1].turn->fence() == 8);
 }
 
+namespace {
+
+// Without coordination: posted jobs wait until the test runs them.
+struct queued_services final : botmesh::chat_services {
+  std::vector<std::function<void()>> jobs;
+  std::vector<std::string> ran; // texts, in run order
+  std::vector<std::string> refused_texts;
+  bool throw_on_refused = false; // refused throws, after it noted the text
+  bool throw_on_post = false;    // post throws, posting nothing
+
+  void run_turn(const std::string&, botmesh::event_ptr, bool,
+                std::shared_ptr<botmesh::turn_token>,
+                std::function<void()>) override {
+    FAIL("chats without coordination only");
+  }
+  void run_event(const std::string&, botmesh::chat_event& ev, bool) override {
+    ran.push_back(ev.message.text);
+  }
+  void post(std::function<void()> job) override {
+    if (throw_on_post)
+      throw std::runtime_error("post failed");
+    jobs.push_back(std::move(job));
+  }
+  void turn_failed(const std::string&, botmesh::chat_event,
+                   std::string) override {
+    FAIL("no turn waits without coordination");
+  }
+  void refused(const std::string&, botmesh::chat_event ev, botmesh::errc,
+               std::string) override {
+    refused_texts.push_back(ev.message.text);
+    if (throw_on_refused)
+      throw std::runtime_error("refused failed");
+  }
+};
+
+} // namespace
+
+// A router without coordination on `services`, and a sender of messages
+// to chat "x" that runs what follows.
+struct uncoordinated_chat {
+  virtual_system vs;
+  queued_services services;
+  caf::actor router;
+
+  uncoordinated_chat() {
+    botmesh::router_config cfg{.services = &services};
+    cfg.max_pending_per_chat = 2;
+    router = botmesh::spawn_router(vs.sys(), std::move(cfg));
+  }
+
+  ~uncoordinated_chat() {
+    caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+    vs.run();
+  }
+
+  void send(const std::string& text) {
+    botmesh::inbound_message m;
+    m.provider = "test";
+    m.chat = "x";
+    m.sender = "x";
+    m.text = text;
+    caf::anon_send(router, botmesh::make_event(
+                             botmesh::chat_event{std::move(m), 0, {}}));
+    vs.run();
+  }
+
+  void run_jobs() {
+    for (std::size_t i = 0; i < services.jobs.size(); ++i)
+      if (auto job = std::exchange(services.jobs[i], {}))
+        job();
+    vs.run();
+  }
+};
+
+TEST_CASE("without coordination, a chat actor that ends by an exception "
+          "hands its run queue on: what waits in it runs first, never beside "
+          "the chat's newer messages") {
+  uncoordinated_chat f;
+  f.send("uno"); // its job is posted, not run yet
+  f.send("dos");
+  f.send("tres"); // two wait behind "uno"
+  REQUIRE(f.services.jobs.size() == 1);
+  // "cuatro" is one too many: refused, and the refusal throws (a services
+  // bug): the chat actor ends with its run queue busy.
+  f.services.throw_on_refused = true;
+  f.send("cuatro");
+  f.services.throw_on_refused = false;
+  // The chat's next actor has that queue: still full, and no second job
+  // runs beside the first.
+  f.send("cinco");
+  CHECK(f.services.jobs.size() == 1);
+  auto refused = std::vector<std::string>{"cuatro", "cinco"};
+  CHECK(f.services.refused_texts == refused);
+  f.run_jobs();
+  f.send("seis");
+  f.run_jobs();
+  std::string got;
+  for (auto& t : f.services.ran)
+    got += t + " ";
+  std::vector<std::string> want{"uno", "dos", "tres", "seis"};
+  CHECK_MESSAGE(f.services.ran == want, got);
+}
+
+TEST_CASE("without coordination, a message whose drain job could not be "
+          "posted runs with the chat's next message") {
+  uncoordinated_chat f;
+  f.services.throw_on_post = true;
+  f.send("uno"); // queued; the post throws, the chat actor ends
+  f.services.throw_on_post = false;
+  CHECK(f.services.jobs.empty());
+  f.send("dos"); // the next actor has "uno" queued, and posts a job
+  REQUIRE(f.services.jobs.size() == 1);
+  f.run_jobs();
+  std::vector<std::string> want{"uno", "dos"};
+  CHECK(f.services.ran == want);
+}
+
 TEST_CASE("a flow timer waiting in a chat that ends by an exception goes to "
           "the chat's next actor and runs") {
   chat_fixture f;
