@@ -150,6 +150,17 @@ class durable_backend {
                             completion<outbox_verdict> done)
     = 0;
 
+  /// As outbox_claim, for a send made before the verdict (its entry written
+  /// ahead of it): the id is recorded even when the chat's outbox saw a
+  /// higher fence (the verdict is then `fenced` and the chat's fence
+  /// stays), so a replay of its message skips the send instead of making it
+  /// twice. The default is outbox_claim, which records nothing when fenced.
+  virtual void outbox_record(std::string_view send_id, std::string_view key,
+                             std::uint64_t fence, std::chrono::milliseconds ttl,
+                             completion<outbox_verdict> done) {
+    outbox_claim(send_id, key, fence, ttl, std::move(done));
+  }
+
   /// Takes send `send_id` back: its send failed, so a replay must make it
   /// rather than skip it. True when an entry was removed. The chat's fence
   /// stays. Ordered with the `outbox_claim`s issued before it.

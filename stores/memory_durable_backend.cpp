@@ -83,6 +83,11 @@ struct memory_durable_backend::impl {
     std::erase_if(sent, [t](auto& kv) { return kv.second.expires <= t; });
     std::erase_if(fences, [t](auto& kv) { return kv.second.second <= t; });
   }
+
+  // outbox_claim; with `made`, outbox_record.
+  outbox_verdict take(std::string_view send_id, std::string_view key,
+                      std::uint64_t fence, std::chrono::milliseconds ttl,
+                      bool made);
 };
 
 memory_durable_backend::memory_durable_backend(const botmesh::clock* clock)
@@ -227,25 +232,43 @@ void memory_durable_backend::outbox_claim(std::string_view send_id,
                                           std::uint64_t fence,
                                           std::chrono::milliseconds ttl,
                                           completion<outbox_verdict> done) {
+  done(impl_->take(send_id, key, fence, ttl, false), nullptr);
+}
+
+void memory_durable_backend::outbox_record(std::string_view send_id,
+                                           std::string_view key,
+                                           std::uint64_t fence,
+                                           std::chrono::milliseconds ttl,
+                                           completion<outbox_verdict> done) {
+  done(impl_->take(send_id, key, fence, ttl, true), nullptr);
+}
+
+outbox_verdict memory_durable_backend::impl::take(std::string_view send_id,
+                                                  std::string_view key,
+                                                  std::uint64_t fence,
+                                                  std::chrono::milliseconds ttl,
+                                                  bool made) {
   outbox_verdict out;
   {
-    std::lock_guard guard{impl_->mtx};
-    auto t = impl_->now();
-    auto& f = impl_->fences[std::string{key}];
+    std::lock_guard guard{mtx};
+    auto t = now();
+    auto& f = fences[std::string{key}];
     if (f.second <= t)
       f = {0, 0};
-    auto s = impl_->sent.find(std::string{send_id});
+    auto s = sent.find(std::string{send_id});
     if (fence < f.first) {
       out = outbox_verdict::fenced;
-    } else if (s != impl_->sent.end() && s->second.expires > t) {
+      if (made) // (see outbox_record)
+        sent[std::string{send_id}] = sent_row{t + ttl.count()};
+    } else if (s != sent.end() && s->second.expires > t) {
       out = outbox_verdict::duplicate;
     } else {
-      impl_->sent[std::string{send_id}] = sent_row{t + ttl.count()};
+      sent[std::string{send_id}] = sent_row{t + ttl.count()};
       f = {fence, t + ttl.count()};
       out = outbox_verdict::send;
     }
   }
-  done(out, nullptr);
+  return out;
 }
 
 void memory_durable_backend::outbox_forget(std::string_view send_id,

@@ -33,6 +33,9 @@ class memory_durable_backend final : public durable_backend {
   void outbox_claim(std::string_view send_id, std::string_view key,
                     std::uint64_t fence, std::chrono::milliseconds ttl,
                     completion<outbox_verdict> done) override;
+  void outbox_record(std::string_view send_id, std::string_view key,
+                     std::uint64_t fence, std::chrono::milliseconds ttl,
+                     completion<outbox_verdict> done) override;
   void outbox_forget(std::string_view send_id,
                      completion<bool> done) override;
 

@@ -239,9 +239,11 @@ void durable_intake::entry_landed(const std::string& record,
     go();
 }
 
+// The send was made (or is being made) without waiting for the verdict:
+// recorded even when fenced (outbox_record), or a replay would make it again.
 void durable_intake::write_entry(const std::string& record, entry e) {
   op([&](std::function<void()> finished) {
-    backend_->outbox_claim(
+    backend_->outbox_record(
       e.send_id, e.key, e.fence, retry_window_,
       [this, record, e, finished](outbox_verdict v, std::exception_ptr x) {
         if (x) {

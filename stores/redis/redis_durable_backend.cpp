@@ -395,10 +395,26 @@ void redis_durable_backend::outbox_claim(std::string_view send_id,
                                          std::uint64_t fence,
                                          std::chrono::milliseconds ttl,
                                          completion<outbox_verdict> done) {
+  take(send_id, key, fence, std::to_string(ttl.count()), std::move(done));
+}
+
+// A made send's TTL goes with an "r" ahead of it (see durable_outbox.lua).
+void redis_durable_backend::outbox_record(std::string_view send_id,
+                                          std::string_view key,
+                                          std::uint64_t fence,
+                                          std::chrono::milliseconds ttl,
+                                          completion<outbox_verdict> done) {
+  take(send_id, key, fence, "r" + std::to_string(ttl.count()), std::move(done));
+}
+
+void redis_durable_backend::take(std::string_view send_id,
+                                 std::string_view key, std::uint64_t fence,
+                                 std::string ttl,
+                                 completion<outbox_verdict> done) {
   impl_->batch->submit(
     true,
     {std::string{send_id}, std::string{key}, std::to_string(fence),
-     std::to_string(ttl.count())},
+     std::move(ttl)},
     [done = std::move(done)](const redis_reply* r, std::exception_ptr e) {
       if (auto x = integer_or_error("durable_outbox", r, e))
         return done(outbox_verdict::fenced, x);

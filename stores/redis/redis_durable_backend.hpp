@@ -62,10 +62,17 @@ class redis_durable_backend final : public durable_backend {
   void outbox_claim(std::string_view send_id, std::string_view key,
                     std::uint64_t fence, std::chrono::milliseconds ttl,
                     completion<outbox_verdict> done) override;
+  void outbox_record(std::string_view send_id, std::string_view key,
+                     std::uint64_t fence, std::chrono::milliseconds ttl,
+                     completion<outbox_verdict> done) override;
   void outbox_forget(std::string_view send_id,
                      completion<bool> done) override;
 
  private:
+  // outbox_claim and outbox_record; `ttl` is the script's argument.
+  void take(std::string_view send_id, std::string_view key,
+            std::uint64_t fence, std::string ttl,
+            completion<outbox_verdict> done);
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -306,20 +306,48 @@ void sqlite_durable_backend::outbox_claim(std::string_view send_id,
                                           std::uint64_t fence,
                                           std::chrono::milliseconds ttl,
                                           completion<outbox_verdict> done) {
+  take(send_id, key, fence, ttl, false, std::move(done));
+}
+
+void sqlite_durable_backend::outbox_record(std::string_view send_id,
+                                           std::string_view key,
+                                           std::uint64_t fence,
+                                           std::chrono::milliseconds ttl,
+                                           completion<outbox_verdict> done) {
+  take(send_id, key, fence, ttl, true, std::move(done));
+}
+
+void sqlite_durable_backend::take(std::string_view send_id,
+                                  std::string_view key, std::uint64_t fence,
+                                  std::chrono::milliseconds ttl, bool made,
+                                  completion<outbox_verdict> done) {
   impl_->run<outbox_verdict>(std::move(done), [i = impl_.get(),
                                                id = std::string{send_id},
                                                k = std::string{key}, fence,
-                                               ttl] {
+                                               ttl, made] {
     auto& d = *i->db;
     internal::transaction tx{d};
     auto t = i->now();
     auto f = static_cast<std::int64_t>(fence);
+    auto put = [&] {
+      internal::stmt s{d, "INSERT OR REPLACE INTO durable_outbox (id, "
+                          "expires_at) VALUES (?, ?)"};
+      s.bind(1, id).bind(2, t + ttl.count());
+      s.run();
+    };
+    bool fenced = false;
     {
       internal::stmt s{d, "SELECT fence FROM durable_fences WHERE key = ? AND "
                           "expires_at > ?"};
       s.bind(1, k).bind(2, t);
-      if (s.step() && s.int64(0) > f)
-        return outbox_verdict::fenced;
+      fenced = s.step() && s.int64(0) > f;
+    }
+    if (fenced) {
+      if (made) { // (see outbox_record)
+        put();
+        tx.commit();
+      }
+      return outbox_verdict::fenced;
     }
     {
       internal::stmt s{d, "SELECT 1 FROM durable_outbox WHERE id = ? AND "
@@ -328,12 +356,7 @@ void sqlite_durable_backend::outbox_claim(std::string_view send_id,
       if (s.step())
         return outbox_verdict::duplicate;
     }
-    {
-      internal::stmt s{d, "INSERT OR REPLACE INTO durable_outbox (id, "
-                          "expires_at) VALUES (?, ?)"};
-      s.bind(1, id).bind(2, t + ttl.count());
-      s.run();
-    }
+    put();
     {
       internal::stmt s{d, "INSERT OR REPLACE INTO durable_fences (key, fence, "
                           "expires_at) VALUES (?, ?, ?)"};

@@ -55,10 +55,17 @@ class sqlite_durable_backend final : public durable_backend {
   void outbox_claim(std::string_view send_id, std::string_view key,
                     std::uint64_t fence, std::chrono::milliseconds ttl,
                     completion<outbox_verdict> done) override;
+  void outbox_record(std::string_view send_id, std::string_view key,
+                     std::uint64_t fence, std::chrono::milliseconds ttl,
+                     completion<outbox_verdict> done) override;
   void outbox_forget(std::string_view send_id,
                      completion<bool> done) override;
 
  private:
+  // outbox_claim; with `made`, outbox_record.
+  void take(std::string_view send_id, std::string_view key,
+            std::uint64_t fence, std::chrono::milliseconds ttl, bool made,
+            completion<outbox_verdict> done);
   struct impl;
   std::shared_ptr<impl> impl_;
 };

@@ -86,6 +86,12 @@ struct sync {
       b.outbox_claim(id, key, fence, ttl, std::move(done));
     });
   }
+  outbox_verdict record(std::string id, std::string key, std::uint64_t fence,
+                        std::chrono::milliseconds ttl = 60s) {
+    return wait<outbox_verdict>([&](auto done) {
+      b.outbox_record(id, key, fence, ttl, std::move(done));
+    });
+  }
   bool forget(std::string id) {
     return wait<bool>([&](auto done) { b.outbox_forget(id, std::move(done)); });
   }
@@ -272,6 +278,25 @@ TEST_CASE_TEMPLATE_DEFINE("the outbox sends a send id once and refuses a "
   CHECK(s.send("t:2#m1/0", "t:2", 1) == dc::outbox_verdict::send);
 }
 
+TEST_CASE_TEMPLATE_DEFINE("a send made before its verdict is recorded even "
+                          "when fenced: a replay skips it, the chat's fence "
+                          "stays",
+                          F, dc_outbox_record) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  CHECK(s.send("t:1#m2/0", "t:1", 6) == dc::outbox_verdict::send);
+  // Written after a send of the chat under fence 6: fenced, and kept.
+  CHECK(s.record("t:1#m1/0", "t:1", 5) == dc::outbox_verdict::fenced);
+  CHECK(s.send("t:1#m1/0", "t:1", 7) == dc::outbox_verdict::duplicate);
+  CHECK(s.send("t:1#m1/1", "t:1", 5) == dc::outbox_verdict::fenced);
+  CHECK(s.send("t:1#m1/1", "t:1", 6) == dc::outbox_verdict::send);
+  // Otherwise as a claim.
+  CHECK(s.record("t:2#m1/0", "t:2", 1) == dc::outbox_verdict::send);
+  CHECK(s.record("t:2#m1/0", "t:2", 1) == dc::outbox_verdict::duplicate);
+  CHECK(s.send("t:2#m1/0", "t:2", 1) == dc::outbox_verdict::duplicate);
+}
+
 TEST_CASE_TEMPLATE_DEFINE("a send taken back is sent again, the chat's fence "
                           "stays",
                           F, dc_outbox_forget) {
@@ -362,4 +387,5 @@ TEST_CASE_TEMPLATE_DEFINE("the same id recorded by two holders at once is "
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_ttl, F);                                 \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_forget, F);                              \
+  TEST_CASE_TEMPLATE_INVOKE(dc_outbox_record, F);                              \
   TEST_CASE_TEMPLATE_INVOKE(dc_race, F)

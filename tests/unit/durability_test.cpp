@@ -668,6 +668,39 @@ TEST_CASE("with durability a replayed send under a fence lower than the "
   CHECK(gave_up);
 }
 
+TEST_CASE("with durability a send written ahead under a fence lower than "
+          "the chat's last is still recorded: a replay skips it") {
+  botmesh::memory_coordination_hub hub;
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  // A later holder of the chat sent under fence 1000 (as when this
+  // entry's first write failed and is written again after the chat moved
+  // on).
+  std::promise<botmesh::outbox_verdict> pv;
+  backend->outbox_claim("other", "test:ana", 1000, 1h,
+                        [&](auto v, std::exception_ptr) { pv.set_value(v); });
+  REQUIRE(pv.get_future().get() == botmesh::outbox_verdict::send);
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::coordination_options co;
+  co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "r"});
+  botmesh::bot b{{.provider = p, .coordination = co,
+                  .durability = durable(backend)}};
+  errors.attach(b);
+  b.on_message([&](botmesh::context& c) { c.reply("uno"); });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(p->wait_for_sent(1, 5s)); // sent ahead of its entry's verdict
+  REQUIRE(test::eventually([&] { return errors.count(errc::lease_lost) == 1; }));
+  b.stop();
+  // The entry is there: a replay (under any fence) skips the send.
+  std::promise<botmesh::outbox_verdict> again;
+  backend->outbox_claim(botmesh::journal_id("test:ana", "m1") + "/0",
+                        "test:ana", 2000, 1h,
+                        [&](auto v, std::exception_ptr) { again.set_value(v); });
+  CHECK(again.get_future().get() == botmesh::outbox_verdict::duplicate);
+}
+
 TEST_CASE("with durability a first attempt writes its outbox entries ahead "
           "of its sends: a replay skips them") {
   auto backend = std::make_shared<botmesh::memory_durable_backend>();
@@ -1135,6 +1168,11 @@ class forwarding_backend : public botmesh::durable_backend {
                     completion<botmesh::outbox_verdict> done) override {
     inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
   }
+  void outbox_record(std::string_view send_id, std::string_view key,
+                     std::uint64_t fence, std::chrono::milliseconds ttl,
+                     completion<botmesh::outbox_verdict> done) override {
+    inner.outbox_record(send_id, key, fence, ttl, std::move(done));
+  }
   void outbox_forget(std::string_view send_id, completion<bool> done) override {
     inner.outbox_forget(send_id, std::move(done));
   }
@@ -1226,16 +1264,17 @@ class held_outbox_backend final : public forwarding_backend {
            errc::store_error, "simulated connection reset")));
   }
 
-  void outbox_claim(std::string_view send_id, std::string_view key,
-                    std::uint64_t fence, std::chrono::milliseconds ttl,
-                    completion<botmesh::outbox_verdict> done) override {
+  // (Entries written ahead of their sends, and written again.)
+  void outbox_record(std::string_view send_id, std::string_view key,
+                     std::uint64_t fence, std::chrono::milliseconds ttl,
+                     completion<botmesh::outbox_verdict> done) override {
     if (hold_next.exchange(false)) {
       std::lock_guard guard{mtx_};
       held_ = std::move(done);
       return;
     }
     ++outbox_writes;
-    inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
+    inner.outbox_record(send_id, key, fence, ttl, std::move(done));
   }
 
  private:

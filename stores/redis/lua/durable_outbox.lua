@@ -9,7 +9,9 @@
 --
 -- KEYS[1] sent  KEYS[2] fence  KEYS[3] fexp
 -- ARGV: four per send: send id, chat key, fence, ttl ms; or, to take a
--- send back (it failed), send id, '', '0', 'forget'.
+-- send back (it failed), send id, '', '0', 'forget'. A ttl with an 'r'
+-- ahead of it records a send already made (written ahead of it): its id
+-- is kept even when fenced, so a replay skips it rather than send twice.
 -- Returns per send, in order: 1 (send), 0 (already sent), -1 (fenced: a
 -- higher fence sent), or an error reply naming a damaged fence; per
 -- forget, 1 when the entry was removed, else 0.
@@ -42,6 +44,8 @@ if n > 1 or now % 8 == 0 then
   end
 end
 local function take(id, key, fence, ttl)
+  local made = string.sub(ttl, 1, 1) == 'r'
+  if made then ttl = string.sub(ttl, 2) end
   local mine = tonumber(fence)
   local f = tonumber(redis.call('HGET', KEYS[2], key) or '0')
   if not f then
@@ -51,7 +55,11 @@ local function take(id, key, fence, ttl)
   end
   if mine < f then
     local e = redis.call('ZSCORE', KEYS[3], key)
-    if e and tonumber(e) > now then return -1 end
+    if e and tonumber(e) > now then
+      -- (The chat's fence stays.)
+      if made then redis.call('ZADD', KEYS[1], now + tonumber(ttl), id) end
+      return -1
+    end
     f = 0
   end
   local until_ms = now + tonumber(ttl)
