@@ -1866,48 +1866,61 @@ TEST_CASE("a retry given up at stop leaves nothing behind: after a restart, "
   auto store = std::make_shared<test_store>();
   store->failing_commits = 1;
   recorder rec;
-  botmesh::scheduler s{{.store = store, .tick = "1s", .log = rec.logger()}};
+  // A retry waits a tick (3 s): stop() comes well inside that wait.
+  botmesh::scheduler s{{.store = store, .tick = "3s", .log = rec.logger()}};
   // A task whose handler runs until stop() comes: its stop token tells the
   // test that the scheduler is stopping.
   std::atomic<int> other_started{0};
   std::atomic<int> other_stopped{0};
-  s.every(100ms, {.id = "other", .lease = std::chrono::milliseconds{2000}},
+  s.every(100ms, {.id = "other", .lease = std::chrono::milliseconds{5000}},
           [&](const scheduled_run& r) {
             ++other_started;
             while (!r.stop.stop_requested())
               std::this_thread::sleep_for(1ms);
             ++other_stopped;
           });
-  auto task = s.every(100ms, {.id = "job", .lease = std::chrono::milliseconds{2000}},
+  auto task = s.every(100ms, {.id = "job", .lease = std::chrono::milliseconds{5000}},
                       rec.handler());
   s.start();
   // The first commit fails; its retry waits a tick, and stop() gives it up.
   REQUIRE(test::eventually([&] { return s.stats().store_errors >= 1; }));
-  std::uint64_t token = 0;
-  {
-    std::lock_guard guard{rec.mtx};
-    REQUIRE(rec.runs.size() == 1);
-    token = rec.runs[0].fencing_token;
-  }
   s.stop();
-  std::this_thread::sleep_for(2100ms); // that claim's lease runs out
-  // Started again: "job"'s next claim is held until the scheduler stops,
-  // so it is handed back, and that hand-back (a cut of its lease) is held.
-  store->hold_renewal_of = token + 1;
+  REQUIRE(rec.count() == 1);
+  // Started again once that claim's lease ran out.
+  auto lapsed = store->get("job")->lease_until;
+  REQUIRE(test::eventually(
+    [&] { return botmesh::clock::system().now() > lapsed; }, 10s));
+  // "job"'s next claim is held until the scheduler stops, so it is handed
+  // back, and that hand-back (a cut of its lease) is held too.
   store->hold_claims_of = "job";
   store->hold_claims = true;
   auto before = other_stopped.load();
   s.start();
   REQUIRE(test::eventually(
     [&] { return store->claim_held() && other_started.load() == 2; }));
+  auto token = store->get("job")->fencing_token; // the held claim's
+  {
+    std::lock_guard guard{store->mtx};
+    store->hold_renewal_of = token;
+  }
   std::atomic<bool> stopped{false};
   std::thread stopper{[&] {
     s.stop();
     stopped = true;
   }};
+  // Whatever fails below, the stop is let go and joined.
+  struct join_stopper {
+    std::thread& t;
+    test_store& st;
+    ~join_stopper() {
+      st.answer_held_claim();
+      st.answer_held();
+      t.join();
+    }
+  } joiner{stopper, *store};
   REQUIRE(test::eventually([&] { return other_stopped.load() > before; }));
   CHECK(store->answer_held_claim());
-  REQUIRE(test::eventually([&] { return store->renewals_of(token + 1) == 1; }));
+  REQUIRE(test::eventually([&] { return store->renewals_of(token) == 1; }));
   // A cancel now finds no retry waiting (that one was given up before the
   // restart): the hand-back goes on, and stop() waits for it. Taken for a
   // waiting retry, the claim would end here and again at the cut's answer,
@@ -1916,7 +1929,7 @@ TEST_CASE("a retry given up at stop leaves nothing behind: after a restart, "
   test::eventually([&] { return stopped.load(); }, 300ms);
   CHECK_FALSE(stopped.load());
   CHECK(store->answer_held());
-  stopper.join();
+  REQUIRE(test::eventually([&] { return stopped.load(); }, 10s));
   CHECK(rec.count() == 1);
 }
 
