@@ -29,8 +29,12 @@ struct step_end final : caf::ref_counted {
   ~step_end() override {
     if (!router)
       return;
-    if (auto r = caf::actor_cast<caf::actor>(router))
-      caf::anon_send(r, step_done_atom::value, std::move(chat));
+    try {
+      if (auto r = caf::actor_cast<caf::actor>(router))
+        caf::anon_send(r, step_done_atom::value, std::move(chat));
+    } catch (...) {
+      // nop: out of memory; the router holds the chat until its exit
+    }
   }
   caf::actor_addr router;
   caf::actor_addr chat;
@@ -86,6 +90,13 @@ class chat_runner {
   /// post threw): the next push asks again, and its job drains all.
   void not_posted() {
     scheduled_.store(false);
+  }
+
+  /// Chat actor, taking over the queue of an ended one: true when events
+  /// wait with no job to drain them (its post threw), and one must be
+  /// posted now.
+  bool orphaned() {
+    return pending() > 0 && !scheduled_.exchange(true);
   }
 
   /// Set by the chat actor when it waits for the runner to go idle (a
@@ -436,6 +447,29 @@ void check_idle(chat_actor_t* self) {
   st.drain_waiters.clear();
 }
 
+// Without coordination: posts the job that drains the run queue (the
+// caller won its `scheduled_` flag).
+void post_job(chat_actor_t* self) {
+  auto& st = self->state;
+  auto* services = st.cfg().services;
+  try {
+    services->post([run = st.run, services] {
+      // The event's box carries its key: the job may outlive the actor.
+      run->drain([&](event_box& e) {
+        services->run_event(e.key, e.ev, e.first);
+      });
+      if (run->notify.exchange(false))
+        if (auto owner = run->owner())
+          caf::anon_send(owner, turn_done_atom::value);
+    });
+  } catch (...) {
+    // The events stay queued; this actor ends (its exception handler) and
+    // the chat's next one goes on with the queue (see chat_runner::orphaned).
+    st.run->not_posted();
+    throw;
+  }
+}
+
 // Queues an event; with coordination it takes its ticket right away, so
 // the chat's order across replicas is the order events arrived.
 void push(chat_actor_t* self, event_ptr ev) {
@@ -447,25 +481,8 @@ void push(chat_actor_t* self, event_ptr ev) {
     }
     auto first = st.first;
     st.first = false;
-    if (st.run->push(std::move(ev), first)) {
-      auto* services = st.cfg().services;
-      try {
-        services->post([run = st.run, services] {
-          // The event's box carries its key: the job may outlive the actor.
-          run->drain([&](event_box& e) {
-            services->run_event(e.key, e.ev, e.first);
-          });
-          if (run->notify.exchange(false))
-            if (auto owner = run->owner())
-              caf::anon_send(owner, turn_done_atom::value);
-        });
-      } catch (...) {
-        // The event stays queued; this actor ends (its exception handler)
-        // and the chat's next one goes on with the queue.
-        st.run->not_posted();
-        throw;
-      }
-    }
+    if (st.run->push(std::move(ev), first))
+      post_job(self);
     return;
   }
   auto& q = st.q();
@@ -564,6 +581,19 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       me->state.drain_waiters.clear();
       return caf::exit_reason::unhandled_exception;
     });
+  // Events that the ended actor queued with no job to drain them (its
+  // post threw) are drained now. If the post throws again, they wait for
+  // the chat's next message (which tries again): ending this actor too
+  // would start the next one, and so on, as long as posts fail.
+  if (self->state.run && self->state.run->orphaned()) {
+    try {
+      post_job(self);
+    } catch (const std::exception& e) {
+      log::error("chat", fmt::format("chat {}: its messages wait for the next "
+                                     "one: posting their job failed: {}",
+                                     self->state.key, e.what()));
+    }
+  }
   return {
     [=](event_ptr& ev) {
       auto& st = self->state;

@@ -6,8 +6,10 @@
 #include <caf/actor_cast.hpp>
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/send.hpp>
+#include <fmt/format.h>
 
 #include <botmesh/actors/messages.hpp>
+#include <botmesh/runtime/core/log.hpp>
 
 #if defined(__SANITIZE_ADDRESS__)
 #  define BOTMESH_ASAN 1
@@ -101,6 +103,20 @@ box_cache& boxes() {
 }
 
 } // namespace
+
+void end_notice::give(std::function<void(turn_outcome)> fn,
+                      turn_outcome outcome) noexcept {
+  try {
+    fn(outcome);
+  } catch (const std::exception& e) {
+    log::error("chat", fmt::format("a provider's turn-end notice threw ({}): "
+                                   "{}",
+                                   to_string(outcome), e.what()));
+  } catch (...) {
+    log::error("chat", fmt::format("a provider's turn-end notice threw ({})",
+                                   to_string(outcome)));
+  }
+}
 
 event_box::~event_box() {
   if (!via)

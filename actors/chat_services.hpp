@@ -61,22 +61,23 @@ class end_notice {
     return static_cast<bool>(fn_);
   }
 
-  /// Gives the notice, once (later calls do nothing).
-  void operator()(turn_outcome outcome) {
+  /// Gives the notice, once (later calls do nothing). Never throws.
+  void operator()(turn_outcome outcome) noexcept {
     if (fn_)
-      std::exchange(fn_, nullptr)(outcome);
+      give(std::exchange(fn_, nullptr), outcome);
   }
 
  private:
-  // A notice must not throw (see delivery_callbacks); one that does is not
-  // allowed to take the process down from a destructor.
   void let_go() noexcept {
-    try {
-      (*this)(turn_outcome::refused);
-    } catch (...) {
-      // nop
-    }
+    (*this)(turn_outcome::refused);
   }
+
+  // A notice must not throw (see delivery_callbacks). One that does is
+  // logged as an error: it must not end the router or the chat actor that
+  // gave it (an actor ended by an exception loses its mailbox), nor take
+  // the process down from a destructor.
+  static void give(std::function<void(turn_outcome)> fn,
+                   turn_outcome outcome) noexcept;
 
   std::function<void(turn_outcome)> fn_;
 };

@@ -20,6 +20,9 @@ namespace botmesh {
 namespace {
 
 using sweep_atom = caf::atom_constant<caf::atom("bm_sweep")>;
+// (chat actor address): an ending chat's step still runs a turn_wait after
+// the actor's down (see ending_chat).
+using step_wait_atom = caf::atom_constant<caf::atom("bm_stwait")>;
 using clk = std::chrono::steady_clock;
 
 // A chat actor that ended by an exception, from its chat_gone until its
@@ -197,8 +200,12 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     if (i == self->state.ending.end())
       return;
     i->second.down = true;
-    if (!i->second.step_running)
+    if (!i->second.step_running) {
       pass_on(i);
+      return;
+    }
+    self->delayed_send(self, self->state.cfg->turn_wait, step_wait_atom::value,
+                       down.source);
   });
   // One sweep for all chats instead of a timer per chat: a chat that got
   // nothing for passivate_after is asked whether it is idle; if it is, it
@@ -270,6 +277,35 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       i->second.step_running = false;
       if (i->second.down)
         pass_on(i);
+    },
+    // The step keeps running (it ignores its stop token): what waits for
+    // it got no turn within turn_wait, as behind a cut step in a live chat
+    // actor; what comes later waits again, as long.
+    [=](step_wait_atom, const caf::actor_addr& actor) {
+      auto i = ending_of(actor);
+      if (i == self->state.ending.end())
+        return;
+      auto& ending = i->second;
+      auto fail = [&](event_ptr& ev) {
+        if (ev->ev.is_timer())
+          return; // (timers are never refused; the next actor runs them)
+        self->state.cfg->services->turn_failed(
+          i->first, std::move(ev->ev),
+          fmt::format("within turn_wait ({} ms): the chat's previous step "
+                      "still runs after its chat actor ended and ignores its "
+                      "stop token",
+                      self->state.cfg->turn_wait.count()));
+        ev.reset();
+      };
+      for (auto& ev : ending.bounced)
+        fail(ev);
+      for (auto& ev : ending.fresh)
+        fail(ev);
+      auto gone = [](const event_ptr& ev) { return !ev; };
+      std::erase_if(ending.bounced, gone);
+      std::erase_if(ending.fresh, gone);
+      self->delayed_send(self, self->state.cfg->turn_wait,
+                         step_wait_atom::value, actor);
     },
     [=](drain_atom, std::chrono::milliseconds bound) -> caf::result<bool> {
       auto& st = self->state;

@@ -18,6 +18,7 @@
 #include <botmesh/stores/memory_coordinator.hpp>
 
 #include "lease_test_kit.hpp"
+#include "log_capture.hpp"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
 
@@ -1000,11 +1001,12 @@ struct recording_services final : botmesh::chat_services {
     failed.push_back(key);
   }
 
-  void refused(const std::string& key, botmesh::chat_event, botmesh::errc,
-               std::string) override {
+  void refused(const std::string& key, botmesh::chat_event ev,
+               botmesh::errc, std::string) override {
     refused_keys.push_back(key);
     if (throw_on_refused)
       throw std::runtime_error("refused failed");
+    ev.end(botmesh::turn_outcome::refused); // as the bot's services do
   }
 };
 
@@ -1274,6 +1276,50 @@ TEST_CASE("a chat actor that ends by an exception while its step runs: the "
   CHECK(f.services.runs[1].turn->fence() == 8);
 }
 
+TEST_CASE("a provider's turn-end notice that throws on a refusal is logged "
+          "and does not end the chat actor") {
+  test::log_capture logs;
+  chat_fixture f{2000ms, 1};
+  f.inject("uno"); // waits for its turn
+  f.inject("dos", [](botmesh::turn_outcome) {
+    throw std::runtime_error("notice failed");
+  }); // one too many: refused, and its notice throws
+  REQUIRE(f.services.refused_keys.size() == 1);
+  CHECK(logs.count("chat", "turn-end notice threw (refused): notice failed")
+        == 1);
+  // The same actor goes on: "uno" keeps its one request, and runs.
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 1);
+  f.grant(*enters[0], 7);
+  CHECK(f.services.runs.size() == 1);
+  CHECK(logs.count("chat", "ended by an exception") == 0);
+}
+
+TEST_CASE("what waits for the step of an ended chat actor that ignores its "
+          "stop token gets no turn within turn_wait: it fails, the chat goes "
+          "on once the step returns") {
+  chat_fixture f{2000ms, 2};
+  f.inject("uno");
+  f.grant(f.coord->last(op::enter), 7);
+  REQUIRE(f.services.runs.size() == 1); // "uno" runs, and does not return
+  f.inject("dos");
+  f.services.throw_on_refused = true;
+  f.inject("tres"); // refused, the refusal throws: the chat actor ends
+  f.services.throw_on_refused = false;
+  CHECK(f.services.failed.empty());
+  f.vs.advance(2100ms); // turn_wait
+  // "dos" got no turn: failed, as behind a cut step in a live chat actor.
+  CHECK(f.services.failed == std::vector<std::string>{f.key});
+  f.inject("cuatro"); // waits again
+  f.services.runs[0].done();
+  f.vs.run();
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(enters.size() == 3); // "uno", "dos" (given back), "cuatro"
+  f.grant(*enters[2], 8);
+  REQUIRE(f.services.runs.size() == 2);
+  CHECK(f.services.failed.size() == 1);
+}
+
 TEST_CASE("a step that returned while its chat actor ended by an exception, "
           "its done unread, does not hold the chat") {
   chat_fixture f{2000ms, 2};
@@ -1308,7 +1354,7 @@ struct queued_services final : botmesh::chat_services {
   std::vector<std::string> ran; // texts, in run order
   std::vector<std::string> refused_texts;
   bool throw_on_refused = false; // refused throws, after it noted the text
-  bool throw_on_post = false;    // post throws, posting nothing
+  int throw_posts = 0;           // the next N posts throw, posting nothing
 
   void run_turn(const std::string&, botmesh::event_ptr, bool,
                 std::shared_ptr<botmesh::turn_token>,
@@ -1319,8 +1365,10 @@ struct queued_services final : botmesh::chat_services {
     ran.push_back(ev.message.text);
   }
   void post(std::function<void()> job) override {
-    if (throw_on_post)
+    if (throw_posts > 0) {
+      --throw_posts;
       throw std::runtime_error("post failed");
+    }
     jobs.push_back(std::move(job));
   }
   void turn_failed(const std::string&, botmesh::chat_event,
@@ -1404,16 +1452,24 @@ TEST_CASE("without coordination, a chat actor that ends by an exception "
 }
 
 TEST_CASE("without coordination, a message whose drain job could not be "
-          "posted runs with the chat's next message") {
+          "posted runs from the chat's next actor") {
   uncoordinated_chat f;
-  f.services.throw_on_post = true;
+  f.services.throw_posts = 1;
   f.send("uno"); // queued; the post throws, the chat actor ends
-  f.services.throw_on_post = false;
-  CHECK(f.services.jobs.empty());
-  f.send("dos"); // the next actor has "uno" queued, and posts a job
+  // The chat's next actor takes the queue over and posts its job.
   REQUIRE(f.services.jobs.size() == 1);
   f.run_jobs();
-  std::vector<std::string> want{"uno", "dos"};
+  CHECK(f.services.ran == std::vector<std::string>{"uno"});
+  // Its post failing too, the next actor lives on (no actor after actor
+  // while posts fail), and the next message's job runs both.
+  test::log_capture logs;
+  f.services.throw_posts = 2;
+  f.send("dos");
+  CHECK(f.services.jobs.size() == 1);
+  CHECK(logs.count("chat", "posting their job failed: post failed") == 1);
+  f.send("tres");
+  f.run_jobs();
+  std::vector<std::string> want{"uno", "dos", "tres"};
   CHECK(f.services.ran == want);
 }
 
