@@ -631,15 +631,31 @@ TEST_CASE("with durability a message refused at every stop keeps its "
   CHECK(seen == std::vector<std::string>{"dos"});
 }
 
+namespace {
+
+// What the outbox says, now, to send `send_id` of chat `key` under `fence`
+// (the call takes the send when it is new).
+botmesh::outbox_verdict outbox_verdict_of(botmesh::durable_backend& b,
+                                          const std::string& send_id,
+                                          const std::string& key,
+                                          std::uint64_t fence = 0) {
+  std::promise<botmesh::outbox_verdict> p;
+  b.outbox_claim(send_id, key, fence, 1h,
+                 [&](botmesh::outbox_verdict v, std::exception_ptr) {
+                   p.set_value(v);
+                 });
+  return p.get_future().get();
+}
+
+} // namespace
+
 TEST_CASE("with durability a replayed send under a fence lower than the "
           "chat's last is refused as superseded and nothing is sent") {
   botmesh::memory_coordination_hub hub;
   auto backend = std::make_shared<botmesh::memory_durable_backend>();
   // A later holder of the chat already sent under fence 1000.
-  std::promise<botmesh::outbox_verdict> pv;
-  backend->outbox_claim("other", "test:ana", 1000, 1h,
-                        [&](auto v, std::exception_ptr) { pv.set_value(v); });
-  REQUIRE(pv.get_future().get() == botmesh::outbox_verdict::send);
+  REQUIRE(outbox_verdict_of(*backend, "other", "test:ana", 1000)
+          == botmesh::outbox_verdict::send);
   // The message was taken by a replica that died: here it is replayed
   // (attempt 2), so each send waits for the outbox's verdict.
   orphan(*backend, msg("ana", "m1", "hola"));
@@ -675,10 +691,8 @@ TEST_CASE("with durability a send written ahead under a fence lower than "
   // A later holder of the chat sent under fence 1000 (as when this
   // entry's first write failed and is written again after the chat moved
   // on).
-  std::promise<botmesh::outbox_verdict> pv;
-  backend->outbox_claim("other", "test:ana", 1000, 1h,
-                        [&](auto v, std::exception_ptr) { pv.set_value(v); });
-  REQUIRE(pv.get_future().get() == botmesh::outbox_verdict::send);
+  REQUIRE(outbox_verdict_of(*backend, "other", "test:ana", 1000)
+          == botmesh::outbox_verdict::send);
   auto p = std::make_shared<botmesh::testing_provider>();
   test::error_log errors;
   botmesh::coordination_options co;
@@ -694,11 +708,9 @@ TEST_CASE("with durability a send written ahead under a fence lower than "
   REQUIRE(test::eventually([&] { return errors.count(errc::lease_lost) == 1; }));
   b.stop();
   // The entry is there: a replay (under any fence) skips the send.
-  std::promise<botmesh::outbox_verdict> again;
-  backend->outbox_claim(botmesh::journal_id("test:ana", "m1") + "/0",
-                        "test:ana", 2000, 1h,
-                        [&](auto v, std::exception_ptr) { again.set_value(v); });
-  CHECK(again.get_future().get() == botmesh::outbox_verdict::duplicate);
+  CHECK(outbox_verdict_of(*backend, botmesh::journal_id("test:ana", "m1") + "/0",
+                          "test:ana", 2000)
+        == botmesh::outbox_verdict::duplicate);
 }
 
 TEST_CASE("with durability a first attempt writes its outbox entries ahead "
@@ -711,11 +723,9 @@ TEST_CASE("with durability a first attempt writes its outbox entries ahead "
   p->inject(msg("ana", "m1", "hola"));
   REQUIRE(p->wait_for_sent(1, 5s));
   b.stop();
-  std::promise<botmesh::outbox_verdict> pv;
-  backend->outbox_claim(botmesh::journal_id("test:ana", "m1") + "/0",
-                        "test:ana", 0, 1h,
-                        [&](auto v, std::exception_ptr) { pv.set_value(v); });
-  CHECK(pv.get_future().get() == botmesh::outbox_verdict::duplicate);
+  CHECK(outbox_verdict_of(*backend, botmesh::journal_id("test:ana", "m1") + "/0",
+                          "test:ana")
+        == botmesh::outbox_verdict::duplicate);
 }
 
 TEST_CASE("with durability a first attempt after its heartbeat lapsed waits "
@@ -1001,17 +1011,6 @@ botmesh::durable_backend::claim_result claim_as_other(
   b.beat_and_claim("other/0", lease, 10, 5,
                    [&](botmesh::durable_backend::claim_result r,
                        std::exception_ptr) { p.set_value(std::move(r)); });
-  return p.get_future().get();
-}
-
-botmesh::outbox_verdict outbox_verdict_of(botmesh::durable_backend& b,
-                                          const std::string& send_id,
-                                          const std::string& key) {
-  std::promise<botmesh::outbox_verdict> p;
-  b.outbox_claim(send_id, key, 0, 1h,
-                 [&](botmesh::outbox_verdict v, std::exception_ptr) {
-                   p.set_value(v);
-                 });
   return p.get_future().get();
 }
 

@@ -117,20 +117,25 @@ class gated_backend final : public botmesh::durable_backend {
   void outbox_claim(std::string_view send_id, std::string_view key,
                     std::uint64_t fence, std::chrono::milliseconds ttl,
                     completion<botmesh::outbox_verdict> done) override {
-    if (take(fail_outbox))
-      return done(botmesh::outbox_verdict::send,
-                  std::make_exception_ptr(botmesh::error(
-                    botmesh::errc::store_error, "simulated outbox failure")));
+    if (outbox_fails(done))
+      return;
     inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
   }
   void outbox_record(std::string_view send_id, std::string_view key,
                      std::uint64_t fence, std::chrono::milliseconds ttl,
                      completion<botmesh::outbox_verdict> done) override {
-    if (take(fail_outbox))
-      return done(botmesh::outbox_verdict::send,
-                  std::make_exception_ptr(botmesh::error(
-                    botmesh::errc::store_error, "simulated outbox failure")));
+    if (outbox_fails(done))
+      return;
     inner.outbox_record(send_id, key, fence, ttl, std::move(done));
+  }
+  // Answers `done` with a failure when one is due (fail_outbox).
+  bool outbox_fails(completion<botmesh::outbox_verdict>& done) {
+    if (!take(fail_outbox))
+      return false;
+    done(botmesh::outbox_verdict::send,
+         std::make_exception_ptr(botmesh::error(botmesh::errc::store_error,
+                                                "simulated outbox failure")));
+    return true;
   }
   void outbox_forget(std::string_view send_id,
                      completion<bool> done) override {

@@ -964,6 +964,21 @@ TEST_CASE("a leadership renewal answered after the lease it reports ran out "
 
 namespace {
 
+// What the bot sends its router for message `text` of chat "x": a chat
+// event (it validated the message).
+botmesh::event_ptr
+event_of_x(const std::string& text,
+           std::function<void(botmesh::turn_outcome)> on_end = {}) {
+  botmesh::inbound_message m;
+  m.provider = "test";
+  m.chat = "x";
+  m.sender = "x";
+  m.text = text;
+  botmesh::chat_event ev{std::move(m), 0, {}};
+  ev.on_end = std::move(on_end);
+  return botmesh::make_event(std::move(ev));
+}
+
 // Runs nothing: records what the chat actor hands over.
 struct recording_services final : botmesh::chat_services {
   struct run {
@@ -1039,15 +1054,17 @@ struct chat_fixture : lease_fixture {
   // As inject, without running what follows.
   void send(const std::string& text,
             std::function<void(botmesh::turn_outcome)> on_end = {}) {
-    botmesh::inbound_message m;
-    m.provider = "test";
-    m.chat = "x";
-    m.sender = "x";
-    m.text = text;
-    // What the bot sends its router: a chat event (it validated the message).
-    botmesh::chat_event ev{std::move(m), 0, {}};
-    ev.on_end = std::move(on_end);
-    caf::anon_send(router, botmesh::make_event(std::move(ev)));
+    caf::anon_send(router, event_of_x(text, std::move(on_end)));
+  }
+
+  // Grants the last enter at `fence`, up to the chat actor's mailbox: the
+  // grant waits there unread.
+  void grant_unread(std::uint64_t fence) {
+    auto& enter = coord->last(op::enter);
+    REQUIRE(enter.key == key);
+    sc::answer(enter, coord->granted(key, enter.req, fence));
+    REQUIRE(vs.sched().prioritize(lease_actor));
+    vs.sched().run_once();
   }
 
   // Grants the chat's turn to enter `c` at `fence`, and runs what follows.
@@ -1165,14 +1182,10 @@ TEST_CASE("a message sent on to a chat that ends by an exception before "
   f.services.throw_on_run = true;
   std::vector<std::string> ended;
   f.inject("uno");
-  auto& enter = f.coord->last(op::enter);
-  REQUIRE(enter.key == f.key);
   // The grant reaches the chat's mailbox, and "dos" behind it: the chat
   // ends on the grant (run_turn throws) with "dos" not yet taken.
-  sc::answer(enter, f.coord->granted(f.key, enter.req, 7));
+  f.grant_unread(7);
   auto& sched = f.vs.sched();
-  REQUIRE(sched.prioritize(f.lease_actor));
-  sched.run_once();
   f.send("dos", [&ended](botmesh::turn_outcome o) {
     ended.push_back(std::string{to_string(o)});
   });
@@ -1404,13 +1417,7 @@ struct uncoordinated_chat {
   }
 
   void send(const std::string& text) {
-    botmesh::inbound_message m;
-    m.provider = "test";
-    m.chat = "x";
-    m.sender = "x";
-    m.text = text;
-    caf::anon_send(router, botmesh::make_event(
-                             botmesh::chat_event{std::move(m), 0, {}}));
+    caf::anon_send(router, event_of_x(text));
     vs.run();
   }
 
@@ -1499,14 +1506,10 @@ TEST_CASE("a flow timer sent on to a chat that ends by an exception before "
   chat_fixture f;
   f.services.throw_on_run = true;
   f.inject("uno");
-  auto& enter = f.coord->last(op::enter);
-  REQUIRE(enter.key == f.key);
   // The grant reaches the chat's mailbox, and the timer behind it: the chat
   // ends on the grant (run_turn throws) with the timer not yet taken.
-  sc::answer(enter, f.coord->granted(f.key, enter.req, 7));
+  f.grant_unread(7);
   auto& sched = f.vs.sched();
-  REQUIRE(sched.prioritize(f.lease_actor));
-  sched.run_once();
   caf::anon_send(f.router, botmesh::timer_atom::value, f.key,
                  std::uint64_t{42});
   REQUIRE(sched.prioritize(f.router));

@@ -1474,11 +1474,51 @@ TEST_CASE_FIXTURE(claimed_elsewhere,
   CHECK(store->renewals_of(r->fencing_token) == 0);
 }
 
+namespace {
+
+// "job"'s claim (of its slot at t0 + 1 min) is held while A polls; A is
+// stopped (its task "other" runs until then, and says when it stopped),
+// and the claim's reply comes only then: handed back, not run, with its
+// mark. `later` after, replica B takes the slot over: it runs, on time.
+void hand_back_at_stop_then_take_over(botmesh::manual_clock& clk,
+                                      const std::shared_ptr<test_store>& store,
+                                      botmesh::scheduler& a, recorder& rec_a,
+                                      std::atomic<bool>& other_started,
+                                      std::atomic<bool>& other_stopped,
+                                      std::chrono::minutes later) {
+  store->hold_claims_of = "job";
+  store->hold_claims = true;
+  std::thread a_poll{[&] { a.poll(); }};
+  REQUIRE(test::eventually(
+    [&] { return store->claim_held() && other_started.load(); }));
+  std::thread stopper{[&] { a.stop(); }};
+  REQUIRE(test::eventually([&] { return other_stopped.load(); }));
+  CHECK(store->answer_held_claim()); // A is stopping
+  stopper.join();
+  a_poll.join();
+  CHECK(rec_a.count() == 0);
+  auto rec = store->get("job");
+  REQUIRE(rec);
+  CHECK(rec->next_run_at == t0() + 1min);
+  CHECK(rec->claimed_at == t0() + 1min);
+  clk.advance(later);
+  recorder rec_b;
+  std::shared_ptr<botmesh::schedule_store> shared{store, &store->inner};
+  botmesh::scheduler b{{.store = shared, .clock = &clk}};
+  b.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
+          rec_b.handler());
+  b.poll();
+  REQUIRE(rec_b.count() >= 1);
+  CHECK_FALSE(rec_b.runs[0].missed);
+  CHECK(rec_b.runs[0].scheduled_at == t0() + 1min);
+}
+
+} // namespace
+
 TEST_CASE("an interrupted slot whose claim is handed back at stop keeps its "
           "mark: the next claim runs it as interrupted, not as missed") {
   botmesh::manual_clock clk{t0()};
   auto store = std::make_shared<test_store>();
-  std::shared_ptr<botmesh::schedule_store> shared{store, &store->inner};
   recorder rec_a;
   botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec_a.logger()}};
   a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
@@ -1499,33 +1539,10 @@ TEST_CASE("an interrupted slot whose claim is handed back at stop keeps its "
   // An executor claims "job" on time and dies: its lease runs out.
   REQUIRE(store->inner.claim("job", "dead", clk.now(), 30s));
   clk.advance(31s);
-  store->hold_claims_of = "job";
-  store->hold_claims = true;
-  std::thread a_poll{[&] { a.poll(); }};
-  REQUIRE(test::eventually(
-    [&] { return store->claim_held() && other_started.load(); }));
-  std::thread stopper{[&] { a.stop(); }};
-  REQUIRE(test::eventually([&] { return other_stopped.load(); }));
-  // A is stopping when its claim (interrupted) comes back: handed back.
-  CHECK(store->answer_held_claim());
-  stopper.join();
-  a_poll.join();
-  CHECK(rec_a.count() == 0);
-  auto rec = store->get("job");
-  REQUIRE(rec);
-  CHECK(rec->next_run_at == t0() + 1min);
-  CHECK(rec->claimed_at == t0() + 1min);
   // Much later, another replica takes the slot over: it started on time,
   // so it runs (under skip, a missed slot would not).
-  clk.advance(5min);
-  recorder rec_b;
-  botmesh::scheduler b{{.store = shared, .clock = &clk}};
-  b.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
-          rec_b.handler());
-  b.poll();
-  REQUIRE(rec_b.count() == 1);
-  CHECK_FALSE(rec_b.runs[0].missed);
-  CHECK(rec_b.runs[0].scheduled_at == t0() + 1min);
+  hand_back_at_stop_then_take_over(clk, store, a, rec_a, other_started,
+                                   other_stopped, 5min);
 }
 
 TEST_CASE("an on-time slot whose claim is handed back at stop keeps its "
@@ -1533,7 +1550,6 @@ TEST_CASE("an on-time slot whose claim is handed back at stop keeps its "
           "skipped as missed") {
   botmesh::manual_clock clk{t0()};
   auto store = std::make_shared<test_store>();
-  std::shared_ptr<botmesh::schedule_store> shared{store, &store->inner};
   recorder rec_a;
   botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec_a.logger()}};
   // A task whose handler runs when stop() comes (claimed first): its stop
@@ -1550,34 +1566,11 @@ TEST_CASE("an on-time slot whose claim is handed back at stop keeps its "
   a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
           rec_a.handler());
   clk.advance(1min); // both slots due: "job"'s claim is on time
-  store->hold_claims_of = "job";
-  store->hold_claims = true;
-  std::thread a_poll{[&] { a.poll(); }};
-  REQUIRE(test::eventually(
-    [&] { return store->claim_held() && other_started.load(); }));
-  std::thread stopper{[&] { a.stop(); }};
-  REQUIRE(test::eventually([&] { return other_stopped.load(); }));
-  // A is stopping when its claim comes back: handed back, not run.
-  CHECK(store->answer_held_claim());
-  stopper.join();
-  a_poll.join();
-  CHECK(rec_a.count() == 0);
-  auto rec = store->get("job");
-  REQUIRE(rec);
-  CHECK(rec->next_run_at == t0() + 1min);
-  CHECK(rec->claimed_at == t0() + 1min);
   // Another replica looks again only a minute later (it saw A's claim and
   // its lease): the slot was claimed on time, so it runs (under skip, a
   // missed slot would not), as it would had A died instead.
-  clk.advance(1min);
-  recorder rec_b;
-  botmesh::scheduler b{{.store = shared, .clock = &clk}};
-  b.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
-          rec_b.handler());
-  b.poll();
-  REQUIRE(rec_b.count() >= 1);
-  CHECK_FALSE(rec_b.runs[0].missed);
-  CHECK(rec_b.runs[0].scheduled_at == t0() + 1min);
+  hand_back_at_stop_then_take_over(clk, store, a, rec_a, other_started,
+                                   other_stopped, 1min);
 }
 
 TEST_CASE("a claim answered late whose lease still holds is renewed and runs "
@@ -1797,6 +1790,25 @@ TEST_CASE("a commit that landed but whose reply was lost is tried again, "
   CHECK(rec.logs_containing("refused after a failed attempt") == 1);
 }
 
+namespace {
+
+// The number of commit calls, so far, for the claim of the one run `rec`
+// saw.
+std::function<int()> commit_calls_of_only_run(recorder& rec, test_store& store) {
+  std::uint64_t token = 0;
+  {
+    std::lock_guard guard{rec.mtx};
+    REQUIRE(rec.runs.size() == 1);
+    token = rec.runs[0].fencing_token;
+  }
+  return [&store, token] {
+    std::lock_guard guard{store.mtx};
+    return store.commits[token];
+  };
+}
+
+} // namespace
+
 TEST_CASE("a task cancelled while its failed commit is tried again stops "
           "trying") {
   auto store = std::make_shared<test_store>();
@@ -1808,16 +1820,7 @@ TEST_CASE("a task cancelled while its failed commit is tried again stops "
   s.start();
   REQUIRE(test::eventually([&] { return s.stats().store_errors >= 1; }));
   task.cancel();
-  std::uint64_t token = 0;
-  {
-    std::lock_guard guard{rec.mtx};
-    REQUIRE(rec.runs.size() == 1);
-    token = rec.runs[0].fencing_token;
-  }
-  auto calls = [&] {
-    std::lock_guard guard{store->mtx};
-    return store->commits[token];
-  };
+  auto calls = commit_calls_of_only_run(rec, *store);
   // Once the cancel is handled the calls stop (tried every 50 ms before).
   bool quiet = test::eventually(
     [&] {
@@ -1842,16 +1845,7 @@ TEST_CASE("a scheduler stopped while a failed commit waits to be tried "
           rec.handler());
   s.start();
   REQUIRE(test::eventually([&] { return s.stats().store_errors >= 1; }));
-  std::uint64_t token = 0;
-  {
-    std::lock_guard guard{rec.mtx};
-    REQUIRE(rec.runs.size() == 1);
-    token = rec.runs[0].fencing_token;
-  }
-  auto calls = [&] {
-    std::lock_guard guard{store->mtx};
-    return store->commits[token];
-  };
+  auto calls = commit_calls_of_only_run(rec, *store);
   REQUIRE(calls() == 1);
   s.stop();
   store->stopped = true;
