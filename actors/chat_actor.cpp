@@ -99,10 +99,6 @@ class chat_runner {
     return pending() > 0 && !scheduled_.exchange(true);
   }
 
-  /// Set by the chat actor when it waits for the runner to go idle (a
-  /// drain): the job then reports it with one message, to owner().
-  std::atomic<bool> notify{false};
-
   /// The chat actor that pushes: a later one when the first ended by an
   /// exception with this runner busy. Read by a job only to report idle,
   /// written once per actor: a spin lock (a mutex would cost every chat
@@ -137,6 +133,10 @@ class chat_runner {
         return;
     }
   }
+
+  /// Set by the chat actor when it waits for the runner to go idle (a
+  /// drain): the job then reports it with one message, to owner().
+  std::atomic<bool> notify{false};
 
  private:
   // Takes back the reference the queue held.
@@ -180,6 +180,10 @@ class chat_runner {
              && tail_.load() == &stub_);
   }
 
+  // (The flags first, side by side with notify: one word for the three,
+  // in a block every chat that ran without coordination has.)
+  std::atomic<bool> scheduled_{false};
+  std::atomic_flag owner_lock_ = ATOMIC_FLAG_INIT;
   link stub_;
   // The consumer's (one drain job at a time). Atomic because a job that just
   // gave up the queue still reads it in maybe_nonempty() while the job that
@@ -187,14 +191,12 @@ class chat_runner {
   // scheduled_ decides), but it must not be a data race.
   std::atomic<link*> head_;
   std::atomic<link*> tail_;    // the producers'
-  std::atomic<bool> scheduled_{false};
   std::uint64_t pushed_ = 0;   // the chat actor's
   std::atomic<std::uint64_t> done_{0};
   void lock() {
     while (owner_lock_.test_and_set(std::memory_order_acquire))
       std::this_thread::yield();
   }
-  std::atomic_flag owner_lock_ = ATOMIC_FLAG_INIT;
   caf::actor_addr owner_;
 };
 
