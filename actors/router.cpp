@@ -41,6 +41,19 @@ struct ending_chat {
   // Without coordination: its run queue, which may still run or hold
   // events; the chat's next actor goes on with it.
   std::shared_ptr<internal::chat_runner> run;
+
+  // Hands every held message to `f` (bounced ones first) and drops its
+  // box; timers stay (they are never refused or failed).
+  template <class F>
+  void take_messages(F f) {
+    auto is_message = [](const event_ptr& ev) { return !ev->ev.is_timer(); };
+    for (auto* held : {&bounced, &fresh}) {
+      for (auto& ev : *held)
+        if (is_message(ev))
+          f(std::move(ev->ev)); // (a moved-from event keeps its timer id)
+      std::erase_if(*held, is_message);
+    }
+  }
 };
 
 struct chat_entry {
@@ -73,21 +86,13 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       self->send_exit(entry.handle, msg.reason);
     st.chats.clear();
     // What waits for an ending chat is refused as a live chat's queue is.
-    for (auto& kv : st.ending) {
-      const auto& key = kv.first;
-      auto refuse = [&](event_ptr& ev) {
-        if (!ev->ev.is_timer())
-          st.cfg->services->refused(
-            key, std::move(ev->ev), errc::stopped,
-            fmt::format("chat {}: the router ended before this message's "
-                        "turn",
-                        key));
-      };
-      for (auto& ev : kv.second.bounced)
-        refuse(ev);
-      for (auto& ev : kv.second.fresh)
-        refuse(ev);
-    }
+    for (auto& [key, ending] : st.ending)
+      ending.take_messages([&, &key = key](chat_event ev) {
+        st.cfg->services->refused(
+          key, std::move(ev), errc::stopped,
+          fmt::format("chat {}: the router ended before this message's turn",
+                      key));
+      });
     st.ending.clear();
     self->quit(msg.reason);
   });
@@ -98,16 +103,20 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     chat_entry* entry = nullptr;
     ending_chat* ending = nullptr;
   };
+  // Spawns the actor of chat `key` (going on with `run`, see spawn_chat).
+  auto activate = [=](const std::string& key, chat_entry& entry,
+                      std::shared_ptr<internal::chat_runner> run = nullptr) {
+    entry.handle = spawn_chat(self, key, self->state.cfg, std::move(run));
+    self->state.cfg->services->chat_activated(key);
+  };
   auto target_of = [=](const std::string& key) -> target {
     auto& st = self->state;
     if (!st.ending.empty())
       if (auto e = st.ending.find(key); e != st.ending.end())
         return {nullptr, &e->second};
     auto& entry = st.chats[key];
-    if (!entry.handle) {
-      entry.handle = spawn_chat(self, key, st.cfg);
-      st.cfg->services->chat_activated(key);
-    }
+    if (!entry.handle)
+      activate(key, entry);
     ++entry.forwarded;
     entry.last = clk::now();
     return {&entry, nullptr};
@@ -180,12 +189,8 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     auto key = i->first;
     auto ending = std::move(i->second);
     self->state.ending.erase(i);
-    if (ending.run) {
-      auto& entry = self->state.chats[key];
-      entry.handle = spawn_chat(self, key, self->state.cfg,
-                                std::move(ending.run));
-      self->state.cfg->services->chat_activated(key);
-    }
+    if (ending.run)
+      activate(key, self->state.chats[key], std::move(ending.run));
     std::stable_sort(ending.bounced.begin(), ending.bounced.end(),
                      [](const event_ptr& a, const event_ptr& b) {
                        return a->seq < b->seq;
@@ -285,25 +290,15 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       auto i = ending_of(actor);
       if (i == self->state.ending.end())
         return;
-      auto& ending = i->second;
-      auto fail = [&](event_ptr& ev) {
-        if (ev->ev.is_timer())
-          return; // (timers are never refused; the next actor runs them)
+      // (Timers stay: the next actor runs them.)
+      i->second.take_messages([&](chat_event ev) {
         self->state.cfg->services->turn_failed(
-          i->first, std::move(ev->ev),
+          i->first, std::move(ev),
           fmt::format("within turn_wait ({} ms): the chat's previous step "
                       "still runs after its chat actor ended and ignores its "
                       "stop token",
                       self->state.cfg->turn_wait.count()));
-        ev.reset();
-      };
-      for (auto& ev : ending.bounced)
-        fail(ev);
-      for (auto& ev : ending.fresh)
-        fail(ev);
-      auto gone = [](const event_ptr& ev) { return !ev; };
-      std::erase_if(ending.bounced, gone);
-      std::erase_if(ending.fresh, gone);
+      });
       self->delayed_send(self, self->state.cfg->turn_wait,
                          step_wait_atom::value, actor);
     },
