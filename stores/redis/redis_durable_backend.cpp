@@ -275,6 +275,11 @@ struct redis_durable_backend::impl {
       out.push_back(inbound + p);
     return out;
   }
+
+  // outbox_claim and outbox_record; `ttl` is the script's argument.
+  void take(std::string_view send_id, std::string_view key,
+            std::uint64_t fence, std::string ttl,
+            completion<outbox_verdict> done);
 };
 
 redis_durable_backend::redis_durable_backend(redis_durable_options opts)
@@ -395,7 +400,8 @@ void redis_durable_backend::outbox_claim(std::string_view send_id,
                                          std::uint64_t fence,
                                          std::chrono::milliseconds ttl,
                                          completion<outbox_verdict> done) {
-  take(send_id, key, fence, std::to_string(ttl.count()), std::move(done));
+  impl_->take(send_id, key, fence, std::to_string(ttl.count()),
+              std::move(done));
 }
 
 // A made send's TTL goes with an "r" ahead of it (see durable_outbox.lua).
@@ -404,14 +410,15 @@ void redis_durable_backend::outbox_record(std::string_view send_id,
                                           std::uint64_t fence,
                                           std::chrono::milliseconds ttl,
                                           completion<outbox_verdict> done) {
-  take(send_id, key, fence, "r" + std::to_string(ttl.count()), std::move(done));
+  impl_->take(send_id, key, fence, "r" + std::to_string(ttl.count()),
+              std::move(done));
 }
 
-void redis_durable_backend::take(std::string_view send_id,
-                                 std::string_view key, std::uint64_t fence,
-                                 std::string ttl,
-                                 completion<outbox_verdict> done) {
-  impl_->batch->submit(
+void redis_durable_backend::impl::take(std::string_view send_id,
+                                       std::string_view key,
+                                       std::uint64_t fence, std::string ttl,
+                                       completion<outbox_verdict> done) {
+  batch->submit(
     true,
     {std::string{send_id}, std::string{key}, std::to_string(fence),
      std::move(ttl)},

@@ -69,10 +69,6 @@ class redis_durable_backend final : public durable_backend {
                      completion<bool> done) override;
 
  private:
-  // outbox_claim and outbox_record; `ttl` is the script's argument.
-  void take(std::string_view send_id, std::string_view key,
-            std::uint64_t fence, std::string ttl,
-            completion<outbox_verdict> done);
   struct impl;
   std::unique_ptr<impl> impl_;
 };

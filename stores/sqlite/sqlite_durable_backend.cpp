@@ -66,6 +66,11 @@ struct sqlite_durable_backend::impl {
     }
   }
 
+  // outbox_claim; with `made`, outbox_record.
+  void take(std::string_view send_id, std::string_view key,
+            std::uint64_t fence, std::chrono::milliseconds ttl, bool made,
+            completion<outbox_verdict> done);
+
   // Runs `fn` on the I/O thread and hands its result (or exception) to
   // `done` there.
   template <class T, class Fn>
@@ -306,7 +311,7 @@ void sqlite_durable_backend::outbox_claim(std::string_view send_id,
                                           std::uint64_t fence,
                                           std::chrono::milliseconds ttl,
                                           completion<outbox_verdict> done) {
-  take(send_id, key, fence, ttl, false, std::move(done));
+  impl_->take(send_id, key, fence, ttl, false, std::move(done));
 }
 
 void sqlite_durable_backend::outbox_record(std::string_view send_id,
@@ -314,14 +319,16 @@ void sqlite_durable_backend::outbox_record(std::string_view send_id,
                                            std::uint64_t fence,
                                            std::chrono::milliseconds ttl,
                                            completion<outbox_verdict> done) {
-  take(send_id, key, fence, ttl, true, std::move(done));
+  impl_->take(send_id, key, fence, ttl, true, std::move(done));
 }
 
-void sqlite_durable_backend::take(std::string_view send_id,
-                                  std::string_view key, std::uint64_t fence,
-                                  std::chrono::milliseconds ttl, bool made,
-                                  completion<outbox_verdict> done) {
-  impl_->run<outbox_verdict>(std::move(done), [i = impl_.get(),
+void sqlite_durable_backend::impl::take(std::string_view send_id,
+                                        std::string_view key,
+                                        std::uint64_t fence,
+                                        std::chrono::milliseconds ttl,
+                                        bool made,
+                                        completion<outbox_verdict> done) {
+  run<outbox_verdict>(std::move(done), [i = this,
                                                id = std::string{send_id},
                                                k = std::string{key}, fence,
                                                ttl, made] {

@@ -62,10 +62,6 @@ class sqlite_durable_backend final : public durable_backend {
                      completion<bool> done) override;
 
  private:
-  // outbox_claim; with `made`, outbox_record.
-  void take(std::string_view send_id, std::string_view key,
-            std::uint64_t fence, std::chrono::milliseconds ttl, bool made,
-            completion<outbox_verdict> done);
   struct impl;
   std::shared_ptr<impl> impl_;
 };
