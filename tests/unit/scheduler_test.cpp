@@ -1476,6 +1476,22 @@ TEST_CASE_FIXTURE(claimed_elsewhere,
 
 namespace {
 
+// A task's handler that runs until its scheduler stops it, counting its
+// runs as they start and as they stop.
+struct runs_until_stop {
+  std::atomic<int> started{0};
+  std::atomic<int> stopped{0};
+
+  std::function<void(const scheduled_run&)> handler() {
+    return [this](const scheduled_run& r) {
+      ++started;
+      while (!r.stop.stop_requested())
+        std::this_thread::sleep_for(1ms);
+      ++stopped;
+    };
+  }
+};
+
 // "job"'s claim (of its slot at t0 + 1 min) is held while A polls; A is
 // stopped (its task "other" runs until then, and says when it stopped),
 // and the claim's reply comes only then: handed back, not run, with its
@@ -1483,16 +1499,15 @@ namespace {
 void hand_back_at_stop_then_take_over(botmesh::manual_clock& clk,
                                       const std::shared_ptr<test_store>& store,
                                       botmesh::scheduler& a, recorder& rec_a,
-                                      std::atomic<bool>& other_started,
-                                      std::atomic<bool>& other_stopped,
+                                      runs_until_stop& other,
                                       std::chrono::minutes later) {
   store->hold_claims_of = "job";
   store->hold_claims = true;
   std::thread a_poll{[&] { a.poll(); }};
   REQUIRE(test::eventually(
-    [&] { return store->claim_held() && other_started.load(); }));
+    [&] { return store->claim_held() && other.started.load() > 0; }));
   std::thread stopper{[&] { a.stop(); }};
-  REQUIRE(test::eventually([&] { return other_stopped.load(); }));
+  REQUIRE(test::eventually([&] { return other.stopped.load() > 0; }));
   CHECK(store->answer_held_claim()); // A is stopping
   stopper.join();
   a_poll.join();
@@ -1523,27 +1538,20 @@ TEST_CASE("an interrupted slot whose claim is handed back at stop keeps its "
   // A second task of A whose handler runs when stop() comes: its stop
   // token tells the test that A is stopping. (Declared before A, whose
   // destructor may still stop a run of it.)
-  std::atomic<bool> other_started{false};
-  std::atomic<bool> other_stopped{false};
+  runs_until_stop other;
   botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec_a.logger()}};
   a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
           rec_a.handler());
   clk.advance(31s);
   a.every("1m", {.id = "other", .lease = "30s"},
-          [&](const scheduled_run& r) {
-            other_started = true;
-            while (!r.stop.stop_requested())
-              std::this_thread::sleep_for(1ms);
-            other_stopped = true;
-          });
+          other.handler());
   clk.advance(29s);
   // An executor claims "job" on time and dies: its lease runs out.
   REQUIRE(store->inner.claim("job", "dead", clk.now(), 30s));
   clk.advance(31s);
   // Much later, another replica takes the slot over: it started on time,
   // so it runs (under skip, a missed slot would not).
-  hand_back_at_stop_then_take_over(clk, store, a, rec_a, other_started,
-                                   other_stopped, 5min);
+  hand_back_at_stop_then_take_over(clk, store, a, rec_a, other, 5min);
 }
 
 TEST_CASE("an on-time slot whose claim is handed back at stop keeps its "
@@ -1554,24 +1562,17 @@ TEST_CASE("an on-time slot whose claim is handed back at stop keeps its "
   recorder rec_a;
   // A task whose handler runs when stop() comes (claimed first): its stop
   // token tells the test that A is stopping. (Declared before A.)
-  std::atomic<bool> other_started{false};
-  std::atomic<bool> other_stopped{false};
+  runs_until_stop other;
   botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec_a.logger()}};
   a.every("1m", {.id = "other", .lease = "30s"},
-          [&](const scheduled_run& r) {
-            other_started = true;
-            while (!r.stop.stop_requested())
-              std::this_thread::sleep_for(1ms);
-            other_stopped = true;
-          });
+          other.handler());
   a.every("1m", {.id = "job", .missed = missed_policy::skip, .lease = "30s"},
           rec_a.handler());
   clk.advance(1min); // both slots due: "job"'s claim is on time
   // Another replica looks again only a minute later (it saw A's claim and
   // its lease): the slot was claimed on time, so it runs (under skip, a
   // missed slot would not), as it would had A died instead.
-  hand_back_at_stop_then_take_over(clk, store, a, rec_a, other_started,
-                                   other_stopped, 1min);
+  hand_back_at_stop_then_take_over(clk, store, a, rec_a, other, 1min);
 }
 
 TEST_CASE("a claim answered late whose lease still holds is renewed and runs "
@@ -1864,17 +1865,11 @@ TEST_CASE("a retry given up at stop leaves nothing behind: after a restart, "
   // A task whose handler runs until stop() comes: its stop token tells the
   // test that the scheduler is stopping. (Declared before the scheduler,
   // whose destructor may still stop a run of it.)
-  std::atomic<int> other_started{0};
-  std::atomic<int> other_stopped{0};
+  runs_until_stop other;
   // A retry waits a tick (3 s): stop() comes well inside that wait.
   botmesh::scheduler s{{.store = store, .tick = "3s", .log = rec.logger()}};
   s.every(100ms, {.id = "other", .lease = std::chrono::milliseconds{5000}},
-          [&](const scheduled_run& r) {
-            ++other_started;
-            while (!r.stop.stop_requested())
-              std::this_thread::sleep_for(1ms);
-            ++other_stopped;
-          });
+          other.handler());
   auto task = s.every(100ms, {.id = "job", .lease = std::chrono::milliseconds{5000}},
                       rec.handler());
   s.start();
@@ -1890,11 +1885,11 @@ TEST_CASE("a retry given up at stop leaves nothing behind: after a restart, "
   // back, and that hand-back (a cut of its lease) is held too.
   store->hold_claims_of = "job";
   store->hold_claims = true;
-  auto before = other_stopped.load();
-  auto started_before = other_started.load(); // (0 if stop() came first)
+  auto before = other.stopped.load();
+  auto started_before = other.started.load(); // (0 if stop() came first)
   s.start();
   REQUIRE(test::eventually([&] {
-    return store->claim_held() && other_started.load() > started_before;
+    return store->claim_held() && other.started.load() > started_before;
   }));
   auto token = store->get("job")->fencing_token; // the held claim's
   {
@@ -1916,7 +1911,7 @@ TEST_CASE("a retry given up at stop leaves nothing behind: after a restart, "
       t.join();
     }
   } joiner{stopper, *store};
-  REQUIRE(test::eventually([&] { return other_stopped.load() > before; }));
+  REQUIRE(test::eventually([&] { return other.stopped.load() > before; }));
   CHECK(store->answer_held_claim());
   REQUIRE(test::eventually([&] { return store->renewals_of(token) == 1; }));
   // A cancel now finds no retry waiting (that one was given up before the
