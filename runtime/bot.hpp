@@ -307,7 +307,10 @@ struct coordination_options {
 ///   written (a freeze, a backend outage: another replica may have claimed
 ///   it and sent). A crash in the microseconds between
 ///   queuing that entry and the backend writing it can let a replay send
-///   again.
+///   again. A send that failed, or whose verdict never came (a lost
+///   reply), is taken back before its record is released, so the replay
+///   makes it; the take-back removes only the entry that turn wrote, never
+///   an earlier attempt's (which may have been sent).
 ///
 /// A handler whose effects are not sends may run more than once for one
 /// message (after a crash): make them idempotent.

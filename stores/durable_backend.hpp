@@ -142,11 +142,15 @@ class durable_backend {
   virtual void retire(std::string_view holder, completion<bool> done) = 0;
 
   /// Takes send `send_id` of chat `key` made under `fence` (0 without
-  /// coordination): `send` the first time, `duplicate` when it was taken
-  /// before, `fenced` when a send of the chat under a higher fence was
-  /// taken (the sender lost the chat).
+  /// coordination) for `writer`: `send` the first time, `duplicate` when
+  /// it was taken before, `fenced` when a send of the chat under a higher
+  /// fence was taken (the sender lost the chat). `writer` names the one
+  /// attempt of a step that takes the send (unique per process and turn):
+  /// the entry remembers it, so `outbox_forget` takes back only what that
+  /// attempt wrote.
   virtual void outbox_claim(std::string_view send_id, std::string_view key,
-                            std::uint64_t fence, std::chrono::milliseconds ttl,
+                            std::uint64_t fence, std::string_view writer,
+                            std::chrono::milliseconds ttl,
                             completion<outbox_verdict> done)
     = 0;
 
@@ -156,15 +160,20 @@ class durable_backend {
   /// stays), so a replay of its message skips the send instead of making it
   /// twice. The default is outbox_claim, which records nothing when fenced.
   virtual void outbox_record(std::string_view send_id, std::string_view key,
-                             std::uint64_t fence, std::chrono::milliseconds ttl,
+                             std::uint64_t fence, std::string_view writer,
+                             std::chrono::milliseconds ttl,
                              completion<outbox_verdict> done) {
-    outbox_claim(send_id, key, fence, ttl, std::move(done));
+    outbox_claim(send_id, key, fence, writer, ttl, std::move(done));
   }
 
-  /// Takes send `send_id` back: its send failed, so a replay must make it
-  /// rather than skip it. True when an entry was removed. The chat's fence
-  /// stays. Ordered with the `outbox_claim`s issued before it.
-  virtual void outbox_forget(std::string_view send_id, completion<bool> done)
+  /// Takes send `send_id` back if `writer` wrote its entry: the send
+  /// failed, or was never made (the claim's reply was lost), so a replay
+  /// must make it rather than skip it. An entry another writer wrote (an
+  /// earlier attempt's send, which may have been made) stays. True when an
+  /// entry was removed. The chat's fence stays. Ordered with the
+  /// `outbox_claim`s issued before it.
+  virtual void outbox_forget(std::string_view send_id, std::string_view writer,
+                             completion<bool> done)
     = 0;
 };
 

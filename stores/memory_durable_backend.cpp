@@ -59,6 +59,7 @@ struct row {
 
 struct sent_row {
   std::int64_t expires = 0;
+  std::string writer{}; // who took it (see outbox_forget)
 };
 
 } // namespace
@@ -86,8 +87,8 @@ struct memory_durable_backend::impl {
 
   // outbox_claim; with `made`, outbox_record.
   outbox_verdict take(std::string_view send_id, std::string_view key,
-                      std::uint64_t fence, std::chrono::milliseconds ttl,
-                      bool made);
+                      std::uint64_t fence, std::string_view writer,
+                      std::chrono::milliseconds ttl, bool made);
 };
 
 memory_durable_backend::memory_durable_backend(const botmesh::clock* clock)
@@ -230,22 +231,25 @@ void memory_durable_backend::retire(std::string_view holder,
 void memory_durable_backend::outbox_claim(std::string_view send_id,
                                           std::string_view key,
                                           std::uint64_t fence,
+                                          std::string_view writer,
                                           std::chrono::milliseconds ttl,
                                           completion<outbox_verdict> done) {
-  done(impl_->take(send_id, key, fence, ttl, false), nullptr);
+  done(impl_->take(send_id, key, fence, writer, ttl, false), nullptr);
 }
 
 void memory_durable_backend::outbox_record(std::string_view send_id,
                                            std::string_view key,
                                            std::uint64_t fence,
+                                           std::string_view writer,
                                            std::chrono::milliseconds ttl,
                                            completion<outbox_verdict> done) {
-  done(impl_->take(send_id, key, fence, ttl, true), nullptr);
+  done(impl_->take(send_id, key, fence, writer, ttl, true), nullptr);
 }
 
 outbox_verdict memory_durable_backend::impl::take(std::string_view send_id,
                                                   std::string_view key,
                                                   std::uint64_t fence,
+                                                  std::string_view writer,
                                                   std::chrono::milliseconds ttl,
                                                   bool made) {
   outbox_verdict out;
@@ -256,14 +260,15 @@ outbox_verdict memory_durable_backend::impl::take(std::string_view send_id,
     if (f.second <= t)
       f = {0, 0};
     auto s = sent.find(std::string{send_id});
+    auto row = sent_row{t + ttl.count(), std::string{writer}};
     if (fence < f.first) {
       out = outbox_verdict::fenced;
       if (made) // (see outbox_record)
-        sent[std::string{send_id}] = sent_row{t + ttl.count()};
+        sent[std::string{send_id}] = std::move(row);
     } else if (s != sent.end() && s->second.expires > t) {
       out = outbox_verdict::duplicate;
     } else {
-      sent[std::string{send_id}] = sent_row{t + ttl.count()};
+      sent[std::string{send_id}] = std::move(row);
       f = {fence, t + ttl.count()};
       out = outbox_verdict::send;
     }
@@ -272,11 +277,16 @@ outbox_verdict memory_durable_backend::impl::take(std::string_view send_id,
 }
 
 void memory_durable_backend::outbox_forget(std::string_view send_id,
+                                           std::string_view writer,
                                            completion<bool> done) {
   bool removed = false;
   {
     std::lock_guard guard{impl_->mtx};
-    removed = impl_->sent.erase(std::string{send_id}) > 0;
+    auto i = impl_->sent.find(std::string{send_id});
+    if (i != impl_->sent.end() && i->second.writer == writer) {
+      impl_->sent.erase(i);
+      removed = true;
+    }
   }
   done(removed, nullptr);
 }

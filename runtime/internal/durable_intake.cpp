@@ -244,7 +244,7 @@ void durable_intake::entry_landed(const std::string& record,
 void durable_intake::write_entry(const std::string& record, entry e) {
   op([&](std::function<void()> finished) {
     backend_->outbox_record(
-      e.send_id, e.key, e.fence, retry_window_,
+      e.send_id, e.key, e.fence, e.writer, retry_window_,
       [this, record, e, finished](outbox_verdict v, std::exception_ptr x) {
         if (x) {
           failed(e.key, fmt::format("writing outbox entry {}", e.send_id), x);
@@ -268,7 +268,8 @@ void durable_intake::write_entry(const std::string& record, entry e) {
             }
           }
           if (forgotten)
-            forget_entry(record, entry{e.send_id, e.key, e.fence, true});
+            forget_entry(record,
+                         entry{e.send_id, e.key, e.writer, e.fence, true});
           entry_landed(record, nullptr);
         }
         finished();
@@ -614,6 +615,8 @@ bool durable_intake::outbox_allows(const std::string& chat_key) {
     return true;
   auto send_id = fmt::format("{}/{}", *t->record, t->sends++);
   t->taken.clear();
+  if (t->writer.empty())
+    t->writer = fmt::format("{}/{}", holder_, ++writers_);
   bool ahead = false;
   if (t->attempt == 1) {
     // Looked at under mtx_: a retire (which believes the heartbeat lapsed
@@ -626,12 +629,14 @@ bool durable_intake::outbox_allows(const std::string& chat_key) {
   }
   if (ahead) {
     t->taken = send_id;
-    write_entry(*t->record, entry{std::move(send_id), chat_key, t->fence});
+    write_entry(*t->record,
+                entry{std::move(send_id), chat_key, t->writer, t->fence});
     return true;
   }
   std::promise<outbox_verdict> p;
   auto f = p.get_future();
-  backend_->outbox_claim(send_id, chat_key, t->fence, retry_window_,
+  backend_->outbox_claim(send_id, chat_key, t->fence, t->writer,
+                         retry_window_,
                          [&p](outbox_verdict v, std::exception_ptr e) {
                            if (e)
                              p.set_exception(e);
@@ -643,6 +648,12 @@ bool durable_intake::outbox_allows(const std::string& chat_key) {
     v = f.get();
   } catch (...) {
     t->lost = true;
+    // The claim may have written the entry before its reply was lost (or
+    // its call failed on the way back). The send is not made, so what
+    // this turn wrote is taken back before the record is released: a
+    // replay then makes the send instead of skipping it for good. An
+    // entry of an earlier attempt (a send that may have been made) stays.
+    take_back(*t, std::move(send_id));
     throw;
   }
   switch (v) {
@@ -663,10 +674,16 @@ void durable_intake::send_failed() {
   auto* t = current;
   if (!t || t->taken.empty())
     return;
-  auto send_id = std::exchange(t->taken, {});
+  take_back(*t, std::exchange(t->taken, {}));
+}
+
+// Takes back `send_id`, written (or perhaps written) by `t`; counted as
+// one of its record's entries in flight, so the record's settle waits
+// for it.
+void durable_intake::take_back(durable_turn& t, std::string send_id) {
   {
     std::lock_guard guard{mtx_};
-    auto& u = unlanded_[*t->record];
+    auto& u = unlanded_[*t.record];
     u.forgotten.push_back(send_id);
     // Not written again at the next beat if its write failed.
     std::erase_if(u.failed, [&](const entry& e) {
@@ -674,7 +691,8 @@ void durable_intake::send_failed() {
     });
     ++u.in_flight;
   }
-  forget_entry(*t->record, entry{std::move(send_id), *t->key, t->fence, true});
+  forget_entry(*t.record,
+               entry{std::move(send_id), *t.key, t.writer, t.fence, true});
 }
 
 // Takes `e` of `record` back; the caller counted it as one of the
@@ -683,12 +701,14 @@ void durable_intake::send_failed() {
 void durable_intake::forget_entry(const std::string& record, entry e) {
   op([&](std::function<void()> finished) {
     auto id = e.send_id;
+    auto writer = e.writer;
     backend_->outbox_forget(
-      id, [this, record, e = std::move(e), finished](bool,
-                                                    std::exception_ptr x) {
+      id, writer,
+      [this, record, e = std::move(e), finished](bool, std::exception_ptr x) {
         if (x) {
           failed(e.key,
-                 fmt::format("taking back outbox entry {} of a failed send",
+                 fmt::format("taking back outbox entry {} of a send that "
+                             "failed or was not made",
                              e.send_id),
                  x);
           entry_landed(record, &e);

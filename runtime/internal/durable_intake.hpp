@@ -43,6 +43,9 @@ struct durable_turn {
   /// The outbox id of the send outbox_allows let through last (empty:
   /// none), taken back by send_failed.
   std::string taken{};
+  /// This turn's name as the writer of its outbox entries (made at its
+  /// first send): a take-back removes only what this turn wrote.
+  std::string writer{};
   bool lost = false;
 };
 
@@ -168,6 +171,7 @@ class durable_intake {
   void renewed(steady::rep sent, bool new_generation);
   struct entry {
     std::string send_id, key;
+    std::string writer; // the turn that took it (outbox_forget's writer)
     std::uint64_t fence = 0;
     bool forget = false; // a send to take back (its outbox_forget failed)
     bool last_try = false; // written again by a retire: not a third time
@@ -178,6 +182,7 @@ class durable_intake {
   void resend(const std::string& record, entry e);
   void retire_generations(std::vector<std::uint32_t> gens,
                           std::function<void()> done);
+  void take_back(durable_turn& t, std::string send_id);
   void forget_entry(const std::string& record, entry e);
   void write_entry(const std::string& record, entry e);
   void failed(const std::string& key, std::string what, std::exception_ptr e);
@@ -226,6 +231,8 @@ class durable_intake {
   std::map<std::string, unlanded> unlanded_; // by record id
   // A retire waiting for the outbox entries in flight (see retire()).
   std::function<void()> retiring_;
+  // Numbers the turns that write outbox entries (their writer names).
+  std::atomic<std::uint64_t> writers_{0};
   std::atomic<std::uint64_t> reprocessed_{0}, outbox_skipped_{0},
     journal_errors_{0};
   // Written by beat completions, read by handler threads before a send.

@@ -94,7 +94,8 @@ class op_batcher : public std::enable_shared_from_this<op_batcher> {
     : client_(std::move(client)),
       in_keys_{inbound + "rec", inbound + "open", inbound + "exp",
                inbound + "seq"},
-      out_keys_{outbox + "sent", outbox + "fence", outbox + "fexp"} {
+      out_keys_{outbox + "sent", outbox + "fence", outbox + "fexp",
+                outbox + "by"} {
     // nop
   }
 
@@ -278,7 +279,7 @@ struct redis_durable_backend::impl {
 
   // outbox_claim and outbox_record; `ttl` is the script's argument.
   void take(std::string_view send_id, std::string_view key,
-            std::uint64_t fence, std::string ttl,
+            std::uint64_t fence, std::string_view writer, std::string ttl,
             completion<outbox_verdict> done);
 };
 
@@ -398,9 +399,10 @@ void redis_durable_backend::retire(std::string_view holder,
 void redis_durable_backend::outbox_claim(std::string_view send_id,
                                          std::string_view key,
                                          std::uint64_t fence,
+                                         std::string_view writer,
                                          std::chrono::milliseconds ttl,
                                          completion<outbox_verdict> done) {
-  impl_->take(send_id, key, fence, std::to_string(ttl.count()),
+  impl_->take(send_id, key, fence, writer, std::to_string(ttl.count()),
               std::move(done));
 }
 
@@ -408,20 +410,23 @@ void redis_durable_backend::outbox_claim(std::string_view send_id,
 void redis_durable_backend::outbox_record(std::string_view send_id,
                                           std::string_view key,
                                           std::uint64_t fence,
+                                          std::string_view writer,
                                           std::chrono::milliseconds ttl,
                                           completion<outbox_verdict> done) {
-  impl_->take(send_id, key, fence, "r" + std::to_string(ttl.count()),
+  impl_->take(send_id, key, fence, writer, "r" + std::to_string(ttl.count()),
               std::move(done));
 }
 
 void redis_durable_backend::impl::take(std::string_view send_id,
                                        std::string_view key,
-                                       std::uint64_t fence, std::string ttl,
+                                       std::uint64_t fence,
+                                       std::string_view writer,
+                                       std::string ttl,
                                        completion<outbox_verdict> done) {
   batch->submit(
     true,
     {std::string{send_id}, std::string{key}, std::to_string(fence),
-     std::move(ttl)},
+     std::string{writer}, std::move(ttl)},
     [done = std::move(done)](const redis_reply* r, std::exception_ptr e) {
       if (auto x = integer_or_error("durable_outbox", r, e))
         return done(outbox_verdict::fenced, x);
@@ -433,11 +438,12 @@ void redis_durable_backend::impl::take(std::string_view send_id,
 }
 
 void redis_durable_backend::outbox_forget(std::string_view send_id,
+                                          std::string_view writer,
                                           completion<bool> done) {
   // In the outbox script's batch (a "forget" in place of the TTL): after
   // the claims issued before it, as the contract asks.
   impl_->batch->submit(
-    true, {std::string{send_id}, "", "0", "forget"},
+    true, {std::string{send_id}, "", "0", std::string{writer}, "forget"},
     [done = std::move(done)](const redis_reply* r, std::exception_ptr e) {
       if (auto x = integer_or_error("durable_outbox", r, e))
         return done(false, x);

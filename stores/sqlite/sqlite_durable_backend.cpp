@@ -26,7 +26,8 @@ CREATE INDEX IF NOT EXISTS durable_inbound_open
 CREATE TABLE IF NOT EXISTS durable_holders (
   holder TEXT PRIMARY KEY, until INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS durable_outbox (
-  id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL);
+  id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL,
+  writer TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS durable_fences (
   key TEXT PRIMARY KEY, fence INTEGER NOT NULL, expires_at INTEGER NOT NULL);
 )sql";
@@ -68,7 +69,8 @@ struct sqlite_durable_backend::impl {
 
   // outbox_claim; with `made`, outbox_record.
   void take(std::string_view send_id, std::string_view key,
-            std::uint64_t fence, std::chrono::milliseconds ttl, bool made,
+            std::uint64_t fence, std::string_view writer,
+            std::chrono::milliseconds ttl, bool made,
             completion<outbox_verdict> done);
 
   // Runs `fn` on the I/O thread and hands its result (or exception) to
@@ -126,6 +128,19 @@ void sqlite_durable_backend::start() {
   if (impl_->opts.path != ":memory:")
     d->exec("PRAGMA journal_mode=WAL");
   d->exec(schema);
+  // A file made before outbox entries named their writer gets the column;
+  // its old entries name none, so no forget takes them back (they stay
+  // sent, as they did).
+  bool has_writer = false;
+  {
+    internal::stmt s{*d,
+                     "SELECT name FROM pragma_table_info('durable_outbox')"};
+    while (s.step())
+      has_writer = has_writer || s.text(0) == "writer";
+  }
+  if (!has_writer)
+    d->exec("ALTER TABLE durable_outbox ADD COLUMN writer TEXT NOT NULL "
+            "DEFAULT ''");
   impl_->db = std::move(d);
 }
 
@@ -309,37 +324,41 @@ void sqlite_durable_backend::retire(std::string_view holder,
 void sqlite_durable_backend::outbox_claim(std::string_view send_id,
                                           std::string_view key,
                                           std::uint64_t fence,
+                                          std::string_view writer,
                                           std::chrono::milliseconds ttl,
                                           completion<outbox_verdict> done) {
-  impl_->take(send_id, key, fence, ttl, false, std::move(done));
+  impl_->take(send_id, key, fence, writer, ttl, false, std::move(done));
 }
 
 void sqlite_durable_backend::outbox_record(std::string_view send_id,
                                            std::string_view key,
                                            std::uint64_t fence,
+                                           std::string_view writer,
                                            std::chrono::milliseconds ttl,
                                            completion<outbox_verdict> done) {
-  impl_->take(send_id, key, fence, ttl, true, std::move(done));
+  impl_->take(send_id, key, fence, writer, ttl, true, std::move(done));
 }
 
 void sqlite_durable_backend::impl::take(std::string_view send_id,
                                         std::string_view key,
                                         std::uint64_t fence,
+                                        std::string_view writer,
                                         std::chrono::milliseconds ttl,
                                         bool made,
                                         completion<outbox_verdict> done) {
   run<outbox_verdict>(std::move(done), [i = this,
                                                id = std::string{send_id},
                                                k = std::string{key}, fence,
-                                               ttl, made] {
+                                               w = std::string{writer}, ttl,
+                                               made] {
     auto& d = *i->db;
     internal::transaction tx{d};
     auto t = i->now();
     auto f = static_cast<std::int64_t>(fence);
     auto put = [&] {
       internal::stmt s{d, "INSERT OR REPLACE INTO durable_outbox (id, "
-                          "expires_at) VALUES (?, ?)"};
-      s.bind(1, id).bind(2, t + ttl.count());
+                          "expires_at, writer) VALUES (?, ?, ?)"};
+      s.bind(1, id).bind(2, t + ttl.count()).bind(3, w);
       s.run();
     };
     bool fenced = false;
@@ -376,11 +395,14 @@ void sqlite_durable_backend::impl::take(std::string_view send_id,
 }
 
 void sqlite_durable_backend::outbox_forget(std::string_view send_id,
+                                           std::string_view writer,
                                            completion<bool> done) {
   impl_->run<bool>(std::move(done), [i = impl_.get(),
-                                     id = std::string{send_id}] {
-    internal::stmt s{*i->db, "DELETE FROM durable_outbox WHERE id = ?"};
-    s.bind(1, id);
+                                     id = std::string{send_id},
+                                     w = std::string{writer}] {
+    internal::stmt s{*i->db,
+                     "DELETE FROM durable_outbox WHERE id = ? AND writer = ?"};
+    s.bind(1, id).bind(2, w);
     return s.run() > 0;
   });
 }

@@ -53,12 +53,14 @@ class sqlite_durable_backend final : public durable_backend {
                       completion<claim_result> done) override;
   void retire(std::string_view holder, completion<bool> done) override;
   void outbox_claim(std::string_view send_id, std::string_view key,
-                    std::uint64_t fence, std::chrono::milliseconds ttl,
+                    std::uint64_t fence, std::string_view writer,
+                    std::chrono::milliseconds ttl,
                     completion<outbox_verdict> done) override;
   void outbox_record(std::string_view send_id, std::string_view key,
-                     std::uint64_t fence, std::chrono::milliseconds ttl,
+                     std::uint64_t fence, std::string_view writer,
+                     std::chrono::milliseconds ttl,
                      completion<outbox_verdict> done) override;
-  void outbox_forget(std::string_view send_id,
+  void outbox_forget(std::string_view send_id, std::string_view writer,
                      completion<bool> done) override;
 
  private:

@@ -81,19 +81,22 @@ struct sync {
     return wait<bool>([&](auto done) { b.retire(holder, std::move(done)); });
   }
   outbox_verdict send(std::string id, std::string key, std::uint64_t fence,
-                     std::chrono::milliseconds ttl = 60s) {
+                     std::chrono::milliseconds ttl = 60s,
+                     std::string writer = "w") {
     return wait<outbox_verdict>([&](auto done) {
-      b.outbox_claim(id, key, fence, ttl, std::move(done));
+      b.outbox_claim(id, key, fence, writer, ttl, std::move(done));
     });
   }
   outbox_verdict record(std::string id, std::string key, std::uint64_t fence,
-                        std::chrono::milliseconds ttl = 60s) {
+                        std::chrono::milliseconds ttl = 60s,
+                        std::string writer = "w") {
     return wait<outbox_verdict>([&](auto done) {
-      b.outbox_record(id, key, fence, ttl, std::move(done));
+      b.outbox_record(id, key, fence, writer, ttl, std::move(done));
     });
   }
-  bool forget(std::string id) {
-    return wait<bool>([&](auto done) { b.outbox_forget(id, std::move(done)); });
+  bool forget(std::string id, std::string writer = "w") {
+    return wait<bool>(
+      [&](auto done) { b.outbox_forget(id, writer, std::move(done)); });
   }
 };
 
@@ -318,15 +321,50 @@ TEST_CASE_TEMPLATE_DEFINE("a send taken back is sent again, the chat's fence "
   // the order issued.
   std::promise<dc::outbox_verdict> first;
   std::promise<bool> second;
-  b->outbox_claim("t:2#m1/0", "t:2", 1, std::chrono::seconds{60},
+  b->outbox_claim("t:2#m1/0", "t:2", 1, "w", std::chrono::seconds{60},
                   [&](dc::outbox_verdict v, std::exception_ptr) {
                     first.set_value(v);
                   });
-  b->outbox_forget("t:2#m1/0",
+  b->outbox_forget("t:2#m1/0", "w",
                    [&](bool r, std::exception_ptr) { second.set_value(r); });
   CHECK(first.get_future().get() == dc::outbox_verdict::send);
   CHECK(second.get_future().get());
   CHECK(s.send("t:2#m1/0", "t:2", 1) == dc::outbox_verdict::send);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("a send is taken back only by the writer that took "
+                          "it: another attempt's entry stays sent",
+                          F, dc_outbox_forget_writer) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  const std::chrono::milliseconds m = std::chrono::seconds{60};
+  // Taken by attempt "a1" (its send may have been made).
+  CHECK(s.send("t:1#m1/0", "t:1", 5, m, "a1") == dc::outbox_verdict::send);
+  // Attempt "a2" finds it sent; its take-back (its claim's reply was lost)
+  // leaves a1's entry.
+  CHECK(s.send("t:1#m1/0", "t:1", 5, m, "a2")
+        == dc::outbox_verdict::duplicate);
+  CHECK_FALSE(s.forget("t:1#m1/0", "a2"));
+  CHECK(s.send("t:1#m1/0", "t:1", 5, m, "a3")
+        == dc::outbox_verdict::duplicate);
+  // a1's own take-back removes it; the next attempt sends, and owns it.
+  CHECK(s.forget("t:1#m1/0", "a1"));
+  CHECK(s.send("t:1#m1/0", "t:1", 5, m, "a3") == dc::outbox_verdict::send);
+  CHECK_FALSE(s.forget("t:1#m1/0", "a1"));
+  CHECK(s.send("t:1#m1/0", "t:1", 5, m, "a4")
+        == dc::outbox_verdict::duplicate);
+  CHECK(s.forget("t:1#m1/0", "a3"));
+  // An entry written ahead of its send (even when fenced) names its writer
+  // too.
+  CHECK(s.send("t:2#m2/0", "t:2", 9) == dc::outbox_verdict::send);
+  CHECK(s.record("t:2#m1/0", "t:2", 8, m, "r1")
+        == dc::outbox_verdict::fenced);
+  CHECK_FALSE(s.forget("t:2#m1/0", "r2"));
+  CHECK(s.send("t:2#m1/0", "t:2", 9, m, "r2")
+        == dc::outbox_verdict::duplicate);
+  CHECK(s.forget("t:2#m1/0", "r1"));
+  CHECK(s.send("t:2#m1/0", "t:2", 9, m, "r2") == dc::outbox_verdict::send);
 }
 
 TEST_CASE_TEMPLATE_DEFINE("an outbox entry and a chat's fence are forgotten "
@@ -387,5 +425,6 @@ TEST_CASE_TEMPLATE_DEFINE("the same id recorded by two holders at once is "
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_ttl, F);                                 \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_forget, F);                              \
+  TEST_CASE_TEMPLATE_INVOKE(dc_outbox_forget_writer, F);                       \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_record, F);                              \
   TEST_CASE_TEMPLATE_INVOKE(dc_race, F)

@@ -135,6 +135,7 @@ TEST_CASE("expired Redis journal records and outbox entries are dropped by "
     std::this_thread::sleep_for(1ms);
   }
   CHECK(count("ZCARD", out + "sent") == sends);
+  CHECK(count("HLEN", out + "by") == sends); // writers go with their entries
   CHECK(count("HLEN", out + "fence") == 0);
   CHECK(count("ZCARD", out + "fexp") == 0);
 }
@@ -234,6 +235,34 @@ TEST_CASE("a corrupted SQLite journal row is named and set aside by a claim, "
   }
 }
 
+TEST_CASE("a SQLite journal file from before outbox writers gets the column: "
+          "its entries stay sent, new ones name their writer") {
+  sqlite_durable_factory f;
+  {
+    sqlite3* raw = nullptr;
+    REQUIRE(sqlite3_open(f.file.path().c_str(), &raw) == SQLITE_OK);
+    auto sql = "CREATE TABLE durable_outbox (id TEXT PRIMARY KEY, "
+               "expires_at INTEGER NOT NULL); "
+               "INSERT INTO durable_outbox VALUES ('t:1#m1/0', "
+               + std::to_string(botmesh::to_unix_ms(f.clock.now()) + 60000)
+               + ")";
+    REQUIRE(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr)
+            == SQLITE_OK);
+    sqlite3_close(raw);
+  }
+  auto b = f.make();
+  dc::sync s{*b};
+  CHECK(s.send("t:1#m1/0", "t:1", 0) == dc::outbox_verdict::duplicate);
+  CHECK_FALSE(s.forget("t:1#m1/0"));
+  CHECK(s.send("t:1#m1/0", "t:1", 0) == dc::outbox_verdict::duplicate);
+  CHECK(s.send("t:1#m2/0", "t:1", 0) == dc::outbox_verdict::send);
+  CHECK(s.forget("t:1#m2/0"));
+  // Opened again: the column is there once.
+  auto again = f.make();
+  dc::sync s2{*again};
+  CHECK(s2.send("t:1#m2/0", "t:1", 0) == dc::outbox_verdict::send);
+}
+
 TEST_CASE("Redis journal operations issued together go out in a few script "
           "calls, each with its own result, completed in the order issued") {
   test::redis_process server;
@@ -268,7 +297,7 @@ TEST_CASE("Redis journal operations issued together go out in a few script "
                                                           : " duplicate"));
              });
     issued.push_back("send " + id + "/0 send");
-    b.outbox_claim(id + "/0", "t:2", 1, std::chrono::minutes(1),
+    b.outbox_claim(id + "/0", "t:2", 1, "a", std::chrono::minutes(1),
                    [&, id](dc::outbox_verdict v, std::exception_ptr e) {
                      note("send " + id + "/0"
                           + (e ? " failed"
@@ -323,7 +352,8 @@ TEST_CASE("a damaged outbox fence fails its own send in a batch, before "
   std::mutex mtx;
   std::vector<std::string> got;
   for (auto chat : {"t:2", "t:9", "t:3"}) {
-    b.outbox_claim(std::string{chat} + "#m/0", chat, 5, std::chrono::minutes(1),
+    b.outbox_claim(std::string{chat} + "#m/0", chat, 5, "a",
+                   std::chrono::minutes(1),
                    [&, chat](dc::outbox_verdict v, std::exception_ptr e) {
                      std::string what = chat;
                      if (e) {

@@ -542,6 +542,65 @@ TEST_CASE("with durability a send that timed out is made again by the "
   }
 }
 
+TEST_CASE("with durability a replayed send whose outbox check lost its reply "
+          "is made by the next attempt, not skipped as sent") {
+  // The check ran (the entry was written) but its answer never came: the
+  // send was not made, so what that attempt wrote must not count as sent.
+  auto g = std::make_shared<test::gated_backend>();
+  g->open();
+  orphan(g->inner, msg("ana", "m1", "hola")); // replayed: sends wait
+  g->lose_outbox_replies = 1;
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = test::durable_over(g)}};
+  errors.attach(b);
+  std::atomic<int> runs{0};
+  b.on_message([&](botmesh::context& c) {
+    ++runs;
+    c.reply("respuesta");
+  });
+  b.start();
+  REQUIRE(p->wait_for_sent(1, 5s));
+  // The failed turn and its replay.
+  REQUIRE(test::eventually([&] { return b.stats().handled == 2; }));
+  b.stop();
+  CHECK(runs == 2);
+  CHECK(texts(*p) == std::vector<std::string>{"respuesta"});
+  CHECK(b.stats().outbox_skipped == 0);
+  CHECK(errors.count(errc::timeout) == 1);
+}
+
+TEST_CASE("with durability a lost outbox reply takes back only its own "
+          "attempt's entry: an earlier attempt's send is not made twice") {
+  auto g = std::make_shared<test::gated_backend>();
+  g->open();
+  orphan(g->inner, msg("ana", "m1", "hola"));
+  // The replica that died had sent the reply (its entry stands).
+  auto id = botmesh::journal_id("test:ana", "m1");
+  std::promise<botmesh::outbox_verdict> pv;
+  g->inner.outbox_claim(id + "/0", "test:ana", 0, "dead/1", 1h,
+                        [&](auto v, std::exception_ptr) { pv.set_value(v); });
+  REQUIRE(pv.get_future().get() == botmesh::outbox_verdict::send);
+  g->lose_outbox_replies = 1; // the replay's check finds it, unheard
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = test::durable_over(g)}};
+  errors.attach(b);
+  std::atomic<int> runs{0};
+  b.on_message([&](botmesh::context& c) {
+    ++runs;
+    c.reply("respuesta");
+  });
+  b.start();
+  // The failed turn and its replay.
+  REQUIRE(test::eventually([&] { return b.stats().handled == 2; }));
+  b.stop();
+  CHECK(runs == 2);
+  CHECK(p->sent().empty());
+  CHECK(b.stats().outbox_skipped == 1);
+  CHECK(errors.count(errc::timeout) == 1);
+}
+
 TEST_CASE("with durability a message refused because the bot stops is "
           "released and handled by the next replica") {
   auto backend = std::make_shared<botmesh::memory_durable_backend>();
@@ -640,7 +699,7 @@ botmesh::outbox_verdict outbox_verdict_of(botmesh::durable_backend& b,
                                           const std::string& key,
                                           std::uint64_t fence = 0) {
   std::promise<botmesh::outbox_verdict> p;
-  b.outbox_claim(send_id, key, fence, 1h,
+  b.outbox_claim(send_id, key, fence, "test", 1h,
                  [&](botmesh::outbox_verdict v, std::exception_ptr) {
                    p.set_value(v);
                  });
@@ -762,7 +821,7 @@ TEST_CASE("with durability a first attempt after its heartbeat lapsed waits "
   REQUIRE(taken.records.size() == 1);
   CHECK(taken.records[0].attempts == 2);
   std::promise<botmesh::outbox_verdict> pv;
-  g->inner.outbox_claim(id + "/0", "test:ana", 0, 1h,
+  g->inner.outbox_claim(id + "/0", "test:ana", 0, "other", 1h,
                         [&](auto v, std::exception_ptr) { pv.set_value(v); });
   REQUIRE(pv.get_future().get() == botmesh::outbox_verdict::send);
   std::promise<bool> pk;
@@ -1163,17 +1222,20 @@ class forwarding_backend : public botmesh::durable_backend {
     inner.retire(holder, std::move(done));
   }
   void outbox_claim(std::string_view send_id, std::string_view key,
-                    std::uint64_t fence, std::chrono::milliseconds ttl,
+                    std::uint64_t fence, std::string_view writer,
+                    std::chrono::milliseconds ttl,
                     completion<botmesh::outbox_verdict> done) override {
-    inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
+    inner.outbox_claim(send_id, key, fence, writer, ttl, std::move(done));
   }
   void outbox_record(std::string_view send_id, std::string_view key,
-                     std::uint64_t fence, std::chrono::milliseconds ttl,
+                     std::uint64_t fence, std::string_view writer,
+                     std::chrono::milliseconds ttl,
                      completion<botmesh::outbox_verdict> done) override {
-    inner.outbox_record(send_id, key, fence, ttl, std::move(done));
+    inner.outbox_record(send_id, key, fence, writer, ttl, std::move(done));
   }
-  void outbox_forget(std::string_view send_id, completion<bool> done) override {
-    inner.outbox_forget(send_id, std::move(done));
+  void outbox_forget(std::string_view send_id, std::string_view writer,
+                     completion<bool> done) override {
+    inner.outbox_forget(send_id, writer, std::move(done));
   }
 };
 
@@ -1265,7 +1327,8 @@ class held_outbox_backend final : public forwarding_backend {
 
   // (Entries written ahead of their sends, and written again.)
   void outbox_record(std::string_view send_id, std::string_view key,
-                     std::uint64_t fence, std::chrono::milliseconds ttl,
+                     std::uint64_t fence, std::string_view writer,
+                     std::chrono::milliseconds ttl,
                      completion<botmesh::outbox_verdict> done) override {
     if (hold_next.exchange(false)) {
       std::lock_guard guard{mtx_};
@@ -1273,7 +1336,7 @@ class held_outbox_backend final : public forwarding_backend {
       return;
     }
     ++outbox_writes;
-    inner.outbox_record(send_id, key, fence, ttl, std::move(done));
+    inner.outbox_record(send_id, key, fence, writer, ttl, std::move(done));
   }
 
  private:

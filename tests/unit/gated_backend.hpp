@@ -29,6 +29,8 @@ class gated_backend final : public botmesh::durable_backend {
   std::atomic<int> fail_settles{0}; // this many confirms/releases fail, unrun
   std::atomic<int> fail_outbox{0};  // this many outbox entry writes fail, unrun
   std::atomic<bool> lose_claim_replies{false}; // a claim runs, its reply is lost
+  std::atomic<int> lose_outbox_replies{0}; // this many outbox claims run,
+                                           // their replies lost
   std::atomic<bool> fail_held{false}; // held writes fail when the gate opens
 
   void open() {
@@ -115,18 +117,27 @@ class gated_backend final : public botmesh::durable_backend {
     inner.retire(holder, std::move(done));
   }
   void outbox_claim(std::string_view send_id, std::string_view key,
-                    std::uint64_t fence, std::chrono::milliseconds ttl,
+                    std::uint64_t fence, std::string_view writer,
+                    std::chrono::milliseconds ttl,
                     completion<botmesh::outbox_verdict> done) override {
     if (outbox_fails(done))
       return;
-    inner.outbox_claim(send_id, key, fence, ttl, std::move(done));
+    if (take(lose_outbox_replies)) {
+      inner.outbox_claim(send_id, key, fence, writer, ttl,
+                         [](botmesh::outbox_verdict, std::exception_ptr) {});
+      return done(botmesh::outbox_verdict::send,
+                  std::make_exception_ptr(botmesh::error(
+                    botmesh::errc::timeout, "simulated lost outbox reply")));
+    }
+    inner.outbox_claim(send_id, key, fence, writer, ttl, std::move(done));
   }
   void outbox_record(std::string_view send_id, std::string_view key,
-                     std::uint64_t fence, std::chrono::milliseconds ttl,
+                     std::uint64_t fence, std::string_view writer,
+                     std::chrono::milliseconds ttl,
                      completion<botmesh::outbox_verdict> done) override {
     if (outbox_fails(done))
       return;
-    inner.outbox_record(send_id, key, fence, ttl, std::move(done));
+    inner.outbox_record(send_id, key, fence, writer, ttl, std::move(done));
   }
   // Answers `done` with a failure when one is due (fail_outbox).
   bool outbox_fails(completion<botmesh::outbox_verdict>& done) {
@@ -137,9 +148,9 @@ class gated_backend final : public botmesh::durable_backend {
                                                 "simulated outbox failure")));
     return true;
   }
-  void outbox_forget(std::string_view send_id,
+  void outbox_forget(std::string_view send_id, std::string_view writer,
                      completion<bool> done) override {
-    inner.outbox_forget(send_id, std::move(done));
+    inner.outbox_forget(send_id, writer, std::move(done));
   }
 };
 

@@ -6,22 +6,25 @@
 --   p:{durable:outbox}:sent   zset  send id -> expiry (server ms)
 --   p:{durable:outbox}:fence  hash  chat key -> highest fence that sent
 --   p:{durable:outbox}:fexp   zset  chat key -> expiry of its fence
+--   p:{durable:outbox}:by     hash  send id -> its writer
 --
--- KEYS[1] sent  KEYS[2] fence  KEYS[3] fexp
--- ARGV: four per send: send id, chat key, fence, ttl ms; or, to take a
--- send back (it failed), send id, '', '0', 'forget'. A ttl with an 'r'
--- ahead of it records a send already made (written ahead of it): its id
--- is kept even when fenced, so a replay skips it rather than send twice.
--- Returns per send, in order: 1 (send), 0 (already sent), -1 (fenced: a
--- higher fence sent), or an error reply naming a damaged fence; per
--- forget, 1 when the entry was removed, else 0.
+-- KEYS[1] sent  KEYS[2] fence  KEYS[3] fexp  KEYS[4] by
+-- ARGV: five per send: send id, chat key, fence, writer, ttl ms; or, to
+-- take a send back (it failed, or its claim's reply was lost), send id,
+-- '', '0', writer, 'forget': removed only when that writer wrote it (an
+-- entry of another attempt may be a send that was made). A ttl with an
+-- 'r' ahead of it records a send already made (written ahead of it): its
+-- id is kept even when fenced, so a replay skips it rather than send
+-- twice. Returns per send, in order: 1 (send), 0 (already sent), -1
+-- (fenced: a higher fence sent), or an error reply naming a damaged
+-- fence; per forget, 1 when the entry was removed, else 0.
 -- Cost: O(log n) per send; in about one call of 8 also O(expired, at most
 -- 100).
 --
--- This runs for every send, so the usual path of one is kept to four
--- commands (HGET, ZADD NX, HSET, ZADD) after the call's TIME: ZADD NX both
--- checks the send id and takes it, the fence is written only when it
--- changes (a turn's later sends skip it), and a sender without
+-- This runs for every send, so the usual path of one is kept to five
+-- commands (HGET, ZADD NX, HSET by, HSET, ZADD) after the call's TIME:
+-- ZADD NX both checks the send id and takes it, the fence is written only
+-- when it changes (a turn's later sends skip it), and a sender without
 -- coordination (fence 0) writes none. An entry or a fence past its expiry
 -- counts as absent whether or not a sweep removed it yet, so the sweeps
 -- only reclaim memory. A call of one send sweeps when the server's
@@ -30,12 +33,13 @@
 -- a call of n > 1 sends always sweeps, up to 100 + 2n of each kind.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local n = math.floor(#ARGV / 4)
+local n = math.floor(#ARGV / 5)
 if n > 1 or now % 8 == 0 then
   local limit = 100 + 2 * n
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now,
                                  'LIMIT', 0, limit)) do
     redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[4], id)
   end
   for _, k in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now,
                                 'LIMIT', 0, limit)) do
@@ -43,7 +47,7 @@ if n > 1 or now % 8 == 0 then
     redis.call('ZREM', KEYS[3], k)
   end
 end
-local function take(id, key, fence, ttl)
+local function take(id, key, fence, writer, ttl)
   local made = string.sub(ttl, 1, 1) == 'r'
   if made then ttl = string.sub(ttl, 2) end
   local mine = tonumber(fence)
@@ -57,7 +61,10 @@ local function take(id, key, fence, ttl)
     local e = redis.call('ZSCORE', KEYS[3], key)
     if e and tonumber(e) > now then
       -- (The chat's fence stays.)
-      if made then redis.call('ZADD', KEYS[1], now + tonumber(ttl), id) end
+      if made then
+        redis.call('ZADD', KEYS[1], now + tonumber(ttl), id)
+        redis.call('HSET', KEYS[4], id, writer)
+      end
       return -1
     end
     f = 0
@@ -68,17 +75,24 @@ local function take(id, key, fence, ttl)
     if tonumber(e) > now then return 0 end
     redis.call('ZADD', KEYS[1], until_ms, id)
   end
+  redis.call('HSET', KEYS[4], id, writer)
   if mine ~= f then redis.call('HSET', KEYS[2], key, fence) end
   if mine ~= 0 then redis.call('ZADD', KEYS[3], until_ms, key) end
   return 1
 end
 
 local out = {}
-for i = 1, 4 * n, 4 do
-  if ARGV[i + 3] == 'forget' then
-    out[#out + 1] = redis.call('ZREM', KEYS[1], ARGV[i])
+for i = 1, 5 * n, 5 do
+  if ARGV[i + 4] == 'forget' then
+    if redis.call('HGET', KEYS[4], ARGV[i]) == ARGV[i + 3] then
+      redis.call('HDEL', KEYS[4], ARGV[i])
+      out[#out + 1] = redis.call('ZREM', KEYS[1], ARGV[i])
+    else
+      out[#out + 1] = 0
+    end
   else
-    out[#out + 1] = take(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    out[#out + 1] = take(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
+                         ARGV[i + 4])
   end
 end
 return out
