@@ -333,7 +333,8 @@ struct durability_options {
   std::optional<duration> lease{};
   /// A record handled (and released) this many times is given up with an
   /// `errc::handler_failed` error event, so a message that kills every
-  /// replica does not circulate forever.
+  /// replica does not circulate forever. The event comes at least once:
+  /// the record is marked done only after a replica raised it.
   std::uint32_t max_attempts = 5;
   /// Most records claimed per beat.
   std::size_t claim_batch = 256;

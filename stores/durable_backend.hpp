@@ -121,11 +121,15 @@ class durable_backend {
   /// Renews `holder`'s heartbeat for `lease`, then claims up to `limit`
   /// records that are free or held by a holder whose heartbeat lapsed, and
   /// returns them in arrival order, now held by `holder`. Records that
-  /// already had `max_attempts` holders are not claimed but marked done and
-  /// returned in `dropped`.
+  /// already had `max_attempts` holders are given up: returned in
+  /// `dropped`, held by `holder` without a new attempt, for the caller to
+  /// report and then `confirm`. Until that confirm lands they stay held, so
+  /// a caller that lost this reply, or died first, leaves them to the next
+  /// holder, which reports them again (at least once).
   struct claim_result {
     std::vector<journal_record> records{};
-    /// Records given up because they reached `max_attempts` (marked done).
+    /// Records given up because they reached `max_attempts` (held, to be
+    /// confirmed once reported).
     std::vector<journal_record> dropped{};
     /// Ids of stored records that could not be decoded: taken out of the
     /// journal's open records so they do not block the others.

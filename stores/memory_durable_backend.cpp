@@ -203,7 +203,10 @@ void memory_durable_backend::beat_and_claim(std::string_view holder,
       if (out.records.size() >= limit)
         break;
       if (r->rec.attempts >= max_attempts) {
-        r->state = rstate::done;
+        // Held until the caller reported it and confirms it (see
+        // durable_backend::beat_and_claim).
+        r->state = rstate::held;
+        r->holder = std::string{holder};
         out.dropped.push_back(r->rec);
         r->rec.message.clear();
         continue;

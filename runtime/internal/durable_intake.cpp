@@ -557,12 +557,17 @@ void durable_intake::claimed(durable_backend::claim_result r,
                  fmt::format("journal record {} cannot be decoded: set aside",
                              id),
                  {});
-  for (auto& rec : r.dropped)
+  // Reported first, then confirmed: a confirm that fails (or a replica
+  // that dies before it lands) leaves the record held by a generation
+  // that is retired, so it is given up, and reported, again.
+  for (auto& rec : r.dropped) {
     host_.report(errc::handler_failed,
                  fmt::format("chat {}: journal record {} was given up after {} "
                              "attempts (durability.max_attempts)",
                              rec.key, rec.id, rec.attempts),
                  rec.key);
+    settle_as(rec.key, rec.id, true, gen, false);
+  }
   for (auto& rec : r.records) {
     inbound_message msg;
     try {

@@ -293,9 +293,11 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
     }
     for (auto& [r, drop] : picked) {
       if (drop) {
-        internal::stmt s{d, "UPDATE durable_inbound SET state = 2, holder = '', "
+        // Held until the caller reported it and confirms it (see
+        // durable_backend::beat_and_claim).
+        internal::stmt s{d, "UPDATE durable_inbound SET state = 0, holder = ?, "
                             "message = '' WHERE id = ?"};
-        s.bind(1, r.id);
+        s.bind(1, h).bind(2, r.id);
         s.run();
         out.dropped.push_back(std::move(r));
         continue;

@@ -231,8 +231,25 @@ TEST_CASE_TEMPLATE_DEFINE("a record reprocessed max_attempts times is given "
   c = s.claim("b", F::lease, 2);
   CHECK(c.records.empty());
   CHECK(dc::ids(c.dropped) == std::vector<std::string>{"t:1#m1"});
-  // Dropped means done: never claimed again, still a duplicate.
+  // Held by b until b confirms it, having reported it: not given up
+  // again while b lives.
   CHECK(s.claim("b", F::lease, 2).dropped.empty());
+  CHECK(s.claim("c", F::lease, 2).dropped.empty());
+  CHECK(s.record("t:1#m1", "a") == dc::journal_put::duplicate);
+  // b died before its confirm landed: the next holder gives it up again
+  // (its attempts stay), and its confirm ends it.
+  f.advance(F::lease * 2);
+  c = s.claim("c", F::lease, 2);
+  CHECK(c.records.empty());
+  REQUIRE(dc::ids(c.dropped) == std::vector<std::string>{"t:1#m1"});
+  CHECK(c.dropped[0].attempts == 2);
+  CHECK_FALSE(s.confirm("t:1#m1", "b"));
+  CHECK(s.confirm("t:1#m1", "c"));
+  // Done: never claimed again, still a duplicate.
+  f.advance(F::lease * 2);
+  c = s.claim("d", F::lease, 2);
+  CHECK(c.dropped.empty());
+  CHECK(c.records.empty());
   CHECK(s.record("t:1#m1", "a") == dc::journal_put::duplicate);
 }
 

@@ -498,6 +498,38 @@ TEST_CASE("with durability a claim whose reply was lost leaves no record "
   CHECK(texts(*p).size() == 2);
 }
 
+TEST_CASE("with durability a record given up in a claim whose reply was "
+          "lost is still reported, once its holder is retired") {
+  auto g = std::make_shared<test::gated_backend>();
+  g->open();
+  orphan(g->inner, msg("ana", "m1", "hola")); // attempt 1 of 1 spent
+  g->lose_claim_replies = true; // the beat that gives it up goes unheard
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  auto d = test::durable_over(g);
+  d.max_attempts = 1;
+  botmesh::bot b{{.provider = p, .durability = d}};
+  errors.attach(b);
+  std::atomic<int> runs{0};
+  b.on_message([&](botmesh::context&) { ++runs; });
+  b.start();
+  REQUIRE(test::eventually(
+    [&] { return errors.count(errc::handler_failed) >= 1; }));
+  std::this_thread::sleep_for(400ms); // more than one beat
+  b.stop();
+  // Confirmed once reported: not given up again by a later beat, nor by
+  // another holder after the stop retired this one.
+  std::promise<botmesh::durable_backend::claim_result> pc;
+  g->inner.beat_and_claim("probe/0", 300ms, 10, 1,
+                          [&](auto r, std::exception_ptr) { pc.set_value(r); });
+  auto after = pc.get_future().get();
+  CHECK(after.dropped.empty());
+  CHECK(after.records.empty());
+  CHECK(errors.count(errc::handler_failed) == 1);
+  CHECK(errors.count(errc::timeout) == 1);
+  CHECK(runs == 0);
+}
+
 TEST_CASE("with durability a first attempt's send whose outbox entry failed "
           "is not sent again by the replay: the entry is written again before "
           "the record is released") {

@@ -9,7 +9,8 @@
 -- KEYS[1] rec  KEYS[2] open  KEYS[3] exp  KEYS[4] hb
 -- ARGV[1] holder  ARGV[2] lease ms  ARGV[3] limit  ARGV[4] max attempts
 -- Returns { claimed, dropped, corrupted }: claimed and dropped are flat
--- lists of id, key, message, seq, attempts; corrupted lists the ids of
+-- lists of id, key, message, seq, attempts (dropped: given up, held by
+-- the caller without a new attempt); corrupted lists the ids of
 -- records that are not journal records (taken out of the open set).
 -- Cost: O(open records scanned, at most 1000) + O(expired, at most 1000).
 local now = dj_now()
@@ -39,10 +40,12 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
                          and not redis.call('ZSCORE', KEYS[4], r.h)) then
       local list = claimed
       if r.a >= max_attempts then
+        -- Held until the caller reported it and confirms it: a caller
+        -- that never heard this reply, or died first, leaves it to the
+        -- next one, which reports it again.
         list = dropped
-        r.st = 2
-        r.h = ''
-        redis.call('ZREM', KEYS[2], id)
+        r.st = 0
+        r.h = me
       else
         r.a = r.a + 1
         r.st = 0
