@@ -24,17 +24,23 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <csignal>
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -182,6 +188,92 @@ struct outage {
   std::int64_t from, to; // mono
 };
 
+// Asks Redis for a PING every 20 ms on its own thread and records every
+// span of more than half a lease without an answer (a stall) as an
+// outage. Redis can stall with no fault injected (a busy disk, a starved
+// machine): a lease lost then has a cause, and is not counted as a
+// spurious loss. The outages the test injects are recorded too; they are
+// counted apart.
+class redis_prober {
+ public:
+  static constexpr std::int64_t stall = lease_ms / 2 * ms;
+
+  explicit redis_prober(int port) : port_(port) {
+    thread_ = std::thread{[this] { loop(); }};
+  }
+  ~redis_prober() {
+    stop();
+  }
+  redis_prober(const redis_prober&) = delete;
+  redis_prober& operator=(const redis_prober&) = delete;
+
+  std::vector<outage> stop() {
+    if (thread_.joinable()) {
+      stop_ = true;
+      thread_.join();
+    }
+    std::lock_guard guard{mtx_};
+    return stalls_;
+  }
+
+ private:
+  // One PING on `fd` (connected on demand): true on +PONG within 100 ms
+  // polls while not stopped.
+  bool ping(int& fd) {
+    if (fd < 0) {
+      fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(static_cast<std::uint16_t>(port_));
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+        return false;
+    }
+    if (::write(fd, "PING\r\n", 6) != 6)
+      return false;
+    std::string got;
+    while (!stop_ && got.find("\r\n") == std::string::npos) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0)
+        continue;
+      char buf[64];
+      auto n = ::read(fd, buf, sizeof buf);
+      if (n <= 0)
+        return false;
+      got.append(buf, static_cast<std::size_t>(n));
+    }
+    return got.rfind("+PONG\r\n", 0) == 0;
+  }
+
+  void loop() {
+    int fd = -1;
+    auto last_ok = mono();
+    while (!stop_) {
+      bool ok = ping(fd);
+      auto t = mono();
+      if (ok) {
+        if (t - last_ok > stall) {
+          std::lock_guard guard{mtx_};
+          stalls_.push_back({last_ok, t});
+        }
+        last_ok = t;
+      } else if (fd >= 0) {
+        ::close(fd); // a reply out of step, or the server went away
+        fd = -1;
+      }
+      ::usleep(20'000);
+    }
+    if (fd >= 0)
+      ::close(fd);
+  }
+
+  int port_;
+  std::atomic<bool> stop_{false};
+  std::mutex mtx_;
+  std::vector<outage> stalls_;
+  std::thread thread_;
+};
+
 // -- a reply as logged --------------------------------------------------------
 
 struct reply {
@@ -201,6 +293,7 @@ struct driver {
   std::vector<int> current; // per slot: its live process
   std::vector<chat_state> chats{n_chats};
   std::vector<outage> redis_outages;
+  std::vector<outage> redis_stalls; // Redis not answering (redis_prober)
   int n_freezes = 0, n_kills = 0, n_redis_restarts = 0;
   int lost_events = 0;
   std::vector<std::string> runtime_errors; // error events about no message
@@ -626,6 +719,7 @@ struct driver {
   bool exit_timeout = false;
 
   void run() {
+    redis_prober prober{redis.port()};
     for (int s = 0; s < n_replicas; ++s)
       current.push_back(start_proc(s, 0));
     auto t0 = mono();
@@ -721,6 +815,7 @@ struct driver {
            && std::any_of(procs.begin(), procs.end(),
                           [](const proc& p) { return p.out >= 0; }))
       pump(10);
+    redis_stalls = prober.stop();
     redis.kill();
   }
 };
@@ -930,9 +1025,10 @@ bool sanitizer_report(const std::string& path, std::string& what) {
 bool redis_down_near(const driver& d, const msg& m) {
   auto from = m.sent;
   auto to = m.done_seen ? *m.done_seen : m.sent + give_up;
-  for (auto& o : d.redis_outages)
-    if (o.from - lease_ms * ms <= to && from <= o.to + 2 * lease_ms * ms)
-      return true;
+  for (auto* os : {&d.redis_outages, &d.redis_stalls})
+    for (auto& o : *os)
+      if (o.from - lease_ms * ms <= to && from <= o.to + 2 * lease_ms * ms)
+        return true;
   return false;
 }
 
@@ -1064,6 +1160,23 @@ TEST_CASE("chaos: three replicas under SIGKILL, SIGSTOP past the lease and "
               "restart, %d Redis restarts (down up to %lld ms)\n",
               static_cast<long long>(took), d.n_freezes, d.n_kills,
               d.n_redis_restarts, static_cast<long long>(longest_outage / ms));
+  // Stalls with Redis up (not overlapping a restart the test made).
+  int stalls = 0;
+  std::int64_t longest_stall = 0;
+  for (auto& st : d.redis_stalls) {
+    bool injected = std::any_of(
+      d.redis_outages.begin(), d.redis_outages.end(), [&](const outage& o) {
+        return o.from <= st.to && st.from <= (o.to ? o.to : st.to);
+      });
+    if (!injected) {
+      ++stalls;
+      longest_stall = std::max(longest_stall, st.to - st.from);
+    }
+  }
+  std::printf("chaos: Redis stalls of over %lld ms with no restart near: %d "
+              "(longest %lld ms; lost leases near them count as faulted)\n",
+              static_cast<long long>(redis_prober::stall / ms), stalls,
+              static_cast<long long>(longest_stall / ms));
   std::printf("chaos: messages sent %d, answered %d (%zu replies logged), "
               "lost with a killed replica %d, fenced (lease_lost near a "
               "fault) %d, not recorded (store_error, Redis down) %d; torn "
