@@ -574,6 +574,15 @@ struct bot::impl final : chat_services,
     });
   }
 
+  void report_then(errc code, std::string what, std::string key,
+                   std::function<void()> then) override {
+    post_event([this, code, what = std::move(what), key = std::move(key),
+                then = std::move(then)] {
+      raise(code, what, key, std::nullopt);
+      then();
+    });
+  }
+
   void post(std::function<void()> job) override {
     pool->post(std::move(job));
   }

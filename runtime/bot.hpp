@@ -310,7 +310,10 @@ struct coordination_options {
 ///   again. A send that failed, or whose verdict never came (a lost
 ///   reply), is taken back before its record is released, so the replay
 ///   makes it; the take-back removes only the entry that turn wrote, never
-///   an earlier attempt's (which may have been sent).
+///   an earlier attempt's (which may have been sent). A replica cut off
+///   from the backend past its journal lease before its take-back lands
+///   can lose that send (another replica takes the record over and skips
+///   it): at most once, never twice.
 ///
 /// A handler whose effects are not sends may run more than once for one
 /// message (after a crash): make them idempotent.

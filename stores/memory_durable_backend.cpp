@@ -204,11 +204,10 @@ void memory_durable_backend::beat_and_claim(std::string_view holder,
         break;
       if (r->rec.attempts >= max_attempts) {
         // Held until the caller reported it and confirms it (see
-        // durable_backend::beat_and_claim).
+        // durable_backend::beat_and_claim); the confirm drops the message.
         r->state = rstate::held;
         r->holder = std::string{holder};
         out.dropped.push_back(r->rec);
-        r->rec.message.clear();
         continue;
       }
       ++r->rec.attempts;
@@ -266,7 +265,9 @@ outbox_verdict memory_durable_backend::impl::take(std::string_view send_id,
     auto row = sent_row{t + ttl.count(), std::string{writer}};
     if (fence < f.first) {
       out = outbox_verdict::fenced;
-      if (made) // (see outbox_record)
+      // (see outbox_record; a live entry, perhaps the later holder's real
+      // send, stays as it is)
+      if (made && (s == sent.end() || s->second.expires <= t))
         sent[std::string{send_id}] = std::move(row);
     } else if (s != sent.end() && s->second.expires > t) {
       out = outbox_verdict::duplicate;

@@ -557,17 +557,19 @@ void durable_intake::claimed(durable_backend::claim_result r,
                  fmt::format("journal record {} cannot be decoded: set aside",
                              id),
                  {});
-  // Reported first, then confirmed: a confirm that fails (or a replica
-  // that dies before it lands) leaves the record held by a generation
-  // that is retired, so it is given up, and reported, again.
-  for (auto& rec : r.dropped) {
-    host_.report(errc::handler_failed,
-                 fmt::format("chat {}: journal record {} was given up after {} "
-                             "attempts (durability.max_attempts)",
-                             rec.key, rec.id, rec.attempts),
-                 rec.key);
-    settle_as(rec.key, rec.id, true, gen, false);
-  }
+  // Confirmed once its event's listeners ran: a replica that dies before
+  // (or a confirm that fails, which retires the generation) leaves the
+  // record held by a holder that lapses, so the next one gives it up, and
+  // reports it, again.
+  for (auto& rec : r.dropped)
+    host_.report_then(
+      errc::handler_failed,
+      fmt::format("chat {}: journal record {} was given up after {} "
+                  "attempts (durability.max_attempts)",
+                  rec.key, rec.id, rec.attempts),
+      rec.key, [this, key = rec.key, id = rec.id, gen] {
+        settle_as(key, id, true, gen, false);
+      });
   for (auto& rec : r.records) {
     inbound_message msg;
     try {
@@ -658,7 +660,7 @@ bool durable_intake::outbox_allows(const std::string& chat_key) {
     // this turn wrote is taken back before the record is released: a
     // replay then makes the send instead of skipping it for good. An
     // entry of an earlier attempt (a send that may have been made) stays.
-    take_back(*t, std::move(send_id));
+    take_back(*t, std::move(send_id), true);
     throw;
   }
   switch (v) {
@@ -685,7 +687,8 @@ void durable_intake::send_failed() {
 // Takes back `send_id`, written (or perhaps written) by `t`; counted as
 // one of its record's entries in flight, so the record's settle waits
 // for it.
-void durable_intake::take_back(durable_turn& t, std::string send_id) {
+void durable_intake::take_back(durable_turn& t, std::string send_id,
+                               bool again) {
   {
     std::lock_guard guard{mtx_};
     auto& u = unlanded_[*t.record];
@@ -696,8 +699,9 @@ void durable_intake::take_back(durable_turn& t, std::string send_id) {
     });
     ++u.in_flight;
   }
-  forget_entry(*t.record,
-               entry{std::move(send_id), *t.key, t.writer, t.fence, true});
+  entry e{std::move(send_id), *t.key, t.writer, t.fence, true};
+  e.again = again;
+  forget_entry(*t.record, std::move(e));
 }
 
 // Takes `e` of `record` back; the caller counted it as one of the
@@ -717,6 +721,11 @@ void durable_intake::forget_entry(const std::string& record, entry e) {
                              e.send_id),
                  x);
           entry_landed(record, &e);
+        } else if (e.again) {
+          // Once more at the next beat (kept as failed entries are).
+          auto later = e;
+          later.again = false;
+          entry_landed(record, &later);
         } else {
           entry_landed(record, nullptr);
         }

@@ -77,6 +77,13 @@ class durable_host {
   virtual void reinject(chat_event ev) = 0;
   /// An error event (posted to the handler pool).
   virtual void report(errc code, std::string what, std::string key) = 0;
+  /// As report, and `then` once the event's listeners ran (not at all
+  /// when the event cannot be raised any more: the bot stops).
+  virtual void report_then(errc code, std::string what, std::string key,
+                           std::function<void()> then) {
+    report(code, std::move(what), std::move(key));
+    then();
+  }
   /// Whether this replica may take records over now: one that cannot send
   /// (its transport not open yet, or the standby of an exclusive
   /// transport) only beats, or it would spend their attempts on sends that
@@ -175,6 +182,10 @@ class durable_intake {
     std::uint64_t fence = 0;
     bool forget = false; // a send to take back (its outbox_forget failed)
     bool last_try = false; // written again by a retire: not a third time
+    // A take-back of a claim whose reply was lost: the claim may still land
+    // after it (a call on a connection that broke), so it is made once
+    // more at the next beat.
+    bool again = false;
   };
   void entry_landed(const std::string& record, const entry* failed);
   std::function<void()> take_retire();
@@ -182,7 +193,7 @@ class durable_intake {
   void resend(const std::string& record, entry e);
   void retire_generations(std::vector<std::uint32_t> gens,
                           std::function<void()> done);
-  void take_back(durable_turn& t, std::string send_id);
+  void take_back(durable_turn& t, std::string send_id, bool again = false);
   void forget_entry(const std::string& record, entry e);
   void write_entry(const std::string& record, entry e);
   void failed(const std::string& key, std::string what, std::exception_ptr e);

@@ -131,16 +131,23 @@ void sqlite_durable_backend::start() {
   // A file made before outbox entries named their writer gets the column;
   // its old entries name none, so no forget takes them back (they stay
   // sent, as they did).
-  bool has_writer = false;
-  {
+  auto has_writer = [&] {
     internal::stmt s{*d,
                      "SELECT name FROM pragma_table_info('durable_outbox')"};
+    bool found = false;
     while (s.step())
-      has_writer = has_writer || s.text(0) == "writer";
+      found = found || s.text(0) == "writer";
+    return found;
+  };
+  if (!has_writer()) {
+    try {
+      d->exec("ALTER TABLE durable_outbox ADD COLUMN writer TEXT NOT NULL "
+              "DEFAULT ''");
+    } catch (const error&) {
+      if (!has_writer()) // (else another process added it just before)
+        throw;
+    }
   }
-  if (!has_writer)
-    d->exec("ALTER TABLE durable_outbox ADD COLUMN writer TEXT NOT NULL "
-            "DEFAULT ''");
   impl_->db = std::move(d);
 }
 
@@ -294,9 +301,9 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
     for (auto& [r, drop] : picked) {
       if (drop) {
         // Held until the caller reported it and confirms it (see
-        // durable_backend::beat_and_claim).
-        internal::stmt s{d, "UPDATE durable_inbound SET state = 0, holder = ?, "
-                            "message = '' WHERE id = ?"};
+        // durable_backend::beat_and_claim); the confirm drops the message.
+        internal::stmt s{d, "UPDATE durable_inbound SET state = 0, holder = ? "
+                            "WHERE id = ?"};
         s.bind(1, h).bind(2, r.id);
         s.run();
         out.dropped.push_back(std::move(r));
@@ -370,20 +377,23 @@ void sqlite_durable_backend::impl::take(std::string_view send_id,
       s.bind(1, k).bind(2, t);
       fenced = s.step() && s.int64(0) > f;
     }
+    auto live = [&] {
+      internal::stmt s{d, "SELECT 1 FROM durable_outbox WHERE id = ? AND "
+                          "expires_at > ?"};
+      s.bind(1, id).bind(2, t);
+      return s.step();
+    };
     if (fenced) {
-      if (made) { // (see outbox_record)
+      // (see outbox_record; a live entry, perhaps the later holder's real
+      // send, stays as it is)
+      if (made && !live()) {
         put();
         tx.commit();
       }
       return outbox_verdict::fenced;
     }
-    {
-      internal::stmt s{d, "SELECT 1 FROM durable_outbox WHERE id = ? AND "
-                          "expires_at > ?"};
-      s.bind(1, id).bind(2, t);
-      if (s.step())
-        return outbox_verdict::duplicate;
-    }
+    if (live())
+      return outbox_verdict::duplicate;
     put();
     {
       internal::stmt s{d, "INSERT OR REPLACE INTO durable_fences (key, fence, "

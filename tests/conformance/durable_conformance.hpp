@@ -243,6 +243,7 @@ TEST_CASE_TEMPLATE_DEFINE("a record reprocessed max_attempts times is given "
   CHECK(c.records.empty());
   REQUIRE(dc::ids(c.dropped) == std::vector<std::string>{"t:1#m1"});
   CHECK(c.dropped[0].attempts == 2);
+  CHECK_FALSE(c.dropped[0].message.empty()); // dropped by the confirm
   CHECK_FALSE(s.confirm("t:1#m1", "b"));
   CHECK(s.confirm("t:1#m1", "c"));
   // Done: never claimed again, still a duplicate.
@@ -382,6 +383,13 @@ TEST_CASE_TEMPLATE_DEFINE("a send is taken back only by the writer that took "
         == dc::outbox_verdict::duplicate);
   CHECK(s.forget("t:2#m1/0", "r1"));
   CHECK(s.send("t:2#m1/0", "t:2", 9, m, "r2") == dc::outbox_verdict::send);
+  // Written ahead by a holder that was fenced meanwhile, over the later
+  // holder's live entry: that entry (a real send) keeps its writer, so the
+  // fenced writer's take-back leaves it.
+  CHECK(s.send("t:3#m1/0", "t:3", 9, m, "b1") == dc::outbox_verdict::send);
+  CHECK(s.record("t:3#m1/0", "t:3", 8, m, "a1") == dc::outbox_verdict::fenced);
+  CHECK_FALSE(s.forget("t:3#m1/0", "a1"));
+  CHECK(s.forget("t:3#m1/0", "b1"));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("an outbox entry and a chat's fence are forgotten "

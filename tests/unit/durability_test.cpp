@@ -1410,3 +1410,115 @@ TEST_CASE("with durability an outbox entry in flight at stop that then fails "
         == botmesh::outbox_verdict::duplicate);
   CHECK(texts(*p) == std::vector<std::string>{"uno"});
 }
+
+namespace {
+
+// The next outbox claim runs only after the take-back that its lost reply
+// causes (a call on a broken connection that Redis reads late); the
+// confirms are logged beside the error events, in the order they happen.
+class late_claim_backend final : public forwarding_backend {
+ public:
+  std::atomic<bool> lose_next{false};
+  std::atomic<int> landed_late{0};
+
+  void outbox_claim(std::string_view send_id, std::string_view key,
+                    std::uint64_t fence, std::string_view writer,
+                    std::chrono::milliseconds ttl,
+                    completion<botmesh::outbox_verdict> done) override {
+    if (lose_next.exchange(false)) {
+      {
+        std::lock_guard guard{mtx_};
+        late_ = [this, id = std::string{send_id}, k = std::string{key}, fence,
+                 w = std::string{writer}, ttl] {
+          inner.outbox_claim(id, k, fence, w, ttl,
+                             [](botmesh::outbox_verdict, std::exception_ptr) {});
+        };
+      }
+      return done(botmesh::outbox_verdict::send,
+                  std::make_exception_ptr(botmesh::error(
+                    errc::timeout, "simulated lost reply (still on its way)")));
+    }
+    inner.outbox_claim(send_id, key, fence, writer, ttl, std::move(done));
+  }
+  void outbox_forget(std::string_view send_id, std::string_view writer,
+                     completion<bool> done) override {
+    inner.outbox_forget(
+      send_id, writer,
+      [this, done = std::move(done)](bool removed, std::exception_ptr e) {
+        std::function<void()> late;
+        {
+          std::lock_guard guard{mtx_};
+          late = std::exchange(late_, {});
+        }
+        if (late) {
+          late();
+          ++landed_late;
+        }
+        done(removed, e);
+      });
+  }
+  void confirm(std::string_view id, std::string_view holder,
+               completion<bool> done) override {
+    note("confirm " + std::string{id});
+    inner.confirm(id, holder, std::move(done));
+  }
+
+  void note(std::string what) {
+    std::lock_guard guard{mtx_};
+    log_.push_back(std::move(what));
+  }
+  std::vector<std::string> log() {
+    std::lock_guard guard{mtx_};
+    return log_;
+  }
+
+ private:
+  std::mutex mtx_;
+  std::function<void()> late_;
+  std::vector<std::string> log_;
+};
+
+} // namespace
+
+TEST_CASE("with durability a lost outbox claim that lands after its "
+          "take-back is taken back again before the record is released") {
+  auto g = std::make_shared<late_claim_backend>();
+  orphan(g->inner, msg("ana", "m1", "hola")); // replayed: sends wait
+  g->lose_next = true;
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(g)}};
+  std::atomic<int> runs{0};
+  b.on_message([&](botmesh::context& c) {
+    ++runs;
+    c.reply("respuesta");
+  });
+  b.start();
+  REQUIRE(test::eventually([&] { return b.stats().handled == 2; }));
+  b.stop();
+  CHECK(g->landed_late == 1);
+  CHECK(runs == 2);
+  // Taken back once more at a beat: the replay sent it, once.
+  CHECK(texts(*p) == std::vector<std::string>{"respuesta"});
+  CHECK(b.stats().outbox_skipped == 0);
+}
+
+TEST_CASE("with durability a record given up is confirmed only after its "
+          "error event's listeners ran") {
+  auto g = std::make_shared<late_claim_backend>();
+  orphan(g->inner, msg("ana", "m1", "hola"));
+  auto p = std::make_shared<botmesh::testing_provider>();
+  auto d = durable(g);
+  d.max_attempts = 1;
+  botmesh::bot b{{.provider = p, .durability = d}};
+  b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
+    if (e.code != errc::handler_failed)
+      return;
+    std::this_thread::sleep_for(50ms); // a listener that takes a while
+    g->note("event");
+  });
+  b.start();
+  auto id = botmesh::journal_id("test:ana", "m1");
+  REQUIRE(test::eventually([&] { return g->log().size() >= 2; }));
+  b.stop();
+  CHECK(g->log() == std::vector<std::string>{"event", "confirm " + id});
+}

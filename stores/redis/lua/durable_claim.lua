@@ -40,9 +40,9 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
                          and not redis.call('ZSCORE', KEYS[4], r.h)) then
       local list = claimed
       if r.a >= max_attempts then
-        -- Held until the caller reported it and confirms it: a caller
-        -- that never heard this reply, or died first, leaves it to the
-        -- next one, which reports it again.
+        -- Held until the caller reported it and confirms it (which
+        -- drops its message): a caller that never heard this reply, or
+        -- died first, leaves it to the next one, which reports it again.
         list = dropped
         r.st = 0
         r.h = me
@@ -57,7 +57,6 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
       list[#list + 1] = r.m
       list[#list + 1] = string.format('%d', tonumber(r.s))
       list[#list + 1] = string.format('%d', r.a)
-      if list == dropped then r.m = '' end
       redis.call('HSET', KEYS[1], id, cjson.encode(r))
     end
   end

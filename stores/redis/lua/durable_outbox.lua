@@ -60,10 +60,15 @@ local function take(id, key, fence, writer, ttl)
   if mine < f then
     local e = redis.call('ZSCORE', KEYS[3], key)
     if e and tonumber(e) > now then
-      -- (The chat's fence stays.)
+      -- (The chat's fence stays.) A live entry stays as it is: it may be
+      -- the later holder's real send, which this writer's take-back must
+      -- not remove.
       if made then
-        redis.call('ZADD', KEYS[1], now + tonumber(ttl), id)
-        redis.call('HSET', KEYS[4], id, writer)
+        local x = redis.call('ZSCORE', KEYS[1], id)
+        if not x or tonumber(x) <= now then
+          redis.call('ZADD', KEYS[1], now + tonumber(ttl), id)
+          redis.call('HSET', KEYS[4], id, writer)
+        end
       end
       return -1
     end
