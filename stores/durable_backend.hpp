@@ -162,7 +162,9 @@ class durable_backend {
   /// ahead of it): the id is recorded even when the chat's outbox saw a
   /// higher fence (the verdict is then `fenced` and the chat's fence
   /// stays), so a replay of its message skips the send instead of making it
-  /// twice. The default is outbox_claim, which records nothing when fenced.
+  /// twice. Written over another writer's live entry, that entry then names
+  /// no writer: a send was made on it, so no take-back removes it. The
+  /// default is outbox_claim, which records nothing when fenced.
   virtual void outbox_record(std::string_view send_id, std::string_view key,
                              std::uint64_t fence, std::string_view writer,
                              std::chrono::milliseconds ttl,

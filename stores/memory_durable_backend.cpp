@@ -85,6 +85,14 @@ struct memory_durable_backend::impl {
     std::erase_if(fences, [t](auto& kv) { return kv.second.second <= t; });
   }
 
+  // A send made (written ahead) over another writer's live entry: both
+  // believe the entry is theirs and either may take it back, though the
+  // made send must stay recorded. With no writer, no take-back removes it.
+  static void protect(sent_row& row, std::string_view writer) {
+    if (row.writer != writer)
+      row.writer.clear();
+  }
+
   // outbox_claim; with `made`, outbox_record.
   outbox_verdict take(std::string_view send_id, std::string_view key,
                       std::uint64_t fence, std::string_view writer,
@@ -269,8 +277,12 @@ outbox_verdict memory_durable_backend::impl::take(std::string_view send_id,
       // send, stays as it is)
       if (made && (s == sent.end() || s->second.expires <= t))
         sent[std::string{send_id}] = std::move(row);
+      else if (made)
+        protect(s->second, writer);
     } else if (s != sent.end() && s->second.expires > t) {
       out = outbox_verdict::duplicate;
+      if (made)
+        protect(s->second, writer);
     } else {
       sent[std::string{send_id}] = std::move(row);
       f = {fence, t + ttl.count()};

@@ -560,16 +560,19 @@ void durable_intake::claimed(durable_backend::claim_result r,
   // Confirmed once its event's listeners ran: a replica that dies before
   // (or a confirm that fails, which retires the generation) leaves the
   // record held by a holder that lapses, so the next one gives it up, and
-  // reports it, again.
-  for (auto& rec : r.dropped)
+  // reports it, again. Counted open in its generation until then, so the
+  // generation is not retired under it (it would be given up twice).
+  for (auto& rec : r.dropped) {
+    open_in(gen);
     host_.report_then(
       errc::handler_failed,
       fmt::format("chat {}: journal record {} was given up after {} "
                   "attempts (durability.max_attempts)",
                   rec.key, rec.id, rec.attempts),
       rec.key, [this, key = rec.key, id = rec.id, gen] {
-        settle_as(key, id, true, gen, false);
+        settle_as(key, id, true, gen, true);
       });
+  }
   for (auto& rec : r.records) {
     inbound_message msg;
     try {

@@ -77,8 +77,8 @@ class durable_host {
   virtual void reinject(chat_event ev) = 0;
   /// An error event (posted to the handler pool).
   virtual void report(errc code, std::string what, std::string key) = 0;
-  /// As report, and `then` once the event's listeners ran (not at all
-  /// when the event cannot be raised any more: the bot stops).
+  /// As report, and `then` once the event's listeners ran (on the handler
+  /// pool, or inline once the pool shut down).
   virtual void report_then(errc code, std::string what, std::string key,
                            std::function<void()> then) {
     report(code, std::move(what), std::move(key));

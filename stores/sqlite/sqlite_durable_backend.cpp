@@ -383,17 +383,35 @@ void sqlite_durable_backend::impl::take(std::string_view send_id,
       s.bind(1, id).bind(2, t);
       return s.step();
     };
+    // A send made (written ahead) over another writer's live entry: both
+    // believe the entry is theirs and either may take it back, though the
+    // made send must stay recorded. With no writer, no take-back removes
+    // it.
+    auto protect = [&] {
+      internal::stmt s{d, "UPDATE durable_outbox SET writer = '' WHERE id = ? "
+                          "AND writer <> ?"};
+      s.bind(1, id).bind(2, w);
+      s.run();
+      tx.commit();
+    };
     if (fenced) {
       // (see outbox_record; a live entry, perhaps the later holder's real
-      // send, stays as it is)
-      if (made && !live()) {
-        put();
-        tx.commit();
+      // send, stays, with no writer)
+      if (made) {
+        if (!live()) {
+          put();
+          tx.commit();
+        } else {
+          protect();
+        }
       }
       return outbox_verdict::fenced;
     }
-    if (live())
+    if (live()) {
+      if (made)
+        protect();
       return outbox_verdict::duplicate;
+    }
     put();
     {
       internal::stmt s{d, "INSERT OR REPLACE INTO durable_fences (key, fence, "

@@ -383,13 +383,26 @@ TEST_CASE_TEMPLATE_DEFINE("a send is taken back only by the writer that took "
         == dc::outbox_verdict::duplicate);
   CHECK(s.forget("t:2#m1/0", "r1"));
   CHECK(s.send("t:2#m1/0", "t:2", 9, m, "r2") == dc::outbox_verdict::send);
-  // Written ahead by a holder that was fenced meanwhile, over the later
-  // holder's live entry: that entry (a real send) keeps its writer, so the
-  // fenced writer's take-back leaves it.
+  // Written ahead (the send made) by a holder that was fenced meanwhile,
+  // over the later holder's live entry: both made or may make the send,
+  // so neither take-back removes the entry.
   CHECK(s.send("t:3#m1/0", "t:3", 9, m, "b1") == dc::outbox_verdict::send);
   CHECK(s.record("t:3#m1/0", "t:3", 8, m, "a1") == dc::outbox_verdict::fenced);
   CHECK_FALSE(s.forget("t:3#m1/0", "a1"));
-  CHECK(s.forget("t:3#m1/0", "b1"));
+  CHECK_FALSE(s.forget("t:3#m1/0", "b1"));
+  CHECK(s.send("t:3#m1/0", "t:3", 9, m, "c1")
+        == dc::outbox_verdict::duplicate);
+  // The same without a fence in between.
+  CHECK(s.send("t:4#m1/0", "t:4", 5, m, "b1") == dc::outbox_verdict::send);
+  CHECK(s.record("t:4#m1/0", "t:4", 5, m, "a1")
+        == dc::outbox_verdict::duplicate);
+  CHECK_FALSE(s.forget("t:4#m1/0", "b1"));
+  CHECK_FALSE(s.forget("t:4#m1/0", "a1"));
+  // A writer's own entry written again (a retry) stays its own.
+  CHECK(s.record("t:5#m1/0", "t:5", 5, m, "a1") == dc::outbox_verdict::send);
+  CHECK(s.record("t:5#m1/0", "t:5", 5, m, "a1")
+        == dc::outbox_verdict::duplicate);
+  CHECK(s.forget("t:5#m1/0", "a1"));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("an outbox entry and a chat's fence are forgotten "

@@ -47,6 +47,16 @@ if n > 1 or now % 8 == 0 then
     redis.call('ZREM', KEYS[3], k)
   end
 end
+-- A send made (written ahead) over another writer's live entry: both
+-- believe the entry is theirs, and either may take it back, though the
+-- made send must stay recorded. With no writer nobody's take-back removes
+-- it.
+local function protect(id, writer)
+  if redis.call('HGET', KEYS[4], id) ~= writer then
+    redis.call('HDEL', KEYS[4], id)
+  end
+end
+
 local function take(id, key, fence, writer, ttl)
   local made = string.sub(ttl, 1, 1) == 'r'
   if made then ttl = string.sub(ttl, 2) end
@@ -68,6 +78,8 @@ local function take(id, key, fence, writer, ttl)
         if not x or tonumber(x) <= now then
           redis.call('ZADD', KEYS[1], now + tonumber(ttl), id)
           redis.call('HSET', KEYS[4], id, writer)
+        else
+          protect(id, writer)
         end
       end
       return -1
@@ -77,7 +89,10 @@ local function take(id, key, fence, writer, ttl)
   local until_ms = now + tonumber(ttl)
   if redis.call('ZADD', KEYS[1], 'NX', until_ms, id) == 0 then
     local e = redis.call('ZSCORE', KEYS[1], id)
-    if tonumber(e) > now then return 0 end
+    if tonumber(e) > now then
+      if made then protect(id, writer) end
+      return 0
+    end
     redis.call('ZADD', KEYS[1], until_ms, id)
   end
   redis.call('HSET', KEYS[4], id, writer)
