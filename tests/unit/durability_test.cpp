@@ -1271,24 +1271,50 @@ class forwarding_backend : public botmesh::durable_backend {
   }
 };
 
+// A backend call whose reply was reported lost, held to land later: after
+// the call that its failure causes, as a call on a broken connection that
+// Redis reads late.
+class late_call {
+ public:
+  std::atomic<int> landed{0};
+
+  void hold(std::function<void()> call) {
+    std::lock_guard guard{mtx_};
+    call_ = std::move(call);
+  }
+  // Lands the held call, if any.
+  void land() {
+    std::function<void()> call;
+    {
+      std::lock_guard guard{mtx_};
+      call = std::exchange(call_, {});
+    }
+    if (call) {
+      call();
+      ++landed;
+    }
+  }
+
+ private:
+  std::mutex mtx_;
+  std::function<void()> call_;
+};
+
 // The next journal write reports a timeout at once but lands just after
 // the release its failure causes (the release overtook it on the wire).
 class overtaken_write_backend final : public forwarding_backend {
  public:
   std::atomic<bool> overtake_next{false};
-  std::atomic<int> landed_late{0};
+  late_call late;
 
   void record(botmesh::journal_record rec, std::string_view holder,
               std::chrono::milliseconds ttl,
               completion<botmesh::journal_put> done) override {
     if (overtake_next.exchange(false)) {
-      {
-        std::lock_guard guard{mtx_};
-        late_ = [this, rec, h = std::string{holder}, ttl] {
-          inner.record(rec, h, ttl,
-                       [](botmesh::journal_put, std::exception_ptr) {});
-        };
-      }
+      late.hold([this, rec, h = std::string{holder}, ttl] {
+        inner.record(rec, h, ttl,
+                     [](botmesh::journal_put, std::exception_ptr) {});
+      });
       return done(botmesh::journal_put::duplicate,
                   std::make_exception_ptr(botmesh::error(
                     errc::timeout, "simulated lost reply (still on its way)")));
@@ -1299,22 +1325,10 @@ class overtaken_write_backend final : public forwarding_backend {
                completion<bool> done) override {
     inner.release(id, holder,
                   [this, done = std::move(done)](bool ok, std::exception_ptr e) {
-                    std::function<void()> late;
-                    {
-                      std::lock_guard guard{mtx_};
-                      late = std::exchange(late_, {});
-                    }
-                    if (late) {
-                      late();
-                      ++landed_late;
-                    }
+                    late.land();
                     done(ok, e);
                   });
   }
-
- private:
-  std::mutex mtx_;
-  std::function<void()> late_;
 };
 
 } // namespace
@@ -1327,7 +1341,7 @@ TEST_CASE("with durability a journal write whose reply failed and that lands "
   timed_out_write_handled_once(
     backend, [&] { backend->overtake_next = true; },
     [&] {
-      REQUIRE(test::eventually([&] { return backend->landed_late == 1; }));
+      REQUIRE(test::eventually([&] { return backend->late.landed == 1; }));
     });
 }
 
@@ -1419,21 +1433,18 @@ namespace {
 class late_claim_backend final : public forwarding_backend {
  public:
   std::atomic<bool> lose_next{false};
-  std::atomic<int> landed_late{0};
+  late_call late;
 
   void outbox_claim(std::string_view send_id, std::string_view key,
                     std::uint64_t fence, std::string_view writer,
                     std::chrono::milliseconds ttl,
                     completion<botmesh::outbox_verdict> done) override {
     if (lose_next.exchange(false)) {
-      {
-        std::lock_guard guard{mtx_};
-        late_ = [this, id = std::string{send_id}, k = std::string{key}, fence,
+      late.hold([this, id = std::string{send_id}, k = std::string{key}, fence,
                  w = std::string{writer}, ttl] {
-          inner.outbox_claim(id, k, fence, w, ttl,
-                             [](botmesh::outbox_verdict, std::exception_ptr) {});
-        };
-      }
+        inner.outbox_claim(id, k, fence, w, ttl,
+                           [](botmesh::outbox_verdict, std::exception_ptr) {});
+      });
       return done(botmesh::outbox_verdict::send,
                   std::make_exception_ptr(botmesh::error(
                     errc::timeout, "simulated lost reply (still on its way)")));
@@ -1445,15 +1456,7 @@ class late_claim_backend final : public forwarding_backend {
     inner.outbox_forget(
       send_id, writer,
       [this, done = std::move(done)](bool removed, std::exception_ptr e) {
-        std::function<void()> late;
-        {
-          std::lock_guard guard{mtx_};
-          late = std::exchange(late_, {});
-        }
-        if (late) {
-          late();
-          ++landed_late;
-        }
+        late.land();
         done(removed, e);
       });
   }
@@ -1474,7 +1477,6 @@ class late_claim_backend final : public forwarding_backend {
 
  private:
   std::mutex mtx_;
-  std::function<void()> late_;
   std::vector<std::string> log_;
 };
 
@@ -1495,7 +1497,7 @@ TEST_CASE("with durability a lost outbox claim that lands after its "
   b.start();
   REQUIRE(test::eventually([&] { return b.stats().handled == 2; }));
   b.stop();
-  CHECK(g->landed_late == 1);
+  CHECK(g->late.landed == 1);
   CHECK(runs == 2);
   // Taken back once more at a beat: the replay sent it, once.
   CHECK(texts(*p) == std::vector<std::string>{"respuesta"});
