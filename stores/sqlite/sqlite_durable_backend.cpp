@@ -263,9 +263,13 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
       internal::stmt s{
         d, "SELECT id, key, message, seq, attempts FROM durable_inbound "
            "WHERE state = 1 OR (state = 0 AND holder <> ? AND holder NOT IN "
-           "(SELECT holder FROM durable_holders)) ORDER BY seq LIMIT ?"};
-      s.bind(1, h).bind(2, static_cast<std::int64_t>(limit));
-      while (s.step()) {
+           "(SELECT holder FROM durable_holders)) ORDER BY seq"};
+      s.bind(1, h);
+      // Only records claimed to run count against `limit`, as in the
+      // other backends: a beat's batch is not spent on given-up or
+      // corrupted ones.
+      std::size_t taking = 0;
+      while (taking < limit && s.step()) {
         journal_record r;
         r.id = s.text(0);
         r.key = s.text(1);
@@ -290,6 +294,8 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
         r.seq = static_cast<std::uint64_t>(seq);
         r.attempts = static_cast<std::uint32_t>(attempts);
         bool drop = r.attempts >= max_attempts;
+        if (!drop)
+          ++taking;
         picked.emplace_back(std::move(r), drop);
       }
     }

@@ -254,6 +254,25 @@ TEST_CASE_TEMPLATE_DEFINE("a record reprocessed max_attempts times is given "
   CHECK(s.record("t:1#m1", "a") == dc::journal_put::duplicate);
 }
 
+TEST_CASE_TEMPLATE_DEFINE("records given up do not count against a claim's "
+                          "limit",
+                          F, dc_attempts_limit) {
+  F f;
+  auto b = f.make();
+  dc::sync s{*b};
+  REQUIRE(s.record("t:1#m1", "a") == dc::journal_put::recorded);
+  REQUIRE(s.release("t:1#m1", "a"));
+  REQUIRE(s.claim("b", F::lease, 5).records.size() == 1); // attempt 2
+  REQUIRE(s.release("t:1#m1", "b"));
+  for (auto id : {"t:1#m2", "t:1#m3"}) {
+    REQUIRE(s.record(id, "a") == dc::journal_put::recorded);
+    REQUIRE(s.release(id, "a"));
+  }
+  auto c = s.claim("c", F::lease, 2, 1);
+  CHECK(dc::ids(c.dropped) == std::vector<std::string>{"t:1#m1"});
+  CHECK(dc::ids(c.records) == std::vector<std::string>{"t:1#m2"});
+}
+
 TEST_CASE_TEMPLATE_DEFINE("a record released as unhandled gives its attempt "
                           "back: refusals alone never reach max_attempts",
                           F, dc_unhandled) {
@@ -464,5 +483,6 @@ TEST_CASE_TEMPLATE_DEFINE("the same id recorded by two holders at once is "
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_ttl, F);                                 \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_forget, F);                              \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_forget_writer, F);                       \
+  TEST_CASE_TEMPLATE_INVOKE(dc_attempts_limit, F);                             \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_record, F);                              \
   TEST_CASE_TEMPLATE_INVOKE(dc_race, F)
