@@ -270,24 +270,17 @@ outbox_verdict memory_durable_backend::impl::take(std::string_view send_id,
     if (f.second <= t)
       f = {0, 0};
     auto s = sent.find(std::string{send_id});
-    auto row = sent_row{t + ttl.count(), std::string{writer}};
-    if (fence < f.first) {
-      out = outbox_verdict::fenced;
-      // (see outbox_record; a live entry, perhaps the later holder's real
-      // send, stays as it is)
-      if (made && (s == sent.end() || s->second.expires <= t))
-        sent[std::string{send_id}] = std::move(row);
-      else if (made)
-        protect(s->second, writer);
-    } else if (s != sent.end() && s->second.expires > t) {
-      out = outbox_verdict::duplicate;
-      if (made)
-        protect(s->second, writer);
-    } else {
-      sent[std::string{send_id}] = std::move(row);
+    bool live = s != sent.end() && s->second.expires > t;
+    out = fence < f.first ? outbox_verdict::fenced
+          : live          ? outbox_verdict::duplicate
+                          : outbox_verdict::send;
+    if (out == outbox_verdict::send)
       f = {fence, t + ttl.count()};
-      out = outbox_verdict::send;
-    }
+    if (live && made)
+      protect(s->second, writer); // (see outbox_record)
+    else if (!live && (made || out == outbox_verdict::send))
+      sent[std::string{send_id}] = sent_row{t + ttl.count(),
+                                            std::string{writer}};
   }
   return out;
 }

@@ -383,40 +383,30 @@ void sqlite_durable_backend::impl::take(std::string_view send_id,
       s.bind(1, k).bind(2, t);
       fenced = s.step() && s.int64(0) > f;
     }
-    auto live = [&] {
+    bool live = false;
+    {
       internal::stmt s{d, "SELECT 1 FROM durable_outbox WHERE id = ? AND "
                           "expires_at > ?"};
       s.bind(1, id).bind(2, t);
-      return s.step();
-    };
-    // A send made (written ahead) over another writer's live entry: both
-    // believe the entry is theirs and either may take it back, though the
-    // made send must stay recorded. With no writer, no take-back removes
-    // it.
-    auto protect = [&] {
-      internal::stmt s{d, "UPDATE durable_outbox SET writer = '' WHERE id = ? "
-                          "AND writer <> ?"};
-      s.bind(1, id).bind(2, w);
-      s.run();
-      tx.commit();
-    };
-    if (fenced) {
-      // (see outbox_record; a live entry, perhaps the later holder's real
-      // send, stays, with no writer)
-      if (made) {
-        if (!live()) {
-          put();
-          tx.commit();
-        } else {
-          protect();
-        }
-      }
-      return outbox_verdict::fenced;
+      live = s.step();
     }
-    if (live()) {
-      if (made)
-        protect();
-      return outbox_verdict::duplicate;
+    if (fenced || live) {
+      if (made) { // (see outbox_record)
+        if (live) {
+          // A send made over another writer's live entry: both believe
+          // the entry is theirs and either may take it back, though the
+          // made send must stay recorded. With no writer, no take-back
+          // removes it.
+          internal::stmt s{d, "UPDATE durable_outbox SET writer = '' WHERE "
+                              "id = ? AND writer <> ?"};
+          s.bind(1, id).bind(2, w);
+          s.run();
+        } else {
+          put();
+        }
+        tx.commit();
+      }
+      return fenced ? outbox_verdict::fenced : outbox_verdict::duplicate;
     }
     put();
     {
