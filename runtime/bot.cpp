@@ -568,18 +568,13 @@ struct bot::impl final : chat_services,
     caf::anon_send(router_handle, make_event(std::move(ev)));
   }
 
-  void report(errc code, std::string what, std::string key) override {
-    post_event([this, code, what = std::move(what), key = std::move(key)] {
-      raise(code, what, key, std::nullopt);
-    });
-  }
-
-  void report_then(errc code, std::string what, std::string key,
-                   std::function<void()> then) override {
+  void report(errc code, std::string what, std::string key,
+              std::function<void()> then) override {
     post_event([this, code, what = std::move(what), key = std::move(key),
                 then = std::move(then)] {
       raise(code, what, key, std::nullopt);
-      then();
+      if (then)
+        then();
     });
   }
 

@@ -564,7 +564,7 @@ void durable_intake::claimed(durable_backend::claim_result r,
   // generation is not retired under it (it would be given up twice).
   for (auto& rec : r.dropped) {
     open_in(gen);
-    host_.report_then(
+    host_.report(
       errc::handler_failed,
       fmt::format("chat {}: journal record {} was given up after {} "
                   "attempts (durability.max_attempts)",

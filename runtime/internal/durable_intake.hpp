@@ -75,15 +75,12 @@ class durable_host {
   virtual void duplicate(delivery_callbacks cb) = 0;
   /// A claimed record, to be routed like a new message.
   virtual void reinject(chat_event ev) = 0;
-  /// An error event (posted to the handler pool).
-  virtual void report(errc code, std::string what, std::string key) = 0;
-  /// As report, and `then` once the event's listeners ran (on the handler
-  /// pool, or inline once the pool shut down).
-  virtual void report_then(errc code, std::string what, std::string key,
-                           std::function<void()> then) {
-    report(code, std::move(what), std::move(key));
-    then();
-  }
+  /// An error event (posted to the handler pool), and `then` (if any)
+  /// once its listeners ran (on the handler pool, or inline once the pool
+  /// shut down).
+  virtual void report(errc code, std::string what, std::string key,
+                      std::function<void()> then = {})
+    = 0;
   /// Whether this replica may take records over now: one that cannot send
   /// (its transport not open yet, or the standby of an exclusive
   /// transport) only beats, or it would spend their attempts on sends that
