@@ -462,7 +462,7 @@ struct bot::impl final : chat_services,
     } else {
       dequeued(ev, true);
       internal::durable_turn dt{&ev.journal, &key, token->fence(), ev.attempt,
-                                ev.heartbeat_epoch};
+                                ev.heartbeat_epoch, ev.journal_gen};
       turn_outcome outcome = turn_outcome::failed;
       bool answer_saved = false;
       {
@@ -532,7 +532,7 @@ struct bot::impl final : chat_services,
   void run_uncoordinated(const std::string& key, chat_event& ev, bool first) {
     dequeued(ev, true);
     internal::durable_turn dt{&ev.journal, &key, 0, ev.attempt,
-                              ev.heartbeat_epoch};
+                              ev.heartbeat_epoch, ev.journal_gen};
     turn_outcome outcome = turn_outcome::failed;
     {
       internal::durable_turn_scope scope{ev.journal.empty() ? nullptr : &dt};

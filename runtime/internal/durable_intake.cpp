@@ -177,12 +177,12 @@ void durable_intake::settle(const std::string& key, const chat_event& ev,
                             bool keep) {
   {
     std::lock_guard guard{mtx_};
-    if (auto i = unlanded_.find(ev.journal); i != unlanded_.end()) {
+    if (auto i = unlanded_.find({ev.journal, ev.journal_gen});
+        i != unlanded_.end()) {
       auto& u = i->second;
       u.settle_held = true;
       u.keep = keep;
       u.key = key;
-      u.gen = ev.journal_gen;
       return; // settled once its entries landed (entry_landed)
     }
   }
@@ -192,12 +192,11 @@ void durable_intake::settle(const std::string& key, const chat_event& ev,
 // An outbox entry of `record` was answered: written, or `failed` (kept to
 // be written again at the next beat). The last one to land releases the
 // settle held back for it.
-void durable_intake::entry_landed(const std::string& record,
+void durable_intake::entry_landed(const held_record& record,
                                   const entry* failed) {
   std::string key;
   bool keep = false;
   bool held = false;
-  std::uint32_t gen = 0;
   std::function<void()> go;
   std::optional<entry> again;
   {
@@ -226,7 +225,6 @@ void durable_intake::entry_landed(const std::string& record,
       held = u.settle_held;
       key = std::move(u.key);
       keep = u.keep;
-      gen = u.gen;
       unlanded_.erase(i);
     }
     go = take_retire();
@@ -234,14 +232,14 @@ void durable_intake::entry_landed(const std::string& record,
   if (again)
     resend(record, std::move(*again));
   if (held)
-    settle_as(key, record, keep, gen, true);
+    settle_as(key, record.first, keep, record.second, true);
   if (go)
     go();
 }
 
 // The send was made (or is being made) without waiting for the verdict:
 // recorded even when fenced (outbox_record), or a replay would make it again.
-void durable_intake::write_entry(const std::string& record, entry e) {
+void durable_intake::write_entry(const held_record& record, entry e) {
   op([&](std::function<void()> finished) {
     backend_->outbox_record(
       e.send_id, e.key, e.fence, e.writer, retry_window_,
@@ -378,7 +376,7 @@ void durable_intake::beat(std::function<void()> done) {
   std::vector<std::uint32_t> retire_now, keep_alive;
   // Outbox entries of first attempts that failed: written again, ahead of
   // the beat (their records' settles wait for them).
-  std::vector<std::pair<std::string, entry>> rewrite;
+  std::vector<std::pair<held_record, entry>> rewrite;
   {
     std::lock_guard guard{mtx_};
     gen = gen_;
@@ -475,7 +473,7 @@ void durable_intake::retire(std::function<void()> done) {
   ++hb_gaps_;
   hb_valid_until_ = 0;
   std::vector<std::uint32_t> gens;
-  std::vector<std::pair<std::string, entry>> rewrite;
+  std::vector<std::pair<held_record, entry>> rewrite;
   std::function<void()> go;
   {
     std::lock_guard guard{mtx_};
@@ -501,9 +499,9 @@ void durable_intake::retire(std::function<void()> done) {
 
 // Every failed entry, counted in flight again for its resend (under mtx_);
 // `last_try`: not tried once more should it fail again.
-std::vector<std::pair<std::string, durable_intake::entry>>
+std::vector<std::pair<durable_intake::held_record, durable_intake::entry>>
 durable_intake::take_failed(bool last_try) {
-  std::vector<std::pair<std::string, entry>> out;
+  std::vector<std::pair<held_record, entry>> out;
   for (auto& [record, u] : unlanded_) {
     for (auto& e : u.failed) {
       e.last_try = e.last_try || last_try;
@@ -517,7 +515,7 @@ durable_intake::take_failed(bool last_try) {
 
 // Writes `e` of `record` again, or takes it back when its send was taken
 // back; counted in flight by the caller.
-void durable_intake::resend(const std::string& record, entry e) {
+void durable_intake::resend(const held_record& record, entry e) {
   if (e.forget)
     forget_entry(record, std::move(e));
   else
@@ -635,11 +633,11 @@ bool durable_intake::outbox_allows(const std::string& chat_key) {
     std::lock_guard guard{mtx_};
     ahead = heartbeat_kept(t->heartbeat_epoch);
     if (ahead)
-      ++unlanded_[*t->record].in_flight;
+      ++unlanded_[{*t->record, t->gen}].in_flight;
   }
   if (ahead) {
     t->taken = send_id;
-    write_entry(*t->record,
+    write_entry({*t->record, t->gen},
                 entry{std::move(send_id), chat_key, t->writer, t->fence});
     return true;
   }
@@ -694,7 +692,7 @@ void durable_intake::take_back(durable_turn& t, std::string send_id,
                                bool again) {
   {
     std::lock_guard guard{mtx_};
-    auto& u = unlanded_[*t.record];
+    auto& u = unlanded_[{*t.record, t.gen}];
     u.forgotten.push_back(send_id);
     // Not written again at the next beat if its write failed.
     std::erase_if(u.failed, [&](const entry& e) {
@@ -704,13 +702,13 @@ void durable_intake::take_back(durable_turn& t, std::string send_id,
   }
   entry e{std::move(send_id), *t.key, t.writer, t.fence, true};
   e.again = again;
-  forget_entry(*t.record, std::move(e));
+  forget_entry({*t.record, t.gen}, std::move(e));
 }
 
 // Takes `e` of `record` back; the caller counted it as one of the
 // record's entries in flight, so its settle waits for it. A failure is
 // tried again at the next beat, as a failed entry write is.
-void durable_intake::forget_entry(const std::string& record, entry e) {
+void durable_intake::forget_entry(const held_record& record, entry e) {
   op([&](std::function<void()> finished) {
     auto id = e.send_id;
     auto writer = e.writer;

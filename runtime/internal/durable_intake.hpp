@@ -39,6 +39,8 @@ struct durable_turn {
   std::uint32_t attempt = 0; // of the record (1: its first holder)
   /// The intake's heartbeat gap count when the record was written.
   std::uint64_t heartbeat_epoch = 0;
+  /// The intake's generation that holds the record (chat_event::journal_gen).
+  std::uint32_t gen = 0;
   std::uint32_t sends = 0;
   /// The outbox id of the send outbox_allows let through last (empty:
   /// none), taken back by send_failed.
@@ -184,15 +186,20 @@ class durable_intake {
     // more at the next beat.
     bool again = false;
   };
-  void entry_landed(const std::string& record, const entry* failed);
+  // A record's outbox entries as one generation holds it: a record taken
+  // over again by a later generation of this process (the earlier one's
+  // heartbeat lapsed) while an earlier turn's entries are in flight is
+  // settled twice, once under each holder name.
+  using held_record = std::pair<std::string, std::uint32_t>;
+  void entry_landed(const held_record& record, const entry* failed);
   std::function<void()> take_retire();
-  std::vector<std::pair<std::string, entry>> take_failed(bool last_try);
-  void resend(const std::string& record, entry e);
+  std::vector<std::pair<held_record, entry>> take_failed(bool last_try);
+  void resend(const held_record& record, entry e);
   void retire_generations(std::vector<std::uint32_t> gens,
                           std::function<void()> done);
   void take_back(durable_turn& t, std::string send_id, bool again = false);
-  void forget_entry(const std::string& record, entry e);
-  void write_entry(const std::string& record, entry e);
+  void forget_entry(const held_record& record, entry e);
+  void write_entry(const held_record& record, entry e);
   void failed(const std::string& key, std::string what, std::exception_ptr e);
   void claimed(durable_backend::claim_result r, std::uint32_t gen);
 
@@ -234,9 +241,8 @@ class durable_intake {
     bool settle_held = false;
     bool keep = false;
     std::string key{};
-    std::uint32_t gen = 0;
   };
-  std::map<std::string, unlanded> unlanded_; // by record id
+  std::map<held_record, unlanded> unlanded_;
   // A retire waiting for the outbox entries in flight (see retire()).
   std::function<void()> retiring_;
   // Numbers the turns that write outbox entries (their writer names).

@@ -1527,3 +1527,85 @@ TEST_CASE("with durability a record given up is confirmed only after its "
   b.stop();
   CHECK(g->log() == std::vector<std::string>{"event", "confirm " + id});
 }
+
+namespace {
+
+// Outbox entry writes fail while `fail_writes`; the beats of a bot's first
+// holder name (generation 0: no "~<gen>" suffix) fail while `fail_first`
+// (its heartbeat lapses); retired holder names are logged.
+class lapsing_holder_backend final : public forwarding_backend {
+ public:
+  std::atomic<bool> fail_writes{false};
+  std::atomic<bool> fail_first{false};
+
+  static bool first_generation(std::string_view holder) {
+    return holder.find('~') == std::string_view::npos;
+  }
+  bool first_retired() {
+    std::lock_guard guard{mtx_};
+    return std::any_of(retired_.begin(), retired_.end(),
+                       [](const std::string& h) { return first_generation(h); });
+  }
+
+  void outbox_record(std::string_view send_id, std::string_view key,
+                     std::uint64_t fence, std::string_view writer,
+                     std::chrono::milliseconds ttl,
+                     completion<botmesh::outbox_verdict> done) override {
+    if (fail_writes)
+      return done(botmesh::outbox_verdict::send,
+                  std::make_exception_ptr(botmesh::error(
+                    errc::store_error, "simulated outbox write failure")));
+    inner.outbox_record(send_id, key, fence, writer, ttl, std::move(done));
+  }
+  void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
+                      std::size_t limit, std::uint32_t max_attempts,
+                      completion<claim_result> done) override {
+    if (fail_first && first_generation(holder))
+      return done({}, std::make_exception_ptr(botmesh::error(
+                        errc::store_error, "simulated beat failure")));
+    inner.beat_and_claim(holder, lease, limit, max_attempts, std::move(done));
+  }
+  void retire(std::string_view holder, completion<bool> done) override {
+    {
+      std::lock_guard guard{mtx_};
+      retired_.emplace_back(holder);
+    }
+    inner.retire(holder, std::move(done));
+  }
+
+ private:
+  std::mutex mtx_;
+  std::vector<std::string> retired_;
+};
+
+} // namespace
+
+TEST_CASE("with durability a record handled again under a later generation "
+          "while its first turn's outbox entry is unwritten lets the earlier "
+          "generation retire") {
+  // The first turn's settle waits for its entry; the heartbeat of its
+  // generation lapses, and this process takes the record over under the
+  // next one. Each generation's settle is its own: before, the later turn's
+  // settle replaced the earlier one, whose generation then stayed open and
+  // beating (holding whatever it still held) until the process ended.
+  auto g = std::make_shared<lapsing_holder_backend>();
+  g->fail_writes = true; // the first attempt's entry stays unwritten
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(g)}};
+  std::atomic<int> runs{0};
+  b.on_message([&](botmesh::context& c) {
+    ++runs;
+    c.reply("uno");
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(p->wait_for_sent(1, 5s));
+  g->fail_first = true; // generation 0's heartbeat lapses
+  // Generation 1 takes the record over (its holder looks dead).
+  REQUIRE(test::eventually([&] { return runs == 2; }, 10s));
+  REQUIRE(test::eventually([&] { return b.stats().handled == 2; }));
+  g->fail_writes = false;
+  g->fail_first = false;
+  CHECK(test::eventually([&] { return g->first_retired(); }, 5s));
+  b.stop();
+}
