@@ -209,11 +209,11 @@ void durable_intake::entry_landed(const held_record& record,
     if (failed) {
       // Tried again at the next beat. A write of a send taken back since
       // (it may still land: a call that failed on its way) is taken back
-      // again instead. While a retire waits for it no beat comes: tried
-      // once more now.
+      // again instead. While a retire waits for it, or once it is done (a
+      // handler that outlived the stop), no beat comes: tried once more now.
       auto e = *failed;
       e.forget = e.forget || u.forgot(e.send_id);
-      if (retiring_ && !e.last_try) {
+      if ((retiring_ || retired_) && !e.last_try) {
         e.last_try = true;
         ++u.in_flight;
         again = std::move(e);
@@ -530,6 +530,7 @@ std::function<void()> durable_intake::take_retire() {
   for (auto& [record, u] : unlanded_)
     if (u.in_flight > 0)
       return {};
+  retired_ = true;
   return std::exchange(retiring_, {});
 }
 

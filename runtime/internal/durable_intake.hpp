@@ -245,6 +245,7 @@ class durable_intake {
   std::map<held_record, unlanded> unlanded_;
   // A retire waiting for the outbox entries in flight (see retire()).
   std::function<void()> retiring_;
+  bool retired_ = false; // retiring_ ran: no beat comes any more
   // Numbers the turns that write outbox entries (their writer names).
   std::atomic<std::uint64_t> writers_{0};
   std::atomic<std::uint64_t> reprocessed_{0}, outbox_skipped_{0},

@@ -1609,3 +1609,86 @@ TEST_CASE("with durability a record handled again under a later generation "
   CHECK(test::eventually([&] { return g->first_retired(); }, 5s));
   b.stop();
 }
+
+namespace {
+
+// late_claim_backend that also says when a retire was made.
+class retire_watching_backend final : public forwarding_backend {
+ public:
+  std::atomic<bool> lose_next{false};
+  std::atomic<bool> retired{false};
+  late_call late;
+
+  void outbox_claim(std::string_view send_id, std::string_view key,
+                    std::uint64_t fence, std::string_view writer,
+                    std::chrono::milliseconds ttl,
+                    completion<botmesh::outbox_verdict> done) override {
+    if (lose_next.exchange(false)) {
+      late.hold([this, id = std::string{send_id}, k = std::string{key}, fence,
+                 w = std::string{writer}, ttl] {
+        inner.outbox_claim(id, k, fence, w, ttl,
+                           [](botmesh::outbox_verdict, std::exception_ptr) {});
+      });
+      return done(botmesh::outbox_verdict::send,
+                  std::make_exception_ptr(botmesh::error(
+                    errc::timeout, "simulated lost reply (still on its way)")));
+    }
+    inner.outbox_claim(send_id, key, fence, writer, ttl, std::move(done));
+  }
+  void outbox_forget(std::string_view send_id, std::string_view writer,
+                     completion<bool> done) override {
+    inner.outbox_forget(
+      send_id, writer,
+      [this, done = std::move(done)](bool removed, std::exception_ptr e) {
+        late.land();
+        done(removed, e);
+      });
+  }
+  void retire(std::string_view holder, completion<bool> done) override {
+    inner.retire(holder, [this, done = std::move(done)](bool ok,
+                                                          std::exception_ptr e) {
+      retired = true;
+      done(ok, e);
+    });
+  }
+};
+
+} // namespace
+
+TEST_CASE("with durability a lost outbox claim of a handler that outlived "
+          "the retire is taken back again when it lands late") {
+  // No beat comes after the retire: the second take-back (for a claim
+  // that lands after the first) is made at once. Before, it waited for a
+  // beat that never came, and the late claim's entry made the replay
+  // elsewhere skip a send that was never made.
+  auto g = std::make_shared<retire_watching_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p,
+                  .stop_timeout = "50ms",
+                  .durability = durable(g)}};
+  std::atomic<bool> entered{false};
+  std::atomic<bool> refused{false};
+  b.on_message([&](botmesh::context& c) {
+    entered = true;
+    // Ignores its stop token: runs on past the stop's retire.
+    while (!g->retired)
+      std::this_thread::sleep_for(1ms);
+    g->lose_next = true;
+    try {
+      c.reply("respuesta");
+    } catch (const std::exception&) {
+      refused = true;
+    }
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(test::eventually([&] { return entered.load(); }));
+  b.stop();
+  CHECK(refused);
+  CHECK(g->late.landed == 1);
+  auto key = botmesh::chat_key("test", "ana");
+  // No entry: whoever handles the record again makes the send.
+  CHECK(outbox_verdict_of(g->inner, botmesh::journal_id(key, "m1") + "/0", key)
+        == botmesh::outbox_verdict::send);
+  CHECK(texts(*p).empty());
+}
