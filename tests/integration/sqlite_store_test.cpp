@@ -260,11 +260,15 @@ TEST_CASE("a schedule row whose number columns hold text or a real is a "
   raw_sql(file.path(), "UPDATE schedules SET next_run_at=1, fencing_token=2.5 "
                        "WHERE id='job'");
   expect_corrupt("fencing_token", "2.5");
+  // A negative token would wrap to a huge one (and the next claim's to 0):
+  // tokens must never go backwards.
+  raw_sql(file.path(), "UPDATE schedules SET fencing_token=-1 WHERE id='job'");
+  expect_corrupt("fencing_token", "negative: -1");
   // The other row reads as it was written; the damaged one is left alone.
   CHECK(sched->get("other")->next_run_at == botmesh::from_unix_ms(1));
-  CHECK(raw_int(file.path(), "SELECT typeof(fencing_token)='real' FROM "
-                             "schedules WHERE id='job'")
-        == 1);
+  CHECK(raw_int(file.path(), "SELECT fencing_token FROM schedules WHERE "
+                             "id='job'")
+        == -1);
 }
 
 TEST_CASE("compare-and-set holds across separate connections to one file") {

@@ -14,7 +14,11 @@ namespace {
 void read_fields(const stmt& s, schedule_record& r) {
   r.spec = s.text(1);
   r.next_run_at = from_unix_ms(s.int64(2));
-  r.fencing_token = static_cast<std::uint64_t>(s.int64(3));
+  auto token = s.int64(3);
+  if (token < 0) // a fencing token only grows from 0: damage, not a number to wrap
+    throw error(errc::corrupted_record,
+                fmt::format("column fencing_token is negative: {}", token));
+  r.fencing_token = static_cast<std::uint64_t>(token);
   r.lease_owner = s.text(4);
   r.lease_until = from_unix_ms(s.int64(5));
   r.claimed_at = from_unix_ms(s.int64(6));
