@@ -193,18 +193,6 @@ struct scheduler::impl final : task_owner,
                                 : eng->opts.ns + ":" + std::string{id};
   }
 
-  static std::string spec_of(const task& t) {
-    switch (t.kind) {
-      case task_kind::every:
-        return fmt::format("every {}", t.interval.count());
-      case task_kind::cron:
-        return "cron " + t.cron->spec();
-      case task_kind::delay:
-        return fmt::format("delay {}", t.interval.count());
-    }
-    return {};
-  }
-
   // -- registration ----------------------------------------------------------
 
   scheduled_task add(task t) {
@@ -259,7 +247,8 @@ struct scheduler::impl final : task_owner,
       by_id[t.stored_id] = st->handle; // reserved while the store answers
     }
     try {
-      auto rec = store().register_task(t.stored_id, spec_of(t), t.next, now);
+      auto rec =
+        store().register_task(t.stored_id, internal::spec_of(t), t.next, now);
       t.next = rec.next_run_at;
       if (rec.done)
         st->active = false; // a one-shot that already ran: its tombstone
@@ -373,7 +362,36 @@ struct scheduler::impl final : task_owner,
       caf::anon_send(a, task_resume_atom::value);
   }
 
+  // stop() on one of this scheduler's own handler threads (a task that
+  // stops its scheduler, or its bot) would wait for that very handler: the
+  // wait goes to a thread of its own, which the next stop() from elsewhere
+  // and the destructor join. No new run starts from the call on.
+  std::mutex stopper_mtx;
+  std::thread stopper;
+
+  bool on_handler_thread() const noexcept {
+    return pool && pool->on_worker_thread();
+  }
+
   void stop() {
+    if (on_handler_thread()) {
+      eng->paused = true;
+      std::lock_guard guard{stopper_mtx};
+      if (!stopper.joinable())
+        stopper = std::thread{[this] { stop_now(); }};
+      return;
+    }
+    std::thread pending;
+    {
+      std::lock_guard guard{stopper_mtx};
+      pending = std::move(stopper);
+    }
+    if (pending.joinable())
+      pending.join();
+    stop_now();
+  }
+
+  void stop_now() {
     eng->paused = true;
     bool was_started = eng->started.exchange(false);
     caf::anon_send(timers, task_pause_atom::value);
@@ -581,6 +599,10 @@ void scheduler::start() {
 
 void scheduler::stop() {
   impl_->stop();
+}
+
+bool scheduler::on_handler_thread() const noexcept {
+  return impl_->on_handler_thread();
 }
 
 void scheduler::poll() {

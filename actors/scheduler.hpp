@@ -71,8 +71,16 @@ class scheduler {
   /// A claim the store took but whose reply was lost is given back (its
   /// lease cut) before it returns: that waits for the store, up to 10 s,
   /// and for the task actors, so call it on a thread of your own, not on a
-  /// CAF worker of the scheduler's system.
+  /// CAF worker of the scheduler's system. Called from one of this
+  /// scheduler's own task handlers (on its handler threads), it would wait
+  /// for that handler: it then pauses at once and returns, the rest runs
+  /// on a thread of its own, and the next stop() from another thread (or
+  /// the destructor) waits for it.
   void stop();
+
+  /// Whether the caller runs on one of this scheduler's handler threads
+  /// (false with `scheduler_options::executor`: its threads are not known).
+  bool on_handler_thread() const noexcept;
 
   /// Runs everything due at the clock's now and waits until those runs
   /// finished (and slots that fell due meanwhile ran as well). For tests

@@ -83,6 +83,44 @@ bool own_lost_claim(const task_state& st,
   return current.updated_at >= first && current.updated_at <= last;
 }
 
+// A claim found no record at all (tombstones purged by hand, a store that
+// lost its data): the task is registered again, as at its registration,
+// from the slot this actor last knew (its due slot runs, as it would
+// have), instead of claiming a record that is not there at every turn.
+// Claimed again a tick later at the earliest. (A cancel whose remove lands
+// before this registration leaves the record registered again: one row
+// that no actor of this replica claims.)
+void register_again(task_actor* self, time_point now) {
+  auto& st = self->state;
+  auto* eng = st.eng.get();
+  auto id = st.t->stored_id;
+  auto spec = spec_of(*st.t);
+  auto first = st.t->next;
+  eng->log(fmt::format("schedule {} has no stored record (purged, or lost by "
+                       "the store): registered again",
+                       id));
+  store_io<schedule_record>(
+    self,
+    [=](scheduler_engine& e) {
+      return e.store->register_task(id, spec, first, now);
+    },
+    [=](async_schedule_store& a, scheduler_engine&, auto done) {
+      a.register_async(id, spec, first, now, std::move(done));
+    },
+    [=](schedule_record& rec, const std::string& failure) {
+      auto& st = self->state;
+      if (!failure.empty()) {
+        eng->log_failure(
+          fmt::format("registering {} again failed: {}", id, failure));
+      } else {
+        st.t->next = rec.next_run_at;
+        if (rec.done || rec.deleted)
+          st.t->st->active = false;
+      }
+      claim_again_later(self, eng->now());
+    });
+}
+
 void claimed(task_actor* self, std::optional<schedule_claim> claim,
              std::optional<schedule_record> current, time_point now) {
   auto& st = self->state;
@@ -103,6 +141,10 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
     }
     set_lost(st, lost); // (kept should the confirmation fail)
     confirm_late(self, std::move(mine), now, true);
+    return;
+  }
+  if (!claim && !current && !st.cancelled && st.t->st->active) {
+    register_again(self, now);
     return;
   }
   if (!claim) {

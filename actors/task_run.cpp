@@ -231,7 +231,7 @@ void commit(task_actor* self, int attempt) {
         finish(self, true);
         return;
       }
-      if (!committed) {
+      if (!committed && !st.cancelled) {
         if (attempt > 1)
           eng->log(fmt::format("commit of {} with token {} refused after a "
                                "failed attempt: that attempt landed, or a "
@@ -241,11 +241,15 @@ void commit(task_actor* self, int attempt) {
           eng->log(fmt::format("commit of {} with token {} rejected: a newer "
                                "claim exists (this executor was stale)",
                                id, token));
-      } else {
+      } else if (committed) {
         st.t->next = *o.next;
         if (o.done)
           st.t->st->active = false;
       }
+      // Refused while cancelled (often by its own handler: forget_task of a
+      // reminder that ran): the refusal is its removal, not a stale
+      // executor. (Committed anyway: a remove that failed leaves the
+      // record to the other replicas, which must not run the slot again.)
       finish(self);
     });
 }

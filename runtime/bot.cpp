@@ -1292,6 +1292,8 @@ struct bot::impl final : chat_services,
   std::unique_ptr<internal::worker_pool> pool;
   /// The scheduler's leader lease, held by the lease actor (coordination).
   std::shared_ptr<lease_actor_leadership> sched_leadership;
+  std::mutex stopper_mtx; // guards stopper
+  std::thread stopper;    // a stop() called from a handler (see bot::stop)
   scheduler_options pending_sched_opts;
   std::unique_ptr<botmesh::scheduler> tasks;
   std::stop_source stop_source;
@@ -1709,6 +1711,33 @@ void bot::start() {
 }
 
 void bot::stop() {
+  auto& i = *impl_;
+  // From one of this bot's handlers (a message handler, a scheduled task):
+  // the stop waits for that very handler to return, so it runs on a thread
+  // of its own; the next stop() from elsewhere (run(), the destructor)
+  // waits for it.
+  if (i.pool->on_worker_thread() || (i.tasks && i.tasks->on_handler_thread())) {
+    {
+      std::lock_guard run_guard{i.run_mtx};
+      i.stop_requested = true;
+      i.run_cv.notify_all();
+    }
+    std::lock_guard guard{i.stopper_mtx};
+    if (!i.stopper.joinable())
+      i.stopper = std::thread{[this] { stop_now(); }};
+    return;
+  }
+  std::thread pending;
+  {
+    std::lock_guard guard{i.stopper_mtx};
+    pending = std::move(i.stopper);
+  }
+  if (pending.joinable())
+    pending.join();
+  stop_now();
+}
+
+void bot::stop_now() {
   std::lock_guard guard{impl_->lifecycle_mtx};
   if (!impl_->started || impl_->stopped)
     return;

@@ -575,6 +575,13 @@ class bot {
   /// turns (the transport stays up so they can answer), then refuses what
   /// is still queued, fires the handlers' stop token, waits for running
   /// handlers to return and stops the provider. Idempotent.
+  ///
+  /// Called from one of this bot's own handlers (a message handler, a
+  /// scheduled task: an admin command that shuts the bot down), it would
+  /// wait for that handler: it then returns at once, the stop runs on a
+  /// thread of its own (its handler's stop token fires as the others'),
+  /// and `run()`, the next `stop()` from another thread and the destructor
+  /// wait for it.
   void stop();
 
   /// `start()`, then waits until the provider's input ends, `stop()` is
@@ -633,6 +640,8 @@ class bot {
  private:
   friend class context;
   struct impl;
+
+  void stop_now();
 
   std::unique_ptr<impl> impl_;
 };

@@ -1,6 +1,20 @@
 #include <botmesh/scheduler/internal/task.hpp>
 
+#include <fmt/format.h>
+
 namespace botmesh::internal {
+
+std::string spec_of(const task& t) {
+  switch (t.kind) {
+    case task_kind::every:
+      return fmt::format("every {}", t.interval.count());
+    case task_kind::cron:
+      return "cron " + t.cron->spec();
+    case task_kind::delay:
+      return fmt::format("delay {}", t.interval.count());
+  }
+  return {};
+}
 
 run_plan plan_claim(const task& t, const schedule_claim& c, time_point now,
                     std::chrono::milliseconds grace, std::size_t& skipped) {

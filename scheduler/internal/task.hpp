@@ -98,6 +98,10 @@ struct run_plan {
   bool one_shot = false;
 };
 
+/// The spec a durable task is stored with ("every <ms>", "cron <expr>",
+/// "delay <ms>"): a registration with another one replaces the calendar.
+std::string spec_of(const task& t);
+
 /// Plans the runs of a claim made at `now`. A slot claimed more than `grace`
 /// after it fell due is missed and follows the task's policy; a claim that
 /// took over an interrupted one is judged by the original claim's time.

@@ -49,6 +49,13 @@ class async_schedule_store {
                          done<std::optional<schedule_record>> fn)
     = 0;
 
+  /// schedule_store::register_task (a record found missing at a claim is
+  /// registered again).
+  virtual void register_async(std::string_view id, std::string_view spec,
+                              time_point first_run, time_point now,
+                              done<schedule_record> fn)
+    = 0;
+
   /// schedule_store::commit.
   virtual void commit_async(std::string_view id, std::string_view owner,
                             std::uint64_t token, time_point next_run_at,

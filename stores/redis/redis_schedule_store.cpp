@@ -198,6 +198,25 @@ class redis_schedule_store final : public schedule_store,
                 }));
   }
 
+  void register_async(std::string_view id, std::string_view spec,
+                      time_point first_run, time_point now,
+                      done<schedule_record> fn) override {
+    try {
+      detail::check_key(id, "id");
+    } catch (...) {
+      fn({}, std::current_exception());
+      return;
+    }
+    auto k = n_.record(id);
+    c_->eval_async(k, lua().schedule_register, {k, n_.index_of(id)},
+                   {std::string{id}, std::string{spec}, ms(first_run), ms(now)},
+                   settle<schedule_record>(
+                     std::move(fn), [id = std::string{id}, k](redis_reply& r) {
+                       expect_reply("script schedule_register", r, kind::array);
+                       return read_record(id, k, r);
+                     }));
+  }
+
   void renew_async(std::string_view id, std::string_view owner,
                    std::uint64_t token, time_point now,
                    std::chrono::milliseconds lease, done<bool> fn) override {

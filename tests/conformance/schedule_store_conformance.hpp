@@ -303,6 +303,13 @@ TEST_CASE_TEMPLATE_DEFINE("the asynchronous face claims, renews and commits "
   CHECK_FALSE(r.claim);
   REQUIRE(r.current);
   CHECK(r.current->done);
+  // A registration: the record as the synchronous one stores it.
+  auto reg = await_ok<botmesh::schedule_record>([&](auto done) {
+    a.register_async("b", "every 1000", t0() + 5s, t0(), std::move(done));
+  });
+  CHECK(reg.next_run_at == t0() + 5s);
+  CHECK(reg.spec == "every 1000");
+  CHECK(*s->get("b") == reg);
   // A bad argument comes back through the callback, not thrown.
   awaited<claim_result> bad;
   a.claim_async("a", "", t0(), 10s, bad.done());

@@ -484,3 +484,44 @@ TEST_CASE("run() drains and returns 0 on SIGTERM, and a bot runs only once") {
   other.stop();
   CHECK_THROWS_AS(other.run(), botmesh::error);
 }
+
+TEST_CASE("a handler that stops its own bot: stop() returns at once, run() "
+          "returns, and what came after is refused") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .stop_timeout = "2s"}};
+  std::atomic<bool> returned{false};
+  b.command("apagar", [&](botmesh::context& c) {
+    c.reply("adiós");
+    b.stop(); // waits for this very handler: must not
+    returned = true;
+  });
+  b.on_message([&](botmesh::context& c) { c.reply("eco " + c.text()); });
+  std::atomic<int> rc{-1};
+  std::thread runner{[&] { rc = b.run(); }};
+  REQUIRE(b.ready(5s));
+  p->inject("x", "/apagar");
+  // Before, the handler waited for the pool it runs on: run() never
+  // returned.
+  REQUIRE(test::eventually([&] { return rc.load() == 0; }, 10s));
+  runner.join();
+  CHECK(returned);
+  REQUIRE(p->sent().size() == 1);
+  CHECK(p->sent()[0].text == "adiós");
+  CHECK_THROWS_AS(p->inject("x", "hola"), botmesh::error);
+  CHECK(p->sent().size() == 1);
+  b.stop(); // idempotent, from another thread
+}
+
+TEST_CASE("a scheduled task that stops its own bot ends the stop") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p}};
+  std::atomic<bool> returned{false};
+  b.start();
+  b.delay("10ms", [&] {
+    b.stop();
+    returned = true;
+  });
+  REQUIRE(test::eventually([&] { return returned.load(); }, 10s));
+  b.stop(); // waits for the stop the task began
+  CHECK_THROWS_AS(p->inject("x", "hola"), botmesh::error);
+}

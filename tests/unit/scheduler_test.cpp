@@ -499,6 +499,9 @@ TEST_CASE("a catch-up whose task is forgotten by its own handler runs no "
   CHECK(rec.count() == 1);
   CHECK_FALSE(handle.active());
   CHECK(store->get("job")->deleted);
+  // Its commit, refused by the removal, is no stale executor.
+  CHECK(rec.logs_containing("stale") == 0);
+  CHECK(rec.logs_containing("rejected") == 0);
 }
 
 TEST_CASE("a slot claimed within the grace period is not missed") {
@@ -1166,6 +1169,11 @@ class test_store final : public test::forwarding_schedule_store,
       }
     }
     fn(std::move(r), nullptr);
+  }
+  void register_async(std::string_view id, std::string_view spec,
+                      botmesh::time_point first_run, botmesh::time_point now,
+                      done<botmesh::schedule_record> fn) override {
+    fn(register_task(id, spec, first_run, now), nullptr);
   }
   bool answer_held_claim() {
     std::function<void()> fn;
@@ -2002,4 +2010,22 @@ TEST_CASE("start/stop cycles: no claim or commit reaches the store after "
   }
   CHECK(rec.count() > 0);
   CHECK(store->calls_after_stop.load() == 0);
+}
+
+TEST_CASE("a task handler that stops its own scheduler does not wait for "
+          "itself") {
+  botmesh::scheduler s{{.tick = "10ms"}};
+  std::promise<void> done;
+  std::atomic<int> runs{0};
+  s.delay("10ms", [&] {
+    s.stop(); // before: waited for this very run, for good
+    done.set_value();
+  });
+  s.every("10ms", [&] { ++runs; });
+  s.start();
+  REQUIRE(done.get_future().wait_for(5s) == std::future_status::ready);
+  s.stop(); // waits for the stop the handler began
+  auto after = runs.load();
+  std::this_thread::sleep_for(50ms);
+  CHECK(runs.load() == after); // stopped: nothing runs any more
 }

@@ -10,6 +10,11 @@
 
 namespace botmesh::internal {
 
+namespace {
+// The pool whose worker this thread is (null elsewhere).
+thread_local const worker_pool* current_pool = nullptr;
+} // namespace
+
 worker_pool::worker_pool(std::size_t core, std::size_t max,
                          std::chrono::microseconds stall,
                          std::chrono::milliseconds retire_after,
@@ -103,7 +108,14 @@ void worker_pool::spawn_worker(bool extra) {
   }
   auto& w = workers_.emplace_back();
   ++alive_;
-  w.thread = std::thread{[this, ptr = &w, extra] { loop(ptr, extra); }};
+  w.thread = std::thread{[this, ptr = &w, extra] {
+    current_pool = this;
+    loop(ptr, extra);
+  }};
+}
+
+bool worker_pool::on_worker_thread() const noexcept {
+  return current_pool == this;
 }
 
 std::size_t worker_pool::threads() {

@@ -61,6 +61,10 @@ class worker_pool {
   /// Threads alive now (any thread; for tests and statistics).
   std::size_t threads();
 
+  /// Whether the caller is one of this pool's worker threads (a handler
+  /// that must not wait for the pool's own shutdown).
+  bool on_worker_thread() const noexcept;
+
  private:
   using clock = std::chrono::steady_clock;
 
