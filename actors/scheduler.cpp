@@ -20,6 +20,7 @@
 #include <botmesh/actors/system_setup.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
+#include <botmesh/runtime/core/internal/deferred_stop.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/scheduler/cron.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>
@@ -147,6 +148,7 @@ struct scheduler::impl final : task_owner,
   }
 
   ~impl() override {
+    stopper.join(true);
     stop();
     std::vector<caf::actor> all;
     {
@@ -354,6 +356,10 @@ struct scheduler::impl final : task_owner,
   }
 
   void start() {
+    // After a stop asked by a handler: that stop ends first (it would undo
+    // this start as it went on).
+    if (!on_handler_thread())
+      stopper.join();
     if (eng->started.exchange(true))
       return;
     eng->paused = false;
@@ -364,10 +370,9 @@ struct scheduler::impl final : task_owner,
 
   // stop() on one of this scheduler's own handler threads (a task that
   // stops its scheduler, or its bot) would wait for that very handler: the
-  // wait goes to a thread of its own, which the next stop() from elsewhere
-  // and the destructor join. No new run starts from the call on.
-  std::mutex stopper_mtx;
-  std::thread stopper;
+  // wait goes to a thread of its own, which start(), the next stop() from
+  // elsewhere and the destructor join. No new run starts from the call on.
+  internal::deferred_stop stopper;
 
   bool on_handler_thread() const noexcept {
     return pool && pool->on_worker_thread();
@@ -376,18 +381,10 @@ struct scheduler::impl final : task_owner,
   void stop() {
     if (on_handler_thread()) {
       eng->paused = true;
-      std::lock_guard guard{stopper_mtx};
-      if (!stopper.joinable())
-        stopper = std::thread{[this] { stop_now(); }};
+      stopper.begin_inside([this] { stop_now(); });
       return;
     }
-    std::thread pending;
-    {
-      std::lock_guard guard{stopper_mtx};
-      pending = std::move(stopper);
-    }
-    if (pending.joinable())
-      pending.join();
+    stopper.join();
     stop_now();
   }
 

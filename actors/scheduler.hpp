@@ -74,8 +74,10 @@ class scheduler {
   /// CAF worker of the scheduler's system. Called from one of this
   /// scheduler's own task handlers (on its handler threads), it would wait
   /// for that handler: it then pauses at once and returns, the rest runs
-  /// on a thread of its own, and the next stop() from another thread (or
-  /// the destructor) waits for it.
+  /// on a thread of its own, and start(), the next stop() from another
+  /// thread and the destructor wait for it. (With
+  /// `scheduler_options::executor` its threads are not known: a handler
+  /// that stops its scheduler there waits for itself.)
   void stop();
 
   /// Whether the caller runs on one of this scheduler's handler threads

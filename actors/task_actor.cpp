@@ -83,17 +83,26 @@ bool own_lost_claim(const task_state& st,
   return current.updated_at >= first && current.updated_at <= last;
 }
 
+void unregister(task_actor* self, const std::string& id);
+
 // A claim found no record at all (tombstones purged by hand, a store that
-// lost its data): the task is registered again, as at its registration,
-// from the slot this actor last knew (its due slot runs, as it would
-// have), instead of claiming a record that is not there at every turn.
-// Claimed again a tick later at the earliest. (A cancel whose remove lands
-// before this registration leaves the record registered again: one row
-// that no actor of this replica claims.)
+// lost its data). A recurring task is registered again, as at its
+// registration, from the slot this actor last knew (its due slot runs, as
+// it would have), instead of claiming a record that is not there at every
+// turn; claimed again a tick later at the earliest. A one-shot is taken as
+// done: it may have run already, and its tombstone was what said so.
 void register_again(task_actor* self, time_point now) {
   auto& st = self->state;
   auto* eng = st.eng.get();
   auto id = st.t->stored_id;
+  if (st.t->kind == task_kind::delay) {
+    eng->log(fmt::format("schedule {} (one-shot) has no stored record (purged, "
+                         "or lost by the store): taken as done, not run",
+                         id));
+    st.t->st->active = false;
+    claim_again_later(self, now);
+    return;
+  }
   auto spec = spec_of(*st.t);
   auto first = st.t->next;
   eng->log(fmt::format("schedule {} has no stored record (purged, or lost by "
@@ -112,11 +121,34 @@ void register_again(task_actor* self, time_point now) {
       if (!failure.empty()) {
         eng->log_failure(
           fmt::format("registering {} again failed: {}", id, failure));
+      } else if (st.cancelled || !st.t->st->active) {
+        // Cancelled meanwhile: its remove may have landed first, on no
+        // record, and left nothing to keep this one from living on.
+        unregister(self, id);
+        return;
       } else {
         st.t->next = rec.next_run_at;
         if (rec.done || rec.deleted)
           st.t->st->active = false;
       }
+      claim_again_later(self, eng->now());
+    });
+}
+
+// Removes the record register_again made for a task cancelled meanwhile.
+void unregister(task_actor* self, const std::string& id) {
+  auto* eng = self->state.eng.get();
+  auto now = eng->now();
+  store_io<bool>(
+    self, [=](scheduler_engine& e) { return e.store->remove(id, now); },
+    [=](async_schedule_store& a, scheduler_engine&, auto done) {
+      a.remove_async(id, now, std::move(done));
+    },
+    [=](bool, const std::string& failure) {
+      if (!failure.empty())
+        eng->log_failure(fmt::format("removing {} (registered again while "
+                                     "it was cancelled) failed: {}",
+                                     id, failure));
       claim_again_later(self, eng->now());
     });
 }

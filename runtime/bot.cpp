@@ -23,6 +23,7 @@
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/delivery_id.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
+#include <botmesh/runtime/core/internal/deferred_stop.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/runtime/core/log.hpp>
 #include <botmesh/runtime/core/metrics.hpp>
@@ -1292,8 +1293,7 @@ struct bot::impl final : chat_services,
   std::unique_ptr<internal::worker_pool> pool;
   /// The scheduler's leader lease, held by the lease actor (coordination).
   std::shared_ptr<lease_actor_leadership> sched_leadership;
-  std::mutex stopper_mtx; // guards stopper
-  std::thread stopper;    // a stop() called from a handler (see bot::stop)
+  internal::deferred_stop stopper; // a stop() from a handler (bot::stop)
   scheduler_options pending_sched_opts;
   std::unique_ptr<botmesh::scheduler> tasks;
   std::stop_source stop_source;
@@ -1715,25 +1715,19 @@ void bot::stop() {
   // From one of this bot's handlers (a message handler, a scheduled task):
   // the stop waits for that very handler to return, so it runs on a thread
   // of its own; the next stop() from elsewhere (run(), the destructor)
-  // waits for it.
-  if (i.pool->on_worker_thread() || (i.tasks && i.tasks->on_handler_thread())) {
+  // waits for it. (No pool before start(): not a handler thread.)
+  if ((i.pool && i.pool->on_worker_thread())
+      || (i.tasks && i.tasks->on_handler_thread())) {
     {
       std::lock_guard run_guard{i.run_mtx};
       i.stop_requested = true;
       i.run_cv.notify_all();
     }
-    std::lock_guard guard{i.stopper_mtx};
-    if (!i.stopper.joinable())
-      i.stopper = std::thread{[this] { stop_now(); }};
+    i.stopper.begin_inside([this] { stop_now(); });
     return;
   }
-  std::thread pending;
-  {
-    std::lock_guard guard{i.stopper_mtx};
-    pending = std::move(i.stopper);
-  }
-  if (pending.joinable())
-    pending.join();
+  // A bot stops once: no stop begins inside after this one.
+  i.stopper.join(true);
   stop_now();
 }
 

@@ -56,6 +56,10 @@ class async_schedule_store {
                               done<schedule_record> fn)
     = 0;
 
+  /// schedule_store::remove.
+  virtual void remove_async(std::string_view id, time_point now, done<bool> fn)
+    = 0;
+
   /// schedule_store::commit.
   virtual void commit_async(std::string_view id, std::string_view owner,
                             std::uint64_t token, time_point next_run_at,

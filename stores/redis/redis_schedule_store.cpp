@@ -217,6 +217,15 @@ class redis_schedule_store final : public schedule_store,
                      }));
   }
 
+  void remove_async(std::string_view id, time_point now,
+                    done<bool> fn) override {
+    auto k = n_.record(id);
+    c_->eval_async(k, lua().schedule_remove, {k}, {ms(now)},
+                   settle<bool>(std::move(fn), [](redis_reply& r) {
+                     return flag("script schedule_remove", r);
+                   }));
+  }
+
   void renew_async(std::string_view id, std::string_view owner,
                    std::uint64_t token, time_point now,
                    std::chrono::milliseconds lease, done<bool> fn) override {

@@ -310,6 +310,12 @@ TEST_CASE_TEMPLATE_DEFINE("the asynchronous face claims, renews and commits "
   CHECK(reg.next_run_at == t0() + 5s);
   CHECK(reg.spec == "every 1000");
   CHECK(*s->get("b") == reg);
+  // A removal: its marker, as the synchronous one leaves it.
+  CHECK(await_ok<bool>(
+    [&](auto done) { a.remove_async("b", t0() + 1s, std::move(done)); }));
+  CHECK(s->get("b")->deleted);
+  CHECK_FALSE(await_ok<bool>(
+    [&](auto done) { a.remove_async("b", t0() + 2s, std::move(done)); }));
   // A bad argument comes back through the callback, not thrown.
   awaited<claim_result> bad;
   a.claim_async("a", "", t0(), 10s, bad.done());

@@ -1175,6 +1175,10 @@ class test_store final : public test::forwarding_schedule_store,
                       done<botmesh::schedule_record> fn) override {
     fn(register_task(id, spec, first_run, now), nullptr);
   }
+  void remove_async(std::string_view id, botmesh::time_point now,
+                    done<bool> fn) override {
+    fn(remove(id, now), nullptr);
+  }
   bool answer_held_claim() {
     std::function<void()> fn;
     {

@@ -424,3 +424,23 @@ TEST_CASE("a durable task whose stored record vanished registers it again "
   CHECK(j.runs[1].scheduled_at == t0() + 2min);
   s.stop();
 }
+
+TEST_CASE("a one-shot task whose stored record vanished is taken as done, "
+          "not run") {
+  // Its tombstone may have been what said it ran: run again, a reminder
+  // would go out twice.
+  virtual_time vt{t0()};
+  auto store = std::make_shared<vanishing_store>();
+  journal j;
+  botmesh::scheduler s{options(vt, store, j)};
+  auto h = s.delay("1m", {.id = "once"}, j.handler());
+  s.start();
+  vt.pass(10s);
+  store->vanished = true;
+  vt.pass(1min);
+  CHECK(j.runs.empty());
+  CHECK(store->claims_while_vanished == 1);
+  CHECK(j.logs_containing("taken as done") == 1);
+  CHECK_FALSE(h.active());
+  s.stop();
+}
