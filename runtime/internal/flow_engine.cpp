@@ -11,6 +11,7 @@
 
 #include <botmesh/runtime/core/internal/delivery_id.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
+#include <botmesh/runtime/internal/durable_intake.hpp>
 #include <botmesh/runtime/core/json.hpp>
 #include <botmesh/runtime/texts.hpp>
 
@@ -76,6 +77,14 @@ std::string message_ref(const inbound_message& m) {
   if (m.id.empty())
     return {};
   return m.provider + "#" + internal::delivery_id(m);
+}
+
+// Whether `a` and `b` are one delivery of one message (an edit shares its
+// original's id, and is a message of its own; one without an id is never
+// taken for another).
+bool same_delivery(const inbound_message& a, const inbound_message& b) {
+  auto ref = message_ref(a);
+  return !ref.empty() && ref == message_ref(b);
 }
 
 void check_step_name(const flow::definition& d, const std::string& step) {
@@ -552,13 +561,17 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
     cp.state = c.state.dump();
     if (saved) {
       // The step's first answer, kept before the step goes on. A larger
-      // one is not embedded: the checkpoint still waits at the question,
-      // so the next message (with durability, this one handled again)
-      // answers it.
+      // one is not embedded. With durability the checkpoint still waits at
+      // the question: this message, released with the cut step and handled
+      // again, answers it. Without, nothing brings it back: the step starts
+      // over and asks again (waiting at it, the next message would be
+      // taken for an answer to a question it never saw).
       cp.waiting = true;
       cp.question = 0;
       if (to_json(*saved).size() <= cfg_.max_answer_bytes)
         cp.saved_answer = *saved;
+      else if (!current_durable_turn())
+        cp.waiting = false;
     }
   }
   // The message whose turn writes it: handled again (a journal record
@@ -603,7 +616,8 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
   c.revision = *rev;
   c.lapses_at = lapses_of(cp);
   c.marker = mode == cp_mode::marker;
-  if (cp.saved_answer && c.answer_saved && cp.saved_answer->id == c.current.id)
+  if (cp.saved_answer && c.answer_saved
+      && same_delivery(*cp.saved_answer, c.current))
     *c.answer_saved = true;
   if (hands_over()) {
     cp.revision = *rev;
@@ -880,8 +894,7 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
     // message that woke the conversation answers the next question --
     // unless it is the saved answer itself (a journaled message handled
     // again after its first holder died), which must not answer twice.
-    bool same = cp->saved_answer->id == msg.id
-                && cp->saved_answer->provider == msg.provider;
+    bool same = same_delivery(*cp->saved_answer, msg);
     c.preloaded = std::move(*cp->saved_answer);
     if (!same) {
       c.kept = msg;

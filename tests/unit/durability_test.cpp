@@ -1692,3 +1692,43 @@ TEST_CASE("with durability a lost outbox claim of a handler that outlived "
         == botmesh::outbox_verdict::send);
   CHECK(texts(*p).empty());
 }
+
+TEST_CASE("with durability an answer too large to save, cut with its step, "
+          "answers the question it was cut at once its record is handled "
+          "again") {
+  botmesh::memory_coordination_hub hub;
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::coordination_options co;
+  co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "r",
+                                             .lease = "600ms"});
+  co.settle = "200ms";
+  co.handover.flows = botmesh::handover_flows::forward;
+  co.handover.max_answer_bytes = 256;
+  botmesh::bot b{{.provider = p, .coordination = co,
+                  .durability = durable(backend)}};
+  std::atomic<bool> slow{true};
+  botmesh::flow f{"pedido"};
+  f.hears({"pedido"})
+    .ask("producto", "¿Producto?",
+         [&](botmesh::flow_context& c, const botmesh::answer&) {
+           if (slow.exchange(false)) // cut by settle
+             while (!c.stop_token().stop_requested())
+               std::this_thread::sleep_for(1ms);
+         })
+    .ask("cantidad", "¿Cantidad?",
+         [](botmesh::flow_context&, const botmesh::answer&) {});
+  b.add_flow(std::move(f));
+  b.start();
+  p->inject(msg("ana", "m1", "pedido"));
+  REQUIRE(p->wait_for_sent(1, 10s));
+  p->inject(msg("ana", "m2", std::string(400, 'c')));
+  // Not saved in the checkpoint (too large): its record, released with the
+  // cut step and handled again, answers the product.
+  REQUIRE(p->wait_for_sent(2, 10s));
+  CHECK(texts(*p)
+        == std::vector<std::string>{"¿Producto?", "¿Cantidad?"});
+  CHECK(b.stats().reprocessed == 1);
+  b.stop();
+}
