@@ -710,6 +710,7 @@ void on_renewed(lease_actor_t* self, renew_done& d) {
       }
     } else if (lead.fence) {
       lead.fence.reset();
+      lead.told = true; // (a follower now: "lost" says so, once)
       self->send(lead.session, follower_atom::value, l->first,
                  std::string{"lost"});
     } else if (!lead.told) {
@@ -764,6 +765,7 @@ void wake(lease_actor_t* self) {
       continue;
     if (l.valid_until <= t) {
       l.fence.reset();
+      l.told = true; // (a follower now: "lost" says so, once)
       self->send(l.session, follower_atom::value, name, std::string{"lost"});
     } else {
       // Renewals may fail from now on: nothing else would wake us then.

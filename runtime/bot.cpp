@@ -342,10 +342,13 @@ struct bot::impl final : chat_services,
 
   // -- session_hooks ---------------------------------------------------------
 
-  // The last wish is applied by one job at a time on the handler pool
-  // (starting and stopping block). Posted as a job each, a start and the
-  // stop after it could run at once on two threads, or the stop first,
-  // leaving the transport running on a replica that no longer leads.
+  // The last wish is applied by one job at a time on the transport's own
+  // thread (starting and stopping block): behind a backlog of handlers on
+  // the handler pool, a replica that lost the leadership would keep its
+  // transport (a poller) running beside the new leader's. Posted as a job
+  // each, a start and the stop after it could run at once on two threads,
+  // or the stop first, leaving the transport running on a replica that no
+  // longer leads.
   void set_transport(bool open, std::function<void()> applied) override {
     std::unique_lock guard{switch_.mtx};
     switch_.want = open;
@@ -361,7 +364,7 @@ struct bot::impl final : chat_services,
       return; // the running job sees the new wish
     switch_.applying = true;
     guard.unlock();
-    pool->post([this] { apply_transport(); });
+    transport_pool->post([this] { apply_transport(); });
   }
 
   void apply_transport() {
@@ -412,14 +415,17 @@ struct bot::impl final : chat_services,
     return std::chrono::steady_clock::now() - closed_since;
   }
 
+  // On the transport's thread, behind the switch the session asked for
+  // before: in the order the session raised them, one at a time, and a
+  // leader event after its transport's start returned.
   void leader(const std::string& name, std::uint64_t fence) override {
-    post_event([this, name, fence] {
+    transport_pool->post([this, name, fence] {
       emit(on_leader, events::leader{name, fence});
     });
   }
 
   void follower(const std::string& name, const std::string& reason) override {
-    post_event([this, name, reason] {
+    transport_pool->post([this, name, reason] {
       emit(on_follower, events::follower{name, reason});
     });
   }
@@ -1214,13 +1220,24 @@ struct bot::impl final : chat_services,
 
   // This replica runs the open transport: it leads an exclusive one, or
   // shares it. What /readyz, ready() and the journal's claims go by.
+  // Leading counts while the leadership's validity runs (as for deliver()
+  // and send()): a replica whose lease actor stalled past it is not ready.
   static bool ready_test(const std::atomic<bool>& open,
-                         const std::atomic<bool>& leading, bool exclusive) {
-    return open.load() && (!exclusive || leading.load());
+                         const std::atomic<bool>& leading,
+                         const std::atomic<std::int64_t>& until,
+                         bool exclusive) {
+    return open.load()
+           && (!exclusive
+               || (leading.load()
+                   && std::chrono::steady_clock::now()
+                          .time_since_epoch()
+                          .count()
+                        < until.load()));
   }
 
   bool ready_now() const {
-    return ready_test(*transport_open, *leading_flag, exclusive());
+    return ready_test(*transport_open, *leading_flag, *leading_until,
+                      exclusive());
   }
 
   // `fence`: the turn's, for the log line (0: none, or the journaled
@@ -1291,6 +1308,10 @@ struct bot::impl final : chat_services,
   caf::actor_system* sys = nullptr;
   caf::actor router_handle;
   std::unique_ptr<internal::worker_pool> pool;
+  // An exclusive transport's start and stop and its leader/follower events,
+  // one at a time and in order, on one thread of their own (see
+  // set_transport).
+  std::unique_ptr<internal::worker_pool> transport_pool;
   /// The scheduler's leader lease, held by the lease actor (coordination).
   std::shared_ptr<lease_actor_leadership> sched_leadership;
   internal::deferred_stop stopper; // a stop() from a handler (bot::stop)
@@ -1675,6 +1696,8 @@ void bot::start() {
   auto core = std::max(1u, std::thread::hardware_concurrency() / 2);
   impl_->pool = std::make_unique<internal::worker_pool>(
     core, std::max<std::size_t>(1, impl_->opts.handler_threads));
+  if (impl_->exclusive())
+    impl_->transport_pool = std::make_unique<internal::worker_pool>(1, 1);
   router_config rc;
   rc.services = impl_.get();
   rc.max_pending_per_chat = impl_->opts.max_pending_per_chat;
@@ -1717,6 +1740,7 @@ void bot::stop() {
   // of its own; the next stop() from elsewhere (run(), the destructor)
   // waits for it. (No pool before start(): not a handler thread.)
   if ((i.pool && i.pool->on_worker_thread())
+      || (i.transport_pool && i.transport_pool->on_worker_thread())
       || (i.tasks && i.tasks->on_handler_thread())) {
     {
       std::lock_guard run_guard{i.run_mtx};
@@ -1788,6 +1812,8 @@ void bot::stop_now() {
                   shutdown_atom::value)
       .receive([](bool) {}, [](caf::error&) {});
   }
+  if (impl_->transport_pool)
+    impl_->transport_pool->shutdown(); // (its stop ran, or the bound passed)
   impl_->pool->shutdown();
   if (impl_->durable)
     impl_->durable->wait_idle(std::chrono::seconds(10));
@@ -1875,8 +1901,8 @@ int bot::run() {
 std::function<bool()> bot::readiness() const {
   // Holds the flags, not the bot: valid after the bot is gone.
   return [open = impl_->transport_open, leading = impl_->leading_flag,
-          exclusive = impl_->exclusive()] {
-    return impl::ready_test(*open, *leading, exclusive);
+          until = impl_->leading_until, exclusive = impl_->exclusive()] {
+    return impl::ready_test(*open, *leading, *until, exclusive);
   };
 }
 

@@ -1,5 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <atomic>
 #include <future>
@@ -818,8 +821,10 @@ TEST_CASE("a message an exclusive transport hands on after its replica's "
   REQUIRE(test::eventually([&] { return stalls->stalled.load(); }));
   // The hub let A's leadership go after its lease; B leads.
   REQUIRE(b.bot->ready(10s));
-  // A's lease actor has not run since: A still looks like the leader.
-  CHECK(a.bot->ready(0ms));
+  // A's lease actor has not run since: A still believes it leads, but its
+  // leadership's validity ran out, and it says it is not ready (before, it
+  // did while B led).
+  CHECK_FALSE(a.bot->ready(0ms));
   // A thread of A's transport (a poller whose getUpdates answered as the
   // process thawed) hands an update on.
   std::atomic<int> code{-1};
@@ -836,6 +841,9 @@ TEST_CASE("a message an exclusive transport hands on after its replica's "
   CHECK_THROWS_AS(a.bot->send("x", "hola"), botmesh::provider_not_leader_error);
   stalls->go = true; // thawed: A learns it lost
   CHECK(test::eventually([&] { return a.saw("follower lost"); }, 10s));
+  // Said once: the renewals after it do not add a "standby" (they did).
+  std::this_thread::sleep_for(1s); // three renewals
+  CHECK_FALSE(a.saw("follower standby"));
 }
 
 TEST_CASE("with coordination the scheduler's leadership uses the coordinator") {
@@ -948,4 +956,38 @@ TEST_CASE("a flow timer of a conversation whose chat moved to another replica "
   CHECK(idle_fired.load() == 0);
   CHECK(a.provider->sent().size() == 1);
   CHECK(a.bot->stats().conversations == 0);
+}
+
+TEST_CASE("the leader event of an exclusive transport comes after its start "
+          "returned, and a loss's follower event after its stop") {
+  // One thread runs the transport's switches and these events, in order:
+  // before, each was a job of its own on the handler pool, and the event
+  // could run beside, or before, the switch it follows.
+  botmesh::memory_coordination_hub hub;
+  transport_log log;
+  botmesh::testing_provider::options po;
+  po.on_start = [&] {
+    std::this_thread::sleep_for(200ms); // a transport that connects slowly
+    log.add("start");
+  };
+  po.on_stop = [&] {
+    std::this_thread::sleep_for(200ms);
+    log.add("stop");
+  };
+  exclusive_replica a{hub, "a", "1m", po};
+  a.bot->on<botmesh::events::leader>(
+    [&](const botmesh::events::leader&) { log.add("leader"); });
+  a.bot->on<botmesh::events::follower>(
+    [&](const botmesh::events::follower& e) { log.add("follower " + e.reason); });
+  auto has = [&](const std::string& line) {
+    return log.first(line) < log.get().size();
+  };
+  a.bot->start();
+  REQUIRE(test::eventually([&] { return has("leader"); }, 10s));
+  a.coord->crash(); // the leadership is lost after a lease
+  REQUIRE(test::eventually([&] { return has("follower lost"); }, 10s));
+  auto lines = log.get();
+  INFO(fmt::format("{}", fmt::join(lines, ", ")));
+  CHECK(lines
+        == std::vector<std::string>{"start", "leader", "stop", "follower lost"});
 }
