@@ -86,10 +86,18 @@ caf::behavior session_actor(session_actor_t* self, session_config cfg) {
       auto& st = self->state;
       if (st.stopping || st.resting)
         return;
-      bool was = st.fence.has_value();
+      if (st.fence == fence)
+        return; // the same leadership (presented again): the transport runs
+      if (st.fence) {
+        // A new term while this replica believed it led: its leadership
+        // lapsed in between, unnoticed, and another replica may have led
+        // meanwhile (and handed its own fence to the platform). Lost, said
+        // so, then won anew: listeners holding the old fence learn the
+        // new one.
+        stop_transport(self, false);
+        st.cfg.hooks->follower(st.cfg.name, "lost");
+      }
       st.fence = fence;
-      if (was)
-        return; // re-elected across a brief loss: the transport runs
       st.told_standby = false;
       st.leading_since = self->clock().now();
       // Elected first, then started: the transport's "open" notice must

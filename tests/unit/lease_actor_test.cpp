@@ -14,10 +14,12 @@
 
 #include <botmesh/actors/chat_services.hpp>
 #include <botmesh/actors/router.hpp>
+#include <botmesh/actors/session_actor.hpp>
 #include <botmesh/runtime/core/message.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
 
 #include "lease_test_kit.hpp"
+#include "test_util.hpp"
 #include "log_capture.hpp"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
@@ -1741,4 +1743,70 @@ TEST_CASE("on a memory hub, a shut down replica leaves no turn, ticket or "
   CHECK(b.log->token_of(12));
   f.tell(b, botmesh::lead_atom::value, lead_name);
   CHECK(b.log->leaders.size() == 1);
+}
+
+// -- the session actor ---------------------------------------------------------
+
+namespace {
+
+// What a session actor asks of its bot, in order.
+class hooks_log final : public botmesh::session_hooks {
+ public:
+  void set_transport(bool open, std::function<void()> applied) override {
+    add(open ? "open" : "close");
+    if (applied)
+      applied();
+  }
+  std::optional<std::chrono::steady_clock::duration> closed_for() override {
+    return std::nullopt; // open: never provider_down
+  }
+  void leader(const std::string&, std::uint64_t fence) override {
+    add("leader " + std::to_string(fence));
+  }
+  void follower(const std::string&, const std::string& reason) override {
+    add("follower " + reason);
+  }
+  std::vector<std::string> get() {
+    std::lock_guard guard{mtx_};
+    return lines_;
+  }
+
+ private:
+  void add(std::string line) {
+    std::lock_guard guard{mtx_};
+    lines_.push_back(std::move(line));
+  }
+  std::mutex mtx_;
+  std::vector<std::string> lines_;
+};
+
+} // namespace
+
+TEST_CASE("a session told of a new fence while it leads reports the loss, "
+          "then the new leadership") {
+  // Before, the new fence replaced the old one silently: listeners kept
+  // the old one, though another replica may have led in between.
+  caf::actor_system_config cfg;
+  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  caf::actor_system sys{cfg};
+  hooks_log h;
+  botmesh::session_config sc;
+  sc.lease = sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+    self->set_default_handler(caf::drop);
+    return {[](int) {}};
+  });
+  sc.name = lead_name;
+  sc.period = std::chrono::hours{1}; // no transport checks meanwhile
+  sc.hooks = &h;
+  sc.leading = std::make_shared<std::atomic<bool>>(false);
+  auto s = botmesh::spawn_session_actor(sys, sc);
+  for (std::uint64_t fence : {7, 7, 9}) // 7 presented again, then a new term
+    caf::anon_send(s, botmesh::leader_atom::value, lead_name, fence);
+  REQUIRE(test::eventually([&] { return h.get().size() >= 6; }));
+  CHECK(h.get()
+        == std::vector<std::string>{"open", "leader 7", "close",
+                                    "follower lost", "open", "leader 9"});
+  CHECK(sc.leading->load());
+  caf::anon_send_exit(s, caf::exit_reason::kill);
+  caf::anon_send_exit(sc.lease, caf::exit_reason::kill);
 }
