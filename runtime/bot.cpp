@@ -1696,8 +1696,11 @@ void bot::start() {
   auto core = std::max(1u, std::thread::hardware_concurrency() / 2);
   impl_->pool = std::make_unique<internal::worker_pool>(
     core, std::max<std::size_t>(1, impl_->opts.handler_threads));
-  if (impl_->exclusive())
+  impl_->pool->tag(impl_.get());
+  if (impl_->exclusive()) {
     impl_->transport_pool = std::make_unique<internal::worker_pool>(1, 1);
+    impl_->transport_pool->tag(impl_.get());
+  }
   router_config rc;
   rc.services = impl_.get();
   rc.max_pending_per_chat = impl_->opts.max_pending_per_chat;
@@ -1738,9 +1741,9 @@ void bot::stop() {
   // From one of this bot's handlers (a message handler, a scheduled task):
   // the stop waits for that very handler to return, so it runs on a thread
   // of its own; the next stop() from elsewhere (run(), the destructor)
-  // waits for it. (No pool before start(): not a handler thread.)
-  if ((i.pool && i.pool->on_worker_thread())
-      || (i.transport_pool && i.transport_pool->on_worker_thread())
+  // waits for it. (The pools are made by start(), perhaps on another
+  // thread right now: the caller's own pool tells, by its tag.)
+  if (internal::worker_pool::current_owner() == &i
       || (i.tasks && i.tasks->on_handler_thread())) {
     {
       std::lock_guard run_guard{i.run_mtx};

@@ -268,6 +268,20 @@ struct cut_step {
     m.text = std::move(text);
     return cut(std::move(m));
   }
+
+  /// cut() with "café" (platform id "m-cafe"), which the checkpoint saves;
+  /// returns that message as chat "x" sent it.
+  botmesh::inbound_message cut_cafe() {
+    botmesh::inbound_message cafe;
+    cafe.id = "m-cafe";
+    cafe.text = "café";
+    auto cp = cut(cafe);
+    REQUIRE(cp);
+    REQUIRE(cp->saved_answer);
+    REQUIRE(cp->saved_answer->id == "m-cafe");
+    cafe.chat = cafe.sender = "x";
+    return cafe;
+  }
 };
 
 /// Holds a replica's turn for one message text on chat "x", after its
@@ -823,14 +837,7 @@ TEST_CASE_TEMPLATE_DEFINE("handover: the saved answer handled again (its "
   using namespace test::handover;
   cut_step<Env> t;
   replica& b = t.b;
-  botmesh::inbound_message cafe;
-  cafe.id = "m-cafe";
-  cafe.text = "café";
-  auto cp = t.cut(cafe);
-  REQUIRE(cp);
-  cafe.chat = cafe.sender = "x";
-  REQUIRE(cp->saved_answer);
-  REQUIRE(cp->saved_answer->id == "m-cafe");
+  auto cafe = t.cut_cafe();
   // The same message reaches b (as a journal record is handled again).
   b.provider->inject(cafe);
   REQUIRE(b.provider->wait_for_sent(1, 10s));
@@ -847,17 +854,10 @@ TEST_CASE_TEMPLATE_DEFINE("handover: an edit of the saved answer is a "
   using namespace test::handover;
   cut_step<Env> t;
   replica& b = t.b;
-  botmesh::inbound_message cafe;
-  cafe.id = "m-cafe";
-  cafe.text = "café";
-  auto cp = t.cut(cafe);
-  REQUIRE(cp);
-  REQUIRE(cp->saved_answer);
   // The user edits "café" into "3" (same message id, an edit id of its
   // own) and the edit reaches b: before, it passed for the saved answer
   // handled again and was swallowed.
-  auto edit = cafe;
-  edit.chat = edit.sender = "x";
+  auto edit = t.cut_cafe();
   edit.text = "3";
   edit.edited = true;
   edit.edit_id = "e-1";

@@ -1432,10 +1432,12 @@ namespace {
 
 // The next outbox claim runs only after the take-back that its lost reply
 // causes (a call on a broken connection that Redis reads late); the
-// confirms are logged beside the error events, in the order they happen.
+// confirms are logged beside the error events, in the order they happen,
+// and a retire is noted.
 class late_claim_backend final : public forwarding_backend {
  public:
   std::atomic<bool> lose_next{false};
+  std::atomic<bool> retired{false}; // a retire was made
   late_call late;
 
   void outbox_claim(std::string_view send_id, std::string_view key,
@@ -1467,6 +1469,13 @@ class late_claim_backend final : public forwarding_backend {
                completion<bool> done) override {
     note("confirm " + std::string{id});
     inner.confirm(id, holder, std::move(done));
+  }
+  void retire(std::string_view holder, completion<bool> done) override {
+    inner.retire(holder, [this, done = std::move(done)](bool ok,
+                                                          std::exception_ptr e) {
+      retired = true;
+      done(ok, e);
+    });
   }
 
   void note(std::string what) {
@@ -1610,50 +1619,6 @@ TEST_CASE("with durability a record handled again under a later generation "
   b.stop();
 }
 
-namespace {
-
-// late_claim_backend that also says when a retire was made.
-class retire_watching_backend final : public forwarding_backend {
- public:
-  std::atomic<bool> lose_next{false};
-  std::atomic<bool> retired{false};
-  late_call late;
-
-  void outbox_claim(std::string_view send_id, std::string_view key,
-                    std::uint64_t fence, std::string_view writer,
-                    std::chrono::milliseconds ttl,
-                    completion<botmesh::outbox_verdict> done) override {
-    if (lose_next.exchange(false)) {
-      late.hold([this, id = std::string{send_id}, k = std::string{key}, fence,
-                 w = std::string{writer}, ttl] {
-        inner.outbox_claim(id, k, fence, w, ttl,
-                           [](botmesh::outbox_verdict, std::exception_ptr) {});
-      });
-      return done(botmesh::outbox_verdict::send,
-                  std::make_exception_ptr(botmesh::error(
-                    errc::timeout, "simulated lost reply (still on its way)")));
-    }
-    inner.outbox_claim(send_id, key, fence, writer, ttl, std::move(done));
-  }
-  void outbox_forget(std::string_view send_id, std::string_view writer,
-                     completion<bool> done) override {
-    inner.outbox_forget(
-      send_id, writer,
-      [this, done = std::move(done)](bool removed, std::exception_ptr e) {
-        late.land();
-        done(removed, e);
-      });
-  }
-  void retire(std::string_view holder, completion<bool> done) override {
-    inner.retire(holder, [this, done = std::move(done)](bool ok,
-                                                          std::exception_ptr e) {
-      retired = true;
-      done(ok, e);
-    });
-  }
-};
-
-} // namespace
 
 TEST_CASE("with durability a lost outbox claim of a handler that outlived "
           "the retire is taken back again when it lands late") {
@@ -1661,7 +1626,7 @@ TEST_CASE("with durability a lost outbox claim of a handler that outlived "
   // that lands after the first) is made at once. Before, it waited for a
   // beat that never came, and the late claim's entry made the replay
   // elsewhere skip a send that was never made.
-  auto g = std::make_shared<retire_watching_backend>();
+  auto g = std::make_shared<late_claim_backend>();
   auto p = std::make_shared<botmesh::testing_provider>();
   botmesh::bot b{{.provider = p,
                   .stop_timeout = "50ms",

@@ -118,6 +118,10 @@ bool worker_pool::on_worker_thread() const noexcept {
   return current_pool == this;
 }
 
+const void* worker_pool::current_owner() noexcept {
+  return current_pool ? current_pool->owner_.load() : nullptr;
+}
+
 std::size_t worker_pool::threads() {
   std::lock_guard guard{mtx_};
   return alive_;

@@ -65,6 +65,16 @@ class worker_pool {
   /// that must not wait for the pool's own shutdown).
   bool on_worker_thread() const noexcept;
 
+  /// Names the pool's owner (any address; set once, before jobs that ask).
+  void tag(const void* owner) noexcept {
+    owner_.store(owner);
+  }
+
+  /// The owner tagged on the pool whose worker the caller is (null on any
+  /// other thread). Reads no pool but the caller's own: safe while another
+  /// thread makes or replaces the owner's pools.
+  static const void* current_owner() noexcept;
+
  private:
   using clock = std::chrono::steady_clock;
 
@@ -126,6 +136,7 @@ class worker_pool {
   std::chrono::milliseconds retire_after_;
   std::chrono::milliseconds long_job_;
   std::chrono::microseconds spin_{50};
+  std::atomic<const void*> owner_{nullptr}; // see tag()
   // jobs_.size(), written under the lock, read without it by look_for_work.
   std::atomic<std::size_t> queued_{0};
   std::size_t alive_ = 0;
