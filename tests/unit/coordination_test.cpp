@@ -677,8 +677,19 @@ TEST_CASE("a transport's stop waits for the start before it: a replica that "
   REQUIRE(test::eventually([&] { return in_start.load(); }));
   // The leadership is lost (after a lease) while the start still runs.
   a.coord->crash();
-  REQUIRE(test::eventually([&] { return a.saw_prefix("follower "); }, 10s));
-  std::this_thread::sleep_for(100ms); // (room for a stop run out of order)
+  REQUIRE(test::eventually(
+    [&] {
+      try {
+        a.bot->send("x", "hola");
+        return false;
+      } catch (const botmesh::provider_not_leader_error&) {
+        return true;
+      } catch (const botmesh::error&) {
+        return false; // leading still: its transport is not open yet
+      }
+    },
+    10s));
+  std::this_thread::sleep_for(300ms); // (room for a stop run out of order)
   let_start = true;
   REQUIRE(test::eventually([&] { return log.get().size() >= 4; }));
   auto lines = log.get();
@@ -686,6 +697,8 @@ TEST_CASE("a transport's stop waits for the start before it: a replica that "
   CHECK(lines[1] == "start-");
   CHECK(lines[2] == "stop+");
   CHECK(lines[3] == "stop-");
+  // Its follower event comes after the stop, on the transport's thread.
+  CHECK(test::eventually([&] { return a.saw("follower lost"); }));
   CHECK(test::eventually([&] {
     return a.provider->state() == botmesh::provider_state::closed;
   }));
