@@ -19,8 +19,8 @@
 #include <botmesh/actors/messages.hpp>
 #include <botmesh/actors/system_setup.hpp>
 #include <botmesh/runtime/core/error.hpp>
-#include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/internal/deferred_stop.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/scheduler/cron.hpp>
 #include <botmesh/stores/memory_schedule_store.hpp>
@@ -375,8 +375,10 @@ struct scheduler::impl final : task_owner,
   internal::deferred_stop stopper;
 
   bool on_handler_thread() const noexcept {
-    return pool && pool->on_worker_thread();
+    // (The pool is tagged with the scheduler, which the bot knows too.)
+    return pool && internal::worker_pool::current_owner() == tag;
   }
+  const void* tag = nullptr; // the scheduler, set once at construction
 
   void stop() {
     if (on_handler_thread()) {
@@ -546,7 +548,11 @@ scheduled_task schedule_cron(scheduler::impl& impl, std::string_view cron,
 
 scheduler::scheduler(scheduler_options opts)
   : impl_(std::make_shared<impl>(std::move(opts))) {
-  // nop
+  // Its handler threads tell who they run for (see impl::stop; a bot
+  // stopped from one of its tasks asks too).
+  impl_->tag = this;
+  if (impl_->pool)
+    impl_->pool->tag(this);
 }
 
 scheduler::~scheduler() {
@@ -596,10 +602,6 @@ void scheduler::start() {
 
 void scheduler::stop() {
   impl_->stop();
-}
-
-bool scheduler::on_handler_thread() const noexcept {
-  return impl_->on_handler_thread();
 }
 
 void scheduler::poll() {

@@ -80,10 +80,6 @@ class scheduler {
   /// that stops its scheduler there waits for itself.)
   void stop();
 
-  /// Whether the caller runs on one of this scheduler's handler threads
-  /// (false with `scheduler_options::executor`: its threads are not known).
-  bool on_handler_thread() const noexcept;
-
   /// Runs everything due at the clock's now and waits until those runs
   /// finished (and slots that fell due meanwhile ran as well). For tests
   /// with a manual clock; not needed after `start()`. Blocks the caller:

@@ -83,7 +83,24 @@ bool own_lost_claim(const task_state& st,
   return current.updated_at >= first && current.updated_at <= last;
 }
 
-void unregister(task_actor* self, const std::string& id);
+// Removes the record register_again made for a task cancelled meanwhile
+// (below).
+void unregister(task_actor* self, const std::string& id) {
+  auto* eng = self->state.eng.get();
+  auto now = eng->now();
+  store_io<bool>(
+    self, [=](scheduler_engine& e) { return e.store->remove(id, now); },
+    [=](async_schedule_store& a, scheduler_engine&, auto done) {
+      a.remove_async(id, now, std::move(done));
+    },
+    [=](bool, const std::string& failure) {
+      if (!failure.empty())
+        eng->log_failure(fmt::format("removing {} (registered again while "
+                                     "it was cancelled) failed: {}",
+                                     id, failure));
+      claim_again_later(self, eng->now());
+    });
+}
 
 // A claim found no record at all (tombstones purged by hand, a store that
 // lost its data). A recurring task is registered again, as at its
@@ -135,23 +152,6 @@ void register_again(task_actor* self, time_point now) {
     });
 }
 
-// Removes the record register_again made for a task cancelled meanwhile.
-void unregister(task_actor* self, const std::string& id) {
-  auto* eng = self->state.eng.get();
-  auto now = eng->now();
-  store_io<bool>(
-    self, [=](scheduler_engine& e) { return e.store->remove(id, now); },
-    [=](async_schedule_store& a, scheduler_engine&, auto done) {
-      a.remove_async(id, now, std::move(done));
-    },
-    [=](bool, const std::string& failure) {
-      if (!failure.empty())
-        eng->log_failure(fmt::format("removing {} (registered again while "
-                                     "it was cancelled) failed: {}",
-                                     id, failure));
-      claim_again_later(self, eng->now());
-    });
-}
 
 void claimed(task_actor* self, std::optional<schedule_claim> claim,
              std::optional<schedule_record> current, time_point now) {

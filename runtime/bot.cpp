@@ -21,9 +21,9 @@
 #include <botmesh/actors/session_actor.hpp>
 #include <botmesh/actors/turn_token.hpp>
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/deferred_stop.hpp>
 #include <botmesh/runtime/core/internal/delivery_id.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
-#include <botmesh/runtime/core/internal/deferred_stop.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
 #include <botmesh/runtime/core/log.hpp>
 #include <botmesh/runtime/core/metrics.hpp>
@@ -878,10 +878,15 @@ struct bot::impl final : chat_services,
 
   // Leading, and within the validity the lease actor last confirmed (the
   // flag alone may be stale after a freeze, until the lease actor runs).
-  bool leads_now() const {
-    return leading_flag->load()
+  static bool leads(const std::atomic<bool>& leading,
+                    const std::atomic<std::int64_t>& until) {
+    return leading.load()
            && std::chrono::steady_clock::now().time_since_epoch().count()
-                < leading_until->load();
+                < until.load();
+  }
+
+  bool leads_now() const {
+    return leads(*leading_flag, *leading_until);
   }
 
   void input_closed() override {
@@ -1226,13 +1231,7 @@ struct bot::impl final : chat_services,
                          const std::atomic<bool>& leading,
                          const std::atomic<std::int64_t>& until,
                          bool exclusive) {
-    return open.load()
-           && (!exclusive
-               || (leading.load()
-                   && std::chrono::steady_clock::now()
-                          .time_since_epoch()
-                          .count()
-                        < until.load()));
+    return open.load() && (!exclusive || leads(leading, until));
   }
 
   bool ready_now() const {
@@ -1315,6 +1314,7 @@ struct bot::impl final : chat_services,
   /// The scheduler's leader lease, held by the lease actor (coordination).
   std::shared_ptr<lease_actor_leadership> sched_leadership;
   internal::deferred_stop stopper; // a stop() from a handler (bot::stop)
+  void stop_now(); // bot::stop's work, on the thread that runs it
   scheduler_options pending_sched_opts;
   std::unique_ptr<botmesh::scheduler> tasks;
   std::stop_source stop_source;
@@ -1742,62 +1742,63 @@ void bot::stop() {
   // the stop waits for that very handler to return, so it runs on a thread
   // of its own; the next stop() from elsewhere (run(), the destructor)
   // waits for it. (The pools are made by start(), perhaps on another
-  // thread right now: the caller's own pool tells, by its tag.)
-  if (internal::worker_pool::current_owner() == &i
-      || (i.tasks && i.tasks->on_handler_thread())) {
+  // thread right now: the caller's own pool tells, by its tag: this bot's,
+  // or its scheduler's.)
+  auto owner = internal::worker_pool::current_owner();
+  if (owner && (owner == &i || owner == i.tasks.get())) {
     {
       std::lock_guard run_guard{i.run_mtx};
       i.stop_requested = true;
       i.run_cv.notify_all();
     }
-    i.stopper.begin_inside([this] { stop_now(); });
+    i.stopper.begin_inside([&i] { i.stop_now(); });
     return;
   }
   // A bot stops once: no stop begins inside after this one.
   i.stopper.join(true);
-  stop_now();
+  i.stop_now();
 }
 
-void bot::stop_now() {
-  std::lock_guard guard{impl_->lifecycle_mtx};
-  if (!impl_->started || impl_->stopped)
+void bot::impl::stop_now() {
+  std::lock_guard guard{lifecycle_mtx};
+  if (!started || stopped)
     return;
-  impl_->stopped = true;
+  stopped = true;
   {
-    std::lock_guard run_guard{impl_->run_mtx};
-    impl_->stop_requested = true;
-    impl_->run_cv.notify_all();
+    std::lock_guard run_guard{run_mtx};
+    stop_requested = true;
+    run_cv.notify_all();
   }
   // The scheduler's leadership ends first: its stop() waits for a leader
   // acquire in flight, which waits for the election's first answer (up to
   // a lease) unless the leadership is closed.
-  if (impl_->sched_leadership)
-    impl_->sched_leadership->close();
-  impl_->tasks->stop();
+  if (sched_leadership)
+    sched_leadership->close();
+  tasks->stop();
   // 1. No more intake: later deliveries are refused. The transport stays up
   //    while draining, so turns in flight can still answer.
-  impl_->accepting = false;
+  accepting = false;
   // 2. Let every chat finish its queue within the bound.
-  auto bound = impl_->opts.stop_timeout.ms();
+  auto bound = opts.stop_timeout.ms();
   bool drained = false;
   {
-    caf::scoped_actor self{*impl_->sys};
-    self->request(impl_->router_handle, bound + std::chrono::seconds(5),
+    caf::scoped_actor self{*sys};
+    self->request(router_handle, bound + std::chrono::seconds(5),
                   drain_atom::value, bound)
       .receive([&](bool all) { drained = all; },
                [&](caf::error&) { drained = false; });
   }
   // 3. Past the bound, running handlers are asked to give up; then wait for them.
   if (!drained)
-    impl_->stop_source.request_stop();
+    stop_source.request_stop();
   // 4. The session stops the exclusive transport and then gives its
   //    leadership up; the lease actor releases what it still holds and
   //    gives up what it waits for (each bounded by a lease).
-  if (impl_->session_handle || impl_->lease_handle) {
-    caf::scoped_actor self{*impl_->sys};
-    auto bound = impl_->opts.coordination->coordinator->lease()
+  if (session_handle || lease_handle) {
+    caf::scoped_actor self{*sys};
+    auto bound = opts.coordination->coordinator->lease()
                  + std::chrono::seconds(1);
-    for (auto& h : {impl_->session_handle, impl_->lease_handle})
+    for (auto& h : {session_handle, lease_handle})
       if (h)
         self->request(h, bound, shutdown_atom::value)
           .receive([](bool) {}, [](caf::error&) {});
@@ -1805,25 +1806,25 @@ void bot::stop_now() {
   // A detached actor's thread ends only once nothing refers to it: the
   // actor system waits for that thread when it is destroyed. (The session's
   // handle goes once the transport stopped: its threads read it.)
-  impl_->lease_handle = nullptr;
+  lease_handle = nullptr;
   // 5. Durable processing: the last beat ends, the heartbeat is retired
   //    (what this replica still holds is claimable at once), and every
   //    journal operation in flight completes before the bot can go away.
-  if (impl_->journal_handle) {
-    caf::scoped_actor self{*impl_->sys};
-    self->request(impl_->journal_handle, std::chrono::seconds(10),
+  if (journal_handle) {
+    caf::scoped_actor self{*sys};
+    self->request(journal_handle, std::chrono::seconds(10),
                   shutdown_atom::value)
       .receive([](bool) {}, [](caf::error&) {});
   }
-  if (impl_->transport_pool)
-    impl_->transport_pool->shutdown(); // (its stop ran, or the bound passed)
-  impl_->pool->shutdown();
-  if (impl_->durable)
-    impl_->durable->wait_idle(std::chrono::seconds(10));
-  impl_->opts.provider->stop();
-  impl_->session_handle = nullptr;
-  impl_->journal_handle = nullptr; // the transport reports nothing more
-  caf::anon_send_exit(impl_->router_handle, caf::exit_reason::user_shutdown);
+  if (transport_pool)
+    transport_pool->shutdown(); // (its stop ran, or the bound passed)
+  pool->shutdown();
+  if (durable)
+    durable->wait_idle(std::chrono::seconds(10));
+  opts.provider->stop();
+  session_handle = nullptr;
+  journal_handle = nullptr; // the transport reports nothing more
+  caf::anon_send_exit(router_handle, caf::exit_reason::user_shutdown);
 }
 
 namespace {

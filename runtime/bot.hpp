@@ -642,8 +642,6 @@ class bot {
   friend class context;
   struct impl;
 
-  void stop_now();
-
   std::unique_ptr<impl> impl_;
 };
 

@@ -11,8 +11,8 @@
 
 #include <botmesh/runtime/core/internal/delivery_id.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
-#include <botmesh/runtime/internal/durable_intake.hpp>
 #include <botmesh/runtime/core/json.hpp>
+#include <botmesh/runtime/internal/durable_intake.hpp>
 #include <botmesh/runtime/texts.hpp>
 
 namespace botmesh {

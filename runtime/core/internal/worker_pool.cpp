@@ -114,10 +114,6 @@ void worker_pool::spawn_worker(bool extra) {
   }};
 }
 
-bool worker_pool::on_worker_thread() const noexcept {
-  return current_pool == this;
-}
-
 const void* worker_pool::current_owner() noexcept {
   return current_pool ? current_pool->owner_.load() : nullptr;
 }

@@ -61,11 +61,9 @@ class worker_pool {
   /// Threads alive now (any thread; for tests and statistics).
   std::size_t threads();
 
-  /// Whether the caller is one of this pool's worker threads (a handler
-  /// that must not wait for the pool's own shutdown).
-  bool on_worker_thread() const noexcept;
-
-  /// Names the pool's owner (any address; set once, before jobs that ask).
+  /// Names the pool's owner (any address; set once, before jobs that ask):
+  /// a job asks current_owner() whether it runs for that owner (a handler
+  /// that must not wait for its owner's shutdown).
   void tag(const void* owner) noexcept {
     owner_.store(owner);
   }
