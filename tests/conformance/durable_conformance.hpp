@@ -107,6 +107,16 @@ inline std::vector<std::string> ids(const std::vector<journal_record>& rs) {
   return out;
 }
 
+// Records `id` (holder "a") and has it handled twice without a confirm:
+// released by "a", claimed by "b" (its attempt 2) and released again.
+inline void handled_twice(sync& s, const std::string& id,
+                          std::chrono::milliseconds lease) {
+  REQUIRE(s.record(id, "a") == journal_put::recorded);
+  REQUIRE(s.release(id, "a"));
+  REQUIRE(s.claim("b", lease).records.size() == 1); // attempt 2
+  REQUIRE(s.release(id, "b"));
+}
+
 } // namespace dc
 
 TEST_CASE_TEMPLATE_DEFINE("a platform message is journaled once: a second "
@@ -223,12 +233,8 @@ TEST_CASE_TEMPLATE_DEFINE("a record reprocessed max_attempts times is given "
   F f;
   auto b = f.make();
   dc::sync s{*b};
-  REQUIRE(s.record("t:1#m1", "a") == dc::journal_put::recorded);
-  REQUIRE(s.release("t:1#m1", "a"));
-  auto c = s.claim("b", F::lease, 2); // attempt 2
-  REQUIRE(c.records.size() == 1);
-  REQUIRE(s.release("t:1#m1", "b"));
-  c = s.claim("b", F::lease, 2);
+  dc::handled_twice(s, "t:1#m1", F::lease);
+  auto c = s.claim("b", F::lease, 2);
   CHECK(c.records.empty());
   CHECK(dc::ids(c.dropped) == std::vector<std::string>{"t:1#m1"});
   // Held by b until b confirms it, having reported it: not given up
@@ -260,10 +266,7 @@ TEST_CASE_TEMPLATE_DEFINE("records given up do not count against a claim's "
   F f;
   auto b = f.make();
   dc::sync s{*b};
-  REQUIRE(s.record("t:1#m1", "a") == dc::journal_put::recorded);
-  REQUIRE(s.release("t:1#m1", "a"));
-  REQUIRE(s.claim("b", F::lease, 5).records.size() == 1); // attempt 2
-  REQUIRE(s.release("t:1#m1", "b"));
+  dc::handled_twice(s, "t:1#m1", F::lease);
   for (auto id : {"t:1#m2", "t:1#m3"}) {
     REQUIRE(s.record(id, "a") == dc::journal_put::recorded);
     REQUIRE(s.release(id, "a"));

@@ -41,6 +41,18 @@ botmesh::durability_options durable(std::shared_ptr<botmesh::durable_backend> b,
                                      .lease = "300ms"};
 }
 
+// One replica on `hub` whose steps are cut by settle after 200 ms (lease
+// 600 ms).
+botmesh::coordination_options cut_by_settle(
+  botmesh::memory_coordination_hub& hub) {
+  botmesh::coordination_options co;
+  co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "r",
+                                             .lease = "600ms"});
+  co.settle = "200ms";
+  return co;
+}
+
 // Records a message in `b` as held by a replica that never beats (dead).
 void orphan(botmesh::durable_backend& b, const botmesh::inbound_message& m) {
   botmesh::journal_record rec;
@@ -949,11 +961,7 @@ TEST_CASE("with durability a step cut by settle releases its record: it is "
   auto backend = std::make_shared<botmesh::memory_durable_backend>();
   auto p = std::make_shared<botmesh::testing_provider>();
   test::error_log errors;
-  botmesh::coordination_options co;
-  co.coordinator = std::make_shared<botmesh::memory_coordinator>(
-    hub, botmesh::memory_coordinator_options{.replica_id = "r",
-                                             .lease = "600ms"});
-  co.settle = "200ms";
+  auto co = cut_by_settle(hub);
   botmesh::bot b{{.provider = p, .coordination = co,
                   .durability = durable(backend)}};
   errors.attach(b);
@@ -1664,11 +1672,7 @@ TEST_CASE("with durability an answer too large to save, cut with its step, "
   botmesh::memory_coordination_hub hub;
   auto backend = std::make_shared<botmesh::memory_durable_backend>();
   auto p = std::make_shared<botmesh::testing_provider>();
-  botmesh::coordination_options co;
-  co.coordinator = std::make_shared<botmesh::memory_coordinator>(
-    hub, botmesh::memory_coordinator_options{.replica_id = "r",
-                                             .lease = "600ms"});
-  co.settle = "200ms";
+  auto co = cut_by_settle(hub);
   co.handover.flows = botmesh::handover_flows::forward;
   co.handover.max_answer_bytes = 256;
   botmesh::bot b{{.provider = p, .coordination = co,
