@@ -1154,8 +1154,12 @@ TEST_CASE("with durability a stopping bot takes no record over: what a dead "
   CHECK(b.stats().reprocessed == 0);
   CHECK(handled == 0);
   // The next replica takes it as its second holder (the dead one was the
-  // first): the stopping one spent no attempt.
+  // first): the stopping one spent no attempt. (A probe journaled just as
+  // intake closed is refused and left to it too: not counted here.)
   auto taken = claim_as_other(*backend);
+  std::erase_if(taken.records, [](const botmesh::journal_record& r) {
+    return r.key == botmesh::chat_key("test", "eva");
+  });
   REQUIRE(taken.records.size() == 1);
   CHECK(taken.records[0].id
         == botmesh::journal_id(botmesh::chat_key("test", "bea"), "m2"));
