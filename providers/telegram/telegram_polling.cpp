@@ -15,8 +15,9 @@
 #include <botmesh/providers/telegram/internal/callback_answers.hpp>
 #include <botmesh/providers/telegram/internal/methods.hpp>
 #include <botmesh/providers/telegram/internal/update_parser.hpp>
-#include <botmesh/runtime/core/log.hpp>
+#include <botmesh/runtime/core/duration.hpp>
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/log.hpp>
 
 namespace botmesh::telegram {
 
@@ -41,6 +42,8 @@ struct polling_provider::impl {
   std::atomic<std::int64_t> offset{0};
   std::atomic<std::uint64_t> n_polls{0}, n_updates{0}, n_unknown{0},
     n_conflicts{0}, n_errors{0}, n_sent{0}, n_malformed{0}, n_id_restarts{0};
+  std::mutex err_mtx;
+  std::string last_error; // under err_mtx
 
   explicit impl(polling_options o) : opts(std::move(o)), flood(opts.flood) {
     // nop
@@ -90,8 +93,11 @@ struct polling_provider::impl {
     try {
       opts.offset_store->set_user_data(offset_user(), "botmesh", offset_field(),
                                        std::to_string(n));
-    } catch (const std::exception&) {
-      // nop: retried with the next batch
+    } catch (const std::exception& e) {
+      // Saved again with the next batch that moves it; meanwhile a new
+      // leader starts from Telegram's own confirmation.
+      log::warn("telegram", fmt::format("{}: cannot save the offset {} ({})",
+                                        opts.id, n, e.what()));
     }
   }
 
@@ -108,22 +114,48 @@ struct polling_provider::impl {
     return !token.stop_requested();
   }
 
+  // Names a failed poll, every time (the waits between polls grow to 30
+  // s): a revoked token or a webhook left set would otherwise keep the bot
+  // `connecting` with nothing saying why.
+  void failed(log::level l, const std::string& why) {
+    {
+      std::lock_guard guard{err_mtx};
+      last_error = why;
+    }
+    log::write(l, "telegram", why);
+  }
+
   void loop(provider_host& h, std::stop_token token) {
     load_offset();
     auto backoff = opts.retry_backoff.ms();
+    // Waits `backoff` (or what Telegram asked for), then doubles it.
+    auto again = [&](std::chrono::milliseconds asked = {}) {
+      if (!pause(std::max(backoff, asked), token))
+        return false;
+      backoff = std::min(backoff * 2, std::chrono::milliseconds{30000});
+      return true;
+    };
     while (!token.stop_requested()) {
       std::string result;
       try {
         ++n_polls;
-        auto secs = std::max<std::int64_t>(0, opts.poll_timeout.ms().count() / 1000);
+        auto secs = std::max<std::int64_t>(1, opts.poll_timeout.ms().count() / 1000);
         result = api->call(
           "getUpdates",
           fmt::format(R"({{"offset":{},"timeout":{},"allowed_updates":["message","edited_message","callback_query"]}})",
                       offset.load(), secs),
           opts.poll_timeout.ms() + std::chrono::seconds(10), token);
       } catch (const platform_error& e) {
-        if (e.http_status() == 409) {
+        auto status = e.http_status();
+        // Telegram answers 409 for a webhook left set too: no other
+        // poller to yield to, and every replica would yield in turn.
+        bool webhook = status == 409
+                       && e.description().find("webhook") != std::string::npos;
+        if (status == 409 && !webhook) {
           ++n_conflicts;
+          failed(log::level::warn,
+                 fmt::format("{}: {}: another connection polls this bot",
+                             opts.id, e.what()));
           set_state(h, provider_state::closed);
           if (h.yield_leadership("conflict"))
             return; // the host stops us and starts us again later
@@ -133,38 +165,66 @@ struct polling_provider::impl {
         }
         ++n_errors;
         set_state(h, provider_state::connecting);
-        if (!pause(backoff, token))
+        if (webhook)
+          failed(log::level::error,
+                 fmt::format("{}: {}: a webhook is set for this bot, and "
+                             "Telegram answers no getUpdates while it is "
+                             "(remove it with deleteWebhook, or receive "
+                             "through the webhook provider)",
+                             opts.id, e.what()));
+        else if (status == 401 || status == 404)
+          failed(log::level::error,
+                 fmt::format("{}: {}: Telegram refuses the bot's token",
+                             opts.id, e.what()));
+        else
+          failed(log::level::warn,
+                 fmt::format("{}: {}: polling again in {}", opts.id, e.what(),
+                             format_duration(std::max(backoff, e.retry_after()))));
+        if (!again(e.retry_after()))
           return;
-        backoff = std::min(backoff * 2, std::chrono::milliseconds{30000});
         continue;
       } catch (const error& e) {
         if (e.code() == errc::stopped || token.stop_requested())
           return;
         ++n_errors;
         set_state(h, provider_state::connecting);
-        if (!pause(backoff, token))
+        failed(log::level::warn,
+               fmt::format("{}: getUpdates failed ({}): polling again in {}",
+                           opts.id, e.what(), format_duration(backoff)));
+        if (!again())
           return;
-        backoff = std::min(backoff * 2, std::chrono::milliseconds{30000});
         continue;
       }
-      backoff = opts.retry_backoff.ms();
-      set_state(h, provider_state::open);
       std::vector<internal::parsed_update> updates;
       try {
         updates = internal::parse_updates(result, opts.id, opts.username);
-      } catch (const invalid_argument_error&) {
+      } catch (const invalid_argument_error& e) {
         ++n_errors;
-        if (!pause(backoff, token))
+        failed(log::level::warn,
+               fmt::format("{}: getUpdates answered no list of updates ({}): "
+                           "polling again in {}",
+                           opts.id, e.what(), format_duration(backoff)));
+        if (!again())
           return;
         continue;
       }
+      backoff = opts.retry_backoff.ms();
+      {
+        std::lock_guard guard{err_mtx};
+        last_error.clear();
+      }
+      set_state(h, provider_state::open);
       auto next = offset.load();
       // Telegram picks new update ids at random after a week without
       // updates, and then answers ids below the offset asked for. Skipping
       // them as handled would drop every message from then on: the batch
       // starts a new sequence.
-      if (std::any_of(updates.begin(), updates.end(),
-                      [&](auto& u) { return u.update_id < next; })) {
+      // An item without a readable id (parsed as id 0) says nothing of
+      // the sequence.
+      if (std::any_of(updates.begin(), updates.end(), [&](auto& u) {
+            return u.kind != internal::update_kind::malformed
+                   && u.update_id < next;
+          })) {
         ++n_id_restarts;
         log::warn("telegram",
                   fmt::format("{}: getUpdates answered ids below the offset {} "
@@ -201,7 +261,10 @@ struct polling_provider::impl {
         bool done = false;
         errc code = errc::none;
         delivery_callbacks cb;
+        bool cb_opened = false;
+        auto cb_id = u.callback_query_id;
         if (!u.callback_query_id.empty() && opts.answer_callback_queries) {
+          cb_opened = true;
           callbacks->open(u.callback_query_id);
           cb.turn_ended = [api = api, cbs = callbacks,
                            id = u.callback_query_id](turn_outcome o) {
@@ -219,6 +282,8 @@ struct polling_provider::impl {
           std::unique_lock guard{m};
           done_cv.wait(guard, [&] { return done; });
         }
+        if (code != errc::none && cb_opened)
+          callbacks->refused(cb_id);
         if (retry_later(code)) {
           // Not taken (stopping, or the inbound journal failed): the
           // offset stays, so the update comes again.
@@ -238,9 +303,8 @@ struct polling_provider::impl {
         // The journal failed, or this replica's leadership lapsed (the
         // session stops this poller soon; if it leads again, it goes on):
         // poll the same updates again after a pause.
-        if (!pause(backoff, token))
+        if (!again())
           return;
-        backoff = std::min(backoff * 2, std::chrono::milliseconds{30000});
       }
     }
   }
@@ -249,6 +313,18 @@ struct polling_provider::impl {
 polling_provider::polling_provider(polling_options opts) {
   if (opts.token.empty())
     throw invalid_argument_error("token", "telegram polling: token is required");
+  // Under a second is no long poll (Telegram's timeout counts whole
+  // seconds): the loop would ask again at once, over and over.
+  if (opts.poll_timeout.ms() < std::chrono::seconds{1})
+    throw invalid_argument_error(
+      "poll_timeout", fmt::format("telegram polling: poll_timeout must be at "
+                                  "least 1s, not {}",
+                                  format_duration(opts.poll_timeout.ms())));
+  if (opts.retry_backoff.ms() <= std::chrono::milliseconds{0})
+    throw invalid_argument_error(
+      "retry_backoff", fmt::format("telegram polling: retry_backoff must be "
+                                   "positive, not {}",
+                                   format_duration(opts.retry_backoff.ms())));
   try {
     http::parse_url(opts.api_url);
   } catch (const invalid_argument_error& e) {
@@ -337,9 +413,10 @@ void polling_provider::send(const outgoing_message& msg,
 
 polling_stats polling_provider::stats() const {
   auto& i = *impl_;
+  std::lock_guard guard{i.err_mtx};
   return polling_stats{i.n_polls,  i.n_updates, i.n_unknown,     i.n_conflicts,
                        i.n_errors, i.n_sent,    i.offset.load(), i.n_malformed,
-                       i.n_id_restarts};
+                       i.n_id_restarts, i.last_error};
 }
 
 } // namespace botmesh::telegram

@@ -24,7 +24,8 @@ struct polling_options {
   /// addressed to another bot in a group ("/start@other_bot") is routed as
   /// text, not as a command; when empty, any "@name" is accepted.
   std::string username{};
-  /// getUpdates' long-poll timeout (the request's own bound is 10 s more).
+  /// getUpdates' long-poll timeout (the request's own bound is 10 s more);
+  /// at least 1 s, Telegram counting whole seconds.
   duration poll_timeout = "25s";
   /// Where the next offset is kept (user data "provider:<id>" / "botmesh" /
   /// "telegram_offset:<bot id>", the bot id being the token up to ':'; a
@@ -32,7 +33,8 @@ struct polling_options {
   /// resumes without replaying handled
   /// updates. Usually the bot's store; null: kept in memory only.
   std::shared_ptr<botmesh::store> offset_store{};
-  /// Waits after a failed poll grow from this up to 30 s.
+  /// Waits after a failed poll grow from this (positive) up to 30 s; a
+  /// 429's retry_after is waited when longer.
   duration retry_backoff = "1s";
   /// Answer a pressed button's callback query (stops its spinner): with
   /// the handler's first reply, else once its turn ran.
@@ -55,6 +57,11 @@ struct polling_stats {
   /// update ids (it does after a week without updates); they were handled
   /// as new and the offset follows the new ids.
   std::uint64_t id_restarts = 0;
+  /// Why the last poll failed (the HTTP status and Telegram's own words,
+  /// or the network error); empty once a poll succeeds. Each failure is
+  /// also logged: as an error for a refused token (401/404) or a webhook
+  /// still set (409 naming it), else as a warning.
+  std::string last_error{};
 };
 
 /// `exclusive_session`: with coordination, only the elected replica runs it.
@@ -67,8 +74,9 @@ struct polling_stats {
 /// written to `offset_store` after each batch.
 class polling_provider final : public provider {
  public:
-  /// Throws `invalid_argument_error` for an empty token ("token") or a bad
-  /// api_url ("api_url").
+  /// Throws `invalid_argument_error` for an empty token ("token"), a bad
+  /// api_url ("api_url"), a poll_timeout under 1 s ("poll_timeout") or a
+  /// retry_backoff that is not positive ("retry_backoff").
   explicit polling_provider(polling_options opts);
   ~polling_provider() override;
 

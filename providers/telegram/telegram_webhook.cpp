@@ -175,7 +175,11 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
           self->open_callbacks.ended(*self->api, id, o);
         };
       }
-      cb.accepted = [self, r = std::move(r), uid](errc code) {
+      cb.accepted = [self, r = std::move(r), uid,
+                     cq = cb.turn_ended ? u.callback_query_id : std::string{}](
+                      errc code) {
+        if (code != errc::none && !cq.empty())
+          self->open_callbacks.refused(cq);
         self->answer_acceptance(code, r, uid);
       };
     } else {

@@ -10,6 +10,7 @@
 #include <botmesh/stores/memory_coordinator.hpp>
 
 #include "fake_platform.hpp"
+#include "log_capture.hpp"
 #include "test_util.hpp"
 
 using namespace std::chrono_literals;
@@ -24,6 +25,7 @@ struct update_feed {
   std::mutex mtx;
   std::vector<std::pair<std::int64_t, std::string>> updates;
   std::vector<std::int64_t> offsets_asked;
+  std::vector<std::chrono::steady_clock::time_point> asked_at;
   /// As Telegram after it restarted its update ids: an offset that is no
   /// successor of a queued id (an old one, above them all) hides none.
   bool restarted = false;
@@ -38,6 +40,7 @@ struct update_feed {
       {
         std::lock_guard guard{mtx};
         offsets_asked.push_back(offset);
+        asked_at.push_back(std::chrono::steady_clock::now());
         if (restarted
             && std::all_of(updates.begin(), updates.end(),
                            [&](auto& u) { return u.first + 1 < offset; }))
@@ -237,9 +240,125 @@ TEST_CASE("an update that does not parse is skipped, logged and counted, "
   bot.start();
   REQUIRE(test::eventually([&] { return p->stats().offset == 14; }));
   REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
+  // An item without a readable id later on (read as id 0) is no restart
+  // of Telegram's ids: the offset goes on from where it was.
+  {
+    std::lock_guard guard{feed.mtx};
+    feed.updates.emplace_back(14, R"({"message":{"message_id":2}})");
+  }
+  feed.push(15, 42, "luego");
+  REQUIRE(test::eventually([&] { return p->stats().offset == 16; }));
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 3; }));
   bot.stop();
-  CHECK(p->stats().malformed == 2);
-  CHECK(handled.all() == std::vector<std::string>{"antes", "despues"});
+  CHECK(p->stats().malformed == 3);
+  CHECK(p->stats().id_restarts == 0);
+  CHECK(handled.all() == std::vector<std::string>{"antes", "despues", "luego"});
+}
+
+TEST_CASE("a refused token is named in the log and the stats, and polling "
+          "goes on once Telegram takes it again") {
+  test::log_capture logs;
+  update_feed feed; // outlives the fake API, whose thread calls it
+  auto api = test::fake_telegram();
+  api->script("getUpdates", 401,
+              R"({"ok":false,"error_code":401,"description":"Unauthorized"})");
+  feed.attach(*api);
+  auto p = std::make_shared<tg::polling_provider>(options(*api, nullptr));
+  botmesh::bot bot{{.provider = p}};
+  text_log handled;
+  handled.attach(bot);
+  bot.start();
+  REQUIRE(test::eventually([&] { return p->stats().errors == 1; }));
+  auto why = p->stats().last_error;
+  CHECK(why.find("401 Unauthorized") != std::string::npos);
+  CHECK(why.find("refuses the bot's token") != std::string::npos);
+  auto named = logs.all();
+  CHECK(std::any_of(named.begin(), named.end(), [&](auto& c) {
+    return c.severity == botmesh::log::level::error && c.component == "telegram"
+           && c.text == why;
+  }));
+  feed.push(1, 7, "hola");
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
+  CHECK(p->stats().last_error.empty());
+  bot.stop();
+}
+
+TEST_CASE("a 409 because a webhook is still set is an error named as such, "
+          "not another poller to yield to") {
+  test::log_capture logs;
+  update_feed feed; // outlives the fake API, whose thread calls it
+  auto api = test::fake_telegram();
+  for (int i = 0; i < 2; ++i)
+    api->script("getUpdates", 409,
+                R"({"ok":false,"error_code":409,"description":"Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first"})");
+  feed.attach(*api);
+  botmesh::memory_coordination_hub hub;
+  auto p = std::make_shared<tg::polling_provider>(options(*api, nullptr));
+  botmesh::coordination_options co;
+  co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "a", .lease = "1s"});
+  botmesh::bot bot{{.provider = p, .coordination = co}};
+  std::atomic<int> yielded{0};
+  bot.on<botmesh::events::follower>([&](const botmesh::events::follower& f) {
+    if (f.reason == "conflict")
+      ++yielded;
+  });
+  text_log handled;
+  handled.attach(bot);
+  bot.start();
+  feed.push(1, 7, "hola");
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
+  bot.stop();
+  CHECK(yielded.load() == 0);
+  CHECK(p->stats().conflicts == 0);
+  CHECK(p->stats().errors == 2);
+  CHECK(logs.count("telegram", "a webhook is set for this bot") == 2);
+}
+
+TEST_CASE("a 429 on getUpdates waits the retry_after Telegram asked for") {
+  update_feed feed; // outlives the fake API, whose thread calls it
+  auto api = test::fake_telegram();
+  api->script("getUpdates", 429,
+              R"({"ok":false,"error_code":429,"description":"Too Many Requests: retry after 1","parameters":{"retry_after":1}})");
+  feed.attach(*api);
+  feed.push(1, 7, "hola");
+  auto p = std::make_shared<tg::polling_provider>(options(*api, nullptr));
+  botmesh::bot bot{{.provider = p}};
+  bot.on_message([](botmesh::context&) {});
+  auto t0 = std::chrono::steady_clock::now();
+  bot.start();
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
+  bot.stop();
+  CHECK(p->stats().errors == 1);
+  std::lock_guard guard{feed.mtx};
+  // The scripted 429 answered the first poll; the feed saw the next one,
+  // which came a second later, not after the 50 ms backoff.
+  REQUIRE(!feed.asked_at.empty());
+  CHECK(feed.asked_at.front() - t0 >= 1s);
+}
+
+TEST_CASE("polling options that would make the poller spin are refused, "
+          "naming the field") {
+  auto api = test::fake_telegram();
+  // The field an invalid_argument_error names, and its message.
+  auto refused = [](tg::polling_options o) -> std::pair<std::string, std::string> {
+    try {
+      tg::polling_provider p{std::move(o)};
+    } catch (const botmesh::invalid_argument_error& e) {
+      return {std::string{e.field()}, e.what()};
+    }
+    return {};
+  };
+  auto o = options(*api, nullptr);
+  o.poll_timeout = "500ms";
+  auto [field, why] = refused(o);
+  CHECK(field == "poll_timeout");
+  CHECK(why.find("at least 1s") != std::string::npos);
+  o = options(*api, nullptr);
+  o.retry_backoff = "0s";
+  std::tie(field, why) = refused(o);
+  CHECK(field == "retry_backoff");
+  CHECK(why.find("positive") != std::string::npos);
 }
 
 TEST_CASE("long polling answers a pressed button whose turn sent nothing, "

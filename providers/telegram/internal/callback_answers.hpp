@@ -37,6 +37,12 @@ class callback_answers {
       answer(api, id);
   }
 
+  /// The bot refused the press (`accepted` with an error): no turn will
+  /// end it, so it waits no longer (a redelivery opens it again).
+  void refused(const std::string& id) {
+    close(id);
+  }
+
   /// Answers `id` now. A failure is ignored: the spinner stops by itself.
   static void answer(bot_api& api, const std::string& id) {
     try {
