@@ -226,6 +226,16 @@ class redis_client {
   /// "host:port", for messages ("cluster host:port,..." for a cluster).
   const std::string& endpoint() const noexcept;
 
+  /// For commands that see one node only (SCAN): runs `fn` with a client
+  /// of each master of the cluster, as CLUSTER NODES lists them now (with
+  /// this client itself when it is no cluster client). Those clients are
+  /// the router's own: they carry the cluster's credentials, its
+  /// `node_address_map` and its node options. Throws `errc::store_error`
+  /// when a master is flagged failing while it still serves slots or a
+  /// slot has no master (its keys could not be reached), and what `fn`
+  /// throws.
+  void for_each_master(const std::function<void(redis_client&)>& fn);
+
   /// True for a Redis Cluster client.
   bool is_cluster() const noexcept {
     return cluster_ != nullptr;

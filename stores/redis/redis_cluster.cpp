@@ -15,6 +15,7 @@
 
 #include <botmesh/runtime/core/internal/in_flight.hpp>
 #include <botmesh/stores/redis/internal/cluster.hpp>
+#include <botmesh/stores/redis/internal/keyspace.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -299,6 +300,32 @@ redis_client::cluster::node_at(const std::string& address) {
     }
   }
   return n.get();
+}
+
+void redis_client::cluster::for_each_master(
+  const std::function<void(redis_client&)>& fn) {
+  auto* asked = any_master();
+  if (!asked)
+    throw error(errc::store_error,
+                fmt::format("redis cluster {}: no master known", endpoint));
+  auto text = asked->client->call({"CLUSTER", "NODES"}).str;
+  for (auto& addr : internal::cluster_masters(text)) {
+    // A node that never met another does not know its own host: its line
+    // says ":port", and it is the node asked (an address already mapped).
+    if (addr.starts_with(':'))
+      fn(*node_at(internal::split_address(asked->address).first + addr)->client);
+    else
+      fn(*node_at(mapped(addr))->client);
+  }
+}
+
+void redis_client::for_each_master(
+  const std::function<void(redis_client&)>& fn) {
+  if (!cluster_) {
+    fn(*this);
+    return;
+  }
+  cluster_->for_each_master(fn);
 }
 
 redis_client::cluster::node* redis_client::cluster::any_master() {

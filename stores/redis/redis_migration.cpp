@@ -119,15 +119,7 @@ std::vector<std::string> scan_prefix(redis_client& c,
     out.push_back(k);
     return true;
   };
-  if (!c.is_cluster()) {
-    scan_node(c, match, keep);
-  } else {
-    for (auto& addr : cluster_masters(c.call({"CLUSTER", "NODES"}).str)) {
-      redis_client node{
-        redis_options{.url = "redis://" + addr, .connections = 1}};
-      scan_node(node, match, keep);
-    }
-  }
+  c.for_each_master([&](redis_client& node) { scan_node(node, match, keep); });
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;

@@ -38,8 +38,8 @@ struct redis_keyspace_report {
 };
 
 /// Counts the keys under `prefix` per layout and kind. Scans every master
-/// of a cluster client (a node the cluster announces must be reachable at
-/// that address, without credentials of its own). Throws `errc::store_error`
+/// of a cluster client (through the client's own node clients: its
+/// credentials and `node_address_map` apply). Throws `errc::store_error`
 /// on a Redis failure, and when a master is flagged failing while it still
 /// serves slots or a slot has no master (its keys could not be counted).
 redis_keyspace_report inspect_keyspace(redis_client& client,

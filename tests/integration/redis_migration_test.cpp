@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/stores/redis/redis_cluster_layout.hpp>
 #include <botmesh/stores/redis/redis_migration.hpp>
@@ -222,6 +224,42 @@ TEST_CASE("migration: legacy to the cluster copies the shared-name keys too") {
         == "r1");
   // Nothing was written to the source's cluster names.
   CHECK(botmesh::inspect_keyspace(*node(), prefix).cluster.empty());
+}
+
+TEST_CASE("migration: a cluster target with a password and an address map is "
+          "read on every master with both") {
+  // One node serving every slot, asking for a password: what the spec's
+  // deployments look like, in small.
+  auto secured = test::redis_process::cluster_node("s3cret");
+  auto addr = "127.0.0.1:" + std::to_string(secured.port());
+  {
+    botmesh::redis_client admin{
+      botmesh::redis_options{.url = "redis://:s3cret@" + addr}};
+    admin.call({"CLUSTER", "ADDSLOTSRANGE", "0", "16383"});
+    REQUIRE(test::eventually([&] {
+      return admin.call({"CLUSTER", "INFO"}).str.find("cluster_state:ok")
+             != std::string::npos;
+    }));
+  }
+  std::atomic<int> mapped{0};
+  botmesh::redis_cluster_options o{.root_nodes = {addr}, .password = "s3cret"};
+  o.node_address_map = [&](std::string_view a) {
+    ++mapped;
+    return std::string{a};
+  };
+  auto target = std::make_shared<botmesh::redis_client>(o);
+  auto prefix = test::unique_prefix("bmmig");
+  auto legacy = legacy_store(node(), prefix);
+  seed(legacy);
+  auto before = mapped.load();
+  // Without allow_live, the target's keyspace is scanned first.
+  auto rep = botmesh::migrate_redis_layout(
+    {.source = node(), .target = target, .prefix = prefix});
+  CHECK(rep.problems.empty());
+  CHECK(rep.kinds.at("chats").copied == 2);
+  auto seen = botmesh::inspect_keyspace(*target, prefix);
+  CHECK(seen.cluster.at("chats") == 4); // 2 records + their buckets' indexes
+  CHECK(mapped.load() > before);
 }
 
 TEST_CASE("migration: a pass limited by include copies those kinds only and "

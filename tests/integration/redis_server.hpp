@@ -51,6 +51,30 @@ inline int free_port() {
   return ntohs(addr.sin_port);
 }
 
+/// True when 127.0.0.1:port can be bound now.
+inline bool port_free(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+/// A free port for a cluster node: its bus port (+10000) must be free and
+/// below 65536 too, so it is picked from 20000-39999 (as scripts/test
+/// picks its cluster's).
+inline int free_cluster_port() {
+  static std::mt19937 rng{std::random_device{}()};
+  for (;;) {
+    int p = 20000 + static_cast<int>(rng() % 20000);
+    if (port_free(p) && port_free(p + 10000))
+      return p;
+  }
+}
+
 /// True when something accepts connections on 127.0.0.1:port.
 inline bool port_open(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -83,6 +107,13 @@ class redis_process {
     return redis_process{std::move(dir), 0};
   }
 
+  /// A cluster-enabled server that asks for `password`: one node, which
+  /// serves no slot until told (CLUSTER ADDSLOTSRANGE). Its node file is
+  /// its own (under /tmp), so several can run at once.
+  static redis_process cluster_node(std::string password) {
+    return redis_process{std::move(password), true};
+  }
+
   ~redis_process() {
     kill();
   }
@@ -99,7 +130,17 @@ class redis_process {
                  "--auto-aof-rewrite-percentage", "0",
                  "--logfile", log.c_str(), "--loglevel", "notice",
                  static_cast<char*>(nullptr));
-      else if (password_.empty())
+      else if (cluster_) {
+        auto conf = "/tmp/botmesh-test-nodes-" + port + ".conf";
+        ::unlink(conf.c_str());
+        ::execlp("redis-server", "redis-server", "--port", port.c_str(),
+                 "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--cluster-enabled", "yes", "--cluster-config-file",
+                 conf.c_str(), "--cluster-announce-ip", "127.0.0.1",
+                 "--requirepass", password_.c_str(),
+                 "--masterauth", password_.c_str(), "--loglevel", "warning",
+                 static_cast<char*>(nullptr));
+      } else if (password_.empty())
         ::execlp("redis-server", "redis-server", "--port", port.c_str(),
                  "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                  "--enable-debug-command", "yes", "--loglevel", "warning",
@@ -169,8 +210,16 @@ class redis_process {
     start();
   }
 
+  redis_process(std::string password, bool cluster)
+    : port_(cluster ? free_cluster_port() : free_port()),
+      password_(std::move(password)),
+      cluster_(cluster) {
+    start();
+  }
+
   int port_;
   std::string password_;
+  bool cluster_ = false;
   std::string aof_dir_;
   pid_t pid_ = -1;
 };

@@ -116,6 +116,11 @@ struct redis_client::cluster {
   /// closed, or when no other node is known.
   std::optional<std::string> next_node(const std::string& failed);
 
+  /// `redis_client::for_each_master`: CLUSTER NODES asked of one master,
+  /// each master listed reached through its node client (mapped through
+  /// `node_address_map`, with the cluster's credentials and node options).
+  void for_each_master(const std::function<void(redis_client&)>& fn);
+
   /// Stops the retry thread and every node client; commands waiting for a
   /// retry fail with `errc::store_error`.
   void shutdown();
