@@ -226,6 +226,51 @@ TEST_CASE("cluster: a log over its cap drops its oldest entries with their "
   CHECK(c->call({"ZCARD", L.message_log("tg:1")}).integer == 3);
 }
 
+TEST_CASE("cluster: expired ephemeral checkpoints leave their bucket's index "
+          "when the bucket is written again") {
+  auto c = cluster_client();
+  auto prefix = test::unique_prefix("bmclx");
+  botmesh::redis_store s{{.client = c, .prefix = prefix}};
+  s.start();
+  botmesh::redis_cluster_layout L{prefix};
+  auto idx = L.record_index_of(kind::checkpoint, "tg:0");
+  std::vector<std::string> keys; // four chats of one bucket
+  for (int i = 0; keys.size() < 4; ++i)
+    if (auto k = "tg:" + std::to_string(i);
+        L.record_index_of(kind::checkpoint, k) == idx)
+      keys.push_back(k);
+  auto expiry = std::chrono::time_point_cast<std::chrono::milliseconds>(
+                  std::chrono::system_clock::now())
+                + 500ms;
+  for (int i = 0; i < 3; ++i) {
+    auto cp = conformance::sample_checkpoint(keys[i]);
+    cp.ephemeral = true;
+    cp.expires_at = expiry;
+    s.set_checkpoint(cp);
+  }
+  CHECK(c->call({"ZCARD", idx}).integer == 3);
+  std::this_thread::sleep_until(expiry + 200ms); // the server's clock too
+  s.set_checkpoint(conformance::sample_checkpoint(keys[3]));
+  CHECK(c->call({"ZRANGE", idx, "0", "-1"}).elements.size() == 1);
+  CHECK(s.get_checkpoint(keys[3]).has_value());
+  CHECK_FALSE(s.get_checkpoint(keys[0]).has_value());
+}
+
+TEST_CASE("cluster: a log cap of 0 is refused in both layouts") {
+  CHECK(field_of([] {
+          botmesh::redis_store s{{.client = cluster_client(),
+                                  .prefix = test::unique_prefix("bmcl0"),
+                                  .max_log_per_chat = 0}};
+        })
+        == "max_log_per_chat");
+  CHECK(field_of([] {
+          botmesh::redis_store s{{.client = node_client(),
+                                  .prefix = test::unique_prefix("bmcl0"),
+                                  .max_log_per_chat = 0}};
+        })
+        == "max_log_per_chat");
+}
+
 TEST_CASE("cluster: a log's seq from 1e14 is written as an integer, not in "
           "Lua's 1e+14") {
   auto c = cluster_client();

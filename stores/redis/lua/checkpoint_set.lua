@@ -17,7 +17,7 @@
 -- anything is written, when the last revision is not one a Lua number
 -- holds exactly with its successor (0 to 2^53-2: damaged), so a revision
 -- is never handed out twice.
--- Cost: O(1); O(log n) with the index.
+-- Cost: O(1); O(log n + expired entries pruned) with the index.
 local function revision(v)
   local n = tonumber(v)
   if n == nil or n < 0 or n > 9007199254740990 or n ~= math.floor(n) then
@@ -55,5 +55,11 @@ if KEYS[3] then
   local score = '+inf'
   if tonumber(ARGV[4]) > 0 then score = ARGV[4] end
   redis.call('ZADD', KEYS[3], score, ARGV[5])
+  -- Expired ephemeral checkpoints leave the index here, by the server's
+  -- clock: no listing reads checkpoint indexes, and pruning only on a read
+  -- would let them grow with every handover for good.
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. now)
 end
 return last + 1
