@@ -9,6 +9,7 @@
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/json.hpp>
+#include <botmesh/stores/internal/log_cap.hpp>
 
 namespace botmesh {
 
@@ -111,7 +112,8 @@ struct memory_store::impl {
 };
 
 memory_store::memory_store(memory_store_options opts)
-  : impl_(std::make_unique<impl>(opts)) {
+  : impl_((internal::check_log_cap(opts.max_log_per_chat, "memory store"),
+           std::make_unique<impl>(opts))) {
   // nop
 }
 

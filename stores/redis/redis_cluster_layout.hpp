@@ -29,7 +29,11 @@ namespace botmesh {
 ///                                   member <ns>:<key> (both encoded)
 ///   p:{lk:<key>}:l                  string  lock token
 ///   p:{lk:<key>}:f                  string  lock fence counter
-///   p:co:{t:<chat>}:<part>          turns: seq, tix, serving, owner, last
+///   p:co:{t:<chat>}:h, :q           turns: the chat's hash (ticket counter,
+///                                   fence, holder) and its ticket queue
+///                                   (the spec's seq/tix/serving/owner/last
+///                                   parts, in two keys of one slot: a turn
+///                                   script then touches two keys, not five)
 ///   p:co:{ld:<name>}                leadership holder, and ...:term
 ///   p:conv:, p:cursor:, p:lease:, p:co:rep:, p:{durable:<table>}:*
 ///                                   unchanged from the legacy layout
@@ -90,7 +94,8 @@ class redis_cluster_layout {
   std::string lock(std::string_view key) const;
   std::string fence(std::string_view key) const;
 
-  /// `part`: "seq", "tix", "serving", "owner" or "last".
+  /// `part`: "h" (the chat's hash) or "q" (its ticket queue); see
+  /// lua/lib/co_common.lua for their fields.
   std::string turn(std::string_view chat, std::string_view part) const;
   std::string lead(std::string_view name) const;
   std::string lead_term(std::string_view name) const;

@@ -5,6 +5,7 @@
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/log.hpp>
+#include <botmesh/stores/internal/log_cap.hpp>
 #include <botmesh/stores/redis/internal/keyspace.hpp>
 #include <botmesh/stores/redis/internal/schedule_store.hpp>
 #include <botmesh/stores/redis/internal/store_impl.hpp>
@@ -46,6 +47,7 @@ redis_store::redis_store(redis_store_options opts) : opts_(std::move(opts)) {
                                               "cannot be combined with url");
   }
   // Options are checked before a connection is made.
+  internal::check_log_cap(opts_.max_log_per_chat, "redis store");
   bool cluster_client = opts_.cluster || (opts_.client
                                           && opts_.client->is_cluster());
   layout_ = internal::resolve_layout(opts_.layout, cluster_client, opts_.prefix,

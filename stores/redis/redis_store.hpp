@@ -24,7 +24,8 @@ struct redis_store_options {
   std::string prefix = "botmesh";
   /// Settings of the client the store creates.
   redis_options client_options{};
-  /// A chat's log keeps its newest entries up to this many.
+  /// A chat's log keeps its newest entries up to this many (at least 1:
+  /// 0 is refused with `invalid_argument_error`, field "max_log_per_chat").
   std::size_t max_log_per_chat = 1000;
   /// ...or a Redis Cluster client of its own: not combinable with `url` or
   /// `client` (`invalid_argument_error`, field "cluster").

@@ -7,6 +7,7 @@
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/json.hpp>
+#include <botmesh/stores/internal/log_cap.hpp>
 #include <botmesh/stores/sqlite/internal/db.hpp>
 #include <botmesh/stores/sqlite/internal/schedule_store.hpp>
 
@@ -84,7 +85,7 @@ void check_checkpoint(const flow_checkpoint& cp) {
 sqlite_store::sqlite_store(sqlite_store_options opts)
   : opts_(std::move(opts)),
     clock_(opts_.clock ? opts_.clock : &botmesh::clock::system()) {
-  // nop
+  internal::check_log_cap(opts_.max_log_per_chat, "sqlite store");
 }
 
 sqlite_store::~sqlite_store() = default;

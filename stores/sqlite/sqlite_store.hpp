@@ -19,7 +19,8 @@ struct sqlite_store_options {
   /// Time source for TTLs, lock and checkpoint expiry; the system clock when
   /// null. Must outlive the store.
   const botmesh::clock* clock = nullptr;
-  /// A chat's log keeps its newest entries up to this many.
+  /// A chat's log keeps its newest entries up to this many (at least 1:
+  /// 0 is refused with `invalid_argument_error`, field "max_log_per_chat").
   std::size_t max_log_per_chat = 1000;
 };
 

@@ -328,3 +328,13 @@ TEST_CASE("a SQLite store that cannot open its file says so") {
   }
   CHECK_THROWS_AS(s.get_chat("x"), botmesh::error);
 }
+
+TEST_CASE("the SQLite store refuses a log cap of 0, naming the option") {
+  std::string field;
+  try {
+    botmesh::sqlite_store s{{.path = ":memory:", .max_log_per_chat = 0}};
+  } catch (const botmesh::invalid_argument_error& e) {
+    field = e.field();
+  }
+  CHECK(field == "max_log_per_chat");
+}

@@ -39,3 +39,13 @@ TEST_CASE("the memory store caps a chat's log at max_log_per_chat") {
   CHECK(all.front().seq == 3);
   CHECK(all.back().seq == 5);
 }
+
+TEST_CASE("a log cap of 0 is refused, naming the option") {
+  std::string field;
+  try {
+    botmesh::memory_store s{{.max_log_per_chat = 0}};
+  } catch (const botmesh::invalid_argument_error& e) {
+    field = e.field();
+  }
+  CHECK(field == "max_log_per_chat");
+}
