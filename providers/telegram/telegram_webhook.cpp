@@ -3,6 +3,8 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -29,10 +31,29 @@ namespace {
 struct held_answer {
   http::responder r;
   std::string key; // chat '\n' message id
-  std::string callback_query_id;
+  std::string chat;
+  std::string callback_query_id; // under held_mtx once held
   steady::time_point deadline;
   bool watched = false; // under held_mtx
+  /// The reply the response will carry, kept until the turn ends (under
+  /// held_mtx).
+  std::optional<outgoing_message> reply{};
 };
+
+// Telegram drops what it cannot run from a webhook response without a
+// word (there is no answer to read): a reply goes there only when nothing
+// knowable would fail it, a plain text within Telegram's length (UTF-16
+// units: 4096 for a text, 1024 for a caption). Others go through the API,
+// whose errors reach the handler.
+bool fits_response(const outgoing_message& msg) {
+  if (msg.format != text_format::plain)
+    return false;
+  std::size_t units = 0;
+  for (unsigned char c : msg.text)
+    if ((c & 0xC0) != 0x80)
+      units += c >= 0xF0 ? 2 : 1;
+  return units <= (msg.has_media() ? 1024u : 4096u);
+}
 
 std::string held_key(std::string_view chat, std::string_view id) {
   std::string k;
@@ -64,6 +85,8 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   std::unordered_map<std::string, std::shared_ptr<held_answer>> held;
   std::deque<std::weak_ptr<held_answer>> held_order;
   bool ticking = false; // under held_mtx
+  // Per chat: the held answer that keeps a reply (under held_mtx).
+  std::unordered_map<std::string, std::shared_ptr<held_answer>> replying;
 
   internal::callback_answers open_callbacks;
 
@@ -184,7 +207,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       };
     } else {
       auto p = std::make_shared<held_answer>(held_answer{
-        std::move(r), held_key(u.message.chat, u.message.id),
+        std::move(r), held_key(u.message.chat, u.message.id), u.message.chat,
         u.callback_query_id, steady::now() + opts.reply_wait.ms()});
       cb.accepted = [self, p, uid](errc code) {
         if (code == errc::none) {
@@ -221,25 +244,127 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       schedule_tick();
   }
 
-  // The held answer goes back empty (or answering the callback query).
+  // The held answer goes back with the reply it keeps, if any; else empty
+  // (or answering the callback query). Called at the turn's end (on its
+  // handler's thread: a turn that sent ran one), past `reply_wait`
+  // (`expired`, on the server's thread) and by stop().
   void release(const std::shared_ptr<held_answer>& p, bool expired) {
+    std::optional<outgoing_message> reply;
+    std::string callback;
     {
       std::lock_guard guard{held_mtx};
       auto i = held.find(p->key);
       if (i != held.end() && i->second == p)
         held.erase(i);
+      reply = take_reply(p);
+      callback = p->callback_query_id;
+    }
+    if (reply) {
+      if (!p->r.answered()
+          && p->r.respond({.status = 200,
+                           .body = internal::to_webhook_answer(
+                             internal::to_method_call(*reply)),
+                           .content_type = "application/json"})) {
+        ++n_in_webhook;
+        if (expired)
+          ++n_expired;
+        return;
+      }
+      // Telegram closed the request: the reply goes through the API, on
+      // a thread of its own when this is the server's.
+      if (!expired) {
+        send_kept(*reply);
+      } else {
+        std::thread{[self = shared_from_this(), r = std::move(*reply)] {
+          self->send_kept(r);
+        }}.detach();
+      }
+      return;
     }
     if (p->r.answered())
       return;
     http::response res;
-    if (!p->callback_query_id.empty() && opts.answer_callback_queries) {
+    if (!callback.empty() && opts.answer_callback_queries) {
       res.content_type = "application/json";
       res.body = "{\"method\":\"answerCallbackQuery\",\"callback_query_id\":";
-      append_json_string(res.body, p->callback_query_id);
+      append_json_string(res.body, callback);
       res.body.push_back('}');
     }
     if (p->r.respond(std::move(res)) && expired)
       ++n_expired;
+  }
+
+  // The reply `p` keeps, taken (under held_mtx).
+  std::optional<outgoing_message> take_reply(const std::shared_ptr<held_answer>& p) {
+    std::optional<outgoing_message> out;
+    out.swap(p->reply);
+    if (auto i = replying.find(p->chat); i != replying.end() && i->second == p)
+      replying.erase(i);
+    return out;
+  }
+
+  // Keeps `msg` for the response of `p`: false when that response went
+  // already (reply_wait passed), so `msg` goes through the API.
+  bool keep(const std::shared_ptr<held_answer>& p, const outgoing_message& msg) {
+    std::lock_guard guard{held_mtx};
+    if (p->r.answered())
+      return false;
+    p->reply = msg;
+    replying[p->chat] = p;
+    return true;
+  }
+
+  // Sends through the API the reply a held answer of `chat` keeps, if any:
+  // Telegram runs a response's method once it has read the response, so
+  // a send of the chat through the API could overtake it. That held
+  // answer goes back without it.
+  void flush_kept(const std::string& chat, std::stop_token cancel) {
+    std::shared_ptr<held_answer> p;
+    std::optional<outgoing_message> reply;
+    {
+      std::lock_guard guard{held_mtx};
+      auto i = replying.find(chat);
+      if (i == replying.end())
+        return;
+      p = i->second;
+      reply = take_reply(p);
+    }
+    release(p, false);
+    if (reply)
+      send_api(*reply, cancel);
+  }
+
+  void send_api(const outgoing_message& msg, std::stop_token cancel) {
+    auto to = internal::split_chat(msg.chat);
+    std::stop_token stopping;
+    if (botmesh::internal::host_slot::use h{hosts}; h)
+      stopping = h->stopping();
+    http::send_with_retry(
+      flood, to.chat_id, to.group(),
+      [&] {
+        try {
+          api->send(msg);
+        } catch (const platform_error& e) {
+          if (e.code() == errc::retry_after)
+            ++n_retried;
+          throw;
+        }
+      },
+      stopping, cancel);
+    ++n_sent;
+  }
+
+  // A kept reply the response could not carry: the handler that sent it
+  // was told it went, so a failure here is logged, naming it.
+  void send_kept(const outgoing_message& msg) {
+    try {
+      send_api(msg, {});
+    } catch (const std::exception& e) {
+      log::error("telegram",
+                 fmt::format("{}: the reply to message {} of chat {}, kept for "
+                             "the webhook's response, could not be sent: {}",
+                             opts.id, msg.reply_to, msg.chat, e.what()));
+    }
   }
 
   std::chrono::milliseconds tick_period() const {
@@ -375,6 +500,8 @@ void webhook_provider::stop() {
     std::lock_guard guard{i.held_mtx};
     for (auto& [k, p] : i.held)
       rest.push_back(p);
+    for (auto& [chat, p] : i.replying)
+      rest.push_back(p);
   }
   for (auto& p : rest)
     i.release(p, false);
@@ -392,44 +519,34 @@ void webhook_provider::send(const outgoing_message& msg,
                 fmt::format("telegram {}: send to {} while the transport is "
                             "closed",
                             i.opts.id, msg.chat));
-  auto to = internal::split_chat(msg.chat);
-  if (i.opts.reply_in_webhook && !msg.reply_to.empty()) {
-    auto call = internal::to_method_call(msg); // validates first
-    if (auto p = i.take_held(msg)) {
-      // A reply in the answer counts against the platform's limits like
-      // any other: when the buckets say wait, the held update is released
-      // (answered as without a reply) and the reply goes through the API,
-      // which waits for them.
-      if (!i.flood.try_acquire(to.chat_id, to.group())) {
-        i.release(p, false);
-      } else if (p->r.respond({.status = 200,
-                               .body = internal::to_webhook_answer(call),
-                               .content_type = "application/json"})) {
-        ++i.n_in_webhook;
-        // The response carries one method, the reply: a pressed button's
-        // answer goes through the API.
-        if (!p->callback_query_id.empty() && i.opts.answer_callback_queries)
-          internal::callback_answers::answer(*i.api, p->callback_query_id);
-        return;
+  if (i.opts.reply_in_webhook) {
+    i.flush_kept(msg.chat, cancel);
+    if (!msg.reply_to.empty() && fits_response(msg)) {
+      auto to = internal::split_chat(msg.chat);
+      internal::to_method_call(msg); // validates first
+      if (auto p = i.take_held(msg)) {
+        // A reply in the answer counts against the platform's limits like
+        // any other: when the buckets say wait, the held update is
+        // released (answered as without a reply) and the reply goes
+        // through the API, which waits for them.
+        if (!i.flood.try_acquire(to.chat_id, to.group())) {
+          i.release(p, false);
+        } else if (i.keep(p, msg)) {
+          // The response carries one method, the reply: a pressed
+          // button's answer goes through the API.
+          std::string callback;
+          {
+            std::lock_guard guard{i.held_mtx};
+            callback.swap(p->callback_query_id);
+          }
+          if (!callback.empty() && i.opts.answer_callback_queries)
+            internal::callback_answers::answer(*i.api, callback);
+          return;
+        }
       }
     }
   }
-  std::stop_token stopping;
-  if (botmesh::internal::host_slot::use h{i.hosts}; h)
-    stopping = h->stopping();
-  http::send_with_retry(
-    i.flood, to.chat_id, to.group(),
-    [&] {
-      try {
-        i.api->send(msg);
-      } catch (const platform_error& e) {
-        if (e.code() == errc::retry_after)
-          ++i.n_retried;
-        throw;
-      }
-    },
-    stopping, cancel);
-  ++i.n_sent;
+  i.send_api(msg, cancel);
   if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
     i.open_callbacks.replied(*i.api, msg.reply_to);
 }

@@ -38,10 +38,19 @@ struct webhook_options {
   /// own from `listen` (started and stopped with the provider).
   std::shared_ptr<http::server> server{};
   http::server_options listen{};
-  /// Telegram's "reply in webhook": the first reply of the update's turn
-  /// goes back as the webhook's response (one API round trip less). The
-  /// response is held until the turn ends, for at most `reply_wait`; past
-  /// it Telegram gets an empty 200 and the reply goes through the API.
+  /// Telegram's "reply in webhook": a turn's reply goes back as the
+  /// webhook's response (one API round trip less). The response is held
+  /// until the turn ends, for at most `reply_wait`, and carries the turn's
+  /// first reply when it is the only send of the chat in that time: a
+  /// second send of the chat first sends the kept reply through the API
+  /// (Telegram runs a response's method after it reads the response, so a
+  /// send through the API could overtake it). Telegram gives no result for
+  /// a response's method, so only a plain text within Telegram's length
+  /// goes there; a formatted or longer reply goes through the API, whose
+  /// errors reach the handler. A reply in a response cannot fail the
+  /// handler (a chat that blocked the bot drops it unseen). Past
+  /// `reply_wait` the response goes with the kept reply, or empty; a send
+  /// of the chat at that very moment can still overtake that reply.
   bool reply_in_webhook = false;
   duration reply_wait = "5s";
   /// Update ids remembered to drop duplicates (Telegram resends an update

@@ -541,13 +541,15 @@ TEST_CASE("with durability a redelivery that comes while the update is "
   CHECK(handled.load() == 1);
 }
 
-TEST_CASE("with reply in webhook the first reply goes back in the webhook "
-          "response and later ones through the Bot API") {
+TEST_CASE("with reply in webhook a turn's only reply goes back in the webhook "
+          "response; a turn that sends more sends them all through the Bot "
+          "API, in order") {
   auto api = test::fake_telegram();
   auto o = options(*api);
   o.reply_in_webhook = true;
   auto p = std::make_shared<tg::webhook_provider>(o);
   botmesh::bot bot{{.provider = p}};
+  bot.hears("una", [](botmesh::context& c) { c.reply("sola"); });
   bot.hears("dos", [](botmesh::context& c) {
     c.reply("primera");
     c.reply("segunda");
@@ -555,18 +557,66 @@ TEST_CASE("with reply in webhook the first reply goes back in the webhook "
   bot.hears("nada", [](botmesh::context&) {});
   bot.start();
   auto post = poster_for(*p);
-  auto res = post.post(test::tg_text_update(1, 42, "dos"));
-  CHECK(res.status == 200);
-  CHECK(res.body.starts_with(R"({"method":"sendMessage","chat_id":42)"));
-  CHECK(res.body.find("primera") != std::string::npos);
-  REQUIRE(api->wait_for_calls("sendMessage", 1));
-  CHECK(api->calls("sendMessage")[0].body.find("segunda") != std::string::npos);
+  auto one = post.post(test::tg_text_update(1, 42, "una"));
+  CHECK(one.status == 200);
+  CHECK(one.body.starts_with(R"({"method":"sendMessage","chat_id":42)"));
+  CHECK(one.body.find("sola") != std::string::npos);
+  CHECK(api->calls("sendMessage").empty());
+  // Telegram runs a response's method after it reads the response: the
+  // second reply through the API could come first. Both go there.
+  auto two = post.post(test::tg_text_update(2, 42, "dos"));
+  CHECK(two.status == 200);
+  CHECK(two.body.empty());
+  REQUIRE(api->wait_for_calls("sendMessage", 2));
+  auto sent = api->calls("sendMessage");
+  REQUIRE(sent.size() == 2);
+  CHECK(sent[0].body.find("primera") != std::string::npos);
+  CHECK(sent[1].body.find("segunda") != std::string::npos);
   // A handler that sends nothing: an empty 200 once its turn ended.
-  auto empty = post.post(test::tg_text_update(2, 42, "nada"));
+  auto empty = post.post(test::tg_text_update(3, 42, "nada"));
   CHECK(empty.status == 200);
   CHECK(empty.body.empty());
   CHECK(p->stats().replies_in_webhook == 1);
-  CHECK(api->calls("sendMessage").size() == 1);
+  CHECK(api->calls("sendMessage").size() == 2);
+}
+
+TEST_CASE("with reply in webhook a formatted or over-long reply goes through "
+          "the Bot API, where its errors reach the handler") {
+  auto api = test::fake_telegram();
+  api->script("sendMessage", 400,
+              R"({"ok":false,"error_code":400,"description":"Bad Request: can't parse entities"})");
+  auto o = options(*api);
+  o.reply_in_webhook = true;
+  auto p = std::make_shared<tg::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  std::atomic<int> refused{0};
+  bot.hears("html", [&](botmesh::context& c) {
+    botmesh::outgoing_message m;
+    m.chat = c.message().chat;
+    m.reply_to = c.message().id;
+    m.text = "<b>roto";
+    m.format = botmesh::text_format::html;
+    try {
+      c.bot().send(m);
+    } catch (const botmesh::error& e) {
+      if (e.code() == botmesh::errc::bad_request)
+        ++refused;
+    }
+  });
+  // 2049 emoji: 2049 characters, 4098 UTF-16 units (Telegram's count).
+  std::string emoji;
+  for (int i = 0; i < 2049; ++i)
+    emoji += "\xF0\x9F\x98\x80";
+  bot.hears("largo", [&](botmesh::context& c) { c.reply(emoji); });
+  bot.start();
+  auto post = poster_for(*p);
+  auto res = post.post(test::tg_text_update(1, 42, "html"));
+  CHECK(res.body.empty());
+  CHECK(refused.load() == 1);
+  auto long_res = post.post(test::tg_text_update(2, 42, "largo"));
+  CHECK(long_res.body.empty());
+  REQUIRE(api->wait_for_calls("sendMessage", 2));
+  CHECK(p->stats().replies_in_webhook == 0);
 }
 
 namespace {
@@ -613,17 +663,25 @@ TEST_CASE("replies to a forum topic, in the webhook response and through the "
   botmesh::bot bot{{.provider = p}};
   bot.on_message([](botmesh::context& c) {
     c.reply("uno");
-    c.reply("dos");
+    if (c.text() == "otra")
+      c.reply("dos");
   });
   bot.start();
   auto post = poster_for(*p);
-  auto res = post.post(
-    R"({"update_id":5,"message":{"message_id":11,"from":{"id":42},"chat":{"id":-100777,"type":"supergroup","is_forum":true},"date":1700000000,"message_thread_id":3,"is_topic_message":true,"text":"hola"}})");
+  auto in_topic = [](int update, int id, std::string text) {
+    return R"({"update_id":)" + std::to_string(update)
+           + R"(,"message":{"message_id":)" + std::to_string(id)
+           + R"(,"from":{"id":42},"chat":{"id":-100777,"type":"supergroup","is_forum":true},"date":1700000000,"message_thread_id":3,"is_topic_message":true,"text":")"
+           + text + R"("}})";
+  };
+  auto res = post.post(in_topic(5, 11, "hola"));
   CHECK(res.status == 200);
   CHECK(res.body.starts_with(
     R"({"method":"sendMessage","chat_id":-100777,"message_thread_id":3,)"));
-  REQUIRE(api->wait_for_calls("sendMessage", 1));
-  auto body = api->calls("sendMessage")[0].body;
+  // Two replies: both through the API.
+  post.post(in_topic(6, 12, "otra"));
+  REQUIRE(api->wait_for_calls("sendMessage", 2));
+  auto body = api->calls("sendMessage")[1].body;
   CHECK(body.find(R"("chat_id":-100777,"message_thread_id":3)") != std::string::npos);
   CHECK(body.find("dos") != std::string::npos);
 }
@@ -744,6 +802,34 @@ TEST_CASE("with reply in webhook a slow handler's held answer is released "
   answered.count_down();
   REQUIRE(api->wait_for_calls("sendMessage", 1));
   CHECK(api->calls("sendMessage")[0].body.find("tarde") != std::string::npos);
+  CHECK(p->stats().reply_wait_expired == 1);
+}
+
+TEST_CASE("with reply in webhook a reply kept past reply_wait goes back in "
+          "the response then, not at the slow turn's end") {
+  auto api = test::fake_telegram();
+  auto o = options(*api);
+  o.reply_in_webhook = true;
+  o.reply_wait = "100ms";
+  auto p = std::make_shared<tg::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  std::latch answered{1};
+  bot.on_message([&](botmesh::context& c) {
+    c.reply("un momento");
+    answered.wait(); // a long job, until Telegram got its answer
+    c.reply("listo");
+  });
+  bot.start();
+  auto post = poster_for(*p);
+  auto res = post.post(test::tg_text_update(1, 42, "hola"));
+  CHECK(res.status == 200);
+  CHECK(res.body.find("un momento") != std::string::npos);
+  answered.count_down();
+  REQUIRE(api->wait_for_calls("sendMessage", 1));
+  CHECK(api->calls("sendMessage")[0].body.find("listo") != std::string::npos);
+  bot.stop();
+  CHECK(api->calls("sendMessage").size() == 1);
+  CHECK(p->stats().replies_in_webhook == 1);
   CHECK(p->stats().reply_wait_expired == 1);
 }
 
@@ -1025,9 +1111,12 @@ TEST_CASE("two replicas behind the same Telegram webhook with coordination "
       hub, botmesh::memory_coordinator_options{.replica_id = id});
     r.bot = std::make_unique<botmesh::bot>(botmesh::bot_options{
       .provider = r.provider, .store = store, .coordination = co});
+    // Odd updates: one reply (in the response); even ones: two (both
+    // through the API).
     r.bot->on_message([](botmesh::context& c) {
-      c.reply("in-webhook " + c.text());
-      c.reply("api " + c.text());
+      c.reply("uno " + c.text());
+      if (std::stoi(c.text()) % 2 == 0)
+        c.reply("dos " + c.text());
     });
     r.bot->start();
     replicas.push_back(std::move(r));
@@ -1045,12 +1134,19 @@ TEST_CASE("two replicas behind the same Telegram webhook with coordination "
   }
   REQUIRE(api->wait_for_calls("sendMessage", 20));
   auto calls = api->calls("sendMessage");
+  REQUIRE(calls.size() == 20);
   for (int i = 1; i <= 20; ++i) {
     CAPTURE(i);
-    CHECK(answers[static_cast<size_t>(i - 1)].find("\"in-webhook " + std::to_string(i) + "\"")
-          != std::string::npos);
-    CHECK(calls[static_cast<size_t>(i - 1)].body.find("\"api " + std::to_string(i) + "\"")
-          != std::string::npos);
+    auto& answer = answers[static_cast<size_t>(i - 1)];
+    auto n = std::to_string(i);
+    if (i % 2 == 1) {
+      CHECK(answer.find("\"uno " + n + "\"") != std::string::npos);
+      continue;
+    }
+    CHECK(answer.empty());
+    auto at = static_cast<size_t>(i - 2); // two calls per even update
+    CHECK(calls[at].body.find("\"uno " + n + "\"") != std::string::npos);
+    CHECK(calls[at + 1].body.find("\"dos " + n + "\"") != std::string::npos);
   }
   // A turn counts as handled after its reply went back: wait for the count.
   CHECK(test::eventually([&] {
