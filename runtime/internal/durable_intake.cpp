@@ -149,14 +149,16 @@ void durable_intake::journal(std::string key, inbound_message msg,
           if (cb.accepted)
             cb.accepted(code);
           // The write may have landed with its reply lost (a timeout, a
-          // dropped connection): free the record, so a beat hands it to a
-          // live replica instead of it staying held here, unhandled, while
-          // the platform's retry is dropped as a duplicate. The release may
-          // also overtake the write (sent on a new connection while the old
-          // one still carries it): the generation is retired too, so what
-          // lands after it is claimable.
+          // dropped connection), leaving a record held here that nothing
+          // handles while the platform's retry is dropped as a duplicate.
+          // Its generation is retired once nothing of it is open, so a
+          // beat takes such a record over, also one that lands late. It is
+          // not released: a release names (id, holder) only, and this may
+          // be a redelivery whose first delivery, held under the same
+          // holder, is in its turn right now; freed, another replica would
+          // handle it beside this one.
           suspect(gen);
-          settle_as(key, id, false, gen, true);
+          close_one(gen);
         } else if (put == journal_put::duplicate) {
           close_one(gen);
           host_.duplicate(std::move(cb));

@@ -955,6 +955,46 @@ TEST_CASE("with durability a journal write whose reply was lost is handled "
     [&] { backend->lose_record_replies = false; });
 }
 
+TEST_CASE("with durability a redelivery whose journal write fails does not "
+          "free the first delivery's record while its turn runs") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  std::atomic<int> handled{0};
+  std::promise<void> go;
+  auto go_f = go.get_future().share();
+  test::opener release_handler{go};
+  b.on_message([&](botmesh::context& c) {
+    if (++handled == 1)
+      go_f.wait();
+    c.reply("ok " + c.text());
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(test::eventually([&] { return handled == 1; }));
+  // The platform sends it again; that write lands (a duplicate) but its
+  // reply is lost.
+  backend->lose_record_replies = true;
+  std::atomic<int> code{-1};
+  p->inject(msg("ana", "m1", "hola"),
+            {.accepted = [&](errc e) { code = static_cast<int>(e); },
+             .turn_ended = {}});
+  REQUIRE(test::eventually([&] { return code != -1; }));
+  CHECK(code == static_cast<int>(errc::timeout));
+  backend->lose_record_replies = false;
+  // Several beats (the lease is 300 ms) while the first turn still runs:
+  // none may take the record over.
+  std::this_thread::sleep_for(1s);
+  release_handler.open();
+  REQUIRE(p->wait_for_sent(1, 5s));
+  std::this_thread::sleep_for(500ms);
+  b.stop();
+  CHECK(handled == 1);
+  CHECK(b.stats().reprocessed == 0);
+  CHECK(texts(*p) == std::vector<std::string>{"ok hola"});
+}
+
 TEST_CASE("with durability a step cut by settle releases its record: it is "
           "handled again, and what the cut step sent is not sent twice") {
   botmesh::memory_coordination_hub hub;
@@ -1316,7 +1356,7 @@ class late_call {
 };
 
 // The next journal write reports a timeout at once but lands just after
-// the release its failure causes (the release overtook it on the wire).
+// its generation was retired (it waited on a broken connection meanwhile).
 class overtaken_write_backend final : public forwarding_backend {
  public:
   std::atomic<bool> overtake_next{false};
@@ -1336,20 +1376,19 @@ class overtaken_write_backend final : public forwarding_backend {
     }
     inner.record(std::move(rec), holder, ttl, std::move(done));
   }
-  void release(std::string_view id, std::string_view holder,
-               completion<bool> done) override {
-    inner.release(id, holder,
-                  [this, done = std::move(done)](bool ok, std::exception_ptr e) {
-                    late.land();
-                    done(ok, e);
-                  });
+  void retire(std::string_view holder, completion<bool> done) override {
+    inner.retire(holder,
+                 [this, done = std::move(done)](bool ok, std::exception_ptr e) {
+                   late.land();
+                   done(ok, e);
+                 });
   }
 };
 
 } // namespace
 
 TEST_CASE("with durability a journal write whose reply failed and that lands "
-          "after its release is handled once: its generation is retired") {
+          "after its generation was retired is handled once") {
   // Held by a holder that keeps beating, the record would never be handled;
   // retired with its generation, a beat takes it over and handles it.
   auto backend = std::make_shared<overtaken_write_backend>();
