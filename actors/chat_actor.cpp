@@ -219,10 +219,10 @@ struct entry {
   event_ptr ev;
   std::uint64_t req = 0;             // with coordination: its request
   std::shared_ptr<turn_token> token; // granted
-  // Its turn_wait bound, when counting: the number its timer carries
-  // (unique in the chat). Not the request id: a grant can move a request
-  // to another entry, and the bound must stay with the entry.
-  std::uint64_t wait = 0;
+  // When its turn_wait bound ends, while counting (else the epoch). Kept
+  // with the entry, not the request: a grant can move a request to another
+  // entry, and the bound must stay with the entry.
+  caf::actor_clock::time_point wait_until{};
 };
 
 // A chat's FIFO: a vector and a head index (one allocation for a burst,
@@ -302,7 +302,12 @@ struct chat_state {
   bool given_back = false;
   bool first = true;   // the next turn is the first of this activation
   bool asking = false; // an idle request to the router is in flight
-  std::uint64_t waits = 0; // turn_wait bounds armed so far
+  // A turn_wait tick is pending: one at most, since CAF cannot cancel a
+  // delayed message and each holds the actor (one per message would pile
+  // up for turn_wait under load). The bounds all last turn_wait and start
+  // in order, so the pending tick comes no later than any of them ends.
+  bool wait_armed = false;
+  std::uint64_t waits = 0; // cut grace timers armed so far
   std::uint64_t received = 0;
   std::vector<caf::typed_response_promise<bool>> drain_waiters;
 
@@ -335,7 +340,7 @@ using chat_actor_t = caf::stateful_actor<chat_state>;
 void enter(chat_actor_t* self, entry& e) {
   e.req = next_request.fetch_add(1, std::memory_order_relaxed);
   e.token.reset();
-  e.wait = 0;
+  e.wait_until = {};
   self->send(self->state.cfg().lease, acquire_atom::value, self->state.key,
              e.req);
 }
@@ -381,7 +386,7 @@ void give_back(chat_actor_t* self) {
   auto& q = st.q();
   for (std::size_t i = 1; i < q.size(); ++i) {
     give_back_turn(self, q[i]);
-    q[i].wait = 0;
+    q[i].wait_until = {};
   }
   st.given_back = true;
 }
@@ -394,6 +399,21 @@ void went_idle(chat_actor_t* self) {
   st.queue.release();
 }
 
+// Arms a tick unless one is pending; `in` from now.
+void arm_wait(chat_actor_t* self, caf::timespan in) {
+  auto& st = self->state;
+  if (st.wait_armed)
+    return;
+  st.wait_armed = true;
+  self->delayed_send(self, in, turn_wait_atom::value, std::uint64_t{0});
+}
+
+// `e` waits for its turn from now, for at most turn_wait.
+void bound_wait(chat_actor_t* self, entry& e) {
+  e.wait_until = self->clock().now() + self->state.cfg().turn_wait;
+  arm_wait(self, self->state.cfg().turn_wait);
+}
+
 // Starts the next turn, or answers drain waiters when nothing is left.
 void next_turn(chat_actor_t* self) {
   auto& st = self->state;
@@ -401,11 +421,9 @@ void next_turn(chat_actor_t* self) {
     // Behind a cut step that keeps running, the next event's wait for a
     // turn is bounded as the head's would be.
     auto& q = st.q();
-    if (st.given_back && q.size() > 1 && q[1].wait == 0) {
-      q[1].wait = ++st.waits;
-      self->delayed_send(self, st.cfg().turn_wait, turn_wait_atom::value,
-                         q[1].wait);
-    }
+    if (st.given_back && q.size() > 1
+        && q[1].wait_until == caf::actor_clock::time_point{})
+      bound_wait(self, q[1]);
     return;
   }
   if (st.empty()) {
@@ -417,11 +435,8 @@ void next_turn(chat_actor_t* self) {
   auto& head = q.front();
   if (!head.token) {
     // Waiting for the head's turn: bounded by turn_wait from now.
-    if (head.wait == 0) {
-      head.wait = ++st.waits;
-      self->delayed_send(self, st.cfg().turn_wait, turn_wait_atom::value,
-                         head.wait);
-    }
+    if (head.wait_until == caf::actor_clock::time_point{})
+      bound_wait(self, head);
     return;
   }
   st.first = false;
@@ -488,7 +503,7 @@ void push(chat_actor_t* self, event_ptr ev) {
     return;
   }
   auto& q = st.q();
-  q.push_back(entry{std::move(ev), 0, nullptr, 0});
+  q.push_back(entry{std::move(ev), 0, nullptr, {}});
   if (st.coordinated() && !st.given_back)
     enter(self, q.back()); // else it enters when the cut step returns
   next_turn(self);
@@ -673,6 +688,9 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
         }
         return;
       }
+      if (wait != 0)
+        return; // a cut grace of a step that returned meanwhile
+      st.wait_armed = false;
       // The entry waiting for a turn: the head, or the one behind a cut
       // step that keeps running.
       std::size_t at = st.busy ? 1 : 0;
@@ -682,8 +700,12 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       if (q.size() <= at)
         return;
       auto& e = q[at];
-      if (e.wait != wait || e.token)
-        return; // stale: granted, entered again, or another entry's
+      if (e.token || e.wait_until == caf::actor_clock::time_point{})
+        return; // granted, or not counting
+      if (auto now = self->clock().now(); e.wait_until > now) {
+        arm_wait(self, e.wait_until - now); // its bound began after the tick
+        return;
+      }
       if (e.req != 0)
         self->send(st.cfg().lease, leave_atom::value, st.key, e.req);
       auto ev = std::move(e.ev->ev);

@@ -3,11 +3,14 @@
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
+#include <botmesh/actors/chat_services.hpp>
 #include <botmesh/actors/lease_actor.hpp>
 #include <botmesh/actors/messages.hpp>
+#include <botmesh/actors/router.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::turn_token>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
 
 using namespace std::chrono_literals;
 
@@ -86,5 +89,106 @@ TEST_CASE("the lease actor keeps one wake-up pending however often it is "
   d.pass(20s);
   CHECK(d.sched->clock().schedule().size() <= 2);
   caf::anon_send_exit(chats, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(lease, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+
+// Runs every turn at once (done on the spot) and counts what failed.
+struct instant_services final : botmesh::chat_services {
+  int ran = 0;
+  std::vector<std::string> failed;
+
+  void run_turn(const std::string&, botmesh::event_ptr, bool,
+                std::shared_ptr<botmesh::turn_token>,
+                std::function<void()> done) override {
+    ++ran;
+    done();
+  }
+  void run_event(const std::string&, botmesh::chat_event&, bool) override {
+    // nop: coordinated only
+  }
+  void post(std::function<void()> job) override {
+    job();
+  }
+  void turn_failed(const std::string&, botmesh::chat_event ev,
+                   std::string) override {
+    failed.push_back(ev.message.text);
+  }
+  void refused(const std::string&, botmesh::chat_event ev, botmesh::errc,
+               std::string) override {
+    failed.push_back("refused " + ev.message.text);
+  }
+};
+
+// A lease actor that grants only when told: it keeps who asked.
+struct asks {
+  std::vector<std::pair<caf::actor, std::uint64_t>> pending;
+};
+
+caf::behavior manual_lease(caf::event_based_actor* self,
+                           std::shared_ptr<asks> a) {
+  return {
+    [=](botmesh::acquire_atom, const std::string&, std::uint64_t req) {
+      a->pending.emplace_back(
+        caf::actor_cast<caf::actor>(self->current_sender()), req);
+    },
+    [](botmesh::release_atom, const std::string&, std::uint64_t) {},
+    [](botmesh::release_atom, const std::string&, std::uint64_t,
+       const std::string&) {},
+    [](botmesh::leave_atom, const std::string&, std::uint64_t) {},
+  };
+}
+
+botmesh::event_ptr event(std::string text) {
+  botmesh::inbound_message m;
+  m.provider = "test";
+  m.chat = "c";
+  m.text = std::move(text);
+  return botmesh::make_event("test:c", std::move(m));
+}
+
+} // namespace
+
+TEST_CASE("a chat actor keeps one turn_wait tick pending however many "
+          "messages wait for their turns, and each still gets its full "
+          "bound") {
+  deterministic d;
+  instant_services svc;
+  auto a = std::make_shared<asks>();
+  auto lease = d.sys->spawn(manual_lease, a);
+  auto router = botmesh::spawn_router(
+    *d.sys, botmesh::router_config{.services = &svc, .lease = lease,
+                                   .turn_wait = std::chrono::seconds{10}});
+  d.sched->run();
+  auto grant = [&](std::uint64_t fence) {
+    REQUIRE(a->pending.size() == 1);
+    auto [chat, req] = a->pending.front();
+    a->pending.clear();
+    auto t = std::make_shared<botmesh::turn_token>(
+      "test:c", fence, req, std::nullopt,
+      std::chrono::steady_clock::now() + std::chrono::hours(1));
+    caf::anon_send(chat, botmesh::granted_atom::value, req, std::move(t));
+    d.sched->run();
+  };
+  // 300 messages, one after the other, each waiting for its grant.
+  for (int n = 1; n <= 300; ++n) {
+    caf::anon_send(router, event("m" + std::to_string(n)));
+    d.sched->run();
+    grant(static_cast<std::uint64_t>(n));
+  }
+  CHECK(svc.ran == 300);
+  // The router's idle sweep and the chat's one tick.
+  CHECK(d.sched->clock().schedule().size() <= 2);
+  // A message whose wait begins after the tick was armed is not cut short:
+  // it waits its whole turn_wait.
+  d.pass(6s);
+  caf::anon_send(router, event("tarde"));
+  d.sched->run();
+  d.pass(6s); // the tick (armed 12 s ago) came; "tarde" waited 6 s
+  CHECK(svc.failed.empty());
+  d.pass(5s);
+  CHECK(svc.failed == std::vector<std::string>{"tarde"});
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(lease, caf::exit_reason::user_shutdown);
 }
