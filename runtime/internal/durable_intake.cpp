@@ -57,9 +57,16 @@ void durable_intake::op(std::function<void(std::function<void()>)> run) {
     ++inflight_;
   }
   run([this] {
-    std::lock_guard guard{mtx_};
-    if (--inflight_ == 0)
-      cv_.notify_all();
+    std::function<void()> go;
+    {
+      std::lock_guard guard{mtx_};
+      if (--inflight_ == 0) {
+        cv_.notify_all();
+        go = take_retire();
+      }
+    }
+    if (go)
+      go();
   });
 }
 
@@ -524,10 +531,14 @@ void durable_intake::resend(const held_record& record, entry e) {
     write_entry(record, std::move(e));
 }
 
-// The retire's continuation, once no outbox entry is in flight (under
-// mtx_): the caller runs it after unlocking.
+// The retire's continuation, once no backend call is in flight (under
+// mtx_): the caller runs it after unlocking. Not before: a confirm still
+// on its way (on another connection, or queued behind a batch) could land
+// after the retire, and another replica's beat would take the handled
+// record over and handle it again. Outbox entries must land first too,
+// or a replay elsewhere would send again.
 std::function<void()> durable_intake::take_retire() {
-  if (!retiring_)
+  if (!retiring_ || inflight_ > 0)
     return {};
   for (auto& [record, u] : unlanded_)
     if (u.in_flight > 0)

@@ -1387,6 +1387,80 @@ class overtaken_write_backend final : public forwarding_backend {
 
 } // namespace
 
+namespace {
+
+// Confirms are answered only when the test says (a confirm on its way on
+// a slow connection); retires are logged in order with those answers.
+class slow_confirm_backend final : public forwarding_backend {
+ public:
+  std::mutex mtx;
+  std::vector<std::string> log;
+  std::vector<std::function<void()>> held;
+
+  void confirm(std::string_view id, std::string_view holder,
+               completion<bool> done) override {
+    inner.confirm(id, holder, [this, done = std::move(done)](
+                                bool ok, std::exception_ptr e) mutable {
+      std::lock_guard guard{mtx};
+      held.push_back([this, ok, e, done = std::move(done)] {
+        {
+          std::lock_guard guard{mtx};
+          log.push_back("confirmed");
+        }
+        done(ok, e);
+      });
+    });
+  }
+  void retire(std::string_view holder, completion<bool> done) override {
+    {
+      std::lock_guard guard{mtx};
+      log.push_back("retire");
+    }
+    inner.retire(holder, std::move(done));
+  }
+  std::size_t holding() {
+    std::lock_guard guard{mtx};
+    return held.size();
+  }
+  void answer() {
+    std::vector<std::function<void()>> go;
+    {
+      std::lock_guard guard{mtx};
+      go.swap(held);
+    }
+    for (auto& f : go)
+      f();
+  }
+  std::vector<std::string> events() {
+    std::lock_guard guard{mtx};
+    return log;
+  }
+};
+
+} // namespace
+
+TEST_CASE("with durability a stop retires the holder only once the confirms "
+          "in flight were answered") {
+  auto backend = std::make_shared<slow_confirm_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  b.on_message([](botmesh::context& c) { c.reply("ok"); });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(p->wait_for_sent(1, 5s));
+  REQUIRE(test::eventually([&] { return backend->holding() == 1; }));
+  auto stopping = std::async(std::launch::async, [&] { b.stop(); });
+  // The stop's beat and its retire would follow at once; the retire waits.
+  std::this_thread::sleep_for(500ms);
+  CHECK(backend->events().empty());
+  backend->answer();
+  stopping.get();
+  auto events = backend->events();
+  REQUIRE_FALSE(events.empty());
+  CHECK(events.front() == "confirmed");
+  CHECK(std::count(events.begin(), events.end(), "retire") >= 1);
+}
+
 TEST_CASE("with durability a journal write whose reply failed and that lands "
           "after its generation was retired is handled once") {
   // Held by a holder that keeps beating, the record would never be handled;
