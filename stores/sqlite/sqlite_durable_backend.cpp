@@ -36,6 +36,10 @@ CREATE TABLE IF NOT EXISTS durable_fences (
 // corrupted row (3) is kept out of the open ones until it expires.
 constexpr std::int64_t free_ = 1, done_ = 2, corrupted_ = 3;
 
+// The largest seq a record may have (2^53 - 1, as in the Redis journal):
+// above it, a row is damaged.
+constexpr std::int64_t max_seq = 9007199254740991;
+
 } // namespace
 
 struct sqlite_durable_backend::impl {
@@ -166,9 +170,16 @@ void sqlite_durable_backend::record(journal_record rec,
       if (s.step() && s.int64(0) > t)
         return journal_put::duplicate;
     }
+    // After the highest sound seq: a damaged row (a seq of text, which
+    // sorts above every number, or one past 2^53) would make every new
+    // record fail or restart at 1 until it expired; the claim sets it
+    // aside. (MAX scans the table either way: the index leads by state.)
     std::int64_t seq = 1;
     {
-      internal::stmt s{d, "SELECT COALESCE(MAX(seq), 0) + 1 FROM durable_inbound"};
+      internal::stmt s{d, "SELECT COALESCE(MAX(seq), 0) + 1 FROM durable_inbound "
+                          "WHERE typeof(seq) = 'integer' "
+                          "AND seq BETWEEN 0 AND ?"};
+      s.bind(1, max_seq - 1);
       if (s.step())
         seq = s.int64(0);
     }
@@ -286,7 +297,7 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
           if (e.code() != errc::corrupted_record)
             throw; // still -1 where the column was not read
         }
-        if (seq < 0 || attempts < 0
+        if (seq < 0 || seq > max_seq || attempts < 0
             || attempts > std::numeric_limits<std::uint32_t>::max()) {
           out.corrupted.push_back(std::move(r.id));
           continue;

@@ -235,6 +235,34 @@ TEST_CASE("a corrupted SQLite journal row is named and set aside by a claim, "
   }
 }
 
+TEST_CASE("a SQLite journal row with a damaged seq neither stops new records "
+          "nor takes their order") {
+  // Text sorts above every number; the largest integer has no successor.
+  for (std::string damage : {"seq = 'x'", "seq = 9223372036854775807"}) {
+    CAPTURE(damage);
+    sqlite_durable_factory f;
+    auto b = f.make();
+    dc::sync s{*b};
+    REQUIRE(s.record("t:1#bad", "a") == dc::journal_put::recorded);
+    REQUIRE(s.record("t:1#one", "a") == dc::journal_put::recorded);
+    {
+      sqlite3* raw = nullptr;
+      REQUIRE(sqlite3_open(f.file.path().c_str(), &raw) == SQLITE_OK);
+      auto sql = "UPDATE durable_inbound SET " + damage + " WHERE id = 't:1#bad'";
+      REQUIRE(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr)
+              == SQLITE_OK);
+      sqlite3_close(raw);
+    }
+    CHECK(s.record("t:1#two", "a") == dc::journal_put::recorded);
+    CHECK(s.record("t:1#three", "a") == dc::journal_put::recorded);
+    f.advance(sqlite_durable_factory::lease * 2); // a is dead
+    auto c = s.claim("b", sqlite_durable_factory::lease);
+    CHECK(dc::ids(c.records)
+          == std::vector<std::string>{"t:1#one", "t:1#two", "t:1#three"});
+    CHECK(c.corrupted == std::vector<std::string>{"t:1#bad"});
+  }
+}
+
 TEST_CASE("a SQLite journal file from before outbox writers gets the column: "
           "its entries stay sent, new ones name their writer") {
   sqlite_durable_factory f;
