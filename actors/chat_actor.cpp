@@ -444,11 +444,15 @@ void next_turn(chat_actor_t* self) {
   auto end = caf::make_counted<internal::step_end>(st.router.address(),
                                                    self->address());
   // The event goes with its turn (it is freed where the turn ends); the
-  // entry stays, holding the turn, until turn_done.
-  st.cfg().services->run_turn(st.key, std::move(head.ev), first, head.token,
+  // entry stays, holding the turn, until turn_done. The entry lets go of
+  // it only once run_turn returned: one that throws leaves it queued, and
+  // the exception handler gives it back with the rest (to the chat's next
+  // actor) instead of it being dropped unsettled.
+  st.cfg().services->run_turn(st.key, head.ev, first, head.token,
                               [handle, end]() mutable {
     caf::anon_send(handle, turn_done_atom::value, std::move(end));
   });
+  head.ev.reset();
   // Only now: a run_turn that throws started no step (the chat's next
   // actor need not wait for one).
   st.busy = true;

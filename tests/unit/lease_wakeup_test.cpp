@@ -98,11 +98,19 @@ namespace {
 struct instant_services final : botmesh::chat_services {
   int ran = 0;
   std::vector<std::string> failed;
+  std::vector<std::string> texts; // of the turns run, in order
+  int throw_next = 0;             // this many run_turn calls throw
 
-  void run_turn(const std::string&, botmesh::event_ptr, bool,
+  void run_turn(const std::string&, botmesh::event_ptr ev, bool,
                 std::shared_ptr<botmesh::turn_token>,
                 std::function<void()> done) override {
+    if (throw_next > 0) {
+      --throw_next;
+      throw std::runtime_error("no handler thread");
+    }
     ++ran;
+    texts.push_back(ev->ev.message.text);
+    ev->ev.end(botmesh::turn_outcome::handled);
     done();
   }
   void run_event(const std::string&, botmesh::chat_event&, bool) override {
@@ -189,6 +197,38 @@ TEST_CASE("a chat actor keeps one turn_wait tick pending however many "
   CHECK(svc.failed.empty());
   d.pass(5s);
   CHECK(svc.failed == std::vector<std::string>{"tarde"});
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(lease, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a run_turn that throws ends the chat actor, and the message it "
+          "was given runs on the chat's next actor, before the ones after it") {
+  deterministic d;
+  instant_services svc;
+  auto a = std::make_shared<asks>();
+  auto lease = d.sys->spawn(manual_lease, a);
+  auto router = botmesh::spawn_router(
+    *d.sys, botmesh::router_config{.services = &svc, .lease = lease});
+  d.sched->run();
+  auto grant_all = [&] {
+    for (int round = 0; round < 10 && !a->pending.empty(); ++round) {
+      auto asked = std::move(a->pending);
+      a->pending.clear();
+      for (auto& [chat, req] : asked)
+        caf::anon_send(chat, botmesh::granted_atom::value, req,
+                       std::make_shared<botmesh::turn_token>(
+                         "test:c", req, req, std::nullopt,
+                         std::chrono::steady_clock::now() + std::chrono::hours(1)));
+      d.sched->run();
+    }
+  };
+  svc.throw_next = 1;
+  caf::anon_send(router, event("uno"));
+  caf::anon_send(router, event("dos"));
+  d.sched->run();
+  grant_all();
+  CHECK(svc.texts == std::vector<std::string>{"uno", "dos"});
+  CHECK(svc.failed.empty());
   caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(lease, caf::exit_reason::user_shutdown);
 }
