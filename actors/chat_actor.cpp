@@ -445,13 +445,24 @@ void next_turn(chat_actor_t* self) {
                                                    self->address());
   // The event goes with its turn (it is freed where the turn ends); the
   // entry stays, holding the turn, until turn_done. The entry lets go of
-  // it only once run_turn returned: one that throws leaves it queued, and
-  // the exception handler gives it back with the rest (to the chat's next
-  // actor) instead of it being dropped unsettled.
-  st.cfg().services->run_turn(st.key, head.ev, first, head.token,
-                              [handle, end]() mutable {
-    caf::anon_send(handle, turn_done_atom::value, std::move(end));
-  });
+  // it only once run_turn returned.
+  try {
+    st.cfg().services->run_turn(st.key, head.ev, first, head.token,
+                                [handle, end]() mutable {
+      caf::anon_send(handle, turn_done_atom::value, std::move(end));
+    });
+  } catch (...) {
+    // The services could not start the turn: this actor ends (its
+    // exception handler gives back the turns and the other events). The
+    // event is refused, settled as any refused one (a journal record is
+    // released), not sent on: it would end the chat's next actor too.
+    auto ev = std::move(head.ev);
+    st.cfg().services->refused(
+      st.key, std::move(ev->ev), errc::handler_failed,
+      fmt::format("chat {}: its turn could not start: {}", st.key,
+                  internal::what_of(std::current_exception())));
+    throw;
+  }
   head.ev.reset();
   // Only now: a run_turn that throws started no step (the chat's next
   // actor need not wait for one).

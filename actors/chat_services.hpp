@@ -243,7 +243,8 @@ class chat_services {
     = 0;
 
   /// A message was refused without running: `errc::overloaded` (the chat's
-  /// pending queue is full) or `errc::stopped` (the bot is stopping).
+  /// pending queue is full), `errc::stopped` (the bot is stopping) or
+  /// `errc::handler_failed` (`run_turn` threw on it: its chat actor ends).
   virtual void refused(const std::string& key, chat_event ev, errc code,
                        std::string why) = 0;
 

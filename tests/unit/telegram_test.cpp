@@ -542,8 +542,8 @@ TEST_CASE("with durability a redelivery that comes while the update is "
 }
 
 TEST_CASE("with reply in webhook a turn's only reply goes back in the webhook "
-          "response; a turn that sends more sends them all through the Bot "
-          "API, in order") {
+          "response, and a turn that sends more sends them all through the "
+          "Bot API, in order") {
   auto api = test::fake_telegram();
   auto o = options(*api);
   o.reply_in_webhook = true;
