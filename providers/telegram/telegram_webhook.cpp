@@ -4,6 +4,7 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <stop_token>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -35,6 +36,9 @@ struct held_answer {
   std::string callback_query_id; // under held_mtx once held
   steady::time_point deadline;
   bool watched = false; // under held_mtx
+  /// Released (its response goes or went without a new reply; under
+  /// held_mtx): a reply sent after that goes through the API.
+  bool released = false;
   /// The reply the response will carry, kept until the turn ends (under
   /// held_mtx).
   std::optional<outgoing_message> reply{};
@@ -87,6 +91,9 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   bool ticking = false; // under held_mtx
   // Per chat: the held answer that keeps a reply (under held_mtx).
   std::unordered_map<std::string, std::shared_ptr<held_answer>> replying;
+  // Requested by stop(): cancels the waits of a reply sent on a thread of
+  // its own (under held_mtx; made anew by start()).
+  std::stop_source closing;
 
   internal::callback_answers open_callbacks;
 
@@ -251,13 +258,16 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   void release(const std::shared_ptr<held_answer>& p, bool expired) {
     std::optional<outgoing_message> reply;
     std::string callback;
+    std::stop_token closed;
     {
       std::lock_guard guard{held_mtx};
       auto i = held.find(p->key);
       if (i != held.end() && i->second == p)
         held.erase(i);
+      p->released = true;
       reply = take_reply(p);
       callback = p->callback_query_id;
+      closed = closing.get_token();
     }
     if (reply) {
       if (!p->r.answered()
@@ -271,13 +281,21 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         return;
       }
       // Telegram closed the request: the reply goes through the API, on
-      // a thread of its own when this is the server's.
+      // a thread of its own when this is the server's (rare: Telegram waits
+      // far longer than reply_wait); the provider's stop cancels its waits.
       if (!expired) {
-        send_kept(*reply);
-      } else {
-        std::thread{[self = shared_from_this(), r = std::move(*reply)] {
-          self->send_kept(r);
-        }}.detach();
+        send_kept(*reply, {});
+        return;
+      }
+      try {
+        std::thread{[self = shared_from_this(), r = std::move(*reply),
+                     closed] { self->send_kept(r, closed); }}
+          .detach();
+      } catch (const std::exception& e) {
+        log::error("telegram",
+                   fmt::format("{}: the reply to message {} of chat {} could "
+                               "not be sent: no thread for it ({})",
+                               opts.id, reply->reply_to, reply->chat, e.what()));
       }
       return;
     }
@@ -303,14 +321,18 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     return out;
   }
 
-  // Keeps `msg` for the response of `p`: false when that response went
-  // already (reply_wait passed), so `msg` goes through the API.
-  bool keep(const std::shared_ptr<held_answer>& p, const outgoing_message& msg) {
+  // Keeps `msg` for the response of `p`, and takes the callback query id
+  // the response no longer answers (into `callback`): false when that
+  // response was released already (reply_wait passed, or the provider
+  // stops), so `msg` goes through the API.
+  bool keep(const std::shared_ptr<held_answer>& p, const outgoing_message& msg,
+            std::string& callback) {
     std::lock_guard guard{held_mtx};
-    if (p->r.answered())
+    if (p->released || p->r.answered())
       return false;
     p->reply = msg;
     replying[p->chat] = p;
+    callback.swap(p->callback_query_id);
     return true;
   }
 
@@ -318,7 +340,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   // Telegram runs a response's method once it has read the response, so
   // a send of the chat through the API could overtake it. That held
   // answer goes back without it.
-  void flush_kept(const std::string& chat, std::stop_token cancel) {
+  void flush_kept(const std::string& chat) {
     std::shared_ptr<held_answer> p;
     std::optional<outgoing_message> reply;
     {
@@ -330,8 +352,10 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       reply = take_reply(p);
     }
     release(p, false);
+    // Its handler was told it went: a failure is logged, and the send
+    // that flushed it goes on (not cancelled with it either).
     if (reply)
-      send_api(*reply, cancel);
+      send_kept(*reply, {});
   }
 
   void send_api(const outgoing_message& msg, std::stop_token cancel) {
@@ -356,9 +380,9 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
 
   // A kept reply the response could not carry: the handler that sent it
   // was told it went, so a failure here is logged, naming it.
-  void send_kept(const outgoing_message& msg) {
+  void send_kept(const outgoing_message& msg, std::stop_token cancel) {
     try {
-      send_api(msg, {});
+      send_api(msg, cancel);
     } catch (const std::exception& e) {
       log::error("telegram",
                  fmt::format("{}: the reply to message {} of chat {}, kept for "
@@ -480,6 +504,10 @@ provider_state webhook_provider::state() const {
 
 void webhook_provider::start(provider_host& host) {
   auto& i = *impl_;
+  {
+    std::lock_guard guard{i.held_mtx};
+    i.closing = std::stop_source{};
+  }
   i.hosts.set(host);
   if (i.own_server)
     i.srv->start();
@@ -494,6 +522,10 @@ void webhook_provider::stop() {
   if (!h)
     return;
   i.st = provider_state::closed;
+  {
+    std::lock_guard guard{i.held_mtx};
+    i.closing.request_stop();
+  }
   // Whatever is still held was accepted: answer it.
   std::vector<std::shared_ptr<held_answer>> rest;
   {
@@ -520,7 +552,7 @@ void webhook_provider::send(const outgoing_message& msg,
                             "closed",
                             i.opts.id, msg.chat));
   if (i.opts.reply_in_webhook) {
-    i.flush_kept(msg.chat, cancel);
+    i.flush_kept(msg.chat);
     if (!msg.reply_to.empty() && fits_response(msg)) {
       auto to = internal::split_chat(msg.chat);
       internal::to_method_call(msg); // validates first
@@ -531,14 +563,9 @@ void webhook_provider::send(const outgoing_message& msg,
         // through the API, which waits for them.
         if (!i.flood.try_acquire(to.chat_id, to.group())) {
           i.release(p, false);
-        } else if (i.keep(p, msg)) {
+        } else if (std::string callback; i.keep(p, msg, callback)) {
           // The response carries one method, the reply: a pressed
           // button's answer goes through the API.
-          std::string callback;
-          {
-            std::lock_guard guard{i.held_mtx};
-            callback.swap(p->callback_query_id);
-          }
           if (!callback.empty() && i.opts.answer_callback_queries)
             internal::callback_answers::answer(*i.api, callback);
           return;

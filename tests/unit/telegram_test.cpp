@@ -25,6 +25,7 @@
 #include <botmesh/runtime/core/json.hpp>
 
 #include "fake_platform.hpp"
+#include "log_capture.hpp"
 #include "gated_backend.hpp"
 #include "test_util.hpp"
 
@@ -578,6 +579,37 @@ TEST_CASE("with reply in webhook a turn's only reply goes back in the webhook "
   CHECK(empty.body.empty());
   CHECK(p->stats().replies_in_webhook == 1);
   CHECK(api->calls("sendMessage").size() == 2);
+}
+
+TEST_CASE("with reply in webhook a kept reply that fails through the API is "
+          "logged, and the send that flushed it still goes") {
+  test::log_capture logs;
+  auto api = test::fake_telegram();
+  api->script("sendMessage", 500,
+              R"({"ok":false,"error_code":500,"description":"Internal Server Error"})");
+  auto o = options(*api);
+  o.reply_in_webhook = true;
+  auto p = std::make_shared<tg::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  std::atomic<int> threw{0};
+  bot.on_message([&](botmesh::context& c) {
+    try {
+      c.reply("primera");
+      c.reply("segunda");
+    } catch (const botmesh::error&) {
+      ++threw;
+    }
+  });
+  bot.start();
+  auto post = poster_for(*p);
+  CHECK(post.post(test::tg_text_update(1, 42, "hola")).status == 200);
+  REQUIRE(api->wait_for_calls("sendMessage", 2));
+  auto sent = api->calls("sendMessage");
+  CHECK(sent[0].body.find("primera") != std::string::npos); // answered 500
+  CHECK(sent[1].body.find("segunda") != std::string::npos);
+  bot.stop();
+  CHECK(threw.load() == 0);
+  CHECK(logs.count("telegram", "the reply to message") == 1);
 }
 
 TEST_CASE("with reply in webhook a formatted or over-long reply goes through "
