@@ -361,7 +361,7 @@ void redis_durable_backend::beat_and_claim(std::string_view holder,
                                            completion<claim_result> done) {
   impl_->client->eval_async(
     holder, internal::lua().durable_claim,
-    impl_->in_keys({"rec", "open", "exp", "hb", "ccur"}),
+    impl_->in_keys({"rec", "open", "exp", "hb"}),
     {std::string{holder}, std::to_string(lease.count()), std::to_string(limit),
      std::to_string(max_attempts)},
     [done = std::move(done)](redis_reply r, std::exception_ptr e) {

@@ -167,25 +167,6 @@ TEST_CASE("Redis journal records from seq 1e14 keep seqs of their own") {
   CHECK(what.find(":{durable:inbound}:seq") != std::string::npos);
 }
 
-TEST_CASE("a Redis claim reaches a dead holder's records behind a live "
-          "holder's backlog of more than a scan") {
-  redis_durable_factory f;
-  auto b = f.make();
-  dc::sync s{*b};
-  s.claim("live", 60s, 5, 0); // its heartbeat: alive for the whole test
-  for (int i = 0; i < 1200; ++i)
-    REQUIRE(s.record("t:" + std::to_string(i) + "#m", "live")
-            == dc::journal_put::recorded);
-  for (int i = 0; i < 3; ++i)
-    REQUIRE(s.record("t:dead#" + std::to_string(i), "dead") // never beats
-            == dc::journal_put::recorded);
-  std::vector<std::string> taken;
-  for (int beat = 0; beat < 4 && taken.size() < 3; ++beat)
-    for (auto& id : dc::ids(s.claim("b", 60s).records))
-      taken.push_back(id);
-  CHECK(taken == std::vector<std::string>{"t:dead#0", "t:dead#1", "t:dead#2"});
-}
-
 TEST_CASE("a corrupted Redis journal record is named: settling it fails "
           "with corrupted_record and a claim sets it aside") {
   redis_durable_factory f;
