@@ -311,9 +311,9 @@ void redis_client::cluster::for_each_master(
   auto text = asked->client->call({"CLUSTER", "NODES"}).str;
   for (auto& addr : internal::cluster_masters(text)) {
     // A node that never met another does not know its own host: its line
-    // says ":port", and it is the node asked (an address already mapped).
+    // says ":port", and it is the node asked.
     if (addr.starts_with(':'))
-      fn(*node_at(internal::split_address(asked->address).first + addr)->client);
+      fn(*asked->client);
     else
       fn(*node_at(mapped(addr))->client);
   }

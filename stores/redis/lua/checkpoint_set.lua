@@ -17,7 +17,8 @@
 -- anything is written, when the last revision is not one a Lua number
 -- holds exactly with its successor (0 to 2^53-2: damaged), so a revision
 -- is never handed out twice.
--- Cost: O(1); O(log n + expired entries pruned) with the index.
+-- Cost: O(1); O(log n) with the index, plus up to 100 expired entries
+-- pruned.
 local function revision(v)
   local n = tonumber(v)
   if n == nil or n < 0 or n > 9007199254740990 or n ~= math.floor(n) then
@@ -58,8 +59,12 @@ if KEYS[3] then
   -- Expired ephemeral checkpoints leave the index here, by the server's
   -- clock: no listing reads checkpoint indexes, and pruning only on a read
   -- would let them grow with every handover for good.
+  -- At most 100 a write, so a write after a long quiet spell does not
+  -- hold the server for a whole backlog; each write adds one entry.
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. now)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now,
+                          'LIMIT', 0, 100)
+  if #gone > 0 then redis.call('ZREM', KEYS[3], unpack(gone)) end
 end
 return last + 1
