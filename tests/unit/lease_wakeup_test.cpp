@@ -202,7 +202,7 @@ TEST_CASE("a chat actor keeps one turn_wait tick pending however many "
 }
 
 TEST_CASE("a run_turn that throws ends the chat actor and refuses the message "
-          "it was given, once; the ones after it run on the chat's next actor") {
+          "it was given, once, and the ones after it run on the chat's next actor") {
   deterministic d;
   instant_services svc;
   auto a = std::make_shared<asks>();
