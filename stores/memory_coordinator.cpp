@@ -131,6 +131,10 @@ struct memory_coordination_hub::impl {
     // the same way): the next holder reads the store.
     c.last.reset();
     c.owner.reset();
+    // All of them, not only those right behind it (as the Redis scripts'
+    // co_drop): one behind another replica's would be granted to the dead
+    // replica later and block the chat for a lease more.
+    std::erase_if(c.queue, [&](const auto& e) { return e.incarnation == gone; });
     grant_next(key, c, now, gone, out);
   }
 

@@ -350,6 +350,26 @@ TEST_CASE_TEMPLATE_DEFINE("a turn not renewed expires with its replica's "
   CHECK(a->sync().renew(r).turns.at(0) == 0);
 }
 
+TEST_CASE_TEMPLATE_DEFINE("an expired turn takes every queued ticket of its "
+                          "replica with it, also one behind another replica's",
+                          F, cc_expire_all) {
+  F f;
+  auto a = cc::make(f, "a");
+  auto b = cc::make(f, "b");
+  auto c = cc::make(f, "c");
+  REQUIRE(a->sync().enter("chat", 1).granted());
+  REQUIRE(b->sync().enter("chat", 2).state == cc::status::waiting);
+  REQUIRE(a->sync().enter("chat", 3).state == cc::status::waiting);
+  REQUIRE(c->sync().enter("chat", 4).state == cc::status::waiting);
+  f.advance(F::lease + F::lease / 3); // a stops renewing
+  auto gb = b->sync().poll("chat", 2);
+  REQUIRE(gb.granted());
+  CHECK(a->sync().poll("chat", 3).state == cc::status::gone);
+  REQUIRE(b->sync().release({"chat", gb.fence}).released);
+  // Next is c's ticket, not the dead replica's.
+  CHECK(c->sync().poll("chat", 4).granted());
+}
+
 TEST_CASE_TEMPLATE_DEFINE("a late renewal or release of a chat's previous "
                           "turn never touches its next turn",
                           F, cc_fence) {
@@ -610,6 +630,7 @@ TEST_CASE_TEMPLATE_DEFINE("a granted request that leaves never ran: the "
   TEST_CASE_TEMPLATE_INVOKE(cc_leave, F);                                      \
   TEST_CASE_TEMPLATE_INVOKE(cc_handed, F);                                     \
   TEST_CASE_TEMPLATE_INVOKE(cc_expire, F);                                     \
+  TEST_CASE_TEMPLATE_INVOKE(cc_expire_all, F);                                 \
   TEST_CASE_TEMPLATE_INVOKE(cc_fence, F);                                      \
   TEST_CASE_TEMPLATE_INVOKE(cc_dead, F);                                       \
   TEST_CASE_TEMPLATE_INVOKE(cc_dead_holder, F);                                \
