@@ -106,6 +106,23 @@ struct chat_keys {
 
 } // namespace
 
+TEST_CASE("a leadership term never goes back when Redis lost its counter") {
+  redis_coordinator_factory f;
+  auto a = f.make("a");
+  botmesh::blocking_coordinator sync{*a};
+  auto first = sync.lead("provider:test");
+  REQUIRE(first);
+  REQUIRE(sync.unlead("provider:test", first->fence));
+  // As after a restart without persistence: the counter is gone.
+  botmesh::redis_client raw{{.url = test::redis_url()}};
+  REQUIRE(raw.call({"DEL", f.prefix + ":co:{ld:provider%3Atest}:term"}).integer
+          == 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds{5}); // a later ms
+  auto again = sync.lead("provider:test");
+  REQUIRE(again);
+  CHECK(again->fence > first->fence);
+}
+
 TEST_CASE("a chat's keys are kept alive lazily: refreshed only when less "
           "than three quarters of the ttl is left, never shortened, and never "
           "below what the hash says") {
