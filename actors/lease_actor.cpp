@@ -161,6 +161,9 @@ struct leading {
   // ("another replica leads", from before this one won) must not undo a
   // newer one.
   clk::time_point answered_sent{clk::time_point::min()};
+  // Presented again while an unlead of the name was on its way: renewed
+  // only once that unlead is answered (see unleading).
+  bool after_unlead = false;
 };
 
 struct repair {
@@ -183,6 +186,12 @@ struct lease_state {
   std::unordered_map<std::uint64_t, waiting> waits;
   std::unordered_map<std::string, held> holds; // by chat key
   std::unordered_map<std::string, leading> leads;
+  // Unleads on their way, per name. An unlead is keyed by (incarnation,
+  // term) and a renewal from this incarnation keeps the term, so one that
+  // ran first (renewals go on another connection) would be undone by the
+  // unlead behind it: the name freed while its new presenter is told it
+  // leads.
+  std::unordered_map<std::string, int> unleading;
   std::vector<repair> repairs;
   // Repairs sent again and not answered yet, with the deadline of the
   // first failure: a resend that fails too keeps it, so a backend that
@@ -396,6 +405,7 @@ void send_unlead(lease_actor_t* self, const std::string& name,
   auto& st = self->state;
   flush(self);
   ++st.in_flight;
+  ++st.unleading[name];
   st.cfg.coordinator->unlead(name, fence, [g = st.g, name, fence](
                                             bool, std::exception_ptr e) {
     g->send(unlead_done{name, fence, e ? what_of(e) : std::string{}});
@@ -634,7 +644,8 @@ void renew_now(lease_actor_t* self) {
   for (auto& [key, h] : st.holds)
     r.turns.push_back(turn_ref{key, h.token->fence()});
   for (auto& [name, l] : st.leads)
-    r.leads.push_back(name);
+    if (!l.after_unlead)
+      r.leads.push_back(name);
   send_renew(self, std::move(r));
 }
 
@@ -1013,9 +1024,25 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       check_shutdown(self);
     },
     [=](unlead_done& d) {
-      --self->state.in_flight;
-      if (!d.error.empty())
+      auto& st = self->state;
+      --st.in_flight;
+      if (auto u = st.unleading.find(d.name);
+          u != st.unleading.end() && --u->second <= 0)
+        st.unleading.erase(u);
+      auto l = st.leads.find(d.name);
+      if (l != st.leads.end()) {
+        // Presented again meanwhile: a failed unlead is not repeated (the
+        // name may still be this incarnation's, now wanted again), and
+        // the election waits no more once no unlead is on its way.
+        if (l->second.after_unlead && !st.unleading.contains(d.name)) {
+          l->second.after_unlead = false;
+          renewal r;
+          r.leads.push_back(d.name);
+          send_renew(self, std::move(r));
+        }
+      } else if (!d.error.empty()) {
         add_repair(self, repair::unlead, d.name, d.fence);
+      }
       check_shutdown(self);
     },
     [=](skip_done& d) {
@@ -1053,6 +1080,16 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       if (l.fence) {
         self->send(l.session, lead_valid_atom::value, name, ticks(l.valid_until));
         self->send(l.session, leader_atom::value, name, *l.fence);
+      }
+      // A failed unlead of the name waiting to be repeated is dropped (it
+      // would free the name under its new presenter); one on its way is
+      // waited for.
+      std::erase_if(st.repairs, [&](const repair& r) {
+        return r.kind == repair::unlead && r.key == name;
+      });
+      if (st.unleading.contains(name)) {
+        l.after_unlead = true;
+        return;
       }
       renewal r;
       r.leads.push_back(name);

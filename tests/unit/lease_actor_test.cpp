@@ -662,6 +662,24 @@ TEST_CASE("a failed unlead is repeated until the backend answers it") {
   caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a name presented again while its unlead is on its way is renewed "
+          "only once that unlead is answered") {
+  lease_fixture f;
+  auto [session, session_log] = f.elected_session(lead_name);
+  f.coord->set_policy(op::unlead, nullptr); // answered by the test
+  f.tell(session, botmesh::unlead_atom::value, lead_name);
+  REQUIRE(f.coord->count(op::unlead, lead_name, 1) == 1);
+  auto renewals = f.coord->count(op::renew);
+  // Presented again at once: a renewal now could run before the unlead
+  // (another connection) and be undone by it.
+  f.tell(session, botmesh::lead_atom::value, lead_name);
+  CHECK(f.coord->count(op::renew) == renewals);
+  sc::answer(f.coord->next(op::unlead), true);
+  f.vs.run();
+  CHECK(f.coord->count(op::renew) == renewals + 1);
+  caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("shutdown releases held turns, leaves waiting requests, gives up "
           "leaderships, and replies once the backend answered") {
   lease_fixture f;
