@@ -204,6 +204,21 @@ TEST_CASE("a corrupted Redis journal record is named: settling it fails "
   CHECK(s.claim("b", redis_durable_factory::lease).corrupted.empty());
 }
 
+namespace {
+
+// Sets `damage` ("column = value") on journal row `id`, as something other
+// than the backend would.
+void damage_row(sqlite_durable_factory& f, const std::string& id,
+                const std::string& damage) {
+  sqlite3* raw = nullptr;
+  REQUIRE(sqlite3_open(f.file.path().c_str(), &raw) == SQLITE_OK);
+  auto sql = "UPDATE durable_inbound SET " + damage + " WHERE id = '" + id + "'";
+  REQUIRE(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK);
+  sqlite3_close(raw);
+}
+
+} // namespace
+
 TEST_CASE("a corrupted SQLite journal row is named and set aside by a claim, "
           "the other rows are claimed") {
   // A negative seq, a seq of text, a real or too large an attempt count.
@@ -216,14 +231,7 @@ TEST_CASE("a corrupted SQLite journal row is named and set aside by a claim, "
     REQUIRE(s.record("t:1#bad", "a") == dc::journal_put::recorded);
     REQUIRE(s.record("t:1#good", "a") == dc::journal_put::recorded);
     REQUIRE(s.record("t:1#good2", "a") == dc::journal_put::recorded);
-    {
-      sqlite3* raw = nullptr;
-      REQUIRE(sqlite3_open(f.file.path().c_str(), &raw) == SQLITE_OK);
-      auto sql = "UPDATE durable_inbound SET " + damage + " WHERE id = 't:1#bad'";
-      REQUIRE(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr)
-              == SQLITE_OK);
-      sqlite3_close(raw);
-    }
+    damage_row(f, "t:1#bad", damage);
     f.advance(sqlite_durable_factory::lease * 2); // a is dead
     auto c = s.claim("b", sqlite_durable_factory::lease);
     CHECK(dc::ids(c.records) == std::vector<std::string>{"t:1#good", "t:1#good2"});
@@ -245,14 +253,7 @@ TEST_CASE("a SQLite journal row with a damaged seq neither stops new records "
     dc::sync s{*b};
     REQUIRE(s.record("t:1#bad", "a") == dc::journal_put::recorded);
     REQUIRE(s.record("t:1#one", "a") == dc::journal_put::recorded);
-    {
-      sqlite3* raw = nullptr;
-      REQUIRE(sqlite3_open(f.file.path().c_str(), &raw) == SQLITE_OK);
-      auto sql = "UPDATE durable_inbound SET " + damage + " WHERE id = 't:1#bad'";
-      REQUIRE(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr)
-              == SQLITE_OK);
-      sqlite3_close(raw);
-    }
+    damage_row(f, "t:1#bad", damage);
     CHECK(s.record("t:1#two", "a") == dc::journal_put::recorded);
     CHECK(s.record("t:1#three", "a") == dc::journal_put::recorded);
     f.advance(sqlite_durable_factory::lease * 2); // a is dead
