@@ -161,9 +161,6 @@ struct leading {
   // ("another replica leads", from before this one won) must not undo a
   // newer one.
   clk::time_point answered_sent{clk::time_point::min()};
-  // Presented again while an unlead of the name was on its way: renewed
-  // only once that unlead is answered (see unleading).
-  bool after_unlead = false;
 };
 
 struct repair {
@@ -190,7 +187,7 @@ struct lease_state {
   // term) and a renewal from this incarnation keeps the term, so one that
   // ran first (renewals go on another connection) would be undone by the
   // unlead behind it: the name freed while its new presenter is told it
-  // leads.
+  // leads. A name led here again is not renewed while it is listed.
   std::unordered_map<std::string, int> unleading;
   std::vector<repair> repairs;
   // Repairs sent again and not answered yet, with the deadline of the
@@ -644,7 +641,7 @@ void renew_now(lease_actor_t* self) {
   for (auto& [key, h] : st.holds)
     r.turns.push_back(turn_ref{key, h.token->fence()});
   for (auto& [name, l] : st.leads)
-    if (!l.after_unlead)
+    if (!st.unleading.contains(name))
       r.leads.push_back(name);
   send_renew(self, std::move(r));
 }
@@ -1034,8 +1031,7 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
         // Presented again meanwhile: a failed unlead is not repeated (the
         // name may still be this incarnation's, now wanted again), and
         // the election waits no more once no unlead is on its way.
-        if (l->second.after_unlead && !st.unleading.contains(d.name)) {
-          l->second.after_unlead = false;
+        if (!st.unleading.contains(d.name)) {
           renewal r;
           r.leads.push_back(d.name);
           send_renew(self, std::move(r));
@@ -1087,10 +1083,8 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       std::erase_if(st.repairs, [&](const repair& r) {
         return r.kind == repair::unlead && r.key == name;
       });
-      if (st.unleading.contains(name)) {
-        l.after_unlead = true;
-        return;
-      }
+      if (st.unleading.contains(name))
+        return; // elected once no unlead of it is on its way
       renewal r;
       r.leads.push_back(name);
       send_renew(self, std::move(r)); // elect now, not at the next tick

@@ -261,10 +261,9 @@ struct polling_provider::impl {
         bool done = false;
         errc code = errc::none;
         delivery_callbacks cb;
-        bool cb_opened = false;
-        auto cb_id = u.callback_query_id;
+        std::string opened; // the press now waiting for its turn's end
         if (!u.callback_query_id.empty() && opts.answer_callback_queries) {
-          cb_opened = true;
+          opened = u.callback_query_id;
           callbacks->open(u.callback_query_id);
           cb.turn_ended = [api = api, cbs = callbacks,
                            id = u.callback_query_id](turn_outcome o) {
@@ -282,8 +281,8 @@ struct polling_provider::impl {
           std::unique_lock guard{m};
           done_cv.wait(guard, [&] { return done; });
         }
-        if (code != errc::none && cb_opened)
-          callbacks->refused(cb_id);
+        if (code != errc::none && !opened.empty())
+          callbacks->refused(opened);
         if (retry_later(code)) {
           // Not taken (stopping, or the inbound journal failed): the
           // offset stays, so the update comes again.

@@ -28,6 +28,13 @@ using steady = std::chrono::steady_clock;
 
 namespace {
 
+// A reply kept for a held response: the message (for the API, should the
+// response not carry it) and the response's body, made once.
+struct kept_reply {
+  outgoing_message msg;
+  std::string body;
+};
+
 // A webhook response held for the first reply of its update's turn.
 struct held_answer {
   http::responder r;
@@ -41,7 +48,7 @@ struct held_answer {
   bool released = false;
   /// The reply the response will carry, kept until the turn ends (under
   /// held_mtx).
-  std::optional<outgoing_message> reply{};
+  std::optional<kept_reply> reply{};
 };
 
 // Telegram drops what it cannot run from a webhook response without a
@@ -256,7 +263,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   // handler's thread: a turn that sent ran one), past `reply_wait`
   // (`expired`, on the server's thread) and by stop().
   void release(const std::shared_ptr<held_answer>& p, bool expired) {
-    std::optional<outgoing_message> reply;
+    std::optional<kept_reply> reply;
     std::string callback;
     std::stop_token closed;
     {
@@ -272,8 +279,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     if (reply) {
       if (!p->r.answered()
           && p->r.respond({.status = 200,
-                           .body = internal::to_webhook_answer(
-                             internal::to_method_call(*reply)),
+                           .body = std::move(reply->body),
                            .content_type = "application/json"})) {
         ++n_in_webhook;
         if (expired)
@@ -284,18 +290,19 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       // a thread of its own when this is the server's (rare: Telegram waits
       // far longer than reply_wait); the provider's stop cancels its waits.
       if (!expired) {
-        send_kept(*reply, {});
+        send_kept(reply->msg, {});
         return;
       }
       try {
-        std::thread{[self = shared_from_this(), r = std::move(*reply),
-                     closed] { self->send_kept(r, closed); }}
+        std::thread{[self = shared_from_this(), m = std::move(reply->msg),
+                     closed] { self->send_kept(m, closed); }}
           .detach();
       } catch (const std::exception& e) {
         log::error("telegram",
                    fmt::format("{}: the reply to message {} of chat {} could "
                                "not be sent: no thread for it ({})",
-                               opts.id, reply->reply_to, reply->chat, e.what()));
+                               opts.id, reply->msg.reply_to, reply->msg.chat,
+                               e.what()));
       }
       return;
     }
@@ -313,24 +320,25 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   }
 
   // The reply `p` keeps, taken (under held_mtx).
-  std::optional<outgoing_message> take_reply(const std::shared_ptr<held_answer>& p) {
-    std::optional<outgoing_message> out;
+  std::optional<kept_reply> take_reply(const std::shared_ptr<held_answer>& p) {
+    std::optional<kept_reply> out;
     out.swap(p->reply);
     if (auto i = replying.find(p->chat); i != replying.end() && i->second == p)
       replying.erase(i);
     return out;
   }
 
-  // Keeps `msg` for the response of `p`, and takes the callback query id
-  // the response no longer answers (into `callback`): false when that
-  // response was released already (reply_wait passed, or the provider
-  // stops), so `msg` goes through the API.
+  // Keeps `msg` (with `body`, its response's body) for the response of
+  // `p`, and takes the callback query id the response no longer answers
+  // (into `callback`): false when that response was released already
+  // (reply_wait passed, or the provider stops), so `msg` goes through the
+  // API.
   bool keep(const std::shared_ptr<held_answer>& p, const outgoing_message& msg,
-            std::string& callback) {
+            std::string& body, std::string& callback) {
     std::lock_guard guard{held_mtx};
     if (p->released || p->r.answered())
       return false;
-    p->reply = msg;
+    p->reply = kept_reply{msg, std::move(body)};
     replying[p->chat] = p;
     callback.swap(p->callback_query_id);
     return true;
@@ -342,7 +350,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   // answer goes back without it.
   void flush_kept(const std::string& chat) {
     std::shared_ptr<held_answer> p;
-    std::optional<outgoing_message> reply;
+    std::optional<kept_reply> reply;
     {
       std::lock_guard guard{held_mtx};
       auto i = replying.find(chat);
@@ -355,7 +363,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     // Its handler was told it went: a failure is logged, and the send
     // that flushed it goes on (not cancelled with it either).
     if (reply)
-      send_kept(*reply, {});
+      send_kept(reply->msg, {});
   }
 
   void send_api(const outgoing_message& msg, std::stop_token cancel) {
@@ -555,7 +563,8 @@ void webhook_provider::send(const outgoing_message& msg,
     i.flush_kept(msg.chat);
     if (!msg.reply_to.empty() && fits_response(msg)) {
       auto to = internal::split_chat(msg.chat);
-      internal::to_method_call(msg); // validates first
+      // Validates first; made once, here, not on the server's thread.
+      auto body = internal::to_webhook_answer(internal::to_method_call(msg));
       if (auto p = i.take_held(msg)) {
         // A reply in the answer counts against the platform's limits like
         // any other: when the buckets say wait, the held update is
@@ -563,7 +572,7 @@ void webhook_provider::send(const outgoing_message& msg,
         // through the API, which waits for them.
         if (!i.flood.try_acquire(to.chat_id, to.group())) {
           i.release(p, false);
-        } else if (std::string callback; i.keep(p, msg, callback)) {
+        } else if (std::string callback; i.keep(p, msg, body, callback)) {
           // The response carries one method, the reply: a pressed
           // button's answer goes through the API.
           if (!callback.empty() && i.opts.answer_callback_queries)

@@ -206,7 +206,6 @@ void durable_intake::entry_landed(const held_record& record,
   std::string key;
   bool keep = false;
   bool held = false;
-  std::function<void()> go;
   std::optional<entry> again;
   {
     std::lock_guard guard{mtx_};
@@ -236,14 +235,13 @@ void durable_intake::entry_landed(const held_record& record,
       keep = u.keep;
       unlanded_.erase(i);
     }
-    go = take_retire();
   }
+  // (A retire waiting for this entry goes on once the entry's own call
+  // finished: see op(). This runs inside it.)
   if (again)
     resend(record, std::move(*again));
   if (held)
     settle_as(key, record.first, keep, record.second, true);
-  if (go)
-    go();
 }
 
 // The send was made (or is being made) without waiting for the verdict:
