@@ -34,6 +34,17 @@ botmesh::inbound_message msg(std::string chat, std::string id,
   return m;
 }
 
+// Delivers `m` and waits for the bot's answer to the provider: the code it
+// accepted or refused the message with.
+errc acceptance(botmesh::testing_provider& p, botmesh::inbound_message m) {
+  std::atomic<int> code{-1};
+  p.inject(std::move(m),
+           {.accepted = [&](errc e) { code = static_cast<int>(e); },
+            .turn_ended = {}});
+  REQUIRE(test::eventually([&] { return code != -1; }));
+  return static_cast<errc>(code.load());
+}
+
 botmesh::durability_options durable(std::shared_ptr<botmesh::durable_backend> b,
                                     std::string id = "r1") {
   return botmesh::durability_options{.backend = std::move(b),
@@ -181,12 +192,7 @@ TEST_CASE("with durability a failed journal write refuses the message with "
   errors.attach(b);
   b.on_message([&](botmesh::context& c) { c.reply("ok"); });
   b.start();
-  std::atomic<int> code{-1};
-  p->inject(msg("ana", "m1", "hola"),
-            {.accepted = [&](errc e) { code = static_cast<int>(e); },
-             .turn_ended = {}});
-  REQUIRE(test::eventually([&] { return code != -1; }));
-  CHECK(code == static_cast<int>(errc::store_error));
+  CHECK(acceptance(*p, msg("ana", "m1", "hola")) == errc::store_error);
   REQUIRE(test::eventually([&] { return errors.count(errc::store_error) == 1; }));
   CHECK(errors.all()[0].what.find("simulated journal failure")
         != std::string::npos);
@@ -209,12 +215,7 @@ TEST_CASE("with durability a bot whose first beat failed refuses messages "
   errors.attach(b);
   b.on_message([&](botmesh::context& c) { c.reply("ok"); });
   b.start();
-  std::atomic<int> code{-1};
-  p->inject(msg("ana", "m1", "hola"),
-            {.accepted = [&](errc e) { code = static_cast<int>(e); },
-             .turn_ended = {}});
-  REQUIRE(test::eventually([&] { return code != -1; }));
-  CHECK(code == static_cast<int>(errc::store_error));
+  CHECK(acceptance(*p, msg("ana", "m1", "hola")) == errc::store_error);
   // (Error events reach listeners through the handler pool: waited for.)
   CHECK(test::eventually([&] {
     for (auto& e : errors.all())
@@ -924,12 +925,7 @@ void timed_out_write_handled_once(std::shared_ptr<botmesh::durable_backend> back
   });
   b.start();
   arm();
-  std::atomic<int> code{-1};
-  p->inject(msg("ana", "m1", "hola"),
-            {.accepted = [&](errc e) { code = static_cast<int>(e); },
-             .turn_ended = {}});
-  REQUIRE(test::eventually([&] { return code != -1; }));
-  CHECK(code == static_cast<int>(errc::timeout));
+  CHECK(acceptance(*p, msg("ana", "m1", "hola")) == errc::timeout);
   refused();
   // The platform retries: already journaled, so a duplicate...
   p->inject(msg("ana", "m1", "hola"));
@@ -976,12 +972,7 @@ TEST_CASE("with durability a redelivery whose journal write fails does not "
   // The platform sends it again; that write lands (a duplicate) but its
   // reply is lost.
   backend->lose_record_replies = true;
-  std::atomic<int> code{-1};
-  p->inject(msg("ana", "m1", "hola"),
-            {.accepted = [&](errc e) { code = static_cast<int>(e); },
-             .turn_ended = {}});
-  REQUIRE(test::eventually([&] { return code != -1; }));
-  CHECK(code == static_cast<int>(errc::timeout));
+  CHECK(acceptance(*p, msg("ana", "m1", "hola")) == errc::timeout);
   backend->lose_record_replies = false;
   // Several beats (the lease is 300 ms) while the first turn still runs:
   // none may take the record over.

@@ -158,59 +158,37 @@ botmesh::event_ptr event(std::string text) {
 
 } // namespace
 
-TEST_CASE("a chat actor keeps one turn_wait tick pending however many "
-          "messages wait for their turns, and each still gets its full "
-          "bound") {
+// A router with `instant_services` and a `manual_lease`, on the
+// deterministic scheduler; ended with the fixture.
+struct manual_chats {
   deterministic d;
   instant_services svc;
-  auto a = std::make_shared<asks>();
-  auto lease = d.sys->spawn(manual_lease, a);
-  auto router = botmesh::spawn_router(
-    *d.sys, botmesh::router_config{.services = &svc, .lease = lease,
-                                   .turn_wait = std::chrono::seconds{10}});
-  d.sched->run();
-  auto grant = [&](std::uint64_t fence) {
-    REQUIRE(a->pending.size() == 1);
-    auto [chat, req] = a->pending.front();
-    a->pending.clear();
-    auto t = std::make_shared<botmesh::turn_token>(
-      "test:c", fence, req, std::nullopt,
-      std::chrono::steady_clock::now() + std::chrono::hours(1));
-    caf::anon_send(chat, botmesh::granted_atom::value, req, std::move(t));
-    d.sched->run();
-  };
-  // 300 messages, one after the other, each waiting for its grant.
-  for (int n = 1; n <= 300; ++n) {
-    caf::anon_send(router, event("m" + std::to_string(n)));
-    d.sched->run();
-    grant(static_cast<std::uint64_t>(n));
-  }
-  CHECK(svc.ran == 300);
-  // The router's idle sweep and the chat's one tick.
-  CHECK(d.sched->clock().schedule().size() <= 2);
-  // A message whose wait begins after the tick was armed is not cut short:
-  // it waits its whole turn_wait.
-  d.pass(6s);
-  caf::anon_send(router, event("tarde"));
-  d.sched->run();
-  d.pass(6s); // the tick (armed 12 s ago) came; "tarde" waited 6 s
-  CHECK(svc.failed.empty());
-  d.pass(5s);
-  CHECK(svc.failed == std::vector<std::string>{"tarde"});
-  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(lease, caf::exit_reason::user_shutdown);
-}
+  std::shared_ptr<asks> a = std::make_shared<asks>();
+  caf::actor lease;
+  caf::actor router;
 
-TEST_CASE("a run_turn that throws ends the chat actor and refuses the message "
-          "it was given, once, and the ones after it run on the chat's next actor") {
-  deterministic d;
-  instant_services svc;
-  auto a = std::make_shared<asks>();
-  auto lease = d.sys->spawn(manual_lease, a);
-  auto router = botmesh::spawn_router(
-    *d.sys, botmesh::router_config{.services = &svc, .lease = lease});
-  d.sched->run();
-  auto grant_all = [&] {
+  explicit manual_chats(std::chrono::milliseconds turn_wait = std::chrono::minutes{2}) {
+    lease = d.sys->spawn(manual_lease, a);
+    router = botmesh::spawn_router(
+      *d.sys, botmesh::router_config{.services = &svc, .lease = lease,
+                                     .turn_wait = turn_wait});
+    d.sched->run();
+  }
+
+  ~manual_chats() {
+    caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(lease, caf::exit_reason::user_shutdown);
+    d.sched->run(); // while svc lives: the exits may still call it
+  }
+
+  void send(std::string text) {
+    caf::anon_send(router, event(std::move(text)));
+    d.sched->run();
+  }
+
+  // Grants every pending request (fence = request id), and those they
+  // lead to, a few rounds deep.
+  void grant_all() {
     for (int round = 0; round < 10 && !a->pending.empty(); ++round) {
       auto asked = std::move(a->pending);
       a->pending.clear();
@@ -221,14 +199,39 @@ TEST_CASE("a run_turn that throws ends the chat actor and refuses the message "
                          std::chrono::steady_clock::now() + std::chrono::hours(1)));
       d.sched->run();
     }
-  };
-  svc.throw_next = 1;
-  caf::anon_send(router, event("uno"));
-  caf::anon_send(router, event("dos"));
-  d.sched->run();
-  grant_all();
-  CHECK(svc.texts == std::vector<std::string>{"dos"});
-  CHECK(svc.failed == std::vector<std::string>{"refused uno"});
-  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(lease, caf::exit_reason::user_shutdown);
+  }
+};
+
+TEST_CASE("a chat actor keeps one turn_wait tick pending however many "
+          "messages wait for their turns, and each still gets its full "
+          "bound") {
+  manual_chats f{std::chrono::seconds{10}};
+  // 300 messages, one after the other, each waiting for its grant.
+  for (int n = 1; n <= 300; ++n) {
+    f.send("m" + std::to_string(n));
+    REQUIRE(f.a->pending.size() == 1);
+    f.grant_all();
+  }
+  CHECK(f.svc.ran == 300);
+  // The router's idle sweep and the chat's one tick.
+  CHECK(f.d.sched->clock().schedule().size() <= 2);
+  // A message whose wait begins after the tick was armed is not cut short:
+  // it waits its whole turn_wait.
+  f.d.pass(6s);
+  f.send("tarde");
+  f.d.pass(6s); // the tick (armed 12 s ago) came; "tarde" waited 6 s
+  CHECK(f.svc.failed.empty());
+  f.d.pass(5s);
+  CHECK(f.svc.failed == std::vector<std::string>{"tarde"});
+}
+
+TEST_CASE("a run_turn that throws ends the chat actor and refuses the message "
+          "it was given, once, and the ones after it run on the chat's next actor") {
+  manual_chats f;
+  f.svc.throw_next = 1;
+  caf::anon_send(f.router, event("uno"));
+  f.send("dos");
+  f.grant_all();
+  CHECK(f.svc.texts == std::vector<std::string>{"dos"});
+  CHECK(f.svc.failed == std::vector<std::string>{"refused uno"});
 }

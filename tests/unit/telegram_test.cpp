@@ -46,6 +46,16 @@ tg::webhook_options options(const test::fake_api& api) {
   return o;
 }
 
+/// A webhook provider on `api` that replies in the webhook's response.
+std::shared_ptr<tg::webhook_provider>
+replying_provider(const test::fake_api& api, const char* reply_wait = nullptr) {
+  auto o = options(api);
+  o.reply_in_webhook = true;
+  if (reply_wait)
+    o.reply_wait = reply_wait;
+  return std::make_shared<tg::webhook_provider>(o);
+}
+
 /// Posts updates to a bot's webhook like Telegram does.
 struct poster {
   explicit poster(std::string u) : url(std::move(u)), client(std::make_unique<http::client>()) {}
@@ -546,9 +556,7 @@ TEST_CASE("with reply in webhook a turn's only reply goes back in the webhook "
           "response, and a turn that sends more sends them all through the "
           "Bot API, in order") {
   auto api = test::fake_telegram();
-  auto o = options(*api);
-  o.reply_in_webhook = true;
-  auto p = std::make_shared<tg::webhook_provider>(o);
+  auto p = replying_provider(*api);
   botmesh::bot bot{{.provider = p}};
   bot.hears("una", [](botmesh::context& c) { c.reply("sola"); });
   bot.hears("dos", [](botmesh::context& c) {
@@ -587,9 +595,7 @@ TEST_CASE("with reply in webhook a kept reply that fails through the API is "
   auto api = test::fake_telegram();
   api->script("sendMessage", 500,
               R"({"ok":false,"error_code":500,"description":"Internal Server Error"})");
-  auto o = options(*api);
-  o.reply_in_webhook = true;
-  auto p = std::make_shared<tg::webhook_provider>(o);
+  auto p = replying_provider(*api);
   botmesh::bot bot{{.provider = p}};
   std::atomic<int> threw{0};
   bot.on_message([&](botmesh::context& c) {
@@ -617,9 +623,7 @@ TEST_CASE("with reply in webhook a formatted or over-long reply goes through "
   auto api = test::fake_telegram();
   api->script("sendMessage", 400,
               R"({"ok":false,"error_code":400,"description":"Bad Request: can't parse entities"})");
-  auto o = options(*api);
-  o.reply_in_webhook = true;
-  auto p = std::make_shared<tg::webhook_provider>(o);
+  auto p = replying_provider(*api);
   botmesh::bot bot{{.provider = p}};
   std::atomic<int> refused{0};
   bot.hears("html", [&](botmesh::context& c) {
@@ -689,9 +693,7 @@ TEST_CASE("with reply in webhook a reply the flood control would hold back "
 TEST_CASE("replies to a forum topic, in the webhook response and through the "
           "Bot API, name the topic") {
   auto api = test::fake_telegram();
-  auto o = options(*api);
-  o.reply_in_webhook = true;
-  auto p = std::make_shared<tg::webhook_provider>(o);
+  auto p = replying_provider(*api);
   botmesh::bot bot{{.provider = p}};
   bot.on_message([](botmesh::context& c) {
     c.reply("uno");
@@ -816,10 +818,7 @@ TEST_CASE("an error listener that stops the bot on the webhook's own thread "
 TEST_CASE("with reply in webhook a slow handler's held answer is released "
           "after reply_wait and its reply goes through the Bot API") {
   auto api = test::fake_telegram();
-  auto o = options(*api);
-  o.reply_in_webhook = true;
-  o.reply_wait = "100ms";
-  auto p = std::make_shared<tg::webhook_provider>(o);
+  auto p = replying_provider(*api, "100ms");
   botmesh::bot bot{{.provider = p}};
   std::latch answered{1};
   bot.on_message([&](botmesh::context& c) {
@@ -840,10 +839,7 @@ TEST_CASE("with reply in webhook a slow handler's held answer is released "
 TEST_CASE("with reply in webhook a reply kept past reply_wait goes back in "
           "the response then, not at the slow turn's end") {
   auto api = test::fake_telegram();
-  auto o = options(*api);
-  o.reply_in_webhook = true;
-  o.reply_wait = "100ms";
-  auto p = std::make_shared<tg::webhook_provider>(o);
+  auto p = replying_provider(*api, "100ms");
   botmesh::bot bot{{.provider = p}};
   std::latch answered{1};
   bot.on_message([&](botmesh::context& c) {
@@ -1093,9 +1089,7 @@ TEST_CASE("every pressed button gets one answer: from its reply, or once a "
 TEST_CASE("a stopping bot answers Telegram 503 for new updates and its held "
           "answers are given before the server closes") {
   auto api = test::fake_telegram();
-  auto o = options(*api);
-  o.reply_in_webhook = true;
-  auto p = std::make_shared<tg::webhook_provider>(o);
+  auto p = replying_provider(*api);
   auto bot = std::make_unique<botmesh::bot>(botmesh::bot_options{.provider = p});
   std::latch entered{1};
   std::latch release{1};
