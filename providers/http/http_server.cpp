@@ -864,11 +864,37 @@ void server::remove_route(const std::string& method, const std::string& path) {
 void server::start() {
   auto& i = *impl_;
   std::lock_guard guard{i.lifecycle_mtx};
-  if (i.started)
+  if (i.started && !i.stopped)
     return;
+  if (i.stopped) {
+    // Started again after a stop (a transport closed and opened again: a
+    // replica that lost a leadership and won it back). The stop finished
+    // under lifecycle_mtx, so a stop begun on an I/O thread has only its
+    // thread left to join.
+    std::thread finished;
+    {
+      std::lock_guard g{i.stopper_mtx};
+      finished = std::move(i.stopper);
+    }
+    if (finished.joinable())
+      finished.join();
+    {
+      std::lock_guard g{i.sessions_mtx};
+      i.accept_paused = false;
+    }
+    for (auto& t : i.io)
+      t->ioc.restart();
+    i.io_finished = false;
+    i.stop_begun = false;
+    i.stopping = false;
+    i.stopped = false;
+    i.started = false;
+  }
   try {
     auto addr = net::ip::make_address(i.opts.address);
-    tcp::endpoint ep{addr, i.opts.port};
+    // The port it had, when it chose one: a webhook registered with the
+    // platform names it.
+    tcp::endpoint ep{addr, i.opts.port != 0 ? i.opts.port : i.bound_port};
     i.acceptor.emplace(i.io.front()->ioc);
     i.acceptor->open(ep.protocol());
     i.acceptor->set_option(net::socket_base::reuse_address(true));

@@ -170,15 +170,16 @@ class server {
   /// Removes a route; its requests then get 404.
   void remove_route(const std::string& method, const std::string& path);
 
-  /// Binds, listens and starts the I/O threads. Idempotent. Throws
-  /// `botmesh::error` (`errc::provider_error`) when the address cannot be
-  /// bound, naming it.
+  /// Binds, listens and starts the I/O threads. Idempotent while started;
+  /// after `stop()` it starts the server again (routes kept; a server that
+  /// chose a free port binds the same one again). Throws `botmesh::error`
+  /// (`errc::provider_error`) when the address cannot be bound, naming it.
   void start();
 
   /// Graceful stop: stops accepting, closes idle connections, lets the
   /// requests in flight be answered (with `Connection: close`) for up to
   /// `shutdown_timeout`, then closes everything and joins the threads.
-  /// Idempotent; the server cannot be started again. Called from one of
+  /// Idempotent; `start()` starts it again. Called from one of
   /// the server's own handlers (on an I/O thread), it only begins the stop
   /// and returns: a thread of its own finishes it once that handler
   /// returned (the handler may still answer its request). A later call

@@ -515,6 +515,8 @@ void webhook_provider::start(provider_host& host) {
   {
     std::lock_guard guard{i.held_mtx};
     i.closing = std::stop_source{};
+    // A stop dropped the pending tick with the server's timers.
+    i.ticking = false;
   }
   i.hosts.set(host);
   if (i.own_server)

@@ -489,6 +489,34 @@ TEST_CASE("when handing over one message of a WhatsApp payload fails, it and "
   CHECK(p->stats().duplicates == 1); // w1, on the retry
 }
 
+TEST_CASE("a WhatsApp provider stopped and started again (a leadership lost "
+          "and won back) listens again, on the same port") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  throwing_host host;
+  p->start(host);
+  auto url = p->server().url() + "/whatsapp";
+  signed_poster post{url};
+  CHECK(post.post(wa_payload("[" + wa_text("w1", "346", "uno") + "]")).status
+        == 200);
+  p->stop();
+  CHECK(p->state() == botmesh::provider_state::closed);
+  p->start(host);
+  CHECK(p->state() == botmesh::provider_state::open);
+  CHECK(p->server().url() + "/whatsapp" == url);
+  signed_poster again{url};
+  CHECK(again.post(wa_payload("[" + wa_text("w2", "346", "dos") + "]")).status
+        == 200);
+  p->stop();
+  p->start(host); // and once more: a restart leaves nothing behind
+  signed_poster third{url};
+  CHECK(third.post(wa_payload("[" + wa_text("w3", "346", "tres") + "]")).status
+        == 200);
+  p->stop();
+  std::lock_guard guard{host.mtx};
+  CHECK(host.ids == std::vector<std::string>{"w1", "w2", "w3"});
+}
+
 TEST_CASE("a Graph API rate limit is waited out and retried in order, a "
           "permission error becomes forbidden") {
   auto api = fake_graph();

@@ -861,6 +861,52 @@ TEST_CASE("with reply in webhook a reply kept past reply_wait goes back in "
   CHECK(p->stats().reply_wait_expired == 1);
 }
 
+namespace {
+
+// Accepts every update and never ends its turn: a held answer goes back
+// only past reply_wait (or at stop).
+struct accepting_host final : botmesh::provider_host {
+  std::atomic<int> delivered{0};
+  void deliver(botmesh::inbound_message) override { ++delivered; }
+  void deliver(botmesh::inbound_message,
+               botmesh::delivery_callbacks cb) override {
+    ++delivered;
+    cb.accepted(botmesh::errc::none);
+  }
+  void state_changed(botmesh::provider_state) override {}
+  void input_closed() override {}
+};
+
+} // namespace
+
+TEST_CASE("a Telegram webhook stopped and started again (a leadership lost "
+          "and won back) listens again on its port and still answers held "
+          "updates past reply_wait") {
+  auto api = test::fake_telegram();
+  auto p = replying_provider(*api, "100ms");
+  accepting_host host;
+  p->start(host);
+  auto post = poster_for(*p);
+  auto url = post.url;
+  // Stopped while an update is held: its tick goes with the server.
+  auto held = std::async(std::launch::async, [&] {
+    return post.post(test::tg_text_update(1, 42, "uno")).status;
+  });
+  REQUIRE(test::eventually([&] { return host.delivered.load() == 1; }));
+  p->stop();
+  CHECK(held.get() == 200);
+  p->start(host);
+  CHECK(p->server().url() + "/telegram" == url);
+  poster again{url};
+  again.client = std::make_unique<http::client>(
+    http::client_options{.request_timeout = "5s"});
+  // Answered by the tick past reply_wait (without it, the request would
+  // hang until the client gives up, and throw).
+  CHECK(again.post(test::tg_text_update(2, 42, "dos")).status == 200);
+  p->stop();
+  CHECK(host.delivered.load() == 2);
+}
+
 TEST_CASE("a 429 with retry_after is waited out and retried, keeping the "
           "chat's order") {
   auto api = test::fake_telegram();
