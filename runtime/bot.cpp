@@ -448,10 +448,12 @@ struct bot::impl final : chat_services,
     if (held_elsewhere(*token)) {
       // What the previous holder handed over with its release spares the
       // store read of the chat's checkpoint.
-      if (token->handed().empty())
-        flows.drop(key);
-      else
+      if (!token->handed().empty())
         flows.hand(key, token->handed());
+      else if (!token->previous_holder())
+        flows.check_unknown_holder(key);
+      else
+        flows.drop(key);
       if (token->previous_holder())
         handoffs.inc(); // the chat's last turn ran on another replica
     }
@@ -935,7 +937,7 @@ struct bot::impl final : chat_services,
     if (record(key, msg, first, turn ? turn->fence() : 0))
       outcome = run_handlers(key, msg, first, turn, answer_saved, &routed);
     if (first && !routed)
-      flows.drop(key);
+      flows.look_later(key);
     return outcome;
   }
 

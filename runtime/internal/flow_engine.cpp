@@ -350,6 +350,41 @@ void flow_engine::drop(const std::string& key) {
   }
 }
 
+void flow_engine::look_later(const std::string& key) {
+  if (!flows_.empty())
+    uncertain(key);
+}
+
+void flow_engine::check_unknown_holder(const std::string& key) {
+  if (flows_.empty())
+    return;
+  auto* c = find(key);
+  // Nothing written (a flow that leaves no checkpoint) tells nothing: a
+  // copy that another replica's turn may have moved past goes.
+  if (!c || c->revision == 0 || c->superseded) {
+    drop(key);
+    return;
+  }
+  auto revision = c->revision;
+  std::optional<flow_checkpoint> cp;
+  try {
+    cp = host_.flow_store().get_checkpoint(key);
+  } catch (const std::exception& e) {
+    drop(key);
+    auto* err = dynamic_cast<const error*>(&e);
+    host_.raise_error(err ? err->code() : errc::store_error,
+                      fmt::format("chat {}: its last holder is unknown and its "
+                                  "checkpoint could not be read to check its "
+                                  "conversation in memory, which is dropped "
+                                  "(the next message reads the store): {}",
+                                  key, e.what()),
+                      key, nullptr);
+    return;
+  }
+  if (!cp || cp->revision != revision)
+    drop(key);
+}
+
 // A handover message: "1" and the JSON of the conversation's live
 // checkpoint (with its revision). "No checkpoint" is never handed: nothing
 // on the taker's side could check it (a holder's write that landed late,

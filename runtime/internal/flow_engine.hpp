@@ -195,6 +195,21 @@ class flow_engine {
   /// its next message reads the checkpoint. Called from the chat's turn.
   void drop(const std::string& key);
 
+  /// The activation's first message did not reach the flows (a middleware
+  /// answered it, its record failed): the next message looks at the store
+  /// instead. A conversation in memory is kept (it is what the store holds,
+  /// or newer).
+  void look_later(const std::string& key);
+
+  /// A turn whose previous holder is unknown (the coordinator forgot the
+  /// idle chat: its key expired, an eviction): the conversation in memory
+  /// is kept only while the store's checkpoint is still the one it wrote
+  /// last (another replica's turn would have moved or cleared it), so a
+  /// long wait's timer still fires on the replica where it waits. Otherwise
+  /// as `drop`. Costs one store read when a conversation is in memory; a
+  /// read that fails drops it and raises an error naming the chat.
+  void check_unknown_holder(const std::string& key);
+
   /// As `drop`, but the previous holder handed the chat's checkpoint over
   /// with the release that granted this turn (`turn_token::handed`, made by
   /// `on_message` / `on_timer` there): the next message resumes from it

@@ -492,3 +492,32 @@ TEST_CASE("checkpoints are read once per chat activation, not per message") {
   // One lookup when the chat's actor started; none for the other 19.
   CHECK(store->checkpoint_reads.load() == 1);
 }
+
+TEST_CASE("a waiting flow survives its chat's passivation when the first "
+          "message after it never reaches the flows") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .passivate_after = "30ms"}};
+  flow f{"pedido"};
+  f.hears({"pedido"}).ask("producto", "¿Qué producto quieres?",
+                          [](flow_context& c, const answer& a) {
+                            c.send("Anotado: " + a.text());
+                          });
+  b.add_flow(f); // not persistent: it lives in memory only
+  // A sticker is swallowed before the flows see it.
+  b.use([](botmesh::context& c, const std::function<void()>& next) {
+    if (c.text() != "sticker")
+      next();
+  });
+  b.on_message([](botmesh::context& c) { c.reply("handler: " + c.text()); });
+  b.start();
+  p->inject("ana", "pedido");
+  REQUIRE(p->wait_for_sent(1, 5s));
+  REQUIRE(test::eventually([&] { return b.stats().passivations >= 1; }));
+  p->inject("ana", "sticker");
+  REQUIRE(test::eventually([&] { return b.stats().handled == 2; }));
+  p->inject("ana", "manzana");
+  REQUIRE(p->wait_for_sent(2, 5s));
+  CHECK(texts(*p, "ana")
+        == std::vector<std::string>{"¿Qué producto quieres?",
+                                    "Anotado: manzana"});
+}

@@ -329,3 +329,60 @@ TEST_CASE("a checkpoint over 64 KiB is not handed over: the taker reads the "
   CHECK(env.store->checkpoint_reads.load() > reads);
   CHECK(b.error_count() == 0);
 }
+
+namespace {
+
+// A hub that forgets every idle chat at once: each turn's previous holder
+// is unknown, as after a chat key expired in Redis.
+struct forgetful_env {
+  botmesh::memory_coordination_hub hub{{.max_idle_keys = 0}};
+  std::shared_ptr<test::recording_store> store =
+    std::make_shared<test::recording_store>(
+      std::make_shared<botmesh::memory_store>());
+
+  std::shared_ptr<botmesh::coordinator> coordinator(std::string id) {
+    return std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = std::move(id)});
+  }
+};
+
+} // namespace
+
+TEST_CASE("a waiting flow's timeout fires on its replica when the "
+          "coordinator forgot who held the chat last, and a copy another "
+          "replica moved past is still discarded") {
+  using namespace test::handover;
+  forgetful_env env;
+  SUBCASE("one replica: the timeout is said") {
+    replica a{env, "a"};
+    a.bot->add_flow(order_flow(true, nullptr, botmesh::duration{"150ms"}));
+    a.bot->start();
+    REQUIRE(a.say("pedido", 1));
+    REQUIRE(a.say("café", 2));
+    CHECK(a.last() == "¿Cantidad?");
+    REQUIRE(a.provider->wait_for_sent(3, 10s));
+    CHECK(a.last() == botmesh::text("en", "core.conversation.timeout"));
+    CHECK(no_checkpoint(env));
+    CHECK(a.error_count() == 0);
+  }
+  SUBCASE("two replicas: the stale copy stays silent") {
+    replica a{env, "a"};
+    replica b{env, "b"};
+    a.bot->add_flow(order_flow(true, nullptr, botmesh::duration{"400ms"}));
+    b.bot->add_flow(order_flow(true));
+    a.bot->start();
+    b.bot->start();
+    REQUIRE(a.say("pedido", 1));
+    REQUIRE(a.say("café", 2));
+    REQUIRE(waiting_at(env, "cantidad"));
+    REQUIRE(b.say("3", 1)); // b resumes from the store and moves it on
+    CHECK(b.last() == "¿Dirección?");
+    REQUIRE(waiting_at(env, "direccion"));
+    // a's timer turn comes and goes: its copy is discarded, unsaid.
+    CHECK(eventually([&] { return a.bot->stats().conversations == 0; }));
+    CHECK(a.provider->sent().size() == 2);
+    REQUIRE(b.say("Calle 1", 2));
+    CHECK(b.last() == "3 x café a Calle 1");
+    CHECK(a.error_count() == 0);
+  }
+}
