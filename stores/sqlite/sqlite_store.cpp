@@ -58,6 +58,8 @@ CREATE TABLE IF NOT EXISTS schedules (
   lease_until INTEGER NOT NULL, claimed_at INTEGER NOT NULL,
   done INTEGER NOT NULL, deleted INTEGER NOT NULL,
   updated_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS schedule_fences (
+  id TEXT PRIMARY KEY, fencing_token INTEGER NOT NULL) WITHOUT ROWID;
 )sql";
 
 std::int64_t ms(time_point t) {

@@ -43,8 +43,12 @@ class sqlite_store final : public store {
   /// Opens the file, sets WAL and creates the tables. Idempotent.
   void start() override;
 
-  /// The durable-task calendars in the same file (table `schedules`),
-  /// sharing this store's connection. Valid after `start()`.
+  /// The durable-task calendars in the same file (table `schedules`, and
+  /// `schedule_fences`: the last fencing token of each removed task),
+  /// sharing this store's connection. Valid after `start()`. Old
+  /// tombstones may be purged by hand once no executor can still hold
+  /// their token (`DELETE FROM schedules WHERE deleted AND updated_at <
+  /// ...`): a task registered again goes on from its fence.
   std::shared_ptr<schedule_store> schedules();
 
   void save_chat(const chat_record& rec) override;

@@ -338,3 +338,41 @@ TEST_CASE("the SQLite store refuses a log cap of 0, naming the option") {
   }
   CHECK(field == "max_log_per_chat");
 }
+
+TEST_CASE("a SQLite task registered again after its tombstone was purged by "
+          "hand goes on from its last fencing token") {
+  test::temp_file file;
+  botmesh::sqlite_store s{{.path = file.path()}};
+  s.start();
+  auto sched = s.schedules();
+  auto t0 = botmesh::from_unix_ms(1'000'000);
+  sched->register_task("x", "every 1000", t0, t0);
+  std::uint64_t token = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto now = t0 + std::chrono::seconds(i);
+    auto c = sched->claim("x", "me", now, std::chrono::seconds(60));
+    REQUIRE(c);
+    token = c->token;
+    REQUIRE(sched->commit("x", "me", token, now + std::chrono::seconds(1),
+                          false, now));
+  }
+  CHECK(token == 3);
+  REQUIRE(sched->remove("x", t0 + std::chrono::seconds(5)));
+  // The purge the documentation describes, from another connection.
+  raw_sql(file.path(), "DELETE FROM schedules WHERE deleted = 1");
+  CHECK_FALSE(sched->get("x").has_value());
+  auto again = t0 + std::chrono::seconds(10);
+  auto rec = sched->register_task("x", "every 1000", again, again);
+  CHECK(rec.fencing_token == 3);
+  auto c = sched->claim("x", "me", again, std::chrono::seconds(60));
+  REQUIRE(c);
+  CHECK(c->token == 4);
+  // Removed and purged once more: the fence follows the newest token.
+  REQUIRE(sched->remove("x", again + std::chrono::seconds(1)));
+  raw_sql(file.path(), "DELETE FROM schedules WHERE deleted = 1");
+  sched->register_task("x", "every 1000", again, again);
+  auto d = sched->claim("x", "me", again + std::chrono::seconds(2),
+                        std::chrono::seconds(60));
+  REQUIRE(d);
+  CHECK(d->token == 5);
+}

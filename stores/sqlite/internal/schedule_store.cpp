@@ -83,6 +83,15 @@ class sqlite_schedule_store final : public schedule_store {
     auto rec = load(*db_, id);
     bool exists = rec.has_value();
     schedule_record r = rec.value_or(schedule_record{});
+    if (!exists) {
+      // Its tombstone may have been purged by hand: the token goes on from
+      // the fence its removal left.
+      stmt f{*db_, "SELECT fencing_token FROM schedule_fences WHERE id=?"};
+      f.bind(1, id);
+      if (f.step())
+        r.fencing_token = static_cast<std::uint64_t>(
+          std::max<std::int64_t>(0, f.int64(0)));
+    }
     if (!register_record(r, exists, id, spec, first_run, now))
       return r;
     save(*db_, r);
@@ -132,13 +141,26 @@ class sqlite_schedule_store final : public schedule_store {
     return s.run() > 0;
   }
 
+  // The tombstone keeps the fencing token; so does schedule_fences, for
+  // when tombstones are purged by hand (DELETE FROM schedules WHERE
+  // deleted AND ...): a task registered again never goes back to a token
+  // an executor may still hold.
   bool remove(std::string_view id, time_point now) override {
-    std::lock_guard guard{db_->mutex()};
+    transaction tx{*db_};
     stmt s{*db_, "UPDATE schedules SET deleted=1, done=0, lease_owner='', "
                  "lease_until=0, claimed_at=0, updated_at=? WHERE id=? AND "
                  "deleted=0"};
     s.bind(1, to_unix_ms(now)).bind(2, id);
-    return s.run() > 0;
+    if (s.run() == 0)
+      return false;
+    stmt f{*db_, "INSERT INTO schedule_fences (id, fencing_token) "
+                 "SELECT id, fencing_token FROM schedules WHERE id=? "
+                 "ON CONFLICT(id) DO UPDATE SET fencing_token="
+                 "max(fencing_token, excluded.fencing_token)"};
+    f.bind(1, id);
+    f.run();
+    tx.commit();
+    return true;
   }
 
   std::vector<schedule_record> list() override {
