@@ -178,6 +178,42 @@ TEST_CASE("the asynchronous face reports damaged records, error replies, a "
     client->call({"DEL", "as:sched:job", "as:schedidx"});
 }
 
+TEST_CASE("registering a task over a damaged Redis record names the field and "
+          "writes nothing over it") {
+  test::redis_process server;
+  auto client = impatient_client(server);
+  botmesh::redis_store db{{.client = client, .prefix = "dr"}};
+  auto sched = db.schedules();
+  // A one-shot that ran: a tombstone with its token.
+  sched->register_task("once", "at 1000", t0(), t0());
+  auto c = sched->claim("once", "me", t0(), 10s);
+  REQUIRE(c);
+  REQUIRE(sched->commit("once", "me", c->token, t0(), true, t0()));
+  auto expect_corrupted = [&](const std::string& field) {
+    try {
+      sched->register_task("once", "at 1000", t0(), t0() + 1s);
+      FAIL("registered over a damaged record");
+    } catch (const botmesh::error& e) {
+      CHECK(e.code() == botmesh::errc::corrupted_record);
+      CHECK(std::string{e.what()}.find("\"" + field + "\"")
+            != std::string::npos);
+    }
+  };
+  SUBCASE("a field missing") {
+    client->call({"HDEL", "dr:sched:once", "deleted"});
+    expect_corrupted("deleted");
+  }
+  SUBCASE("a token that is not a number") {
+    client->call({"HSET", "dr:sched:once", "token", "garbled"});
+    expect_corrupted("token");
+  }
+  // Nothing was written over: the tombstone's fields are as they were.
+  auto done = client->call({"HGET", "dr:sched:once", "done"});
+  CHECK(done.str == "1");
+  auto next = client->call({"HGET", "dr:sched:once", "updated"});
+  CHECK(next.str == std::to_string(botmesh::to_unix_ms(t0())));
+}
+
 TEST_CASE("durable tasks on Redis run and commit through the task actors") {
   auto client = std::make_shared<botmesh::redis_client>(
     botmesh::redis_options{.url = test::redis_url()});

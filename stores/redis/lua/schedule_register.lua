@@ -7,10 +7,23 @@
 -- KEYS[1] schedule hash  KEYS[2] schedule index (zset, score 0)
 -- ARGV[1] id  ARGV[2] spec  ARGV[3] first run  ARGV[4] now
 -- Returns the hash as a flat field/value array. Cost: O(log n).
+-- A damaged hash (a field missing, a number that is not one) is returned
+-- untouched: the caller's read names the field, and what it still holds
+-- (its token, its tombstone) is not written over.
 local h = KEYS[1]
-if redis.call('EXISTS', h) == 1 and redis.call('HGET', h, 'deleted') == '0'
-   and redis.call('HGET', h, 'spec') == ARGV[2] then
-  return redis.call('HGETALL', h)
+if redis.call('EXISTS', h) == 1 then
+  local f = redis.call('HMGET', h, 'spec', 'next', 'token', 'owner', 'until',
+                       'claimed', 'done', 'deleted', 'updated')
+  for i = 1, 9 do
+    local v = f[i]
+    if not v or (i ~= 1 and i ~= 4 and not string.match(v, '^%-?%d+$'))
+       or (i == 3 and not string.match(v, '^%d+$')) then
+      return redis.call('HGETALL', h)
+    end
+  end
+  if f[8] == '0' and f[1] == ARGV[2] then
+    return redis.call('HGETALL', h)
+  end
 end
 local token = redis.call('HGET', h, 'token') or '0'
 redis.call('HSET', h, 'spec', ARGV[2], 'next', ARGV[3], 'token', token,
