@@ -80,7 +80,6 @@ struct timer_state {
   time_point armed = time_point::max();
   bool leading_in_flight = false;
   bool listing_in_flight = false;
-  bool fire_pending = false; // fire once the lease call answered
   std::set<std::string> logged_orphans;
 
   static inline const char* name = "botmesh.timers";
@@ -95,12 +94,6 @@ using timer_actor = caf::stateful_actor<timer_state>;
 
 void arm(timer_actor* self) {
   auto& st = self->state;
-  if (st.leading_in_flight) {
-    // (the lease call's reply arms) Whatever is pending, adds send a
-    // message until the actor armed again.
-    st.eng->timers.armed(time_point::max());
-    return;
-  }
   if (!st.eng->started.load() || st.eng->paused.load()) {
     // Nothing fires until start() or poll(), and both take the inbox
     // before anything fires: adds wait there without a message each.
@@ -247,24 +240,24 @@ void fire_due(timer_actor* self) {
   eng->run_finished();
 }
 
-// With a leader lease: take or renew it (on the store-I/O actor), then,
-// with `fire`, run the in-memory tasks due (as one tick: the lease first).
+// With `fire`, runs the in-memory tasks due; with a leader lease, takes or
+// renews it (on the store-I/O actor). In-memory tasks run on every replica,
+// leader or not: they never wait for the lease's call, which may be slow
+// (a store timing out, SQLite behind durable calls).
 void refresh_leadership(timer_actor* self, bool fire = false) {
   auto& st = self->state;
   auto eng = st.eng;
-  if (!eng->opts.lease) {
-    if (fire)
-      fire_due(self);
+  if (fire)
+    fire_due(self);
+  if (!eng->opts.lease)
     return;
-  }
   // Stopped: no new acquire. stop() gives the lease back once the one in
   // flight answered (an acquire landing after that release would hold the
   // lease for a stopped replica until leader_ttl).
   if (eng->paused.load())
     return;
-  st.fire_pending = st.fire_pending || fire;
   if (st.leading_in_flight)
-    return; // the pending reply fires
+    return; // one call at a time
   st.leading_in_flight = true;
   auto now = eng->now();
   auto won = std::make_shared<bool>(false);
@@ -287,10 +280,6 @@ void refresh_leadership(timer_actor* self, bool fire = false) {
         eng->failure_ended();
       eng->leader = c->failure.empty() && *won;
       self->state.leading_in_flight = false;
-      if (self->state.fire_pending) {
-        self->state.fire_pending = false;
-        fire_due(self);
-      }
       arm(self);
       reply_if_idle(self);
     });

@@ -2033,3 +2033,35 @@ TEST_CASE("a task handler that stops its own scheduler does not wait for "
   std::this_thread::sleep_for(50ms);
   CHECK(runs.load() == after); // stopped: nothing runs any more
 }
+
+TEST_CASE("in-memory tasks run on time while the leader lease's call hangs: "
+          "they do not need the leadership") {
+  // Every acquire waits until the test lets it go.
+  struct hung_lease final : botmesh::lease_provider {
+    botmesh::memory_lease_provider inner;
+    std::promise<void> go_p;
+    std::shared_future<void> go = go_p.get_future().share();
+    std::atomic<int> calls{0};
+    std::optional<std::uint64_t> try_acquire(std::string_view n, std::string_view owner,
+                                             botmesh::time_point now,
+                                             std::chrono::milliseconds ttl) override {
+      ++calls;
+      go.wait();
+      return inner.try_acquire(n, owner, now, ttl);
+    }
+    void release(std::string_view n, std::string_view owner) override {
+      inner.release(n, owner);
+    }
+  };
+  auto lease = std::make_shared<hung_lease>();
+  std::atomic<int> runs{0};
+  {
+    botmesh::scheduler s{{.lease = lease, .tick = "1s"}};
+    s.every(20ms, [&] { ++runs; });
+    s.start();
+    REQUIRE(test::eventually([&] { return lease->calls.load() >= 1; }));
+    CHECK(test::eventually([&] { return runs.load() >= 5; }));
+    lease->go_p.set_value();
+    s.stop();
+  }
+}
