@@ -13,6 +13,7 @@
 #include <botmesh/providers/meta/internal/payload.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/delivery_id.hpp>
+#include <botmesh/runtime/core/log.hpp>
 
 namespace botmesh::meta {
 
@@ -58,7 +59,8 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
 
   std::atomic<std::uint64_t> n_payloads{0}, n_messages{0}, n_accepted{0},
     n_statuses{0}, n_unauthorized{0}, n_malformed{0}, n_unknown{0},
-    n_duplicates{0}, n_verifications{0}, n_sent{0}, n_retried{0};
+    n_duplicates{0}, n_verifications{0}, n_sent{0}, n_retried{0},
+    n_platform_errors{0};
 
   explicit impl(webhook_options o)
     : opts(std::move(o)), api(opts.http), flood(opts.flood),
@@ -140,6 +142,10 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     }
     ++n_payloads;
     n_unknown += p.unknown;
+    n_platform_errors += p.errors.size();
+    for (auto& e : p.errors)
+      log::error(opts.id, fmt::format("{}: the webhook reports an error: {}",
+                                      opts.id, e));
     n_statuses += p.statuses.size();
     if (opts.on_status)
       for (auto& s : p.statuses) {
@@ -234,7 +240,31 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   }
 };
 
+namespace {
+
+// A credential read from a file or an environment often keeps its newline:
+// in a header it would break the request, and a secret with it never
+// matches. Said at once, naming the option.
+void check_credential(std::string_view field, const std::string& value) {
+  for (unsigned char c : value)
+    if (c < 0x20 || c == 0x7f)
+      throw invalid_argument_error(
+        std::string{field},
+        fmt::format("meta webhook: {} holds a control character (byte {:#04x}: "
+                    "a trailing newline from a secret file?)",
+                    field, c));
+  if (!value.empty() && (value.front() == ' ' || value.back() == ' '))
+    throw invalid_argument_error(
+      std::string{field},
+      fmt::format("meta webhook: {} begins or ends with a space", field));
+}
+
+} // namespace
+
 webhook_provider::webhook_provider(webhook_options opts) {
+  check_credential("access_token", opts.access_token);
+  check_credential("app_secret", opts.app_secret);
+  check_credential("verify_token", opts.verify_token);
   if (opts.access_token.empty())
     throw invalid_argument_error("access_token",
                                  "meta webhook: access_token is required");
@@ -356,7 +386,7 @@ webhook_stats webhook_provider::stats() const {
   return webhook_stats{i.n_payloads,     i.n_messages,  i.n_accepted,
                        i.n_statuses,     i.n_unauthorized, i.n_malformed,
                        i.n_unknown,      i.n_duplicates, i.n_verifications,
-                       i.n_sent,         i.n_retried};
+                       i.n_sent,         i.n_retried, i.n_platform_errors};
 }
 
 } // namespace botmesh::meta

@@ -32,7 +32,9 @@ struct status_event {
   std::string message_id{}; ///< the sent message's id (wamid...)
   std::string recipient{};
   std::string status{}; ///< "sent", "delivered", "read", "failed"
-  std::string error{};  ///< for "failed": the platform's title/message
+  /// For "failed": the platform's error code, title and details
+  /// ("131047 Re-engagement message: ...").
+  std::string error{};
   time_point at{};
 };
 
@@ -85,6 +87,9 @@ struct webhook_stats {
   std::uint64_t verifications = 0; ///< successful GET handshakes
   std::uint64_t sent = 0;
   std::uint64_t retried = 0;
+  /// Errors a webhook reported outside any message (`value.errors[]`),
+  /// each logged as an error with its code and details.
+  std::uint64_t platform_errors = 0;
 };
 
 /// Shared session (every replica receives). Answers 401 (signature), 400

@@ -17,6 +17,7 @@
 
 #include "fake_platform.hpp"
 #include "gated_backend.hpp"
+#include "log_capture.hpp"
 #include "test_util.hpp"
 
 using namespace std::chrono_literals;
@@ -74,6 +75,28 @@ meta::webhook_options wa_options(const test::fake_api& api) {
 
 } // namespace
 
+namespace {
+
+// Takes every message, except that handing over `fail_on` throws once.
+struct throwing_host final : botmesh::provider_host {
+  std::mutex mtx;
+  std::vector<std::string> ids;
+  std::string fail_on;
+
+  void deliver(botmesh::inbound_message msg) override {
+    std::lock_guard guard{mtx};
+    if (!fail_on.empty() && msg.id == fail_on) {
+      fail_on.clear();
+      throw std::runtime_error("host failed");
+    }
+    ids.push_back(msg.id);
+  }
+  void state_changed(botmesh::provider_state) override {}
+  void input_closed() override {}
+};
+
+} // namespace
+
 TEST_CASE("the X-Hub-Signature-256 check accepts only the HMAC of the raw "
           "body with the app secret") {
   std::string body = R"({"entry":[]})";
@@ -124,6 +147,56 @@ TEST_CASE("WhatsApp payloads yield text, button and list replies, media and "
   CHECK(p.statuses[0].status == "read");
   CHECK(p.statuses[0].message_id == "wamid.out");
   CHECK(p.phone_number_ids[0] == "PHONE1");
+}
+
+TEST_CASE("WhatsApp errors carry their code and details: a failed status's, "
+          "and those of the webhook outside any message, which are logged") {
+  auto failed = R"([{"id":"wamid.f","status":"failed","timestamp":"1","recipient_id":"346","errors":[{"code":131047,"title":"Re-engagement message","error_data":{"details":"More than 24 hours have passed"}}]}])";
+  auto p = meta::internal::parse_payload(wa_payload("[]", failed),
+                                         meta::platform::whatsapp, "whatsapp");
+  REQUIRE(p.statuses.size() == 1);
+  CHECK(p.statuses[0].error
+        == "131047 Re-engagement message: More than 24 hours have passed");
+  auto untitled = R"([{"id":"wamid.g","status":"failed","timestamp":"1","recipient_id":"346","errors":[{"code":131000}]}])";
+  p = meta::internal::parse_payload(wa_payload("[]", untitled),
+                                    meta::platform::whatsapp, "whatsapp");
+  CHECK(p.statuses.at(0).error == "131000");
+  // An error of the webhook itself, outside messages and statuses.
+  std::string body = R"({"object":"whatsapp_business_account","entry":[{"id":"1","changes":[{"field":"messages","value":{"messaging_product":"whatsapp","metadata":{"phone_number_id":"PHONE1"},"errors":[{"code":131000,"title":"Something went wrong","message":"Something went wrong","error_data":{"details":"Unknown error"}}]}}]}]})";
+  p = meta::internal::parse_payload(body, meta::platform::whatsapp, "whatsapp");
+  CHECK(p.errors
+        == std::vector<std::string>{
+          "131000 Something went wrong: Unknown error"});
+  auto api = fake_graph();
+  auto provider = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  throwing_host host;
+  test::log_capture logs;
+  provider->start(host);
+  signed_poster post{provider->server().url() + "/whatsapp"};
+  CHECK(post.post(body).status == 200);
+  provider->stop();
+  CHECK(provider->stats().platform_errors == 1);
+  CHECK(logs.count("whatsapp", "131000 Something went wrong: Unknown error") == 1);
+}
+
+TEST_CASE("a Meta credential with a control character or an outer space is "
+          "refused, naming the option") {
+  auto api = fake_graph();
+  auto field_of = [&](auto change) {
+    auto o = wa_options(*api);
+    change(o);
+    try {
+      meta::webhook_provider p{o};
+    } catch (const botmesh::invalid_argument_error& e) {
+      return e.field();
+    }
+    return std::string{"(accepted)"};
+  };
+  CHECK(field_of([](auto& o) { o.access_token = "token\n"; }) == "access_token");
+  CHECK(field_of([](auto& o) { o.app_secret = "secret\r\n"; }) == "app_secret");
+  CHECK(field_of([](auto& o) { o.verify_token = " verify"; }) == "verify_token");
+  CHECK(field_of([](auto& o) { o.access_token = "a\tb"; }) == "access_token");
+  CHECK(field_of([](auto&) {}) == "(accepted)");
 }
 
 TEST_CASE("a WhatsApp timestamp too large for milliseconds leaves the "
@@ -262,6 +335,41 @@ TEST_CASE("WhatsApp replies with up to three buttons become reply buttons "
   m.buttons = {{{.text = "un título demasiado largo", .data = "x"}}};
   CHECK_THROWS_AS(meta::internal::to_graph_body(m, meta::platform::whatsapp),
                   botmesh::invalid_argument_error);
+}
+
+TEST_CASE("a WhatsApp reply with media and buttons carries the media as the "
+          "buttons' header, and media a header cannot hold is refused, naming "
+          "it") {
+  botmesh::outgoing_message m;
+  m.chat = "346";
+  m.text = "¿Lo quieres?";
+  m.media = botmesh::message_type::image;
+  m.media_url = "https://example.org/a.png";
+  m.buttons = {{{.text = "Sí", .data = "yes"}, {.text = "No", .data = "no"}}};
+  auto b = meta::internal::to_graph_body(m, meta::platform::whatsapp);
+  CHECK(botmesh::is_valid_json(b));
+  CHECK(b.find(R"("interactive":{"type":"button","header":{"type":"image","image":{"link":"https://example.org/a.png"}},"body":{"text":"¿Lo quieres?"})")
+        != std::string::npos);
+  m.media = botmesh::message_type::document;
+  m.media_url.clear();
+  m.media_id = "MEDIA1";
+  b = meta::internal::to_graph_body(m, meta::platform::whatsapp);
+  CHECK(b.find(R"("header":{"type":"document","document":{"id":"MEDIA1"}})")
+        != std::string::npos);
+  auto refused = [&] {
+    try {
+      meta::internal::to_graph_body(m, meta::platform::whatsapp);
+    } catch (const botmesh::invalid_argument_error& e) {
+      return e.field();
+    }
+    return std::string{"(sent)"};
+  };
+  m.media = botmesh::message_type::audio;
+  CHECK(refused() == "media");
+  m.media = botmesh::message_type::image;
+  m.buttons = {{{.text = "1", .data = "a"}, {.text = "2", .data = "b"}},
+               {{.text = "3", .data = "c"}, {.text = "4", .data = "d"}}};
+  CHECK(refused() == "media"); // a list has no media header
 }
 
 TEST_CASE("the WhatsApp GET verification echoes the challenge only for the "
@@ -448,27 +556,6 @@ TEST_CASE("with durability a WhatsApp message redelivered while it is being "
   CHECK(handled.load() == 1);
 }
 
-namespace {
-
-// Takes every message, except that handing over `fail_on` throws once.
-struct throwing_host final : botmesh::provider_host {
-  std::mutex mtx;
-  std::vector<std::string> ids;
-  std::string fail_on;
-
-  void deliver(botmesh::inbound_message msg) override {
-    std::lock_guard guard{mtx};
-    if (!fail_on.empty() && msg.id == fail_on) {
-      fail_on.clear();
-      throw std::runtime_error("host failed");
-    }
-    ids.push_back(msg.id);
-  }
-  void state_changed(botmesh::provider_state) override {}
-  void input_closed() override {}
-};
-
-} // namespace
 
 TEST_CASE("when handing over one message of a WhatsApp payload fails, it and "
           "the rest are not taken for duplicates on Meta's retry") {

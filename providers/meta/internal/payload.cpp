@@ -25,6 +25,25 @@ std::string_view str(object o, std::string_view key) {
   return v;
 }
 
+// One of a webhook's `errors[]`: its code, title or message, and details
+// (Meta asks integrations to rely on the code and details, not the title).
+std::string error_text(object e) {
+  std::string out;
+  std::int64_t code = 0;
+  if (e["code"].get(code) == simdjson::SUCCESS)
+    out = std::to_string(code);
+  auto title = str(e, "title");
+  if (title.empty())
+    title = str(e, "message");
+  if (!title.empty())
+    out += (out.empty() ? "" : " ") + std::string{title};
+  object data;
+  if (e["error_data"].get(data) == simdjson::SUCCESS)
+    if (auto details = str(data, "details"); !details.empty())
+      out += (out.empty() ? "" : ": ") + std::string{details};
+  return out.empty() ? std::string{"an error without code or title"} : out;
+}
+
 std::string id_text(element e) {
   std::string_view s;
   if (e.get(s) == simdjson::SUCCESS)
@@ -146,6 +165,15 @@ void read_whatsapp(object entry, parsed_payload& out, std::string_view provider)
                || (c >= 'a' && c <= 'z');
       });
     array items;
+    // Errors not tied to a message (an app or account problem).
+    if (value["errors"].get(items) == simdjson::SUCCESS)
+      for (element ee : items) {
+        object e;
+        if (ee.get(e) == simdjson::SUCCESS)
+          out.errors.push_back(error_text(e));
+        else
+          ++out.unknown;
+      }
     if (value["messages"].get(items) == simdjson::SUCCESS) {
       for (element me : items) {
         object m;
@@ -179,7 +207,7 @@ void read_whatsapp(object entry, parsed_payload& out, std::string_view provider)
           for (element ee : errors) {
             object e;
             if (ee.get(e) == simdjson::SUCCESS) {
-              ev.error = std::string{str(e, "title")};
+              ev.error = error_text(e);
               break;
             }
           }
@@ -398,9 +426,37 @@ std::string whatsapp_body(const outgoing_message& msg) {
                                  "characters",
                                  b->text, list ? 24 : 20));
     }
+    if (msg.has_media()) {
+      // Reply buttons carry an image, video or document as their header;
+      // a list carries none, and neither carries audio or a sticker.
+      if (list)
+        throw invalid_argument_error(
+          "media", fmt::format("WhatsApp lists (more than 3 buttons, got {}) "
+                               "cannot carry media: send the media on its own "
+                               "or use at most 3 buttons",
+                               buttons.size()));
+      if (msg.media == message_type::audio || msg.media == message_type::sticker)
+        throw invalid_argument_error(
+          "media", fmt::format("WhatsApp buttons take an image, video or "
+                               "document, not {}",
+                               media_key(msg.media)));
+    }
     field(out, "type", "interactive");
     out += ",\"interactive\":{";
     field(out, "type", list ? "list" : "button");
+    if (msg.has_media()) {
+      auto key = media_key(msg.media);
+      out += ",\"header\":{";
+      field(out, "type", key);
+      out += ",";
+      append_json_string(out, key);
+      out += ":{";
+      if (!msg.media_id.empty())
+        field(out, "id", msg.media_id);
+      else
+        field(out, "link", msg.media_url);
+      out += "}}";
+    }
     out += ",\"body\":{";
     field(out, "text", msg.text.empty() ? std::string_view{"\xE2\x80\x8B"} : std::string_view{msg.text});
     out += "},\"action\":{";

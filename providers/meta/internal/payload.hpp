@@ -18,6 +18,8 @@ struct parsed_payload {
   /// WhatsApp: the phone number id each message arrived on (same order).
   std::vector<std::string> phone_number_ids{};
   std::vector<status_event> statuses{};
+  /// WhatsApp: `value.errors[]`, errors not tied to a message, described.
+  std::vector<std::string> errors{};
   /// Changes, events and message types the bot does not handle.
   std::size_t unknown = 0;
 };
