@@ -237,8 +237,13 @@ struct scheduler::impl final : task_owner,
     if (t.opts.max_catch_up == 0)
       throw invalid_argument_error("max_catch_up",
                                    "max_catch_up must be at least 1");
-    if (t.opts.lease.count() <= 0)
-      throw invalid_argument_error("lease", "lease must be positive");
+    // Renewed every third, and longer than a store's round trip: a lease
+    // of a few ms renews back to back, or lapses before its claim's reply
+    // (the task then never runs).
+    if (t.opts.lease.count() < 100)
+      throw invalid_argument_error(
+        "lease", fmt::format("lease must be at least 100ms, got {}",
+                             format_duration(t.opts.lease.ms())));
     t.stored_id = stored_id(t.opts.id);
     {
       std::lock_guard guard{mtx};

@@ -200,8 +200,24 @@ struct bot::impl final : chat_services,
       sched_opts.leader_ttl = duration{lease};
     }
     pending_sched_opts = std::move(sched_opts);
-    if (opts.coordination)
+    if (opts.coordination) {
+      check_coordination(*opts.coordination);
       flows.configure(handover_settings(opts.coordination->handover));
+    }
+  }
+
+  // Checked when the bot is made, naming the field: a zero wait gives up
+  // every queued message at once, a zero settle cuts every step as it
+  // starts, a zero poll spins against the coordinator.
+  static void check_coordination(const coordination_options& co) {
+    auto positive = [](const duration& d, const char* field) {
+      if (d.count() <= 0)
+        throw invalid_argument_error(field, fmt::format("{} must be > 0", field));
+    };
+    positive(co.turn_wait, "coordination.turn_wait");
+    positive(co.settle, "coordination.settle");
+    positive(co.max_poll, "coordination.max_poll");
+    positive(co.provider_down, "coordination.provider_down");
   }
 
   // Checked when the bot is made, naming the field.

@@ -53,7 +53,8 @@ struct task_options {
   std::string id{};
   missed_policy missed = missed_policy::skip;
   std::size_t max_catch_up = 10;
-  /// How long a claimed run holds its lease; renewed every third. (The
+  /// How long a claimed run holds its lease; renewed every third. At least
+  /// 100ms (`invalid_argument_error`, field "lease"). (The
   /// default is written as a chrono value, not "60s": task options are
   /// built for every task armed, and text is parsed each time.)
   duration lease = std::chrono::seconds{60};

@@ -116,6 +116,8 @@ std::chrono::milliseconds parse_duration(std::string_view text) {
       reject(text, "too large");
     ms += extra;
   }
+  if (ms > max_duration_ms)
+    reject(text, "too large: at most 36500d (100 years)");
   return std::chrono::milliseconds{ms};
 }
 
@@ -138,6 +140,11 @@ duration::duration(std::int64_t ms, int) : ms_(ms) {
   if (ms < 0)
     throw invalid_argument_error(
       "duration", fmt::format("invalid duration {}ms: negative", ms));
+  if (ms > max_duration_ms)
+    throw invalid_argument_error(
+      "duration", fmt::format("invalid duration {}ms: at most 36500d (100 "
+                              "years)",
+                              ms));
 }
 
 } // namespace botmesh

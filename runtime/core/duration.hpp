@@ -21,8 +21,12 @@ namespace botmesh {
 ///
 /// Throws `botmesh::invalid_argument_error` (field "duration") whose message
 /// quotes the input for anything else: empty text, a negative number, an
-/// unknown unit, trailing garbage, or a value that overflows 64-bit ms.
+/// unknown unit, trailing garbage, or more than 100 years (36500d): a
+/// deadline `now + d` must fit the nanosecond clocks timers use.
 std::chrono::milliseconds parse_duration(std::string_view text);
+
+/// The longest duration accepted: 100 years (36500 days).
+inline constexpr std::int64_t max_duration_ms = 36'500LL * 86'400'000LL;
 
 /// Formats milliseconds the shortest exact way: "250ms", "30s", "5m", "2h", "1d".
 std::string format_duration(std::chrono::milliseconds ms);
@@ -32,7 +36,7 @@ std::string format_duration(std::chrono::milliseconds ms);
 /// `.lease = 15s` alike. A bare integer does not compile: `.lease = 15`
 /// would have meant 15 ms where 15 s was meant (write `15s`, `15000ms` or
 /// "15s"). Construction from text throws exactly what `parse_duration`
-/// throws; negative chrono values are rejected.
+/// throws; negative chrono values, and those over 100 years, are rejected.
 class duration {
  public:
   constexpr duration() noexcept = default;

@@ -33,6 +33,7 @@ TEST_CASE("durations parse the spec's formats, singular and plural") {
 TEST_CASE("an invalid duration is rejected with a message that quotes it") {
   for (const char* bad : {"", "   ", "abc", "5x", "5 parsecs", "-5s", "1.5",
                           "s", "5 m s", "1.s", "99999999999999999999d",
+                          "36501d", "200000d", "9223372036854775807",
                           "1.0001s", "0.0000000001s"}) {
     CAPTURE(bad);
     try {
@@ -65,6 +66,9 @@ TEST_CASE("a duration option converts from chrono and text, never a bare "
   CHECK(a.ms() == 15'000ms);
   CHECK_THROWS_AS(botmesh::duration{"soon"}, botmesh::invalid_argument_error);
   CHECK_THROWS_AS(botmesh::duration{-5s}, botmesh::invalid_argument_error);
+  CHECK_THROWS_AS(botmesh::duration{std::chrono::hours{36500 * 24 + 1}},
+                  botmesh::invalid_argument_error);
+  CHECK(botmesh::duration{"36500d"}.ms().count() == botmesh::max_duration_ms);
   CHECK(botmesh::format_duration(15s) == "15s");
   CHECK(botmesh::format_duration(90s) == "90s");
   CHECK(botmesh::format_duration(2h) == "2h");

@@ -114,6 +114,29 @@ TEST_CASE("handover options are checked when the bot is made, naming the "
   CHECK(field_of([&] { make({}); }) == "(nothing thrown)");
 }
 
+TEST_CASE("coordination durations of zero are refused when the bot is made, "
+          "naming the field") {
+  botmesh::memory_coordination_hub hub;
+  auto make = [&](auto change) {
+    botmesh::coordination_options co;
+    co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = "a"});
+    change(co);
+    botmesh::bot b{{.provider = std::make_shared<botmesh::testing_provider>(),
+                    .coordination = co}};
+  };
+  using co_t = botmesh::coordination_options;
+  CHECK(field_of([&] { make([](co_t& c) { c.turn_wait = "0ms"; }); })
+        == "coordination.turn_wait");
+  CHECK(field_of([&] { make([](co_t& c) { c.settle = "0s"; }); })
+        == "coordination.settle");
+  CHECK(field_of([&] { make([](co_t& c) { c.max_poll = "0"; }); })
+        == "coordination.max_poll");
+  CHECK(field_of([&] { make([](co_t& c) { c.provider_down = "0ms"; }); })
+        == "coordination.provider_down");
+  CHECK(field_of([&] { make([](co_t&) {}); }) == "(nothing thrown)");
+}
+
 namespace {
 
 botmesh::inbound_message message(std::string id, std::string text) {

@@ -356,11 +356,13 @@ TEST_CASE("invalid tasks are rejected naming the field") {
         == "time_zone");
   CHECK(field_of([&] { s.every("1m", {.id = "x", .max_catch_up = 0}, nop); })
         == "max_catch_up");
+  CHECK(field_of([&] { s.every("1m", {.id = "x", .lease = 99ms}, nop); })
+        == "lease");
   // Spans whose first run would overflow the clock or leave the dates a
-  // store can read back.
-  CHECK(field_of([&] { s.every("106751991167d", [] {}); }) == "interval");
-  CHECK(field_of([&] { s.every("3000000d", {.id = "far"}, nop); }) == "interval");
-  CHECK(field_of([&] { s.delay("3000000d", {.id = "later"}, nop); }) == "delay");
+  // store can read back: no duration passes 100 years.
+  CHECK(field_of([&] { s.every("106751991167d", [] {}); }) == "duration");
+  CHECK(field_of([&] { s.every("3000000d", {.id = "far"}, nop); }) == "duration");
+  CHECK(field_of([&] { s.delay("3000000d", {.id = "later"}, nop); }) == "duration");
   s.every("36500d", {.id = "century"}, nop); // a century is fine
   s.every("1m", {.id = "dup"}, nop);
   CHECK(field_of([&] { s.every("1m", {.id = "dup"}, nop); }) == "id");
