@@ -71,9 +71,33 @@ url_parts parse_url(std::string_view url) {
   if (authority.empty() || authority.find('@') != std::string_view::npos)
     throw invalid_argument_error(
       "url", fmt::format("URL \"{}\" has no host (or has credentials)", url));
-  auto colon = authority.rfind(':');
-  if (colon != std::string_view::npos && authority.find(']') == std::string_view::npos) {
-    auto port_text = authority.substr(colon + 1);
+  std::string_view port_part;
+  bool has_port = false;
+  if (authority.front() == '[') {
+    // An IPv6 literal: "[::1]" or "[::1]:8080"; the host is what the
+    // brackets hold.
+    auto close = authority.find(']');
+    if (close == std::string_view::npos || close == 1
+        || (close + 1 < authority.size() && authority[close + 1] != ':'))
+      throw invalid_argument_error(
+        "url", fmt::format("URL \"{}\" has a bad IPv6 host", url));
+    if (close + 1 < authority.size()) {
+      has_port = true;
+      port_part = authority.substr(close + 2);
+    }
+    authority = authority.substr(1, close - 1);
+  } else if (auto colon = authority.find(':'); colon != std::string_view::npos) {
+    if (authority.find(':', colon + 1) != std::string_view::npos)
+      throw invalid_argument_error(
+        "url", fmt::format("URL \"{}\": an IPv6 host goes in brackets "
+                           "(\"http://[::1]:8080/\")",
+                           url));
+    has_port = true;
+    port_part = authority.substr(colon + 1);
+    authority = authority.substr(0, colon);
+  }
+  if (has_port) {
+    auto port_text = port_part;
     unsigned long port = 0;
     for (char c : port_text) {
       if (c < '0' || c > '9' || port > 65535)
@@ -85,7 +109,6 @@ url_parts parse_url(std::string_view url) {
       throw invalid_argument_error("url",
                                    fmt::format("URL \"{}\" has a bad port", url));
     p.port = static_cast<std::uint16_t>(port);
-    authority = authority.substr(0, colon);
   }
   p.host = std::string{authority};
   if (p.host.empty())
@@ -95,6 +118,15 @@ url_parts parse_url(std::string_view url) {
 }
 
 namespace {
+
+// The Host header: an IPv6 host in brackets, and the port unless it is the
+// scheme's default (RFC 9110, 7.2).
+std::string host_header(const url_parts& u) {
+  auto host = u.host.find(':') != std::string::npos ? "[" + u.host + "]" : u.host;
+  if (u.port != (u.tls ? 443 : 80))
+    host += ":" + std::to_string(u.port);
+  return host;
+}
 
 // One connection. Its I/O runs on its own io_context, driven by the thread
 // that uses it (one at a time: it is out of the pool while in use), so a
@@ -320,7 +352,7 @@ struct client::impl {
     out.method_string(req.method);
     out.target(u.target);
     out.version(11);
-    out.set(bhttp::field::host, u.host);
+    out.set(bhttp::field::host, host_header(u));
     out.set(bhttp::field::user_agent, opts.user_agent);
     if (!req.body.empty() || req.method == "POST")
       out.set(bhttp::field::content_type, req.content_type);

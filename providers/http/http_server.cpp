@@ -1044,7 +1044,10 @@ std::uint16_t server::port() const noexcept {
 }
 
 std::string server::url() const {
-  return fmt::format("http://{}:{}", impl_->opts.address, impl_->bound_port);
+  auto& a = impl_->opts.address;
+  if (a.find(':') != std::string::npos) // IPv6: in brackets
+    return fmt::format("http://[{}]:{}", a, impl_->bound_port);
+  return fmt::format("http://{}:{}", a, impl_->bound_port);
 }
 
 server_stats server::stats() const {

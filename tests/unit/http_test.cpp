@@ -318,6 +318,36 @@ TEST_CASE("the HTTP client reports a refused connection as a provider error "
   CHECK(u.port == 443);
   CHECK(u.host == "api.telegram.org");
   CHECK(u.target == "/bot1:a/getMe?x=1");
+  auto v6 = http::parse_url("http://[::1]:8080/x");
+  CHECK(v6.host == "::1");
+  CHECK(v6.port == 8080);
+  CHECK(v6.target == "/x");
+  auto v6_default = http::parse_url("https://[2001:db8::1]");
+  CHECK(v6_default.host == "2001:db8::1");
+  CHECK(v6_default.port == 443);
+  for (const char* bad : {"http://::1:8080/", "http://[::1/", "http://[]/",
+                          "http://[::1]x/", "http://[::1]:/", "http://h:0/"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(http::parse_url(bad), botmesh::invalid_argument_error);
+  }
+}
+
+TEST_CASE("the HTTP client reaches an IPv6 loopback server, and its Host "
+          "header names the port") {
+  http::server s{{.address = "::1"}};
+  std::string host;
+  s.route("GET", "/h", [&](http::request& req, http::responder r) {
+    auto* h = req.header("host");
+    host = h ? *h : std::string{};
+    r.respond(200);
+  });
+  s.start();
+  http::client c;
+  auto res = c.request({.method = "GET",
+                        .url = "http://[::1]:" + std::to_string(s.port()) + "/h"});
+  CHECK(res.status == 200);
+  CHECK(host == "[::1]:" + std::to_string(s.port()));
+  CHECK(s.url() == "http://[::1]:" + std::to_string(s.port()));
 }
 
 TEST_CASE("the HTTP client resends once on a new connection when the server "
