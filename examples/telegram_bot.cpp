@@ -34,14 +34,9 @@
 #include <botmesh/stores/redis/redis_durable_backend.hpp>
 #include <botmesh/stores/redis/redis_store.hpp>
 
-namespace {
+#include "example_env.hpp"
 
-std::string env(const char* name, const char* fallback = "") {
-  auto* v = std::getenv(name);
-  return v && *v ? v : fallback;
-}
-
-} // namespace
+using example::env;
 
 int main() {
   // Signals go to one thread that stops the bot (not a signal handler).
@@ -74,7 +69,7 @@ int main() {
       o.username = env("TELEGRAM_USERNAME");
       o.secret_token = env("WEBHOOK_SECRET");
       o.listen.address = env("LISTEN_ADDRESS", "0.0.0.0");
-      o.listen.port = static_cast<std::uint16_t>(std::atoi(env("PORT", "8080").c_str()));
+      o.listen.port = example::port_from_env();
       provider = webhook = std::make_shared<botmesh::telegram::webhook_provider>(o);
     } else {
       std::fprintf(stderr, "telegram_bot: TELEGRAM_MODE must be webhook or polling\n");
@@ -134,9 +129,11 @@ int main() {
     } else {
       probes.emplace(bot, botmesh::http::server_options{
                             .address = env("LISTEN_ADDRESS", "0.0.0.0"),
-                            .port = static_cast<std::uint16_t>(
-                              std::atoi(env("PORT", "8080").c_str()))});
+                            .port = example::port_from_env()});
     }
+  } catch (const botmesh::invalid_argument_error& e) {
+    std::fprintf(stderr, "telegram_bot: %s (field %s)\n", e.what(), e.field().c_str());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "telegram_bot: %s\n", e.what());
     return 1;

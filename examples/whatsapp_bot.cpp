@@ -23,14 +23,9 @@
 #include <botmesh/providers/meta/meta_webhook.hpp>
 #include <botmesh/runtime/botmesh.hpp>
 
-namespace {
+#include "example_env.hpp"
 
-std::string env(const char* name, const char* fallback = "") {
-  auto* v = std::getenv(name);
-  return v && *v ? v : fallback;
-}
-
-} // namespace
+using example::env;
 
 int main() {
   sigset_t signals;
@@ -48,7 +43,7 @@ int main() {
     o.phone_number_id = env("WHATSAPP_PHONE_NUMBER_ID");
     o.api_url = env("GRAPH_API_URL", "https://graph.facebook.com");
     o.listen.address = env("LISTEN_ADDRESS", "0.0.0.0");
-    o.listen.port = static_cast<std::uint16_t>(std::atoi(env("PORT", "8080").c_str()));
+    o.listen.port = example::port_from_env();
     o.on_status = [](const botmesh::meta::status_event& s) {
       std::fprintf(stderr, "whatsapp_bot: %s %s\n", s.message_id.c_str(),
                    s.status.c_str());

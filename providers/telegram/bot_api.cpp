@@ -1,7 +1,5 @@
 #include <botmesh/providers/telegram/bot_api.hpp>
 
-#include <cctype>
-
 #include <fmt/format.h>
 
 #include <botmesh/providers/telegram/internal/methods.hpp>
@@ -24,6 +22,18 @@ struct bot_api::impl {
 bot_api::bot_api(bot_api_options opts) {
   if (opts.token.empty())
     throw invalid_argument_error("token", "telegram: the bot token is required");
+  // A token is "<bot id>:<secret>" of letters, digits, '_' and '-'. It goes
+  // into every request's path: anything else (a secret file's trailing
+  // newline, a space) would break the request line or name another path.
+  for (unsigned char c : opts.token)
+    if (!((c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z')
+          || (c >= 'a' && c <= 'z') || c == ':' || c == '_' || c == '-'))
+      throw invalid_argument_error(
+        "token", fmt::format("telegram: the bot token holds a character a "
+                             "token never has (byte {:#04x}{})",
+                             c, c == '\n' || c == '\r'
+                                  ? ": a trailing newline from a secret file?"
+                                  : ""));
   http::parse_url(opts.api_url); // throws invalid_argument_error("url")
   impl_ = std::make_unique<impl>(std::move(opts));
   auto base = impl_->opts.api_url;

@@ -75,3 +75,22 @@ TEST_CASE("whatsapp_bot verifies its webhook, answers a signed text from the "
   CHECK(bot.wait() == 0);
   CHECK(api.calls("PHONE7/messages").size() == 1);
 }
+
+TEST_CASE("whatsapp_bot refuses a PORT that is not a port, naming it, and "
+          "exits 2") {
+  for (const char* port : {"abc", "70000", "-1", "80x"}) {
+    CAPTURE(port);
+    test::process bot{WHATSAPP_BOT,
+                      {},
+                      {{"WHATSAPP_TOKEN", "token"},
+                       {"WHATSAPP_APP_SECRET", secret},
+                       {"WHATSAPP_VERIFY_TOKEN", "verify-me"},
+                       {"GRAPH_API_URL", "http://127.0.0.1:9"},
+                       {"REDIS_URL", std::nullopt},
+                       {"LISTEN_ADDRESS", "127.0.0.1"},
+                       {"PORT", port}}};
+    // (Accepted, it would listen and never exit: the wait is bounded.)
+    REQUIRE(bot.wait_for_stderr("field PORT", std::chrono::seconds(10)));
+    CHECK(bot.wait() == 2);
+  }
+}

@@ -17,6 +17,7 @@
 #include <botmesh/providers/http/http_server.hpp>
 #include <botmesh/providers/telegram/internal/methods.hpp>
 #include <botmesh/providers/telegram/internal/update_parser.hpp>
+#include <botmesh/providers/telegram/telegram_polling.hpp>
 #include <botmesh/providers/telegram/telegram_webhook.hpp>
 #include <botmesh/runtime/botmesh.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
@@ -905,6 +906,26 @@ TEST_CASE("a Telegram webhook stopped and started again (a leadership lost "
   CHECK(again.post(test::tg_text_update(2, 42, "dos")).status == 200);
   p->stop();
   CHECK(host.delivered.load() == 2);
+}
+
+TEST_CASE("a Telegram token with a character no token has (a trailing "
+          "newline) is refused at construction, naming the token") {
+  auto api = test::fake_telegram();
+  for (const char* token : {"123:abc\n", "123:abc\r\n", "123:a b", "123/abc"}) {
+    CAPTURE(token);
+    auto o = options(*api);
+    o.token = token;
+    try {
+      tg::webhook_provider p{o};
+      FAIL("accepted a bad token");
+    } catch (const botmesh::invalid_argument_error& e) {
+      CHECK(e.field() == "token");
+    }
+    tg::polling_options po;
+    po.token = token;
+    po.api_url = api->url();
+    CHECK_THROWS_AS(tg::polling_provider{po}, botmesh::invalid_argument_error);
+  }
 }
 
 TEST_CASE("a 429 with retry_after is waited out and retried, keeping the "
