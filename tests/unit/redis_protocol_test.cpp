@@ -74,6 +74,26 @@ TEST_CASE("a cluster node's URL keeps a password holding ':' or '@' whole, "
   CHECK(c.port == 7002);
 }
 
+TEST_CASE("a Redis URL with an IPv6 host in brackets gives the bare host, "
+          "and a cluster node's IPv6 address round-trips") {
+  using botmesh::internal::node_url;
+  using botmesh::internal::parse_url;
+  auto a = parse_url("redis://:pw@[::1]:6380/2");
+  CHECK(a.host == "::1");
+  CHECK(a.port == 6380);
+  CHECK(a.password == "pw");
+  CHECK(a.db == 2);
+  auto b = parse_url("redis://[fe80::1]");
+  CHECK(b.host == "fe80::1");
+  CHECK(b.port == 6379);
+  auto n = parse_url(node_url("", "", "2001:db8::7", 7000));
+  CHECK(n.host == "2001:db8::7");
+  CHECK(n.port == 7000);
+  CHECK_THROWS_AS(parse_url("redis://[::1:6379"), botmesh::invalid_argument_error);
+  CHECK_THROWS_AS(parse_url("redis://[::1]x"), botmesh::invalid_argument_error);
+  CHECK_THROWS_AS(parse_url("redis://[]:6379"), botmesh::invalid_argument_error);
+}
+
 TEST_CASE("a TIME reply reads as Unix milliseconds, and any other reply as "
           "nothing") {
   using botmesh::redis_reply;

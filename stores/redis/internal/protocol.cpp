@@ -60,7 +60,17 @@ endpoint_info parse_url(std::string_view url) {
       ep.db = parse_int(url, db, "database", 0, 1'000'000);
     rest = rest.substr(0, slash);
   }
-  if (auto colon = rest.rfind(':'); colon != std::string_view::npos) {
+  if (rest.starts_with('[')) {
+    // An IPv6 literal, "[::1]" or "[::1]:6379": the host is what the
+    // brackets hold.
+    auto close = rest.find(']');
+    if (close == std::string_view::npos
+        || (close + 1 < rest.size() && rest[close + 1] != ':'))
+      bad_url(url, "bad IPv6 host");
+    if (close + 1 < rest.size())
+      ep.port = parse_int(url, rest.substr(close + 2), "port", 1, 65535);
+    rest = rest.substr(1, close - 1);
+  } else if (auto colon = rest.rfind(':'); colon != std::string_view::npos) {
     ep.port = parse_int(url, rest.substr(colon + 1), "port", 1, 65535);
     rest = rest.substr(0, colon);
   }
@@ -91,7 +101,11 @@ std::string node_url(std::string_view user, std::string_view password,
   if (!password.empty()) {
     out.append(user).append(":").append(password).append("@");
   }
-  out.append(host).append(":").append(std::to_string(port));
+  if (host.find(':') != std::string_view::npos) // IPv6: in brackets
+    out.append("[").append(host).append("]");
+  else
+    out.append(host);
+  out.append(":").append(std::to_string(port));
   return out;
 }
 
