@@ -885,7 +885,15 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
     // the fallback decides what the message does.
     if (turn)
       turn->check();
-    if (!host_.flow_store().clear_checkpoint_if(key, cp->revision)
+    // A notice for what the store holds now (this turn read it): sent
+    // before the marker goes, so a turn lost on its way (the send refused
+    // past settle, a lost lease) leaves the marker to the next holder,
+    // which notifies, instead of a conversation dropped unsaid.
+    bool notice_first = !from_hand
+                        && cfg_.fallback
+                             == handover_config::fallback_kind::notify;
+    if (!notice_first
+        && !host_.flow_store().clear_checkpoint_if(key, cp->revision)
         && from_hand) {
       // A handed copy the store moved past: superseded, as a refused write
       // (nothing of the fallback is made visible).
@@ -901,6 +909,13 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
                                           : "state";
     if (!cp->marker && is_valid_json(cp->state))
       info.state = cp->state;
+    if (notice_first) {
+      auto consumed = fallback(key, msg, turn, std::move(info));
+      if (turn)
+        turn->check();
+      host_.flow_store().clear_checkpoint_if(key, cp->revision);
+      return consumed;
+    }
     return fallback(key, msg, turn, std::move(info));
   }
   auto& c = create(key);

@@ -1432,6 +1432,36 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a conversation whose ephemeral "
 }
 
 /// Runs every case of the suite on `Env`.
+TEST_CASE_TEMPLATE_DEFINE("handover: a notice that could not be sent "
+                          "leaves the coroutine conversation's marker, and "
+                          "the next message is answered with the notice",
+                          Env, handover_33) {
+  using namespace test::handover;
+  botmesh::handover_options h;
+  h.fallback = botmesh::handover_fallback::notify;
+  Env env;
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  for (auto* r : {&a, &b}) {
+    add_greeting(*r->bot);
+    r->bot->start();
+  }
+  REQUIRE(a.say("hola", 1));
+  REQUIRE(waiting_at(env, "conversation"));
+  b.provider->fail_sends(true);
+  b.provider->inject("x", "Ana");
+  REQUIRE(eventually([&] { return b.bot->stats().send_errors >= 1; }));
+  REQUIRE(eventually([&] { return b.bot->stats().handled >= 1; }));
+  // The marker is still there: the conversation is not dropped unsaid.
+  auto cp = env.store->get_checkpoint("test:x");
+  REQUIRE(cp);
+  CHECK(cp->marker);
+  b.provider->fail_sends(false);
+  REQUIRE(b.say("Ana", 1));
+  CHECK(b.last() == botmesh::text("en", "core.conversation.interrupted"));
+  CHECK(no_checkpoint(env));
+}
+
 #define BOTMESH_HANDOVER_SUITE(Env) \
   TEST_CASE_TEMPLATE_INVOKE(handover_1, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_2, Env); \
@@ -1463,4 +1493,5 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a conversation whose ephemeral "
   TEST_CASE_TEMPLATE_INVOKE(handover_29, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_30, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_31, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_32, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_32, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_33, Env);
