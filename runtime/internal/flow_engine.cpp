@@ -888,10 +888,22 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
     // A notice for what the store holds now (this turn read it): sent
     // before the marker goes, so a turn lost on its way (the send refused
     // past settle, a lost lease) leaves the marker to the next holder,
-    // which notifies, instead of a conversation dropped unsaid.
+    // which notifies, instead of a conversation dropped unsaid. The stored
+    // copy moves on first (the same record, its next revision): a replica
+    // whose own copy is at the old revision then never takes it for
+    // current (check_unknown_holder) and resumes after the notice.
     bool notice_first = !from_hand
                         && cfg_.fallback
                              == handover_config::fallback_kind::notify;
+    auto clear_at = cp->revision;
+    if (notice_first) {
+      auto moved = host_.flow_store().set_checkpoint_if(*cp, cp->revision);
+      if (!moved) {
+        superseded(key, cp->flow, cp->revision, msg);
+        return true;
+      }
+      clear_at = *moved;
+    }
     if (!notice_first
         && !host_.flow_store().clear_checkpoint_if(key, cp->revision)
         && from_hand) {
@@ -913,7 +925,7 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
       auto consumed = fallback(key, msg, turn, std::move(info));
       if (turn)
         turn->check();
-      host_.flow_store().clear_checkpoint_if(key, cp->revision);
+      host_.flow_store().clear_checkpoint_if(key, clear_at);
       return consumed;
     }
     return fallback(key, msg, turn, std::move(info));

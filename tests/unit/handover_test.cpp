@@ -409,3 +409,34 @@ TEST_CASE("a waiting flow's timeout fires on its replica when the "
     CHECK(a.error_count() == 0);
   }
 }
+
+TEST_CASE("a notice's replica moves the marker on before it sends: the "
+          "replica whose copy it was does not resume it after a turn whose "
+          "holder is unknown") {
+  using namespace test::handover;
+  forgetful_env env;
+  botmesh::handover_options h;
+  h.fallback = botmesh::handover_fallback::notify;
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  for (auto* r : {&a, &b}) {
+    add_greeting(*r->bot);
+    r->bot->start();
+  }
+  REQUIRE(a.say("hola", 1));
+  auto before = waiting_at(env, "conversation");
+  REQUIRE(before);
+  // b's notice does not go out (as if b died after sending it, before its
+  // marker went): the marker stays, at a later revision.
+  b.provider->fail_sends(true);
+  b.provider->inject("x", "Ana");
+  REQUIRE(eventually([&] { return b.bot->stats().handled >= 1; }));
+  auto after = env.store->get_checkpoint("test:x");
+  REQUIRE(after);
+  CHECK(after->marker);
+  CHECK(after->revision > before->revision);
+  // a's copy is at the old revision: dropped, and a applies the fallback.
+  REQUIRE(a.say("Ana", 2));
+  CHECK(a.last() == botmesh::text("en", "core.conversation.interrupted"));
+  CHECK(no_checkpoint(env));
+}
