@@ -863,21 +863,33 @@ void server::remove_route(const std::string& method, const std::string& path) {
 
 void server::start() {
   auto& i = *impl_;
-  std::lock_guard guard{i.lifecycle_mtx};
+  // A stop begun on an I/O thread (a handler that stops the bot) ends
+  // first: started now, the server would be shut down under the caller by
+  // that stop's thread. Its thread takes lifecycle_mtx for the shutdown, so
+  // it is joined (or, joined by a stop() meanwhile, waited for) without
+  // holding that lock.
+  std::unique_lock guard{i.lifecycle_mtx, std::defer_lock};
+  for (;;) {
+    std::thread pending;
+    {
+      std::lock_guard g{i.stopper_mtx};
+      pending = std::move(i.stopper);
+    }
+    if (pending.joinable()) {
+      pending.join();
+      continue;
+    }
+    guard.lock();
+    if (!i.stop_begun.load() || i.stopped || !i.started)
+      break;
+    guard.unlock();
+    std::this_thread::yield();
+  }
   if (i.started && !i.stopped)
     return;
   if (i.stopped) {
     // Started again after a stop (a transport closed and opened again: a
-    // replica that lost a leadership and won it back). The stop finished
-    // under lifecycle_mtx, so a stop begun on an I/O thread has only its
-    // thread left to join.
-    std::thread finished;
-    {
-      std::lock_guard g{i.stopper_mtx};
-      finished = std::move(i.stopper);
-    }
-    if (finished.joinable())
-      finished.join();
+    // replica that lost a leadership and won it back).
     {
       std::lock_guard g{i.sessions_mtx};
       i.accept_paused = false;
@@ -906,7 +918,9 @@ void server::start() {
     i.acceptor.reset();
     throw error(errc::provider_error,
                 fmt::format("http server: cannot listen on {}:{}: {}",
-                            i.opts.address, i.opts.port, e.what()));
+                            i.opts.address,
+                            i.opts.port != 0 ? i.opts.port : i.bound_port,
+                            e.what()));
   }
   i.started = true;
   try {

@@ -515,8 +515,10 @@ void webhook_provider::start(provider_host& host) {
   {
     std::lock_guard guard{i.held_mtx};
     i.closing = std::stop_source{};
-    // A stop dropped the pending tick with the server's timers.
-    i.ticking = false;
+    // A stop of its own server dropped the pending tick with the server's
+    // timers (on a shared server it is still pending, and goes on).
+    if (i.own_server)
+      i.ticking = false;
   }
   i.hosts.set(host);
   if (i.own_server)

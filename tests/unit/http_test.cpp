@@ -785,6 +785,39 @@ TEST_CASE("a handler that stops its own server still answers its request, "
   s.stop(); // from outside: waits for the stop begun by the handler
 }
 
+TEST_CASE("a start called while a handler's stop of its server is on its way "
+          "starts the server after that stop, not under it") {
+  http::server s;
+  std::promise<void> entered_p;
+  auto entered = entered_p.get_future();
+  std::promise<void> gate_p;
+  auto gate = gate_p.get_future().share();
+  s.route("POST", "/stop", [&](http::request&, http::responder r) {
+    s.stop(); // begins the stop on this I/O thread
+    entered_p.set_value();
+    gate.wait();
+    r.respond(200);
+  });
+  s.route("GET", "/up", [](http::request&, http::responder r) { r.respond(200); });
+  s.start();
+  auto url = s.url();
+  auto stopping = std::async(std::launch::async, [&] {
+    http::client c;
+    return c.request({.url = url + "/stop", .body = "x"}).status;
+  });
+  entered.wait();
+  // The transport opens again (a leadership won back) while that stop runs.
+  auto started = std::async(std::launch::async, [&] { s.start(); });
+  started.wait_for(200ms); // (returns early only without the wait)
+  gate_p.set_value();
+  CHECK(stopping.get() == 200);
+  started.get();
+  CHECK(s.url() == url);
+  http::client fresh{{.connect_timeout = "2s"}};
+  CHECK(fresh.request(get(s, "/up")).status == 200);
+  s.stop();
+}
+
 TEST_CASE("a client that half-closes after its request gets the answer held "
           "for it, and a watched request whose client left refuses its "
           "answer") {
