@@ -60,6 +60,10 @@ CREATE TABLE IF NOT EXISTS schedules (
   updated_at INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS schedule_fences (
   id TEXT PRIMARY KEY, fencing_token INTEGER NOT NULL) WITHOUT ROWID;
+INSERT INTO schedule_fences (id, fencing_token)
+  SELECT id, fencing_token FROM schedules WHERE deleted = 1
+  ON CONFLICT(id) DO UPDATE SET
+    fencing_token = max(fencing_token, excluded.fencing_token);
 )sql";
 
 std::int64_t ms(time_point t) {

@@ -207,6 +207,17 @@ TEST_CASE("registering a task over a damaged Redis record names the field and "
     client->call({"HSET", "dr:sched:once", "token", "garbled"});
     expect_corrupted("token");
   }
+  SUBCASE("a token too large for 64 bits") {
+    client->call({"HSET", "dr:sched:once", "token", "99999999999999999999"});
+    expect_corrupted("token");
+  }
+  SUBCASE("deleted written \"00\" is live, as the reader reads it") {
+    client->call({"HSET", "dr:sched:once", "deleted", "00", "done", "0"});
+    auto rec = sched->register_task("once", "at 1000", t0() + 1h, t0() + 1s);
+    CHECK_FALSE(rec.deleted);
+    CHECK(rec.next_run_at == t0()); // kept, not reset to the new first run
+    client->call({"HSET", "dr:sched:once", "deleted", "1", "done", "1"});
+  }
   // Nothing was written over: the tombstone's fields are as they were.
   auto done = client->call({"HGET", "dr:sched:once", "done"});
   CHECK(done.str == "1");

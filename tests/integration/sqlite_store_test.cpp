@@ -376,3 +376,41 @@ TEST_CASE("a SQLite task registered again after its tombstone was purged by "
   REQUIRE(d);
   CHECK(d->token == 5);
 }
+
+TEST_CASE("a SQLite file whose tombstones predate schedule_fences gets their "
+          "fences when opened, so a purge does not reset their tokens") {
+  test::temp_file file;
+  auto t0 = botmesh::from_unix_ms(1'000'000);
+  {
+    botmesh::sqlite_store s{{.path = file.path()}};
+    s.start();
+    auto sched = s.schedules();
+    sched->register_task("old", "every 1000", t0, t0);
+    for (int i = 0; i < 2; ++i) {
+      auto now = t0 + std::chrono::seconds(i);
+      auto c = sched->claim("old", "me", now, std::chrono::seconds(60));
+      REQUIRE(c);
+      REQUIRE(sched->commit("old", "me", c->token, now + std::chrono::seconds(1),
+                            false, now));
+    }
+    REQUIRE(sched->remove("old", t0 + std::chrono::seconds(5)));
+  }
+  // As a file written before the table existed: no fence rows.
+  raw_sql(file.path(), "DELETE FROM schedule_fences");
+  botmesh::sqlite_store s{{.path = file.path()}};
+  s.start();
+  raw_sql(file.path(), "DELETE FROM schedules WHERE deleted = 1");
+  auto sched = s.schedules();
+  auto again = t0 + std::chrono::seconds(10);
+  CHECK(sched->register_task("old", "every 1000", again, again).fencing_token == 2);
+  // A fence stored negative is damage, named.
+  raw_sql(file.path(), "DELETE FROM schedules");
+  raw_sql(file.path(), "UPDATE schedule_fences SET fencing_token = -3");
+  try {
+    sched->register_task("old", "every 1000", again, again);
+    FAIL("registered over a damaged fence");
+  } catch (const botmesh::error& e) {
+    CHECK(e.code() == botmesh::errc::corrupted_record);
+    CHECK(std::string{e.what()}.find("fencing_token") != std::string::npos);
+  }
+}

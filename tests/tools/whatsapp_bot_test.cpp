@@ -94,3 +94,19 @@ TEST_CASE("whatsapp_bot refuses a PORT that is not a port, naming it, and "
     CHECK(bot.wait() == 2);
   }
 }
+
+TEST_CASE("whatsapp_bot refuses a coordination wait of zero, naming it, and "
+          "exits 2") {
+  test::process bot{WHATSAPP_BOT,
+                    {},
+                    {{"WHATSAPP_TOKEN", "token"},
+                     {"WHATSAPP_APP_SECRET", secret},
+                     {"WHATSAPP_VERIFY_TOKEN", "verify-me"},
+                     {"GRAPH_API_URL", "http://127.0.0.1:9"},
+                     {"REDIS_URL", std::nullopt},
+                     {"BOTMESH_COORDINATION_TURN_WAIT", "0ms"},
+                     {"LISTEN_ADDRESS", "127.0.0.1"},
+                     {"PORT", "0"}}};
+  REQUIRE(bot.wait_for_stderr("coordination.turn_wait", std::chrono::seconds(10)));
+  CHECK(bot.wait() == 2);
+}

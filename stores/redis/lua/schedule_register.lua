@@ -14,14 +14,17 @@ local h = KEYS[1]
 if redis.call('EXISTS', h) == 1 then
   local f = redis.call('HMGET', h, 'spec', 'next', 'token', 'owner', 'until',
                        'claimed', 'done', 'deleted', 'updated')
+  -- (Numbers of at most 18 digits: they fit the reader's 64 bits.)
   for i = 1, 9 do
     local v = f[i]
     if not v or (i ~= 1 and i ~= 4 and not string.match(v, '^%-?%d+$'))
-       or (i == 3 and not string.match(v, '^%d+$')) then
+       or (i == 3 and not string.match(v, '^%d+$'))
+       or (i ~= 1 and i ~= 4 and #string.gsub(v, '^%-', '') > 18) then
       return redis.call('HGETALL', h)
     end
   end
-  if f[8] == '0' and f[1] == ARGV[2] then
+  -- Live as the reader reads it: deleted is a number, 0.
+  if tonumber(f[8]) == 0 and f[1] == ARGV[2] then
     return redis.call('HGETALL', h)
   end
 end

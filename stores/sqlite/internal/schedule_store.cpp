@@ -88,9 +88,15 @@ class sqlite_schedule_store final : public schedule_store {
       // the fence its removal left.
       stmt f{*db_, "SELECT fencing_token FROM schedule_fences WHERE id=?"};
       f.bind(1, id);
-      if (f.step())
-        r.fencing_token = static_cast<std::uint64_t>(
-          std::max<std::int64_t>(0, f.int64(0)));
+      if (f.step()) {
+        auto fence = f.int64(0);
+        if (fence < 0) // a token only grows from 0: damage
+          throw error(errc::corrupted_record,
+                      fmt::format("sqlite schedule_fences {}: fencing_token "
+                                  "is negative: {}",
+                                  id, fence));
+        r.fencing_token = static_cast<std::uint64_t>(fence);
+      }
     }
     if (!register_record(r, exists, id, spec, first_run, now))
       return r;
