@@ -510,7 +510,8 @@ bool is_plain_json(const nlohmann::json& j) {
 
 time_point ephemeral_expiry(time_point now, std::chrono::milliseconds ttl,
                             std::chrono::milliseconds wait) {
-  return now + std::max(ttl, wait);
+  using namespace std::chrono_literals;
+  return now + std::max(ttl, wait > 0ms ? wait + 10s : wait);
 }
 
 std::uint64_t flow_engine::arm(conversation& c, std::chrono::milliseconds after) {

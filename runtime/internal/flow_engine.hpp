@@ -59,7 +59,9 @@ std::string fingerprint_of(const flow::definition& d);
 bool is_plain_json(const nlohmann::json& j);
 
 /// When an ephemeral checkpoint written at `now` expires: `ttl` after it,
-/// but never before the timeout of the wait it records (`wait`, 0 = none).
+/// but never before the timeout of the wait it records (`wait`, 0 = none)
+/// and 10 s more: the timer's turn, armed just before the write, reads it
+/// (a turn whose last holder is unknown checks its copy against it).
 time_point ephemeral_expiry(time_point now, std::chrono::milliseconds ttl,
                             std::chrono::milliseconds wait);
 

@@ -52,7 +52,7 @@ TEST_CASE("an ephemeral checkpoint expires ttl after its write and never "
   auto t = botmesh::from_unix_ms(1'000'000);
   CHECK(botmesh::internal::ephemeral_expiry(t, 5min, 0ms) == t + 5min);
   CHECK(botmesh::internal::ephemeral_expiry(t, 5min, 2min) == t + 5min);
-  CHECK(botmesh::internal::ephemeral_expiry(t, 5min, 20min) == t + 20min);
+  CHECK(botmesh::internal::ephemeral_expiry(t, 5min, 20min) == t + 20min + 10s);
 }
 
 TEST_CASE("plain JSON state: no binary values and no non-finite numbers") {
@@ -386,6 +386,16 @@ TEST_CASE("a waiting flow's timeout fires on its replica when the "
     REQUIRE(a.provider->wait_for_sent(3, 10s));
     CHECK(a.last() == botmesh::text("en", "core.conversation.timeout"));
     CHECK(no_checkpoint(env));
+    CHECK(a.error_count() == 0);
+  }
+  SUBCASE("one replica, a forwarded (ephemeral) flow: the timeout is said") {
+    replica a{env, "a", forward({.ttl = botmesh::duration{"100ms"}})};
+    a.bot->add_flow(order_flow(false, nullptr, botmesh::duration{"300ms"}));
+    a.bot->start();
+    REQUIRE(a.say("pedido", 1));
+    REQUIRE(a.say("café", 2));
+    REQUIRE(a.provider->wait_for_sent(3, 10s));
+    CHECK(a.last() == botmesh::text("en", "core.conversation.timeout"));
     CHECK(a.error_count() == 0);
   }
   SUBCASE("two replicas: the stale copy stays silent") {
