@@ -76,19 +76,29 @@ TEST_CASE("whatsapp_bot verifies its webhook, answers a signed text from the "
   CHECK(api.calls("PHONE7/messages").size() == 1);
 }
 
+namespace {
+
+// The bot's environment with `name` set to `value` (a value it refuses).
+test::process::env_changes refused_env(const char* name, const char* value) {
+  test::process::env_changes env{
+    {"WHATSAPP_TOKEN", "token"},
+    {"WHATSAPP_APP_SECRET", secret},
+    {"WHATSAPP_VERIFY_TOKEN", "verify-me"},
+    {"GRAPH_API_URL", "http://127.0.0.1:9"},
+    {"REDIS_URL", std::nullopt},
+    {"LISTEN_ADDRESS", "127.0.0.1"},
+    {"PORT", "0"}};
+  env[name] = value;
+  return env;
+}
+
+} // namespace
+
 TEST_CASE("whatsapp_bot refuses a PORT that is not a port, naming it, and "
           "exits 2") {
   for (const char* port : {"abc", "70000", "-1", "80x"}) {
     CAPTURE(port);
-    test::process bot{WHATSAPP_BOT,
-                      {},
-                      {{"WHATSAPP_TOKEN", "token"},
-                       {"WHATSAPP_APP_SECRET", secret},
-                       {"WHATSAPP_VERIFY_TOKEN", "verify-me"},
-                       {"GRAPH_API_URL", "http://127.0.0.1:9"},
-                       {"REDIS_URL", std::nullopt},
-                       {"LISTEN_ADDRESS", "127.0.0.1"},
-                       {"PORT", port}}};
+    test::process bot{WHATSAPP_BOT, {}, refused_env("PORT", port)};
     // (Accepted, it would listen and never exit: the wait is bounded.)
     REQUIRE(bot.wait_for_stderr("field PORT", std::chrono::seconds(10)));
     CHECK(bot.wait() == 2);
@@ -97,16 +107,8 @@ TEST_CASE("whatsapp_bot refuses a PORT that is not a port, naming it, and "
 
 TEST_CASE("whatsapp_bot refuses a coordination wait of zero, naming it, and "
           "exits 2") {
-  test::process bot{WHATSAPP_BOT,
-                    {},
-                    {{"WHATSAPP_TOKEN", "token"},
-                     {"WHATSAPP_APP_SECRET", secret},
-                     {"WHATSAPP_VERIFY_TOKEN", "verify-me"},
-                     {"GRAPH_API_URL", "http://127.0.0.1:9"},
-                     {"REDIS_URL", std::nullopt},
-                     {"BOTMESH_COORDINATION_TURN_WAIT", "0ms"},
-                     {"LISTEN_ADDRESS", "127.0.0.1"},
-                     {"PORT", "0"}}};
+  test::process bot{WHATSAPP_BOT, {},
+                    refused_env("BOTMESH_COORDINATION_TURN_WAIT", "0ms")};
   REQUIRE(bot.wait_for_stderr("coordination.turn_wait", std::chrono::seconds(10)));
   CHECK(bot.wait() == 2);
 }

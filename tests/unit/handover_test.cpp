@@ -15,10 +15,11 @@
 
 namespace {
 
-// The handover suite on one process: replicas on a memory hub, sharing a
-// memory store.
-struct memory_env {
-  botmesh::memory_coordination_hub hub;
+// The handover suite on one process: replicas on a memory hub (keeping
+// up to `MaxIdle` idle chats), sharing a memory store.
+template <std::size_t MaxIdle>
+struct hub_env {
+  botmesh::memory_coordination_hub hub{{.max_idle_keys = MaxIdle}};
   std::shared_ptr<test::recording_store> store =
     std::make_shared<test::recording_store>(
       std::make_shared<botmesh::memory_store>());
@@ -32,6 +33,11 @@ struct memory_env {
     store->corrupt_reads = true; // the next read of a stored checkpoint
   }
 };
+
+using memory_env = hub_env<botmesh::memory_hub_options{}.max_idle_keys>;
+// A hub that forgets every idle chat at once: each turn's previous holder
+// is unknown, as after a chat key expired in Redis.
+using forgetful_env = hub_env<0>;
 
 std::string field_of(const std::function<void()>& fn) {
   try {
@@ -352,24 +358,6 @@ TEST_CASE("a checkpoint over 64 KiB is not handed over: the taker reads the "
   CHECK(env.store->checkpoint_reads.load() > reads);
   CHECK(b.error_count() == 0);
 }
-
-namespace {
-
-// A hub that forgets every idle chat at once: each turn's previous holder
-// is unknown, as after a chat key expired in Redis.
-struct forgetful_env {
-  botmesh::memory_coordination_hub hub{{.max_idle_keys = 0}};
-  std::shared_ptr<test::recording_store> store =
-    std::make_shared<test::recording_store>(
-      std::make_shared<botmesh::memory_store>());
-
-  std::shared_ptr<botmesh::coordinator> coordinator(std::string id) {
-    return std::make_shared<botmesh::memory_coordinator>(
-      hub, botmesh::memory_coordinator_options{.replica_id = std::move(id)});
-  }
-};
-
-} // namespace
 
 TEST_CASE("a waiting flow's timeout fires on its replica when the "
           "coordinator forgot who held the chat last, and a copy another "

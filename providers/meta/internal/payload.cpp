@@ -394,6 +394,20 @@ whatsapp_address split_whatsapp_chat(std::string_view chat) noexcept {
 
 namespace {
 
+// `"type":"image","image":{"link":"..."` (or "id"), the object left open
+// for what follows (a caption).
+void open_media(std::string& out, const outgoing_message& msg) {
+  auto key = media_key(msg.media);
+  field(out, "type", key);
+  out += ",";
+  append_json_string(out, key);
+  out += ":{";
+  if (!msg.media_id.empty())
+    field(out, "id", msg.media_id);
+  else
+    field(out, "link", msg.media_url);
+}
+
 std::string whatsapp_body(const outgoing_message& msg) {
   std::vector<const button*> buttons;
   for (auto& row : msg.buttons)
@@ -445,16 +459,8 @@ std::string whatsapp_body(const outgoing_message& msg) {
     out += ",\"interactive\":{";
     field(out, "type", list ? "list" : "button");
     if (msg.has_media()) {
-      auto key = media_key(msg.media);
       out += ",\"header\":{";
-      field(out, "type", key);
-      out += ",";
-      append_json_string(out, key);
-      out += ":{";
-      if (!msg.media_id.empty())
-        field(out, "id", msg.media_id);
-      else
-        field(out, "link", msg.media_url);
+      open_media(out, msg);
       out += "}}";
     }
     out += ",\"body\":{";
@@ -488,15 +494,7 @@ std::string whatsapp_body(const outgoing_message& msg) {
     return out;
   }
   if (msg.has_media()) {
-    auto key = media_key(msg.media);
-    field(out, "type", key);
-    out += ",";
-    append_json_string(out, key);
-    out += ":{";
-    if (!msg.media_id.empty())
-      field(out, "id", msg.media_id);
-    else
-      field(out, "link", msg.media_url);
+    open_media(out, msg);
     if (!msg.text.empty() && msg.media != message_type::audio
         && msg.media != message_type::sticker)
       field(out, "caption", msg.text);
