@@ -886,16 +886,16 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
     // the fallback decides what the message does.
     if (turn)
       turn->check();
-    // A notice for what the store holds now (this turn read it): sent
-    // before the marker goes, so a turn lost on its way (the send refused
-    // past settle, a lost lease) leaves the marker to the next holder,
-    // which notifies, instead of a conversation dropped unsaid. The stored
-    // copy moves on first (the same record, its next revision): a replica
-    // whose own copy is at the old revision then never takes it for
-    // current (check_unknown_holder) and resumes after the notice.
-    bool notice_first = !from_hand
-                        && cfg_.fallback
-                             == handover_config::fallback_kind::notify;
+    // A notice is sent before the marker goes, so a turn lost on its way
+    // (the send refused past settle, a lost lease) leaves the marker to
+    // the next holder, which notifies, instead of a conversation dropped
+    // unsaid. The stored copy moves on first (the same record, its next
+    // revision): a compare-and-set that refuses a copy the store moved past
+    // (a handed one too), and after which a replica whose own copy is at
+    // the old revision never takes it for current (check_unknown_holder)
+    // and resumes after the notice.
+    bool notice_first =
+      cfg_.fallback == handover_config::fallback_kind::notify;
     auto clear_at = cp->revision;
     if (notice_first) {
       auto moved = host_.flow_store().set_checkpoint_if(*cp, cp->revision);
