@@ -506,35 +506,13 @@ task make_task(task_kind kind, std::chrono::milliseconds interval,
   return t;
 }
 
-// The longest interval or delay: now plus it must stay a time the stores
-// can keep (they read back dates up to the year 9999) and must not
-// overflow the clock's arithmetic, which the duration parser's range
-// (up to 2^63 ms) would.
-constexpr std::chrono::milliseconds max_span =
-  std::chrono::hours{24} * 365'250; // 1000 years
-
+// (No upper bound here: a `duration` holds at most 100 years, which every
+// store keeps and no clock arithmetic overflows; nor a negative one.)
 void check_interval(duration interval) {
   if (interval.count() <= 0)
     throw invalid_argument_error("interval",
                                  "every() needs a positive interval, got "
                                    + format_duration(interval.ms()));
-  if (interval.ms() > max_span)
-    throw invalid_argument_error("interval",
-                                 "every() takes an interval of at most 1000 "
-                                 "years, got "
-                                   + format_duration(interval.ms()));
-}
-
-void check_delay(duration d) {
-  if (d.count() < 0)
-    throw invalid_argument_error("delay",
-                                 "delay() needs a non-negative delay, got "
-                                   + format_duration(d.ms()));
-  if (d.ms() > max_span)
-    throw invalid_argument_error("delay",
-                                 "delay() takes a delay of at most 1000 years, "
-                                 "got "
-                                   + format_duration(d.ms()));
 }
 
 scheduled_task schedule_cron(scheduler::impl& impl, std::string_view cron,
@@ -587,12 +565,10 @@ scheduled_task scheduler::schedule(std::string_view cron, task_options opts,
 }
 
 scheduled_task scheduler::delay(duration d, job fn) {
-  check_delay(d);
   return impl_->add(make_task(task_kind::delay, d.ms(), {}, {}, std::move(fn)));
 }
 
 scheduled_task scheduler::delay(duration d, task_options opts, run_handler fn) {
-  check_delay(d);
   return impl_->add(
     make_task(task_kind::delay, d.ms(), std::move(opts), std::move(fn)));
 }

@@ -45,6 +45,9 @@ bool is_space(char c) {
 
 } // namespace
 
+// The longest duration accepted: 100 years (36500 days).
+constexpr std::int64_t max_duration_ms = 36'500LL * 86'400'000LL;
+
 std::chrono::milliseconds parse_duration(std::string_view text) {
   std::string_view s = text;
   while (!s.empty() && is_space(s.front()))

@@ -25,9 +25,6 @@ namespace botmesh {
 /// deadline `now + d` must fit the nanosecond clocks timers use.
 std::chrono::milliseconds parse_duration(std::string_view text);
 
-/// The longest duration accepted: 100 years (36500 days).
-inline constexpr std::int64_t max_duration_ms = 36'500LL * 86'400'000LL;
-
 /// Formats milliseconds the shortest exact way: "250ms", "30s", "5m", "2h", "1d".
 std::string format_duration(std::chrono::milliseconds ms);
 
