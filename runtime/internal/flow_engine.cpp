@@ -882,37 +882,10 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
   auto step = def ? def->index_of(cp->step) : std::nullopt;
   bool changed = !def || !step || cp->fingerprint != fingerprint_of(*def);
   if (cp->marker || changed) {
-    // Nothing to resume: the marker (or the stale checkpoint) goes, then
+    // Nothing to resume: the marker (or the stale checkpoint) goes, and
     // the fallback decides what the message does.
     if (turn)
       turn->check();
-    // A notice is sent before the marker goes, so a turn lost on its way
-    // (the send refused past settle, a lost lease) leaves the marker to
-    // the next holder, which notifies, instead of a conversation dropped
-    // unsaid. The stored copy moves on first (the same record, its next
-    // revision): a compare-and-set that refuses a copy the store moved past
-    // (a handed one too), and after which a replica whose own copy is at
-    // the old revision never takes it for current (check_unknown_holder)
-    // and resumes after the notice.
-    bool notice_first =
-      cfg_.fallback == handover_config::fallback_kind::notify;
-    auto clear_at = cp->revision;
-    if (notice_first) {
-      auto moved = host_.flow_store().set_checkpoint_if(*cp, cp->revision);
-      if (!moved) {
-        superseded(key, cp->flow, cp->revision, msg);
-        return true;
-      }
-      clear_at = *moved;
-    }
-    if (!notice_first
-        && !host_.flow_store().clear_checkpoint_if(key, cp->revision)
-        && from_hand) {
-      // A handed copy the store moved past: superseded, as a refused write
-      // (nothing of the fallback is made visible).
-      superseded(key, cp->flow, cp->revision, msg);
-      return true;
-    }
     handover_info info;
     info.key = key;
     info.name = cp->flow;
@@ -922,12 +895,32 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
                                           : "state";
     if (!cp->marker && is_valid_json(cp->state))
       info.state = cp->state;
-    if (notice_first) {
+    if (cfg_.fallback == handover_config::fallback_kind::notify) {
+      // The notice goes before the marker does, so a turn lost on its way
+      // (the send refused past settle, a lost lease) leaves the marker to
+      // the next holder, which notifies, instead of a conversation dropped
+      // unsaid. The stored copy moves on first (the same record, its next
+      // revision): a compare-and-set that refuses a copy the store moved
+      // past (a handed one too), and after which a replica whose own copy
+      // is at the old revision never takes it for current
+      // (check_unknown_holder) and resumes after the notice.
+      auto moved = host_.flow_store().set_checkpoint_if(*cp, cp->revision);
+      if (!moved) {
+        superseded(key, cp->flow, cp->revision, msg);
+        return true;
+      }
       auto consumed = fallback(key, msg, turn, std::move(info));
       if (turn)
         turn->check();
-      host_.flow_store().clear_checkpoint_if(key, clear_at);
+      host_.flow_store().clear_checkpoint_if(key, *moved);
       return consumed;
+    }
+    if (!host_.flow_store().clear_checkpoint_if(key, cp->revision)
+        && from_hand) {
+      // A handed copy the store moved past: superseded, as a refused write
+      // (nothing of the fallback is made visible).
+      superseded(key, cp->flow, cp->revision, msg);
+      return true;
     }
     return fallback(key, msg, turn, std::move(info));
   }
