@@ -19,6 +19,17 @@ struct bot_api::impl {
   }
 };
 
+namespace {
+
+// A-Z, a-z, 0-9, '_' and '-': what tokens and secret tokens are made of
+// (spelled out, not std::isalnum, which follows the process's locale).
+bool word_char(unsigned char c) {
+  return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z')
+         || (c >= 'a' && c <= 'z') || c == '_' || c == '-';
+}
+
+} // namespace
+
 bot_api::bot_api(bot_api_options opts) {
   if (opts.token.empty())
     throw invalid_argument_error("token", "telegram: the bot token is required");
@@ -26,8 +37,7 @@ bot_api::bot_api(bot_api_options opts) {
   // into every request's path: anything else (a secret file's trailing
   // newline, a space) would break the request line or name another path.
   for (unsigned char c : opts.token)
-    if (!((c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z')
-          || (c >= 'a' && c <= 'z') || c == ':' || c == '_' || c == '-'))
+    if (!word_char(c) && c != ':')
       throw invalid_argument_error(
         "token", fmt::format("telegram: the bot token holds a character a "
                              "token never has (byte {:#04x}{})",
@@ -91,7 +101,7 @@ void validate(const webhook_settings& s) {
                   "most 256 are allowed",
                   s.secret_token.size()));
   for (unsigned char c : s.secret_token)
-    if (!std::isalnum(c) && c != '_' && c != '-')
+    if (!word_char(c))
       throw invalid_argument_error(
         "secret_token", "telegram set_webhook: secret_token may only contain "
                         "A-Z, a-z, 0-9, _ and -");
