@@ -60,10 +60,17 @@ CREATE TABLE IF NOT EXISTS schedules (
   updated_at INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS schedule_fences (
   id TEXT PRIMARY KEY, fencing_token INTEGER NOT NULL) WITHOUT ROWID;
+)sql";
+
+// Once per file (user_version 0 -> 1): the tombstones written before
+// schedule_fences existed get their fences. Idempotent, should two
+// processes open the file at once.
+constexpr std::string_view fence_old_tombstones = R"sql(
 INSERT INTO schedule_fences (id, fencing_token)
   SELECT id, fencing_token FROM schedules WHERE deleted = 1
   ON CONFLICT(id) DO UPDATE SET
     fencing_token = max(fencing_token, excluded.fencing_token);
+PRAGMA user_version = 1;
 )sql";
 
 std::int64_t ms(time_point t) {
@@ -104,6 +111,13 @@ void sqlite_store::start() {
     d->exec("PRAGMA journal_mode=WAL");
   d->exec("PRAGMA synchronous=NORMAL");
   d->exec(schema);
+  bool fenced = false;
+  {
+    internal::stmt v{*d, "PRAGMA user_version"};
+    fenced = v.step() && v.int64(0) >= 1;
+  }
+  if (!fenced)
+    d->exec(fence_old_tombstones);
   db_ = std::move(d);
   schedules_ = internal::make_sqlite_schedule_store(db_);
 }

@@ -395,8 +395,10 @@ TEST_CASE("a SQLite file whose tombstones predate schedule_fences gets their "
     }
     REQUIRE(sched->remove("old", t0 + std::chrono::seconds(5)));
   }
-  // As a file written before the table existed: no fence rows.
+  // As a file written before the table existed: no fence rows, and the
+  // version it had then.
   raw_sql(file.path(), "DELETE FROM schedule_fences");
+  raw_sql(file.path(), "PRAGMA user_version = 0");
   botmesh::sqlite_store s{{.path = file.path()}};
   s.start();
   raw_sql(file.path(), "DELETE FROM schedules WHERE deleted = 1");
