@@ -19,6 +19,7 @@ namespace {
 struct bucket {
   double tokens = 0;
   steady::time_point at{};
+  steady::time_point paused_until{}; // pause_chat
 
   // Refills at `rate` per second up to `cap`; the wait for one token.
   steady::duration refill(double rate, double cap, steady::time_point now) {
@@ -38,6 +39,8 @@ struct bucket {
   }
 
   bool full(double rate, double cap, steady::time_point now) const {
+    if (paused_until > now)
+      return false; // the pause is state to keep
     auto secs = std::chrono::duration<double>(now - at).count();
     return rate <= 0 || tokens + secs * rate >= cap;
   }
@@ -68,6 +71,8 @@ struct flood_control::impl {
                       b.refill(chat_rate(group), chat_cap(group), now));
     if (paused_until > now)
       w = std::max(w, paused_until - now);
+    if (b.paused_until > now)
+      w = std::max(w, b.paused_until - now);
     return w;
   }
 
@@ -152,12 +157,30 @@ std::chrono::milliseconds flood_control::wait_time(std::string_view chat,
   return std::chrono::ceil<std::chrono::milliseconds>(w);
 }
 
+namespace {
+
+// At most a day, and a negative wait is none: no sum with now can overflow.
+std::chrono::milliseconds bounded_pause(std::chrono::milliseconds d) {
+  return std::clamp<std::chrono::milliseconds>(d, std::chrono::milliseconds{0},
+                                               std::chrono::hours{24});
+}
+
+} // namespace
+
 void flood_control::pause(std::chrono::milliseconds d) {
   auto& i = *impl_;
-  d = std::clamp<std::chrono::milliseconds>(d, std::chrono::milliseconds{0},
-                                            std::chrono::hours{24});
+  d = bounded_pause(d);
   std::lock_guard guard{i.mtx};
   i.paused_until = std::max(i.paused_until, steady::now() + d);
+}
+
+void flood_control::pause_chat(std::string_view chat,
+                               std::chrono::milliseconds d) {
+  auto& i = *impl_;
+  d = bounded_pause(d);
+  std::lock_guard guard{i.mtx};
+  auto& b = i.chats[std::string{chat}];
+  b.paused_until = std::max(b.paused_until, steady::now() + d);
 }
 
 void send_with_retry(flood_control& flood, std::string_view chat, bool group,
@@ -181,7 +204,10 @@ void send_with_retry(flood_control& flood, std::string_view chat, bool group,
     } catch (const platform_error& e) {
       if (e.code() != errc::retry_after || attempt >= max_attempts)
         throw;
-      flood.pause(e.retry_after());
+      if (e.wait_scope() == platform_error::scope::chat)
+        flood.pause_chat(chat, e.retry_after());
+      else
+        flood.pause(e.retry_after());
     }
   }
 }

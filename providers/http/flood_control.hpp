@@ -69,6 +69,11 @@ class flood_control {
   /// negative one as none), so no wait or clock sum can overflow.
   void pause(std::chrono::milliseconds d);
 
+  /// The platform said to wait before sending to `chat` again (a limit per
+  /// recipient, as WhatsApp's pair rate): nothing goes to that chat before
+  /// `d` from now; other chats go on. `d` is bounded as for `pause`.
+  void pause_chat(std::string_view chat, std::chrono::milliseconds d);
+
  private:
   struct impl;
   std::unique_ptr<impl> impl_;
@@ -76,7 +81,8 @@ class flood_control {
 
 /// Sends through the flood control: waits for the buckets, runs `send`,
 /// and when it throws a `platform_error` with `errc::retry_after` (a 429)
-/// pauses every send for the platform's retry_after and tries again, up to
+/// pauses every send (or, for an error of `scope::chat`, the sends to this
+/// chat only) for the platform's retry_after and tries again, up to
 /// `max_attempts` times in all (then the last error is thrown). Any other
 /// exception goes through at once. It blocks the calling thread, which is
 /// how a chat's order is kept: its next message waits for this one. A

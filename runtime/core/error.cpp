@@ -68,11 +68,12 @@ coordination_unavailable_error::coordination_unavailable_error(
 platform_error::platform_error(errc code, int http_status,
                                std::string description,
                                std::chrono::milliseconds retry_after,
-                               const std::string& what)
+                               const std::string& what, scope wait_scope)
   : error(code, what),
     http_status_(http_status),
     description_(std::move(description)),
-    retry_after_(retry_after) {
+    retry_after_(retry_after),
+    scope_(wait_scope) {
   // nop
 }
 

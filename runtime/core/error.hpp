@@ -111,9 +111,15 @@ class coordination_unavailable_error : public error {
 /// failure, an unreadable answer).
 class platform_error : public error {
  public:
+  /// What a `retry_after` wait holds back: every send of the bot (the
+  /// platform's limit for the whole bot or number), or only sends to the
+  /// chat the refused one went to (a limit per recipient, as WhatsApp's
+  /// pair rate).
+  enum class scope : std::uint8_t { bot, chat };
+
   platform_error(errc code, int http_status, std::string description,
                  std::chrono::milliseconds retry_after,
-                 const std::string& what);
+                 const std::string& what, scope wait_scope = scope::bot);
 
   /// The HTTP status of the platform's answer; 0 when none arrived.
   int http_status() const noexcept {
@@ -131,10 +137,16 @@ class platform_error : public error {
     return retry_after_;
   }
 
+  /// Whom the `retry_after` wait is for (see `scope`).
+  scope wait_scope() const noexcept {
+    return scope_;
+  }
+
  private:
   int http_status_;
   std::string description_;
   std::chrono::milliseconds retry_after_;
+  scope scope_;
 };
 
 /// `send()` on a standby replica of an exclusive transport (the spec's

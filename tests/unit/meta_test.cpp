@@ -6,6 +6,7 @@
 #include <future>
 #include <mutex>
 #include <stdexcept>
+#include <tuple>
 
 #include <botmesh/providers/http/http_server.hpp>
 #include <botmesh/providers/http/signature.hpp>
@@ -608,7 +609,7 @@ TEST_CASE("a Graph API rate limit is waited out and retried in order, a "
           "permission error becomes forbidden") {
   auto api = fake_graph();
   api->script("PHONE1/messages", 400,
-              R"({"error":{"message":"(#131056) Pair rate limit hit","type":"OAuthException","code":131056}})");
+              R"({"error":{"message":"(#130429) Rate limit hit","type":"OAuthException","code":130429}})");
   auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
   botmesh::bot bot{{.provider = p}};
   bot.on_message([](botmesh::context& c) { c.reply(c.text()); });
@@ -628,6 +629,66 @@ TEST_CASE("a Graph API rate limit is waited out and retried in order, a "
   } catch (const botmesh::platform_error& e) {
     CHECK(e.code() == botmesh::errc::forbidden);
   }
+}
+
+TEST_CASE("a WhatsApp pair rate limit holds back that user's chat for 6 "
+          "seconds while other chats go on") {
+  auto api = fake_graph();
+  api->script("PHONE1/messages", 400,
+              R"({"error":{"message":"(#131056) (Business Account, Consumer Account) pair rate limit hit","type":"OAuthException","code":131056}})");
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  botmesh::bot bot{{.provider = p}};
+  bot.on_message([](botmesh::context& c) { c.reply(c.text()); });
+  bot.start();
+  signed_poster post{p->server().url() + "/whatsapp"};
+  REQUIRE(post.post(wa_payload("[" + wa_text("w1", "346", "uno") + "]")).status
+          == 200);
+  REQUIRE(api->wait_for_calls("PHONE1/messages", 1));
+  REQUIRE(post.post(wa_payload("[" + wa_text("w2", "347", "otro") + "]")).status
+          == 200);
+  // The other user's reply goes out within the first user's pause (6 s), so
+  // well before it ends; a pause of every chat would hold it until then.
+  REQUIRE(api->wait_for_calls("PHONE1/messages", 2, std::chrono::seconds(4)));
+  auto calls = api->calls("PHONE1/messages");
+  CHECK(calls[1].body.find(R"("to":"347")") != std::string::npos);
+  CHECK(calls[1].body.find(R"("body":"otro")") != std::string::npos);
+  // The first user's reply is sent again once the pause is over.
+  REQUIRE(api->wait_for_calls("PHONE1/messages", 3));
+  calls = api->calls("PHONE1/messages");
+  CHECK(calls[2].body.find(R"("to":"346")") != std::string::npos);
+  CHECK(calls[2].body.find(R"("body":"uno")") != std::string::npos);
+  CHECK(p->stats().retried == 1);
+  CHECK(test::eventually([&] { return p->stats().sent == 2; }));
+}
+
+TEST_CASE("Graph API rate-limit codes ask for a wait, of the whole bot except "
+          "WhatsApp's pair rate, which is one chat's") {
+  auto answer = [](int status, std::int64_t code) {
+    try {
+      meta::internal::check_graph_answer(
+        status, R"({"error":{"message":"m","code":)" + std::to_string(code) + "}}");
+    } catch (const botmesh::platform_error& e) {
+      return std::make_tuple(e.code(), e.wait_scope(), e.retry_after());
+    }
+    FAIL("no error thrown");
+    return std::make_tuple(botmesh::errc::none, botmesh::platform_error::scope::bot,
+                           std::chrono::milliseconds{0});
+  };
+  using scope = botmesh::platform_error::scope;
+  for (std::int64_t code : {4, 17, 32, 613, 80001, 80007, 80014, 130429}) {
+    CAPTURE(code);
+    auto [kind, where, wait] = answer(400, code);
+    CHECK(kind == botmesh::errc::retry_after);
+    CHECK(where == scope::bot);
+    CHECK(wait == 1s);
+  }
+  auto [kind, where, wait] = answer(400, 131056);
+  CHECK(kind == botmesh::errc::retry_after);
+  CHECK(where == scope::chat);
+  CHECK(wait == 6s);
+  CHECK(std::get<0>(answer(400, 100)) == botmesh::errc::bad_request);
+  CHECK(std::get<0>(answer(400, 80015)) == botmesh::errc::bad_request);
+  CHECK(std::get<0>(answer(500, 1)) == botmesh::errc::provider_error);
 }
 
 TEST_CASE("a payload read in place parses as the copying parser does") {

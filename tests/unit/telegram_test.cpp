@@ -345,6 +345,30 @@ TEST_CASE("a flood control pause is taken as at most a day, a negative one "
   CHECK(g.wait_time("1", false) > 2s);
 }
 
+TEST_CASE("a flood control pause of one chat holds that chat only, bounded "
+          "as a whole pause is") {
+  http::flood_control f{http::flood_limits::none()};
+  f.pause_chat("1", 3s);
+  CHECK(f.wait_time("1", false) > 2s);
+  CHECK(f.wait_time("2", false) == 0ms);
+  CHECK(f.try_acquire("2", false));
+  CHECK_FALSE(f.try_acquire("1", false));
+  f.pause_chat("1", 1s); // a shorter pause does not cut the longer one
+  CHECK(f.wait_time("1", false) > 2s);
+  f.pause_chat("3", std::chrono::milliseconds::max());
+  CHECK(f.wait_time("3", false) <= 24h);
+  CHECK(f.wait_time("3", false) > 23h);
+  f.pause_chat("4", -5s);
+  CHECK(f.wait_time("4", false) == 0ms);
+  // A paused chat's bucket outlives the sweep of idle buckets (more than
+  // 10 000 chats tracked).
+  http::flood_control g{{0, 0, 1, 1, 0, 0}};
+  g.pause_chat("held", 1h);
+  for (int i = 0; i < 25000; ++i)
+    g.try_acquire("c" + std::to_string(i), false);
+  CHECK(g.wait_time("held", false) > 59min);
+}
+
 TEST_CASE("a Telegram update with the right secret is answered 200 and the "
           "handler's reply reaches the Bot API") {
   auto api = test::fake_telegram();

@@ -622,20 +622,33 @@ std::string check_graph_answer(int status, std::string_view body) {
       code = 0;
   }
   errc kind = errc::provider_error;
-  // Graph rate limits: 4 (app), 80007 (WABA), 130429 (throughput),
-  // 131056 (pair rate).
-  if (status == 429 || code == 4 || code == 80007 || code == 130429
-      || code == 131056)
+  auto scope = platform_error::scope::bot;
+  std::chrono::milliseconds wait{0};
+  // Graph rate limits: 4 (app), 17 (user), 32 (page), 613 (the Send API's
+  // "calls to this API have exceeded the rate limit"), 80001-80014
+  // (business use cases, 80007 WhatsApp's WABA), 130429 (a number's
+  // throughput): every send waits. 131056 is WhatsApp's pair rate, about
+  // one message every 6 seconds to one user: only that chat waits, those
+  // 6 seconds.
+  if (code == 131056) {
     kind = errc::retry_after;
-  else if (status == 401 || status == 403 || code == 10 || code == 200
-           || code == 190)
+    scope = platform_error::scope::chat;
+    wait = std::chrono::seconds(6);
+  } else if (status == 429 || code == 4 || code == 17 || code == 32
+             || code == 613 || (code >= 80001 && code <= 80014)
+             || code == 130429) {
+    kind = errc::retry_after;
+    wait = std::chrono::seconds(1);
+  } else if (status == 401 || status == 403 || code == 10 || code == 200
+           || code == 190) {
     kind = errc::forbidden;
-  else if (status == 400 || status == 404)
+  } else if (status == 400 || status == 404) {
     kind = errc::bad_request;
-  std::chrono::milliseconds wait{kind == errc::retry_after ? 1000 : 0};
+  }
   throw platform_error(kind, status, std::string{message}, wait,
                        fmt::format("graph api: {} (code {}): {}", status, code,
-                                   message.empty() ? "failed" : message));
+                                   message.empty() ? "failed" : message),
+                       scope);
 }
 
 } // namespace botmesh::meta::internal
