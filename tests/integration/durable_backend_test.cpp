@@ -188,6 +188,26 @@ TEST_CASE("a corrupted Redis journal record is named: settling it fails "
   REQUIRE(s.record("t:1#halfa", "a") == dc::journal_put::recorded);
   f.client->call({"HSET", rec, "t:1#negseq", R"({"st":1,"a":1,"h":"","s":-1,"k":"t:1","m":"x"})"});
   f.client->call({"HSET", rec, "t:1#halfa", R"({"st":1,"a":1.5,"h":"","s":6,"k":"t:1","m":"x"})"});
+  // A field cjson reads as infinity and cannot write back: the claim's
+  // write aborted the whole script, every beat, so nothing after it was
+  // ever claimed; a state that is neither held nor free sat unreported.
+  REQUIRE(s.record("t:1#inf", "a") == dc::journal_put::recorded);
+  REQUIRE(s.record("t:1#st5", "a") == dc::journal_put::recorded);
+  REQUIRE(s.record("t:1#good2", "a") == dc::journal_put::recorded);
+  REQUIRE(s.release("t:1#good2", "a"));
+  REQUIRE(s.record("t:1#infheld", "a") == dc::journal_put::recorded);
+  f.client->call({"HSET", rec, "t:1#inf", R"({"st":1,"a":1,"h":"","s":7,"k":"t:1","m":"x","z":1e999})"});
+  f.client->call({"HSET", rec, "t:1#st5", R"({"st":5,"a":1,"h":"","s":8,"k":"t:1","m":"x"})"});
+  f.client->call({"HSET", rec, "t:1#infheld", R"({"st":0,"a":1,"h":"a","s":10,"k":"t:1","m":"x","z":1e999})"});
+  try {
+    s.confirm("t:1#infheld", "a");
+    FAIL("confirm of a record that cannot be written back did not fail");
+  } catch (const botmesh::error& e) {
+    CHECK(e.code() == botmesh::errc::corrupted_record);
+    CHECK(std::string{e.what()}.find("t:1#infheld") != std::string::npos);
+  }
+  CHECK(f.client->call({"HGET", rec, "t:1#infheld"}).str.find("1e999")
+        != std::string::npos); // kept as it was
   try {
     s.confirm("t:1#bad", "a");
     FAIL("confirm of a corrupted record did not fail");
@@ -197,10 +217,16 @@ TEST_CASE("a corrupted Redis journal record is named: settling it fails "
   }
   f.advance(redis_durable_factory::lease * 2); // a is dead: both claimable
   auto c = s.claim("b", redis_durable_factory::lease);
-  CHECK(dc::ids(c.records) == std::vector<std::string>{"t:1#good"});
-  CHECK(c.corrupted
-        == std::vector<std::string>{"t:1#bad", "t:1#nomsg", "t:1#numkey",
-                                    "t:1#negseq", "t:1#halfa"});
+  CHECK(dc::ids(c.records) == std::vector<std::string>{"t:1#good", "t:1#good2"});
+  std::string corrupted;
+  for (auto& id : c.corrupted)
+    corrupted += id + " ";
+  CHECK(corrupted
+        == "t:1#bad t:1#nomsg t:1#numkey t:1#negseq t:1#halfa t:1#inf "
+           "t:1#st5 t:1#infheld ");
+  // Set aside, not deleted: what was stored is kept for a look.
+  CHECK(f.client->call({"HGET", rec, "t:1#inf"}).str.find("1e999")
+        != std::string::npos);
   CHECK(s.claim("b", redis_durable_factory::lease).corrupted.empty());
 }
 

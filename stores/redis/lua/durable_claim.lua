@@ -21,6 +21,40 @@ dj_sweep(now, 1000)
 local limit = tonumber(ARGV[3])
 local max_attempts = tonumber(ARGV[4])
 local claimed, dropped, corrupted, n = {}, {}, {}, 0
+
+-- Claims record `id` (decoded as `r`) for `me`. A record that decodes but
+-- cannot be written back (an extra field of 1e999, which cjson reads as
+-- infinity and refuses to write) is set aside as corrupted: the error
+-- would abort the script after the records before it were taken, every
+-- beat, with a reply nobody reads.
+local function claim_one(id, r)
+  local list = claimed
+  local attempts = r.a
+  if r.a >= max_attempts then
+    -- Held until the caller reported it and confirms it (which drops its
+    -- message): a caller that never heard this reply, or died first,
+    -- leaves it to the next one, which reports it again.
+    list = dropped
+  else
+    attempts = r.a + 1
+  end
+  r.a = attempts
+  r.st = 0
+  r.h = me
+  local ok, v = pcall(cjson.encode, r)
+  if not ok then
+    redis.call('ZREM', KEYS[2], id)
+    corrupted[#corrupted + 1] = id
+    return
+  end
+  if list == claimed then n = n + 1 end
+  list[#list + 1] = id
+  list[#list + 1] = r.k
+  list[#list + 1] = r.m
+  list[#list + 1] = string.format('%d', tonumber(r.s))
+  list[#list + 1] = string.format('%d', attempts)
+  redis.call('HSET', KEYS[1], id, v)
+end
 for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
   if n >= limit then break end
   local v = redis.call('HGET', KEYS[1], id)
@@ -29,8 +63,10 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
   else
     local ok, r = pcall(cjson.decode, v)
     -- Every field the claim passes on is checked: one bad record must not
-    -- make the whole reply unreadable after the good ones were taken.
-    if not ok or type(r) ~= 'table' or type(r.st) ~= 'number'
+    -- make the whole reply unreadable after the good ones were taken. An
+    -- open record is held (0) or free (1); any other state would sit in
+    -- the open set unclaimed, unreported, until it expired.
+    if not ok or type(r) ~= 'table' or (r.st ~= 0 and r.st ~= 1)
        or not dj_count(r.a) or type(r.h) ~= 'string'
        or type(r.k) ~= 'string' or type(r.m) ~= 'string'
        or not dj_count(tonumber(r.s)) then
@@ -38,26 +74,7 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
       corrupted[#corrupted + 1] = id
     elseif r.st == 1 or (r.st == 0 and r.h ~= me
                          and not redis.call('ZSCORE', KEYS[4], r.h)) then
-      local list = claimed
-      if r.a >= max_attempts then
-        -- Held until the caller reported it and confirms it (which
-        -- drops its message): a caller that never heard this reply, or
-        -- died first, leaves it to the next one, which reports it again.
-        list = dropped
-        r.st = 0
-        r.h = me
-      else
-        r.a = r.a + 1
-        r.st = 0
-        r.h = me
-        n = n + 1
-      end
-      list[#list + 1] = id
-      list[#list + 1] = r.k
-      list[#list + 1] = r.m
-      list[#list + 1] = string.format('%d', tonumber(r.s))
-      list[#list + 1] = string.format('%d', r.a)
-      redis.call('HSET', KEYS[1], id, cjson.encode(r))
+      claim_one(id, r)
     end
   end
 end

@@ -70,14 +70,21 @@ local function settle(id, holder, done, unhandled)
   if done then
     r.st = 2
     r.m = ''
-    redis.call('ZREM', KEYS[2], id)
   else
     r.st = 1
     if unhandled and type(r.a) == 'number' and r.a > 0 then
       r.a = r.a - 1
     end
   end
-  redis.call('HSET', KEYS[1], id, cjson.encode(r))
+  -- A field cjson read but cannot write (1e999 is read as infinity): this
+  -- operation fails, naming the record, and the others of the call go on.
+  local written, enc = pcall(cjson.encode, r)
+  if not written then
+    return {err = 'corrupted durable record ' .. id
+                  .. ': cannot be written back (' .. tostring(enc) .. ')'}
+  end
+  redis.call('HSET', KEYS[1], id, enc)
+  if done then redis.call('ZREM', KEYS[2], id) end
   return 1
 end
 
