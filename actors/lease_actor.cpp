@@ -65,6 +65,7 @@ struct leave_done {
 
 struct renew_done {
   clk::time_point sent{};
+  std::uint64_t seq = 0; // the lease actor's count of renewals sent
   renewal asked{};
   renewal_result res{};
   std::string error{};
@@ -161,6 +162,9 @@ struct leading {
   // ("another replica leads", from before this one won) must not undo a
   // newer one.
   clk::time_point answered_sent{clk::time_point::min()};
+  // Answers of renewals numbered below this are not this presenter's (see
+  // lead_atom).
+  std::uint64_t first_renewal = 0;
 };
 
 struct repair {
@@ -220,6 +224,7 @@ struct lease_state {
   clk::time_point base_since{};
   clk::time_point armed{clk::time_point::max()};
   std::size_t in_flight = 0; // backend calls not answered yet
+  std::uint64_t renewals_sent = 0; // numbers renew_done (first_renewal)
   // Enters and releases not issued yet: they go together, as one
   // `coordinator::submit`, once the mailbox has nothing more before the
   // flush this actor sent itself with the first of them (see hold()).
@@ -413,13 +418,14 @@ void send_renew(lease_actor_t* self, renewal r) {
   auto& st = self->state;
   flush(self);
   auto sent = now(self);
+  auto seq = ++st.renewals_sent;
   ++st.in_flight;
   auto asked = r;
-  st.cfg.coordinator->renew(std::move(r), [g = st.g, sent,
+  st.cfg.coordinator->renew(std::move(r), [g = st.g, sent, seq,
                                            asked = std::move(asked)](
                                             renewal_result res,
                                             std::exception_ptr e) {
-    g->send(renew_done{sent, asked, std::move(res),
+    g->send(renew_done{sent, seq, asked, std::move(res),
                        e ? what_of(e) : std::string{}});
   });
 }
@@ -697,8 +703,9 @@ void on_renewed(lease_actor_t* self, renew_done& d) {
     auto& lead = l->second;
     if (d.res.lead_failed(i))
       continue; // unknown: its validity runs on, and out, as it was
-    if (d.sent < lead.answered_sent)
-      continue; // a later renewal was answered already
+    if (d.sent < lead.answered_sent || d.seq < lead.first_renewal)
+      continue; // a later renewal was answered already, or one sent
+                // before an unlead of the name that may have undone it
     lead.answered_sent = d.sent;
     if (got) {
       auto v = valid_from_reply(self, d.sent, got->deadline_ms, got->now_ms);
@@ -1083,8 +1090,13 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       std::erase_if(st.repairs, [&](const repair& r) {
         return r.kind == repair::unlead && r.key == name;
       });
-      if (st.unleading.contains(name))
+      if (st.unleading.contains(name)) {
+        // A renewal sent before now may have run before that unlead,
+        // which then deleted what it kept: its answer is not this
+        // presenter's to act on.
+        l.first_renewal = st.renewals_sent + 1;
         return; // elected once no unlead of it is on its way
+      }
       renewal r;
       r.leads.push_back(name);
       send_renew(self, std::move(r)); // elect now, not at the next tick

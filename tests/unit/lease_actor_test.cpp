@@ -680,6 +680,38 @@ TEST_CASE("a name presented again while its unlead is on its way is renewed "
   caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a renewal sent before a name was given up does not elect the "
+          "name's next presenter") {
+  lease_fixture f;
+  auto [s1, log1] = f.elected_session(lead_name); // fence 1
+  f.coord->hold_renewals();
+  f.vs.advance(1000ms); // the tick's renewal, naming the name, is on its way
+  auto& kept = f.coord->last(op::renew);
+  REQUIRE(kept.renewal.leads == std::vector<std::string>{lead_name});
+  f.coord->set_policy(op::unlead, nullptr); // answered by the test
+  f.tell(s1, botmesh::unlead_atom::value, lead_name);
+  REQUIRE(f.coord->count(op::unlead, lead_name, 1) == 1);
+  auto [s2, log2] = f.another_probe();
+  f.tell(s2, botmesh::lead_atom::value, lead_name);
+  // The backend ran the renewal before the unlead (it kept term 1, which
+  // the unlead then deleted): its answer must not make s2 lead a name
+  // nobody holds, which a standby takes at its next renewal.
+  sc::answer(kept, f.coord->renewed(kept, {}, 1));
+  f.vs.run();
+  CHECK(log2->leaders.empty());
+  // Once the unlead is answered, s2 is elected by a renewal of its own.
+  sc::answer(f.coord->next(op::unlead), true);
+  f.vs.run();
+  auto& election = f.coord->last(op::renew);
+  REQUIRE(&election != &kept);
+  sc::answer(election, f.coord->renewed(election, {}, 2));
+  f.vs.run();
+  REQUIRE(log2->leaders.size() == 1);
+  CHECK(log2->leaders[0].second == 2);
+  caf::anon_send_exit(s1, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(s2, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("shutdown releases held turns, leaves waiting requests, gives up "
           "leaderships, and replies once the backend answered") {
   lease_fixture f;
