@@ -530,6 +530,19 @@ struct bot::impl final : chat_services,
     pool->post([this, key, ev = std::move(ev), first, turn = std::move(turn),
                 done = std::move(done)]() mutable {
       turn->step_started(); // settle counts from here, not from the queue
+      if (stop_source.stop_requested()) {
+        // Past the stop bound while it waited for a handler thread: refused
+        // (a timer skipped) as an uncoordinated event is (run_event); the
+        // chat actor releases the turn when this returns.
+        if (!ev->ev.is_timer())
+          refused(key, std::move(ev->ev), errc::stopped,
+                  fmt::format("chat {}: the bot stopped before this "
+                              "message's turn",
+                              key));
+        ev.reset();
+        done();
+        return;
+      }
       coordinated_turn(key, ev->ev, first, turn);
       ev.reset(); // the last reference: freed before the chat goes on
       done();

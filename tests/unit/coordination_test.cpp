@@ -1006,3 +1006,45 @@ TEST_CASE("the leader event of an exclusive transport comes after its start "
   CHECK(lines
         == std::vector<std::string>{"start", "leader", "stop", "follower lost"});
 }
+
+TEST_CASE("stop past its bound refuses a granted turn still waiting for a "
+          "handler thread") {
+  botmesh::memory_coordination_hub hub;
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  std::atomic<bool> bob_ran{false};
+  std::latch running{1};
+  botmesh::coordination_options co;
+  auto counter = std::make_shared<ticket_counter>(
+    std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = "a"}));
+  co.coordinator = counter;
+  botmesh::bot b{{.provider = p, .handler_threads = 1,
+                  .stop_timeout = 100ms, .coordination = co}};
+  errors.attach(b);
+  b.on_message([&](botmesh::context& c) {
+    if (c.text() == "slow") {
+      running.count_down();
+      while (!c.stop_token().stop_requested())
+        std::this_thread::sleep_for(1ms);
+      return;
+    }
+    bob_ran = true;
+  });
+  b.start();
+  p->inject("ana", "slow");
+  running.wait();
+  // bob's turn is granted at once (nobody holds it); its step waits for the
+  // one handler thread, which ana's keeps until the stop's bound.
+  p->inject("bob", "queued");
+  REQUIRE(test::eventually([&] { return counter->entered == 2; }));
+  b.stop(); // drains for 100 ms first: bob's step is queued by then
+  CHECK_FALSE(bob_ran.load());
+  REQUIRE(test::eventually(
+    [&] { return errors.count(botmesh::errc::stopped) == 1; }));
+  auto all = errors.all();
+  REQUIRE(all.size() == 1);
+  REQUIRE(all[0].message);
+  CHECK(all[0].message->text == "queued");
+  CHECK(b.stats().refused_stopped == 1);
+}
