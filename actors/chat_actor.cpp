@@ -337,10 +337,11 @@ struct chat_state {
 
 using chat_actor_t = caf::stateful_actor<chat_state>;
 
+// Its turn_wait bound, when counting, goes on: entered again after a lost
+// ticket or turn, the message has waited since the bound began.
 void enter(chat_actor_t* self, entry& e) {
   e.req = next_request.fetch_add(1, std::memory_order_relaxed);
   e.token.reset();
-  e.wait_until = {};
   self->send(self->state.cfg().lease, acquire_atom::value, self->state.key,
              e.req);
 }

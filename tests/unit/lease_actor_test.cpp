@@ -1670,6 +1670,32 @@ TEST_CASE("a chat's turn lost before its step ran is asked for again, in "
   CHECK(f.coord->count(op::leave, f.key, second) == 1);
 }
 
+TEST_CASE("a message entered again after its ticket was lost keeps the "
+          "turn_wait bound it began with") {
+  chat_fixture f{2000ms};
+  f.inject("uno");
+  auto& enter = f.coord->last(op::enter);
+  sc::answer(enter, f.coord->waiting(f.key, enter.req));
+  f.vs.run();
+  // Its ticket is gone 1.5 s into the wait (another replica skipped this
+  // one's tickets): it enters again and waits on.
+  f.vs.advance(1500ms);
+  f.coord->set_policy(op::poll, nullptr); // answered by the test
+  f.vs.advance(50ms);
+  auto& poll = f.coord->next(op::poll);
+  sc::answer(poll, f.coord->gone(f.key, poll.req));
+  f.vs.run();
+  auto& again = f.coord->last(op::enter);
+  REQUIRE(&again != &enter);
+  sc::answer(again, f.coord->waiting(f.key, again.req));
+  f.vs.run();
+  CHECK(f.services.failed.empty());
+  // 2 s after it began waiting, not 2 s after it entered again.
+  f.vs.advance(500ms);
+  CHECK(f.services.failed.size() == 1);
+  CHECK(f.coord->count(op::leave, f.key, again.req) == 1);
+}
+
 // -- on the memory hub ------------------------------------------------------------------
 
 namespace {
