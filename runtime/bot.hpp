@@ -429,9 +429,9 @@ struct bot_options {
   ///
   /// Keys as in the README's table; `;` and `#` start comments; values may
   /// be quoted. Throws `invalid_argument_error` naming the file, the line
-  /// and the option for a malformed line, an unknown option or a bad value,
-  /// and `botmesh::error` (`errc::invalid_argument`) when the file cannot be
-  /// read.
+  /// and the option for a malformed line, an unknown option, a bad value or
+  /// an option set twice, and `botmesh::error` (`errc::invalid_argument`)
+  /// when the file cannot be read (or is a directory).
   static bot_options from_file(const std::string& path, bot_options base);
   static bot_options from_file(const std::string& path); ///< with bot_options{}
 };

@@ -7,8 +7,10 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -194,8 +196,10 @@ const std::vector<option_entry>& entries() {
     {{"durability.max_attempts", "BOTMESH_DURABILITY_MAX_ATTEMPTS", "count", "5",
       "a record handled this many times is given up"},
      [](bot_options& o, std::string_view v) {
-       du(o).max_attempts = static_cast<std::uint32_t>(
-         std::min<std::size_t>(to_positive(v), UINT32_MAX));
+       auto n = to_positive(v);
+       if (n > UINT32_MAX)
+         throw bad_value{"at most 4294967295"};
+       du(o).max_attempts = static_cast<std::uint32_t>(n);
      }},
     {{"durability.claim_batch", "BOTMESH_DURABILITY_CLAIM_BATCH", "count", "256",
       "most records claimed per beat"},
@@ -269,10 +273,18 @@ bot_options bot_options::from_file(const std::string& path) {
 }
 
 bot_options bot_options::from_file(const std::string& path, bot_options base) {
+  // An ifstream opens a directory (a config map mounted where a file was
+  // meant) and then reads nothing: the defaults would pass for the file.
+  std::error_code dir_ec;
+  if (std::filesystem::is_directory(path, dir_ec))
+    throw error(errc::invalid_argument,
+                fmt::format("configuration file {} is a directory", path));
   std::ifstream in{path};
   if (!in)
     throw error(errc::invalid_argument,
                 fmt::format("configuration file {} cannot be read", path));
+  // Where each option was set: set twice, one of the two was a mistake.
+  std::unordered_map<std::string, int> set_at;
   std::string section;
   std::string line;
   int n = 0;
@@ -317,12 +329,20 @@ bot_options bot_options::from_file(const std::string& path, bot_options base) {
     auto* e = find_entry(full);
     if (!e)
       fail(full, fmt::format("unknown option \"{}\"", full));
+    if (auto [at, fresh] = set_at.emplace(full, n); !fresh)
+      fail(full, fmt::format("option {} is set again (first on line {})",
+                             full, at->second));
     try {
       e->apply(base, value);
     } catch (const bad_value& b) {
       fail(full, fmt::format("option {} = \"{}\": {}", full, value, b.why));
     }
   }
+  if (in.bad())
+    throw error(errc::invalid_argument,
+                fmt::format("configuration file {} cannot be read past line "
+                            "{}",
+                            path, n));
   return base;
 }
 

@@ -1,5 +1,6 @@
 #include <botmesh/runtime/core/duration.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <cmath>
@@ -139,15 +140,23 @@ std::string format_duration(std::chrono::milliseconds ms) {
   return fmt::format("{}ms", n);
 }
 
-duration::duration(std::int64_t ms, int) : ms_(ms) {
+// `ms` as a double: a chrono count converted with duration_cast could
+// overflow (seconds::max() wrapped to -1000 ms; a large count of hours to
+// a few minutes, accepted).
+duration::duration(double ms, std::nullptr_t) {
+  if (std::isnan(ms))
+    throw invalid_argument_error("duration", "invalid duration: not a number");
   if (ms < 0)
     throw invalid_argument_error(
-      "duration", fmt::format("invalid duration {}ms: negative", ms));
-  if (ms > max_duration_ms)
+      "duration", fmt::format("invalid duration {:.0f}ms: negative",
+                              std::min(ms, -1.0)));
+  if (ms > static_cast<double>(max_duration_ms))
     throw invalid_argument_error(
-      "duration", fmt::format("invalid duration {}ms: at most 36500d (100 "
+      "duration", fmt::format("invalid duration {:.0f}ms: at most 36500d (100 "
                               "years)",
                               ms));
+  // Below 2^53, so the double holds the whole milliseconds exactly.
+  ms_ = std::chrono::milliseconds{static_cast<std::int64_t>(ms)};
 }
 
 } // namespace botmesh

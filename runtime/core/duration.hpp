@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -33,16 +34,17 @@ std::string format_duration(std::chrono::milliseconds ms);
 /// `.lease = 15s` alike. A bare integer does not compile: `.lease = 15`
 /// would have meant 15 ms where 15 s was meant (write `15s`, `15000ms` or
 /// "15s"). Construction from text throws exactly what `parse_duration`
-/// throws; negative chrono values, and those over 100 years, are rejected.
+/// throws; negative chrono values, and those over 100 years, are rejected
+/// (also those no count of milliseconds holds, as `seconds::max()`); a
+/// chrono value finer than milliseconds is rounded down to one.
 class duration {
  public:
   constexpr duration() noexcept = default;
 
   template <class Rep, class Period>
   duration(std::chrono::duration<Rep, Period> d)
-    : duration(std::chrono::duration_cast<std::chrono::milliseconds>(d).count(),
-               0) {
-    // nop
+    : duration(std::chrono::duration<double, std::milli>(d).count(), nullptr) {
+    // nop: converted as a double, which no count overflows; checked there
   }
 
   /// Unit-less numbers are refused at compile time (see above).
@@ -78,7 +80,7 @@ class duration {
   friend bool operator==(const duration&, const duration&) = default;
 
  private:
-  duration(std::int64_t ms, int);
+  duration(double ms, std::nullptr_t);
 
   std::chrono::milliseconds ms_{0};
 };

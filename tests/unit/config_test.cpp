@@ -198,6 +198,42 @@ TEST_CASE("a malformed configuration file is refused naming the file, the "
         != std::string::npos);
 }
 
+TEST_CASE("a configuration path that is a directory, an option set twice and "
+          "a count beyond its type are refused, not passed over") {
+  // A directory opens as a stream that reads nothing: it gave the defaults.
+  CHECK(error_of([] { botmesh::bot_options::from_file("/tmp"); })
+          .find("/tmp is a directory")
+        != std::string::npos);
+  {
+    ini_file f{"stop_timeout = 1s\n[bot]\n\nstop_timeout = 30s\n"};
+    std::string field;
+    auto what = error_of([&] { botmesh::bot_options::from_file(f.path()); }, &field);
+    CHECK(field == "stop_timeout");
+    CHECK(what.find(f.path() + ":4:") != std::string::npos);
+    CHECK(what.find("first on line 1") != std::string::npos);
+  }
+  {
+    // The same key in two sections is two options.
+    ini_file f{"[coordination]\nturn_wait = 1m\n[durability]\nlease = 5s\n"};
+    auto o = botmesh::bot_options::from_file(f.path());
+    CHECK(o.coordination->turn_wait.ms() == 1min);
+  }
+  {
+    ini_file f{"[durability]\nmax_attempts = 5000000000\n"};
+    std::string field;
+    auto what = error_of([&] { botmesh::bot_options::from_file(f.path()); }, &field);
+    CHECK(field == "durability.max_attempts");
+    CHECK(what.find("at most 4294967295") != std::string::npos);
+  }
+  env_scope env;
+  env.set("BOTMESH_DURABILITY_MAX_ATTEMPTS", "4294967296");
+  std::string field;
+  error_of([] { botmesh::bot_options::from_env(); }, &field);
+  CHECK(field == "durability.max_attempts");
+  env.set("BOTMESH_DURABILITY_MAX_ATTEMPTS", "4294967295");
+  CHECK(botmesh::bot_options::from_env().durability->max_attempts == 4294967295u);
+}
+
 TEST_CASE("the README's configuration table lists every option with its "
           "variable") {
   std::ifstream in{std::string{BOTMESH_SOURCE_DIR} + "/README.md"};

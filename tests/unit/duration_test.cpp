@@ -69,6 +69,25 @@ TEST_CASE("a duration option converts from chrono and text, never a bare "
   CHECK_THROWS_AS(botmesh::duration{std::chrono::hours{36500 * 24 + 1}},
                   botmesh::invalid_argument_error);
   CHECK(botmesh::duration{"36500d"}.ms() == 36500 * 24h);
+  // Counts no millisecond count holds are refused, not wrapped: seconds::max()
+  // became -1000 ms ("negative"), 5124095576031 hours about 34 minutes.
+  auto refusal = [](auto d) {
+    try {
+      botmesh::duration x{d};
+      return "accepted " + std::to_string(x.count()) + "ms";
+    } catch (const botmesh::invalid_argument_error& e) {
+      return std::string{e.what()};
+    }
+  };
+  CHECK(refusal(std::chrono::seconds::max()).find("at most 36500d")
+        != std::string::npos);
+  CHECK(refusal(std::chrono::hours{5124095576031}).find("at most 36500d")
+        != std::string::npos);
+  CHECK(refusal(std::chrono::nanoseconds::min()).find("negative")
+        != std::string::npos);
+  CHECK(refusal(-5s).find("-5000ms: negative") != std::string::npos);
+  CHECK(botmesh::duration{1500us}.ms() == 1ms); // rounded down, as documented
+  CHECK(botmesh::duration{std::chrono::hours{36500 * 24}}.ms() == 36500 * 24h);
   CHECK(botmesh::format_duration(15s) == "15s");
   CHECK(botmesh::format_duration(90s) == "90s");
   CHECK(botmesh::format_duration(2h) == "2h");
