@@ -373,14 +373,31 @@ struct client::impl {
       ec = net::error::operation_aborted;
       return {};
     }
-    bhttp::response_parser<bhttp::string_body> parser;
-    parser.body_limit(opts.max_response_bytes);
-    ec = run(c, [&](auto h) { bhttp::async_read(stream, c.buffer, parser, h); });
-    answer_started = parser.got_some();
-    if (ec)
-      return {};
-    auto msg = parser.release();
-    keep = msg.keep_alive();
+    // Interim answers (100 Continue, 103 Early Hints) come before the
+    // final one on the same connection: read past them, a bounded number,
+    // or the final answer's bytes would be left for the next request on a
+    // pooled connection. A HEAD answer has a Content-Length but no body.
+    std::optional<bhttp::response_parser<bhttp::string_body>> parser;
+    for (int interim = 0;; ++interim) {
+      parser.emplace();
+      parser->body_limit(opts.max_response_bytes);
+      if (req.method == "HEAD")
+        parser->skip(true);
+      ec = run(c, [&](auto h) { bhttp::async_read(stream, c.buffer, *parser, h); });
+      answer_started = answer_started || parser->got_some();
+      if (ec)
+        return {};
+      auto code = parser->get().result_int();
+      if (code >= 200 || code == 101)
+        break;
+      if (interim == 16) {
+        ec = bhttp::error::bad_status;
+        return {};
+      }
+    }
+    auto msg = parser->release();
+    // 101 switches to a protocol this client does not speak.
+    keep = msg.keep_alive() && msg.result_int() != 101;
     client_response r;
     r.status = static_cast<int>(msg.result_int());
     for (auto& f : msg) {

@@ -339,7 +339,10 @@ bool clean_header_text(std::string_view s) {
 using botmesh::internal::ascii_iequals;
 
 /// The bytes of `r` (HTTP/1.1), into `out`.
-void serialize(const response& r, bool keep_alive, std::string& out) {
+// `head`: the answer to a HEAD request, served by the path's GET route: the
+// GET answer's header (its Content-Length too), no body (RFC 9110 9.3.2).
+void serialize(const response& r, bool keep_alive, std::string& out,
+               bool head = false) {
   out.clear();
   auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(r.status));
   fmt::format_to(std::back_inserter(out), "HTTP/1.1 {} {}\r\n", r.status,
@@ -375,7 +378,7 @@ void serialize(const response& r, bool keep_alive, std::string& out) {
   if (!keep_alive)
     out += "Connection: close\r\n";
   out += "\r\n";
-  if (!bodyless)
+  if (!bodyless && !head)
     out += r.body;
 }
 
@@ -530,13 +533,28 @@ class session : public std::enable_shared_from_this<session> {
     deadline_ = steady::time_point::max(); // the bot's turn is not timed here
     ++served_;
     auto* h = srv_->find(t_, req_.method, req_.path());
+    // A HEAD is answered wherever a GET is (RFC 9110 9.1): an uptime check
+    // by HEAD on /healthz must not read as a failing probe.
+    head_ = !h && req_.method == "HEAD"
+            && (h = srv_->find(t_, "GET", req_.path())) != nullptr;
     if (!h) {
       ++srv_->n_not_found;
       auto known = srv_->known_paths();
+      response r{404, {}, "text/plain; charset=utf-8", {}};
+      if (known->count(std::string{req_.path()})) {
+        // A 405 says which methods the path has (RFC 9110 15.5.6).
+        r.status = 405;
+        std::string allow;
+        for (std::string_view m : {"GET", "HEAD", "POST", "PUT", "PATCH",
+                                   "DELETE", "OPTIONS"})
+          if (srv_->find(t_, m, req_.path())
+              || (m == "HEAD" && srv_->find(t_, "GET", req_.path())))
+            allow += (allow.empty() ? "" : ", ") + std::string{m};
+        r.headers.emplace_back("Allow", std::move(allow));
+      }
       // Posted, not written here: pipelined unrouted requests would
       // otherwise recurse (dispatch, write, read, dispatch...).
-      answer(response{known->count(std::string{req_.path()}) ? 405 : 404,
-                      {}, "text/plain; charset=utf-8", {}});
+      answer(std::move(r));
       return;
     }
     ++srv_->n_requests;
@@ -589,7 +607,7 @@ class session : public std::enable_shared_from_this<session> {
     writing_ = true;
     bool keep = keep_alive_ && !closing_ && !srv_->stopping && r.status != 413
                 && r.status != 400 && r.status != 431;
-    serialize(r, keep, out_);
+    serialize(r, keep, out_, head_);
     // Most answers fit the socket's buffer: written here, with no
     // asynchronous operation and no completion to run.
     std::size_t sent = 0;
@@ -661,10 +679,13 @@ class session : public std::enable_shared_from_this<session> {
     if (ec == bhttp::error::body_limit)
       return refuse(srv_->n_too_large, 413, "request body too large");
     if (ec == bhttp::error::header_limit)
-      return refuse(srv_->n_bad, 431, {});
+      return refuse(srv_->n_bad, 431,
+                    "request header fields too large (over 16 KiB)");
+    // What the parser found wrong goes in the answer ("bad field", "bad
+    // version"...): the sender of a malformed request can see what to fix.
     if (&ec.category()
         == &bhttp::make_error_code(bhttp::error::bad_target).category())
-      return refuse(srv_->n_bad, 400, "bad request");
+      return refuse(srv_->n_bad, 400, "bad request: " + ec.message());
     close(); // end of stream, reset, aborted: nothing to answer
   }
 
@@ -702,6 +723,7 @@ class session : public std::enable_shared_from_this<session> {
   std::uint64_t served_ = 0;
   bool header_done_ = false;
   bool keep_alive_ = true;
+  bool head_ = false; // a HEAD served by a GET route: no body written
   bool handling_ = false;
   bool writing_ = false;
   bool closing_ = false;

@@ -163,8 +163,11 @@ class server {
   server& operator=(const server&) = delete;
 
   /// Sends requests for `method` and exactly `path` to `h` (replacing an
-  /// earlier route). Another method on a routed path gets 405; an unknown
-  /// path 404.
+  /// earlier route). A HEAD on a path with a GET route and no HEAD route
+  /// runs the GET handler and is answered without the body. Another method
+  /// on a routed path gets 405 with an `Allow` header naming the path's
+  /// methods; an unknown path 404. A request the parser refuses gets 400
+  /// saying what was wrong ("bad request: bad field"), 413 or 431.
   void route(std::string method, std::string path, handler h);
 
   /// Removes a route; its requests then get 404.

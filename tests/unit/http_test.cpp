@@ -455,6 +455,158 @@ class closing_server {
 
 } // namespace
 
+namespace {
+
+/// A loopback server that answers every request (a header, no body) of
+/// every connection with `reply`, as it is. Counts the connections.
+class scripted_server {
+ public:
+  explicit scripted_server(std::string reply) : reply_(std::move(reply)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    REQUIRE(::listen(fd_, 8) == 0);
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread{[this] { serve(); }};
+  }
+
+  ~scripted_server() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+
+  std::string url() const {
+    return "http://127.0.0.1:" + std::to_string(port_) + "/m";
+  }
+
+  std::atomic<int> connections{0};
+
+ private:
+  void serve() {
+    for (;;) {
+      int fd = ::accept(fd_, nullptr, nullptr);
+      if (fd < 0)
+        return;
+      ++connections;
+      std::string in;
+      char buf[4096];
+      for (;;) {
+        auto end = in.find("\r\n\r\n");
+        if (end != std::string::npos) {
+          in.erase(0, end + 4);
+          (void) !::send(fd, reply_.data(), reply_.size(), MSG_NOSIGNAL);
+          continue;
+        }
+        auto n = ::recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0)
+          break;
+        in.append(buf, static_cast<std::size_t>(n));
+      }
+      ::close(fd);
+    }
+  }
+
+  std::string reply_;
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+} // namespace
+
+TEST_CASE("the HTTP client reads past interim answers to the final one, and "
+          "a HEAD answer's length without waiting for a body") {
+  {
+    scripted_server srv{"HTTP/1.1 100 Continue\r\n\r\n"
+                        "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+                        "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"};
+    http::client c;
+    for (int i = 0; i < 2; ++i) {
+      auto r = c.request({.method = "GET", .url = srv.url()});
+      CHECK(r.status == 200);
+      CHECK(r.body == "ok");
+    }
+    CHECK(srv.connections.load() == 1); // the pooled connection stayed in step
+  }
+  {
+    scripted_server srv{"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"};
+    http::client c{{.request_timeout = 5s}};
+    for (int i = 0; i < 2; ++i) {
+      auto r = c.request({.method = "HEAD", .url = srv.url()});
+      CHECK(r.status == 200);
+      CHECK(r.body.empty());
+    }
+    CHECK(srv.connections.load() == 1);
+  }
+  // Interim answers without end: refused, not read forever.
+  std::string endless;
+  for (int i = 0; i < 40; ++i)
+    endless += "HTTP/1.1 100 Continue\r\n\r\n";
+  scripted_server srv{endless};
+  http::client c;
+  CHECK_THROWS_AS(c.request({.method = "GET", .url = srv.url()}), botmesh::error);
+}
+
+TEST_CASE("the HTTP server answers HEAD where a path has GET, names a path's "
+          "methods in a 405, and says what made a request malformed") {
+  http::server s;
+  s.route("GET", "/healthz", [](http::request&, http::responder r) {
+    r.respond({.body = "ok\n"});
+  });
+  s.route("POST", "/hook", [](http::request&, http::responder r) {
+    r.respond({.body = "got"});
+  });
+  s.start();
+  {
+    raw_socket sock{s.port()};
+    sock.send("HEAD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    auto got = sock.read_all();
+    CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+    CHECK(got.find("Content-Length: 3\r\n") != std::string::npos);
+    CHECK(got.substr(got.find("\r\n\r\n") + 4).empty()); // no body
+  }
+  for (auto* method : {"GET", "OPTIONS"}) {
+    raw_socket sock{s.port()};
+    sock.send(std::string{method}
+              + " /hook HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    auto got = sock.read_all();
+    CAPTURE(got);
+    CHECK(got.rfind("HTTP/1.1 405", 0) == 0);
+    CHECK(got.find("Allow: POST\r\n") != std::string::npos);
+  }
+  {
+    raw_socket sock{s.port()};
+    sock.send("DELETE /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    CHECK(sock.read_all().find("Allow: GET, HEAD\r\n") != std::string::npos);
+  }
+  {
+    raw_socket sock{s.port()};
+    sock.send("GET /healthz HTTP/1.1\r\nHost: x\r\nNoColonHere\r\n\r\n");
+    auto got = sock.read_all();
+    CAPTURE(got);
+    CHECK(got.rfind("HTTP/1.1 400", 0) == 0);
+    auto body = got.substr(got.find("\r\n\r\n") + 4);
+    CHECK(body.rfind("bad request: ", 0) == 0);
+    CHECK(body.size() > std::string_view{"bad request: "}.size());
+  }
+  {
+    raw_socket sock{s.port()};
+    sock.send("GET /" + std::string(64 * 1024, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n");
+    auto got = sock.read_all();
+    CHECK(got.rfind("HTTP/1.1 431", 0) == 0);
+    CHECK(got.find("request header fields too large") != std::string::npos);
+  }
+  http::client c;
+  auto head = c.request({.method = "HEAD", .url = s.url() + "/healthz"});
+  CHECK(head.status == 200);
+  CHECK(head.body.empty());
+}
+
 TEST_CASE("a POST whose pooled connection closes after it was written is not "
           "sent again, an idempotent request is") {
   {
