@@ -115,7 +115,8 @@ bool usable_host(std::string_view host) noexcept {
 
 } // namespace
 
-std::optional<redirection> parse_redirection(std::string_view error) {
+std::optional<redirection> parse_redirection(std::string_view error,
+                                             std::string_view asked_host) {
   redirection r;
   if (error.starts_with("MOVED "))
     error.remove_prefix(6);
@@ -130,6 +131,12 @@ std::optional<redirection> parse_redirection(std::string_view error) {
     return std::nullopt;
   r.slot = static_cast<std::uint16_t>(slot);
   r.address = std::string{error.substr(space + 1)};
+  if (auto c = r.address.rfind(':'); c != std::string::npos
+      && (c == 0 || std::string_view{r.address}.substr(0, c) == "?")) {
+    if (asked_host.empty())
+      return std::nullopt;
+    r.address = std::string{asked_host} + r.address.substr(c);
+  }
   auto colon = r.address.rfind(':');
   long long port = 0;
   if (colon == std::string::npos || colon == 0
@@ -164,9 +171,11 @@ std::vector<slot_range> parse_cluster_slots(const redis_reply& reply,
   if (reply.type != kind::array)
     throw bad("not an array");
   auto address = [&](const redis_reply& n) {
+    // A nil host (unknown-endpoint) is the host asked, as "" and "?" are.
     if (n.type != kind::array || n.elements.size() < 2
         || (n.elements[0].type != kind::string
-            && n.elements[0].type != kind::status)
+            && n.elements[0].type != kind::status
+            && n.elements[0].type != kind::nil)
         || n.elements[1].type != kind::integer || n.elements[1].integer < 1
         || n.elements[1].integer > 65535)
       throw bad("a node is not [host, port, ...]");
@@ -726,7 +735,11 @@ void redis_client::cluster::on_reply(const std::shared_ptr<op>& o, node* via,
   }
   std::string_view text = r.str;
   if (text.starts_with("MOVED ") || text.starts_with("ASK ")) {
-    auto red = internal::parse_redirection(text);
+    // An empty or "?" host names the node this went to.
+    auto red = internal::parse_redirection(
+      text, via ? std::string_view{via->address}.substr(
+                    0, std::min(via->address.rfind(':'), via->address.size()))
+                : std::string_view{});
     if (!red || ++o->redirections > opts.max_redirections) {
       // A redirection not followed: the map is refreshed meanwhile.
       o->redirections = 0;

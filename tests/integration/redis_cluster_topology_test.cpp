@@ -120,6 +120,46 @@ TEST_CASE("cluster topology: after a slot moved the client follows MOVED, update
   test::move_slot(slot, to, from); // back, so slots stay spread
 }
 
+TEST_CASE("cluster topology: with unknown-endpoint the nodes name no host; "
+          "the client is made, and follows MOVED and ASK to the host it asked") {
+  // Every node writes its host as nil in CLUSTER SLOTS and as "" in MOVED
+  // and ASK: "the host you asked". Set back on the way out.
+  struct endpoint_type {
+    explicit endpoint_type(const char* type) {
+      for (auto& n : test::cluster_nodes())
+        test::node_client(n.address)
+          ->call({"CONFIG", "SET", "cluster-preferred-endpoint-type", type});
+    }
+    ~endpoint_type() {
+      for (auto& n : test::cluster_nodes())
+        test::node_client(n.address)
+          ->call({"CONFIG", "SET", "cluster-preferred-endpoint-type", "ip"});
+    }
+  } unknown{"unknown-endpoint"};
+  auto seed = test::node_client(test::seed_address())->call({"CLUSTER", "SLOTS"});
+  REQUIRE(seed.elements.size() > 0);
+  REQUIRE(seed.elements[0].elements[2].elements[0].type == redis_reply::kind::nil);
+  redis_client c{test::cluster_options()};
+  auto tag = fresh_tag();
+  auto a = "{" + tag + "}:a", n = "{" + tag + "}:new";
+  int slot = redis_client::key_slot(a);
+  c.call({"SET", a, "A"});
+  auto from = test::master_of(slot);
+  auto to = test::other_master(from.id);
+  test::begin_slot_move(slot, from, to);
+  test::migrate_keys(from, to, {a});
+  auto asks = test::error_count(from.address, "ASK");
+  CHECK(c.call({"GET", a}).str == "A");       // ASK :port -> `to`
+  CHECK(c.call({"SET", n, "N"}).str == "OK"); // a new key, by ASK too
+  CHECK(test::error_count(from.address, "ASK") == asks + 2);
+  test::end_slot_move(slot, from, to);
+  auto moved = test::error_count(from.address, "MOVED");
+  CHECK(c.call({"GET", n}).str == "N");       // MOVED :port -> `to`
+  CHECK(test::error_count(from.address, "MOVED") == moved + 1);
+  c.call({"DEL", a, n});
+  test::move_slot(slot, to, from);
+}
+
 TEST_CASE("cluster topology: during a slot migration a moved key is reached with "
           "ASK and a split multi-key script is retried on TRYAGAIN until "
           "the move ends") {

@@ -71,7 +71,7 @@ TEST_CASE("MOVED and ASK replies are parsed and a malformed one is not a "
   CHECK(a->ask);
   CHECK(a->address == "::1:7000");
   for (auto bad : {"MOVED", "MOVED 16384 h:1", "MOVED -1 h:1", "MOVED 1 h",
-                   "MOVED 1 h:0", "MOVED x h:1", "ASK 1 :1", "ERR MOVED 1 h:1",
+                   "MOVED 1 h:0", "MOVED x h:1", "ERR MOVED 1 h:1",
                    "TRYAGAIN Multiple keys",
                    // Hosts a URL would read as a database or a user.
                    "MOVED 3999 a/b:6379", "ASK 1 u:p@h:1", "MOVED 1 h?x:1",
@@ -79,6 +79,19 @@ TEST_CASE("MOVED and ASK replies are parsed and a malformed one is not a "
     CAPTURE(bad);
     CHECK(!internal::parse_redirection(bad));
   }
+  // An empty or "?" host (unknown-endpoint, or hostname with none set) is
+  // the host the command went to; with none known, not a redirection.
+  CHECK(!internal::parse_redirection("ASK 1 :1"));
+  auto same = internal::parse_redirection("MOVED 3999 :6380", "10.0.0.2");
+  REQUIRE(same);
+  CHECK(same->address == "10.0.0.2:6380");
+  auto unknown = internal::parse_redirection("ASK 7 ?:7001", "::1");
+  REQUIRE(unknown);
+  CHECK(unknown->ask);
+  CHECK(unknown->address == "::1:7001");
+  CHECK(internal::parse_redirection("MOVED 1 h:1", "x")->address == "h:1");
+  CHECK(!internal::parse_redirection("MOVED 1 :0", "x"));
+  CHECK(!internal::parse_redirection("MOVED 1 ?:1", "a/b"));
 }
 
 TEST_CASE("a CLUSTER SLOTS reply becomes ranges with masters and replicas, "
@@ -98,6 +111,17 @@ TEST_CASE("a CLUSTER SLOTS reply becomes ranges with masters and replicas, "
   REQUIRE(ranges[0].replicas.size() == 1);
   CHECK(ranges[0].replicas[0] == "10.0.0.4:7003");
   CHECK(ranges[1].master == "seed:7001"); // an empty host: the one asked
+  // unknown-endpoint writes the host as nil; hostname with none set, "?".
+  redis_reply nil;
+  nil.type = redis_reply::kind::nil;
+  auto odd = internal::parse_cluster_slots(
+    array({array({integer(0), integer(1), array({nil, integer(7002)})}),
+           array({integer(2), integer(16383),
+                  array({string("?"), integer(7003)})})}),
+    "seed");
+  REQUIRE(odd.size() == 2);
+  CHECK(odd[0].master == "seed:7002");
+  CHECK(odd[1].master == "seed:7003");
   CHECK_THROWS_WITH_AS(
     internal::parse_cluster_slots(string("x"), "h"),
     doctest::Contains("CLUSTER SLOTS: malformed reply"), botmesh::error);

@@ -44,8 +44,12 @@ struct redirection {
 };
 
 /// Parses a MOVED or ASK error text; nothing for any other text, or for a
-/// malformed one (a slot out of range, no port).
-std::optional<redirection> parse_redirection(std::string_view error);
+/// malformed one (a slot out of range, no port). An empty or "?" host
+/// (Redis 7's `cluster-preferred-endpoint-type unknown-endpoint`, or
+/// `hostname` with none set) means the host the command went to:
+/// `asked_host`, which the address then carries (none given: malformed).
+std::optional<redirection> parse_redirection(std::string_view error,
+                                             std::string_view asked_host = {});
 
 /// One range of a CLUSTER SLOTS reply: its master's `host:port`.
 struct slot_range {
