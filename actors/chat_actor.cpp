@@ -753,8 +753,11 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       }
       if (st.given_back) {
         // The cut step returned: the events behind it take tickets again,
-        // in their order.
+        // in their order, each waiting anew (the bound behind the step
+        // was for the step to return, and it did).
         st.given_back = false;
+        for (std::size_t i = 0; i < st.queue.size(); ++i)
+          st.queue[i].wait_until = {};
         enter_again(self, 0);
       }
       next_turn(self);

@@ -1075,7 +1075,14 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
     },
     [=](lead_atom, const std::string& name) {
       auto& st = self->state;
-      auto& l = st.leads[name];
+      auto [it, fresh] = st.leads.try_emplace(name);
+      auto& l = it->second;
+      // A renewal sent before this presenter came may have run before an
+      // unlead of the name (answered already, or still on its way: replies
+      // come out of order), which then deleted what it kept: its answer is
+      // not this presenter's to act on. Its own election follows at once.
+      if (fresh)
+        l.first_renewal = st.renewals_sent + 1;
       l.session = caf::actor_cast<caf::actor>(self->current_sender());
       l.told = false;
       // A new presenter of a name still led (given up and taken again
@@ -1090,13 +1097,8 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       std::erase_if(st.repairs, [&](const repair& r) {
         return r.kind == repair::unlead && r.key == name;
       });
-      if (st.unleading.contains(name)) {
-        // A renewal sent before now may have run before that unlead,
-        // which then deleted what it kept: its answer is not this
-        // presenter's to act on.
-        l.first_renewal = st.renewals_sent + 1;
+      if (st.unleading.contains(name))
         return; // elected once no unlead of it is on its way
-      }
       renewal r;
       r.leads.push_back(name);
       send_renew(self, std::move(r)); // elect now, not at the next tick

@@ -472,6 +472,7 @@ class session : public std::enable_shared_from_this<session> {
       close();
       return;
     }
+    head_ = false;
     parser_.emplace(req_);
     parser_->eager(true);
     parser_->body_limit(srv_->opts.max_body_bytes);
@@ -534,9 +535,11 @@ class session : public std::enable_shared_from_this<session> {
     ++served_;
     auto* h = srv_->find(t_, req_.method, req_.path());
     // A HEAD is answered wherever a GET is (RFC 9110 9.1): an uptime check
-    // by HEAD on /healthz must not read as a failing probe.
-    head_ = !h && req_.method == "HEAD"
-            && (h = srv_->find(t_, "GET", req_.path())) != nullptr;
+    // by HEAD on /healthz must not read as a failing probe. No answer to a
+    // HEAD has a body, whichever route gave it (a client reads none).
+    if (!h && req_.method == "HEAD")
+      h = srv_->find(t_, "GET", req_.path());
+    head_ = h && req_.method == "HEAD";
     if (!h) {
       ++srv_->n_not_found;
       auto known = srv_->known_paths();
@@ -694,6 +697,7 @@ class session : public std::enable_shared_from_this<session> {
   void refuse(std::atomic<std::uint64_t>& counter, int status, std::string body) {
     ++counter;
     handling_ = true;
+    head_ = false; // the refusal's text is the point
     keep_alive_ = false;
     linger_ = true;
     write(response{status, std::move(body), "text/plain; charset=utf-8", {}});

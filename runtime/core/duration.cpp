@@ -146,6 +146,7 @@ std::string format_duration(std::chrono::milliseconds ms) {
 duration::duration(double ms, std::nullptr_t) {
   if (std::isnan(ms))
     throw invalid_argument_error("duration", "invalid duration: not a number");
+  ms = std::trunc(ms); // whole milliseconds, toward zero (as duration_cast)
   if (ms < 0)
     throw invalid_argument_error(
       "duration", fmt::format("invalid duration {:.0f}ms: negative",

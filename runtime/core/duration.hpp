@@ -36,7 +36,8 @@ std::string format_duration(std::chrono::milliseconds ms);
 /// "15s"). Construction from text throws exactly what `parse_duration`
 /// throws; negative chrono values, and those over 100 years, are rejected
 /// (also those no count of milliseconds holds, as `seconds::max()`); a
-/// chrono value finer than milliseconds is rounded down to one.
+/// chrono value finer than milliseconds is first cut to whole
+/// milliseconds, toward zero (`-500us` is 0, `1500us` is 1 ms).
 class duration {
  public:
   constexpr duration() noexcept = default;

@@ -63,6 +63,10 @@ struct redis_cluster_options {
   std::vector<std::string> root_nodes{};
   /// Maps an address the cluster announces (`host:port`) to the one this
   /// process reaches (Docker, NAT); returns `host:port`. Identity if empty.
+  /// A node that announces no host (an empty, `?` or nil one: Redis 7's
+  /// `cluster-preferred-endpoint-type unknown-endpoint`) is given the host
+  /// this process reached it by, already mapped, before the map is asked:
+  /// a map for such a cluster must take that form too.
   std::function<std::string(std::string_view)> node_address_map{};
   /// Credentials sent to every node (AUTH [user] password).
   std::string user{};

@@ -1020,7 +1020,7 @@ TEST_CASE("stop past its bound refuses a granted turn still waiting for a "
       hub, botmesh::memory_coordinator_options{.replica_id = "a"}));
   co.coordinator = counter;
   botmesh::bot b{{.provider = p, .handler_threads = 1,
-                  .stop_timeout = 100ms, .coordination = co}};
+                  .stop_timeout = 500ms, .coordination = co}};
   errors.attach(b);
   b.on_message([&](botmesh::context& c) {
     if (c.text() == "slow") {
@@ -1038,7 +1038,7 @@ TEST_CASE("stop past its bound refuses a granted turn still waiting for a "
   // one handler thread, which ana's keeps until the stop's bound.
   p->inject("bob", "queued");
   REQUIRE(test::eventually([&] { return counter->entered == 2; }));
-  b.stop(); // drains for 100 ms first: bob's step is queued by then
+  b.stop(); // drains for 500 ms first: bob's step is queued by then
   CHECK_FALSE(bob_ran.load());
   REQUIRE(test::eventually(
     [&] { return errors.count(botmesh::errc::stopped) == 1; }));

@@ -86,7 +86,10 @@ TEST_CASE("a duration option converts from chrono and text, never a bare "
   CHECK(refusal(std::chrono::nanoseconds::min()).find("negative")
         != std::string::npos);
   CHECK(refusal(-5s).find("-5000ms: negative") != std::string::npos);
-  CHECK(botmesh::duration{1500us}.ms() == 1ms); // rounded down, as documented
+  CHECK(botmesh::duration{1500us}.ms() == 1ms); // toward zero, as documented
+  CHECK(botmesh::duration{-500us}.ms() == 0ms);
+  CHECK(botmesh::duration{std::chrono::hours{36500 * 24} + 500us}.ms()
+        == 36500 * 24h);
   CHECK(botmesh::duration{std::chrono::hours{36500 * 24}}.ms() == 36500 * 24h);
   CHECK(botmesh::format_duration(15s) == "15s");
   CHECK(botmesh::format_duration(90s) == "90s");

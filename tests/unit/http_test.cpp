@@ -601,6 +601,18 @@ TEST_CASE("the HTTP server answers HEAD where a path has GET, names a path's "
     CHECK(got.rfind("HTTP/1.1 431", 0) == 0);
     CHECK(got.find("request header fields too large") != std::string::npos);
   }
+  {
+    // A HEAD, then a refused request on the same connection: the refusal
+    // keeps its text (the HEAD's "no body" is for the HEAD alone).
+    raw_socket sock{s.port()};
+    sock.send("HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+              "GET /healthz HTTP/1.1\r\nHost: x\r\nNoColonHere\r\n\r\n");
+    auto got = sock.read_all();
+    CAPTURE(got);
+    auto second = got.find("HTTP/1.1 400");
+    REQUIRE(second != std::string::npos);
+    CHECK(got.find("bad request: ", second) != std::string::npos);
+  }
   http::client c;
   auto head = c.request({.method = "HEAD", .url = s.url() + "/healthz"});
   CHECK(head.status == 200);

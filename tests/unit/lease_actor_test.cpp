@@ -712,6 +712,36 @@ TEST_CASE("a renewal sent before a name was given up does not elect the "
   caf::anon_send_exit(s2, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a renewal sent before a name was given up does not elect its next "
+          "presenter when the unlead was answered first") {
+  lease_fixture f;
+  auto [s1, log1] = f.elected_session(lead_name); // fence 1
+  f.coord->hold_renewals();
+  f.vs.advance(1000ms);
+  auto& kept = f.coord->last(op::renew);
+  REQUIRE(kept.renewal.leads == std::vector<std::string>{lead_name});
+  f.coord->set_policy(op::unlead, nullptr);
+  f.tell(s1, botmesh::unlead_atom::value, lead_name);
+  // The unlead's answer comes first (replies come out of order: on a
+  // cluster a renewal waits for every node it touches), and only then is
+  // the name presented again: nothing is unleading any more.
+  sc::answer(f.coord->next(op::unlead), true);
+  f.vs.run();
+  auto [s2, log2] = f.another_probe();
+  f.tell(s2, botmesh::lead_atom::value, lead_name);
+  auto& election = f.coord->last(op::renew);
+  REQUIRE(&election != &kept);
+  sc::answer(kept, f.coord->renewed(kept, {}, 1)); // term 1, deleted since
+  f.vs.run();
+  CHECK(log2->leaders.empty());
+  sc::answer(election, f.coord->renewed(election, {}, 2));
+  f.vs.run();
+  REQUIRE(log2->leaders.size() == 1);
+  CHECK(log2->leaders[0].second == 2);
+  caf::anon_send_exit(s1, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(s2, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("shutdown releases held turns, leaves waiting requests, gives up "
           "leaderships, and replies once the backend answered") {
   lease_fixture f;
@@ -1694,6 +1724,50 @@ TEST_CASE("a message entered again after its ticket was lost keeps the "
   f.vs.advance(500ms);
   CHECK(f.services.failed.size() == 1);
   CHECK(f.coord->count(op::leave, f.key, again.req) == 1);
+}
+
+TEST_CASE("what waited behind a cut step waits anew once that step returns: "
+          "turn_wait from its next request, not from the cut") {
+  chat_fixture f{2000ms};
+  f.coord->set_policy(op::poll, [&](call& c) {
+    sc::answer(c, f.coord->waiting(c.key, c.req));
+  });
+  f.inject("uno");
+  f.grant(f.coord->last(op::enter), 7);
+  REQUIRE(f.services.runs.size() == 1); // "uno" runs, deaf to its stop token
+  f.inject("dos");
+  auto& dos = f.coord->last(op::enter);
+  sc::answer(dos, f.coord->waiting(f.key, dos.req));
+  f.vs.run();
+  // The next renewal finds "uno"'s turn gone: its step is cut, and after
+  // the grace "dos" gives its ticket back and waits here, bounded.
+  f.coord->set_policy(op::renew, [&](call& c) {
+    auto r = f.coord->renewed(c);
+    for (auto& t : r.turns)
+      t = 0;
+    sc::answer(c, r);
+  });
+  // (Its request may have been granted meanwhile: given back as a release
+  // then, else as a leave.)
+  auto given_back = [&] {
+    return f.coord->count(op::leave, f.key, dos.req) == 1
+           || f.coord->count(op::release) == 2;
+  };
+  for (int steps = 0; !given_back() && steps < 100; ++steps)
+    f.vs.advance(100ms);
+  REQUIRE(given_back());
+  f.vs.advance(1800ms); // within the 2 s bound that began at the give-back
+  CHECK(f.services.failed.empty());
+  f.services.runs[0].done(); // the step returns: "dos" asks again
+  f.vs.run();
+  auto& again = f.coord->last(op::enter);
+  REQUIRE(&again != &dos);
+  sc::answer(again, f.coord->waiting(f.key, again.req));
+  f.vs.run();
+  f.vs.advance(500ms); // past the old bound, within the new one
+  CHECK(f.services.failed.empty());
+  f.vs.advance(1600ms);
+  CHECK(f.services.failed.size() == 1);
 }
 
 // -- on the memory hub ------------------------------------------------------------------

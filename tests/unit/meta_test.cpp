@@ -644,6 +644,7 @@ TEST_CASE("a WhatsApp pair rate limit holds back that user's chat for 6 "
   REQUIRE(post.post(wa_payload("[" + wa_text("w1", "346", "uno") + "]")).status
           == 200);
   REQUIRE(api->wait_for_calls("PHONE1/messages", 1));
+  auto refused_at = std::chrono::steady_clock::now();
   REQUIRE(post.post(wa_payload("[" + wa_text("w2", "347", "otro") + "]")).status
           == 200);
   // The other user's reply goes out within the first user's pause (6 s), so
@@ -652,8 +653,10 @@ TEST_CASE("a WhatsApp pair rate limit holds back that user's chat for 6 "
   auto calls = api->calls("PHONE1/messages");
   CHECK(calls[1].body.find(R"("to":"347")") != std::string::npos);
   CHECK(calls[1].body.find(R"("body":"otro")") != std::string::npos);
-  // The first user's reply is sent again once the pause is over.
+  // The first user's reply is sent again once the pause is over: not
+  // before 6 s (a pause of every chat for 1 s sent both at about 1 s).
   REQUIRE(api->wait_for_calls("PHONE1/messages", 3));
+  CHECK(std::chrono::steady_clock::now() - refused_at >= 5500ms);
   calls = api->calls("PHONE1/messages");
   CHECK(calls[2].body.find(R"("to":"346")") != std::string::npos);
   CHECK(calls[2].body.find(R"("body":"uno")") != std::string::npos);
