@@ -120,7 +120,7 @@ TEST_CASE("cluster topology: after a slot moved the client follows MOVED, update
   test::move_slot(slot, to, from); // back, so slots stay spread
 }
 
-TEST_CASE("cluster topology: with unknown-endpoint the nodes name no host; "
+TEST_CASE("cluster topology: with unknown-endpoint the nodes name no host: "
           "the client is made, and follows MOVED and ASK to the host it asked") {
   // Every node writes its host as nil in CLUSTER SLOTS and as "" in MOVED
   // and ASK: "the host you asked". Set back on the way out.
