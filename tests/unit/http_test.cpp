@@ -27,6 +27,20 @@ namespace http = botmesh::http;
 
 namespace {
 
+/// A listening socket on a free loopback port (set in `port`).
+int listen_on_loopback(std::uint16_t& port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(fd, 8) == 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  port = ntohs(addr.sin_port);
+  return fd;
+}
+
 /// A raw loopback socket, for what a well-behaved client would not do.
 class raw_socket {
  public:
@@ -272,15 +286,9 @@ TEST_CASE("a stop cuts a request that waits for a free connection to its "
 TEST_CASE("a stop cuts a TLS handshake the server never answers") {
   // A listener that never accepts: the kernel completes the TCP handshake,
   // nobody speaks TLS.
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  REQUIRE(::listen(fd, 8) == 0);
-  socklen_t len = sizeof(addr);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  auto url = "https://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/x";
+  std::uint16_t port = 0;
+  int fd = listen_on_loopback(port);
+  auto url = "https://127.0.0.1:" + std::to_string(port) + "/x";
   http::client c{{.connect_timeout = "20s"}};
   std::stop_source stop;
   auto call = std::async(std::launch::async, [&] {
@@ -379,15 +387,7 @@ namespace {
 class closing_server {
  public:
   closing_server() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-    REQUIRE(::listen(fd_, 8) == 0);
-    socklen_t len = sizeof(addr);
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
+    fd_ = listen_on_loopback(port_);
     thread_ = std::thread{[this] { serve(); }};
   }
 
@@ -462,15 +462,7 @@ namespace {
 class scripted_server {
  public:
   explicit scripted_server(std::string reply) : reply_(std::move(reply)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-    REQUIRE(::listen(fd_, 8) == 0);
-    socklen_t len = sizeof(addr);
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
+    fd_ = listen_on_loopback(port_);
     thread_ = std::thread{[this] { serve(); }};
   }
 
