@@ -157,14 +157,13 @@ struct leading {
   std::optional<std::uint64_t> fence;
   clk::time_point valid_until{};
   bool told = false;
-  // When the newest renewal whose answer was applied left. Renewals may be
-  // answered out of order (on different connections); an older answer
-  // ("another replica leads", from before this one won) must not undo a
-  // newer one.
-  clk::time_point answered_sent{clk::time_point::min()};
-  // Answers of renewals numbered below this are not this presenter's (see
+  // Renewals may be answered out of order (on different connections): an
+  // older answer ("another replica leads", from before this one won) must
+  // not undo a newer one. Renewals are numbered as they leave; answers of
+  // those numbered below this are not acted on: it is the newest one
+  // applied, or for a presenter afresh the first sent after it came (see
   // lead_atom).
-  std::uint64_t first_renewal = 0;
+  std::uint64_t answered_from = 0;
 };
 
 struct repair {
@@ -224,7 +223,7 @@ struct lease_state {
   clk::time_point base_since{};
   clk::time_point armed{clk::time_point::max()};
   std::size_t in_flight = 0; // backend calls not answered yet
-  std::uint64_t renewals_sent = 0; // numbers renew_done (first_renewal)
+  std::uint64_t renewals_sent = 0; // numbers renew_done (answered_from)
   // Enters and releases not issued yet: they go together, as one
   // `coordinator::submit`, once the mailbox has nothing more before the
   // flush this actor sent itself with the first of them (see hold()).
@@ -703,10 +702,10 @@ void on_renewed(lease_actor_t* self, renew_done& d) {
     auto& lead = l->second;
     if (d.res.lead_failed(i))
       continue; // unknown: its validity runs on, and out, as it was
-    if (d.sent < lead.answered_sent || d.seq < lead.first_renewal)
-      continue; // a later renewal was answered already, or one sent
+    if (d.seq < lead.answered_from)
+      continue; // a later renewal was answered already, or this one left
                 // before an unlead of the name that may have undone it
-    lead.answered_sent = d.sent;
+    lead.answered_from = d.seq;
     if (got) {
       auto v = valid_from_reply(self, d.sent, got->deadline_ms, got->now_ms);
       if (v <= now(self))
@@ -1082,7 +1081,7 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
       // come out of order), which then deleted what it kept: its answer is
       // not this presenter's to act on. Its own election follows at once.
       if (fresh)
-        l.first_renewal = st.renewals_sent + 1;
+        l.answered_from = st.renewals_sent + 1;
       l.session = caf::actor_cast<caf::actor>(self->current_sender());
       l.told = false;
       // A new presenter of a name still led (given up and taken again

@@ -1,14 +1,19 @@
 #pragma once
 
-// What the example bots read from their environment.
+// What the example bots read from their environment, and how they make
+// their bot.
 
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
+#include <botmesh/runtime/bot.hpp>
 #include <botmesh/runtime/core/error.hpp>
 
 namespace example {
@@ -31,6 +36,19 @@ inline std::uint16_t port_from_env() {
       "PORT", fmt::format("PORT must be a number from 0 to 65535, got \"{}\"",
                           text));
   return static_cast<std::uint16_t>(value);
+}
+
+/// The bot made from `opts`; nothing when it refuses them (it checks them
+/// when made: a zero coordination wait, say), after printing
+/// "<name>: <why> (field <option>)" to stderr. The examples then exit 2.
+inline std::optional<botmesh::bot> make_bot(const char* name,
+                                            botmesh::bot_options opts) {
+  try {
+    return std::optional<botmesh::bot>{std::in_place, std::move(opts)};
+  } catch (const botmesh::invalid_argument_error& e) {
+    std::fprintf(stderr, "%s: %s (field %s)\n", name, e.what(), e.field().c_str());
+    return std::nullopt;
+  }
 }
 
 } // namespace example

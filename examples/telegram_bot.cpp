@@ -111,14 +111,9 @@ int main() {
     std::fprintf(stderr, "telegram_bot: REDIS_URL: %s\n", e.what());
     return 2;
   }
-  // The bot checks its options when made (a zero coordination wait, say).
-  std::optional<botmesh::bot> made;
-  try {
-    made.emplace(std::move(opts));
-  } catch (const botmesh::invalid_argument_error& e) {
-    std::fprintf(stderr, "telegram_bot: %s (field %s)\n", e.what(), e.field().c_str());
+  auto made = example::make_bot("telegram_bot", std::move(opts));
+  if (!made)
     return 2;
-  }
   auto& bot = *made;
   // "/start ref-42" (a deep link t.me/<bot>?start=ref-42).
   bot.command("start", [](botmesh::context& c) {

@@ -17,7 +17,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
 #include <string>
 #include <thread>
 
@@ -63,14 +62,9 @@ int main() {
     return 2;
   }
   opts.provider = provider;
-  // The bot checks its options when made (a zero coordination wait, say).
-  std::optional<botmesh::bot> made;
-  try {
-    made.emplace(std::move(opts));
-  } catch (const botmesh::invalid_argument_error& e) {
-    std::fprintf(stderr, "whatsapp_bot: %s (field %s)\n", e.what(), e.field().c_str());
+  auto made = example::make_bot("whatsapp_bot", std::move(opts));
+  if (!made)
     return 2;
-  }
   auto& bot = *made;
   bot.on_message([](botmesh::context& c) {
     if (c.message().type == botmesh::message_type::text)

@@ -530,38 +530,33 @@ struct bot::impl final : chat_services,
     pool->post([this, key, ev = std::move(ev), first, turn = std::move(turn),
                 done = std::move(done)]() mutable {
       turn->step_started(); // settle counts from here, not from the queue
-      if (stop_source.stop_requested()) {
-        // Past the stop bound while it waited for a handler thread: refused
-        // (a timer skipped) as an uncoordinated event is (run_event); the
-        // chat actor releases the turn when this returns.
-        if (!ev->ev.is_timer())
-          refused(key, std::move(ev->ev), errc::stopped,
-                  fmt::format("chat {}: the bot stopped before this "
-                              "message's turn",
-                              key));
-        ev.reset();
-        done();
-        return;
-      }
-      coordinated_turn(key, ev->ev, first, turn);
+      // Past the stop bound while it waited for a handler thread: refused
+      // as an uncoordinated event is; the chat actor releases the turn.
+      if (!refused_past_stop(key, ev->ev))
+        coordinated_turn(key, ev->ev, first, turn);
       ev.reset(); // the last reference: freed before the chat goes on
       done();
     });
   }
 
-  void run_event(const std::string& key, chat_event& ev, bool first) override {
-    // Past the stop bound, what is left is refused like the messages still
-    // queued in the chat actor.
-    if (ev.is_timer()) {
-      if (!stop_source.stop_requested())
-        timer_turn(key, ev.timer);
-      return;
-    }
-    if (stop_source.stop_requested()) {
+  // Past the stop bound, what is left is refused like the messages still
+  // queued in the chat actor (a timer is skipped). True when it was.
+  bool refused_past_stop(const std::string& key, chat_event& ev) {
+    if (!stop_source.stop_requested())
+      return false;
+    if (!ev.is_timer())
       refused(key, std::move(ev), errc::stopped,
               fmt::format("chat {}: the bot stopped before this message's "
                           "turn",
                           key));
+    return true;
+  }
+
+  void run_event(const std::string& key, chat_event& ev, bool first) override {
+    if (refused_past_stop(key, ev))
+      return;
+    if (ev.is_timer()) {
+      timer_turn(key, ev.timer);
       return;
     }
     run_uncoordinated(key, ev, first);

@@ -548,10 +548,10 @@ class session : public std::enable_shared_from_this<session> {
         // A 405 says which methods the path has (RFC 9110 15.5.6).
         r.status = 405;
         std::string allow;
+        bool get = srv_->find(t_, "GET", req_.path()) != nullptr;
         for (std::string_view m : {"GET", "HEAD", "POST", "PUT", "PATCH",
                                    "DELETE", "OPTIONS"})
-          if (srv_->find(t_, m, req_.path())
-              || (m == "HEAD" && srv_->find(t_, "GET", req_.path())))
+          if ((m == "HEAD" && get) || srv_->find(t_, m, req_.path()))
             allow += (allow.empty() ? "" : ", ") + std::string{m};
         r.headers.emplace_back("Allow", std::move(allow));
       }

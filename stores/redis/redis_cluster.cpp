@@ -131,13 +131,13 @@ std::optional<redirection> parse_redirection(std::string_view error,
     return std::nullopt;
   r.slot = static_cast<std::uint16_t>(slot);
   r.address = std::string{error.substr(space + 1)};
-  if (auto c = r.address.rfind(':'); c != std::string::npos
-      && (c == 0 || std::string_view{r.address}.substr(0, c) == "?")) {
-    if (asked_host.empty())
-      return std::nullopt;
-    r.address = std::string{asked_host} + r.address.substr(c);
-  }
   auto colon = r.address.rfind(':');
+  if (colon != std::string::npos
+      && (colon == 0 || std::string_view{r.address}.substr(0, colon) == "?")
+      && !asked_host.empty()) {
+    r.address = std::string{asked_host} + r.address.substr(colon);
+    colon = asked_host.size();
+  }
   long long port = 0;
   if (colon == std::string::npos || colon == 0
       || !usable_host(std::string_view{r.address}.substr(0, colon))
@@ -737,9 +737,7 @@ void redis_client::cluster::on_reply(const std::shared_ptr<op>& o, node* via,
   if (text.starts_with("MOVED ") || text.starts_with("ASK ")) {
     // An empty or "?" host names the node this went to.
     auto red = internal::parse_redirection(
-      text, via ? std::string_view{via->address}.substr(
-                    0, std::min(via->address.rfind(':'), via->address.size()))
-                : std::string_view{});
+      text, via ? internal::split_address(via->address).first : std::string{});
     if (!red || ++o->redirections > opts.max_redirections) {
       // A redirection not followed: the map is refreshed meanwhile.
       o->redirections = 0;

@@ -680,17 +680,37 @@ TEST_CASE("a name presented again while its unlead is on its way is renewed "
   caf::anon_send_exit(session, caf::exit_reason::user_shutdown);
 }
 
+namespace {
+
+// `session` leads lead_name at fence 1; the tick's renewal naming it is held
+// on its way (returned), and the session gives the name up (its unlead,
+// answered by the test, on its way too).
+call& given_up_under_renewal(lease_fixture& f, const caf::actor& session) {
+  f.coord->hold_renewals();
+  f.vs.advance(1000ms);
+  auto& kept = f.coord->last(op::renew);
+  REQUIRE(kept.renewal.leads == std::vector<std::string>{lead_name});
+  f.coord->set_policy(op::unlead, nullptr);
+  f.tell(session, botmesh::unlead_atom::value, lead_name);
+  REQUIRE(f.coord->count(op::unlead, lead_name, 1) == 1);
+  return kept;
+}
+
+// The next presenter's own election, answered at fence 2: it leads.
+void elected_at_2(lease_fixture& f, call& election, const probe_log& log) {
+  sc::answer(election, f.coord->renewed(election, {}, 2));
+  f.vs.run();
+  REQUIRE(log.leaders.size() == 1);
+  CHECK(log.leaders[0].second == 2);
+}
+
+} // namespace
+
 TEST_CASE("a renewal sent before a name was given up does not elect the "
           "name's next presenter") {
   lease_fixture f;
   auto [s1, log1] = f.elected_session(lead_name); // fence 1
-  f.coord->hold_renewals();
-  f.vs.advance(1000ms); // the tick's renewal, naming the name, is on its way
-  auto& kept = f.coord->last(op::renew);
-  REQUIRE(kept.renewal.leads == std::vector<std::string>{lead_name});
-  f.coord->set_policy(op::unlead, nullptr); // answered by the test
-  f.tell(s1, botmesh::unlead_atom::value, lead_name);
-  REQUIRE(f.coord->count(op::unlead, lead_name, 1) == 1);
+  auto& kept = given_up_under_renewal(f, s1);
   auto [s2, log2] = f.another_probe();
   f.tell(s2, botmesh::lead_atom::value, lead_name);
   // The backend ran the renewal before the unlead (it kept term 1, which
@@ -704,10 +724,7 @@ TEST_CASE("a renewal sent before a name was given up does not elect the "
   f.vs.run();
   auto& election = f.coord->last(op::renew);
   REQUIRE(&election != &kept);
-  sc::answer(election, f.coord->renewed(election, {}, 2));
-  f.vs.run();
-  REQUIRE(log2->leaders.size() == 1);
-  CHECK(log2->leaders[0].second == 2);
+  elected_at_2(f, election, *log2);
   caf::anon_send_exit(s1, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(s2, caf::exit_reason::user_shutdown);
 }
@@ -716,12 +733,7 @@ TEST_CASE("a renewal sent before a name was given up does not elect its next "
           "presenter when the unlead was answered first") {
   lease_fixture f;
   auto [s1, log1] = f.elected_session(lead_name); // fence 1
-  f.coord->hold_renewals();
-  f.vs.advance(1000ms);
-  auto& kept = f.coord->last(op::renew);
-  REQUIRE(kept.renewal.leads == std::vector<std::string>{lead_name});
-  f.coord->set_policy(op::unlead, nullptr);
-  f.tell(s1, botmesh::unlead_atom::value, lead_name);
+  auto& kept = given_up_under_renewal(f, s1);
   // The unlead's answer comes first (replies come out of order: on a
   // cluster a renewal waits for every node it touches), and only then is
   // the name presented again: nothing is unleading any more.
@@ -734,10 +746,7 @@ TEST_CASE("a renewal sent before a name was given up does not elect its next "
   sc::answer(kept, f.coord->renewed(kept, {}, 1)); // term 1, deleted since
   f.vs.run();
   CHECK(log2->leaders.empty());
-  sc::answer(election, f.coord->renewed(election, {}, 2));
-  f.vs.run();
-  REQUIRE(log2->leaders.size() == 1);
-  CHECK(log2->leaders[0].second == 2);
+  elected_at_2(f, election, *log2);
   caf::anon_send_exit(s1, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(s2, caf::exit_reason::user_shutdown);
 }

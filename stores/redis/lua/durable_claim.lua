@@ -29,16 +29,14 @@ local claimed, dropped, corrupted, n = {}, {}, {}, 0
 -- beat, with a reply nobody reads.
 local function claim_one(id, r)
   local list = claimed
-  local attempts = r.a
   if r.a >= max_attempts then
     -- Held until the caller reported it and confirms it (which drops its
     -- message): a caller that never heard this reply, or died first,
     -- leaves it to the next one, which reports it again.
     list = dropped
   else
-    attempts = r.a + 1
+    r.a = r.a + 1
   end
-  r.a = attempts
   r.st = 0
   r.h = me
   local ok, v = pcall(cjson.encode, r)
@@ -52,7 +50,7 @@ local function claim_one(id, r)
   list[#list + 1] = r.k
   list[#list + 1] = r.m
   list[#list + 1] = string.format('%d', tonumber(r.s))
-  list[#list + 1] = string.format('%d', attempts)
+  list[#list + 1] = string.format('%d', r.a)
   redis.call('HSET', KEYS[1], id, v)
 end
 for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
