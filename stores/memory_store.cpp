@@ -83,13 +83,17 @@ struct memory_store::impl {
     return !v.expires_at || *v.expires_at > now();
   }
 
+  // "<size of user>:<user><size of ns>:<ns>", then the key: with the
+  // sizes, no user or namespace can end where another's begins (with a
+  // separator alone, "a\x1fb"/"c" and "a"/"b\x1fc" were one entry). The
+  // keys of one (user, ns) share the prefix and sort after it by key.
+  static std::string user_prefix(std::string_view user, std::string_view ns) {
+    return fmt::format("{}:{}{}:{}", user.size(), user, ns.size(), ns);
+  }
+
   static std::string user_key(std::string_view user, std::string_view ns,
                               std::string_view key) {
-    // \x1f cannot appear ambiguously: it separates, lengths are implied.
-    std::string k;
-    k.reserve(user.size() + ns.size() + key.size() + 2);
-    k.append(user).push_back('\x1f');
-    k.append(ns).push_back('\x1f');
+    auto k = user_prefix(user, ns);
     k.append(key);
     return k;
   }
@@ -333,9 +337,7 @@ std::vector<std::pair<std::string, std::string>>
 memory_store::list_user_data(std::string_view user, std::string_view ns) {
   detail::check_key(user, "user");
   detail::check_key(ns, "ns");
-  std::string prefix;
-  prefix.append(user).push_back('\x1f');
-  prefix.append(ns).push_back('\x1f');
+  auto prefix = impl::user_prefix(user, ns);
   std::vector<std::pair<std::string, std::string>> out;
   std::lock_guard guard{impl_->user_mtx};
   for (auto i = impl_->user.lower_bound(prefix);

@@ -45,6 +45,16 @@ void check_ttl(std::chrono::milliseconds ttl, std::string_view field) {
     throw invalid_argument_error(
       std::string{field},
       fmt::format("\"{}\" must be positive, got {}ms", field, ttl.count()));
+  // Far past any lease or cache, and far from where now + ttl overflows a
+  // 64-bit count of milliseconds: milliseconds::max() (a natural "never")
+  // wrapped to an expiry in the past, so a lock taken with it was free at
+  // once and a value written with it read back as absent.
+  constexpr std::chrono::milliseconds most = std::chrono::hours{24 * 365 * 100};
+  if (ttl > most)
+    throw invalid_argument_error(
+      std::string{field},
+      fmt::format("\"{}\" must be at most 100 years ({}ms), got {}ms", field,
+                  most.count(), ttl.count()));
 }
 
 namespace {

@@ -159,7 +159,8 @@ class store {
 
   /// Stores a JSON value, optionally expiring after `ttl` (> 0). Throws
   /// `invalid_argument_error` for an empty user/namespace/key ("user", "ns",
-  /// "key"), a value that is not JSON ("value") or a non-positive TTL ("ttl").
+  /// "key"), a value that is not JSON ("value") or a TTL that is not positive
+  /// or is over 100 years ("ttl").
   virtual void set_user_data(std::string_view user, std::string_view ns,
                              std::string_view key, std::string_view value_json,
                              std::optional<std::chrono::milliseconds> ttl = {})
@@ -178,7 +179,8 @@ class store {
   /// Takes the lock `key` for `ttl` if nobody holds it (or the holder's TTL
   /// ran out). Returns the token and a fence greater than every fence handed
   /// out for `key` before, or nothing when the lock is held. Throws
-  /// `invalid_argument_error` for an empty key ("key") or ttl <= 0 ("ttl").
+  /// `invalid_argument_error` for an empty key ("key") or a ttl <= 0 or over
+  /// 100 years ("ttl").
   virtual std::optional<fenced_lock>
   acquire_lock_fenced(std::string_view key, std::chrono::milliseconds ttl) = 0;
 

@@ -1,5 +1,6 @@
 #include <botmesh/stores/sqlite/sqlite_durable_backend.hpp>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <limits>
@@ -96,7 +97,13 @@ struct sqlite_durable_backend::impl {
           error(errc::store_error,
                 fmt::format("sqlite durable backend: {}", e.what())));
       }
-      done(std::move(out), err);
+      try {
+        done(std::move(out), err);
+      } catch (...) {
+        // A completion must not throw (durable_backend.hpp); if one does,
+        // this thread, and every later call, goes on, as in the other
+        // backends. Let out of the thread, it would end the process.
+      }
     };
     {
       std::lock_guard guard{mtx};
@@ -166,7 +173,8 @@ void sqlite_durable_backend::record(journal_record rec,
     auto t = i->now();
     {
       internal::stmt s{d, "SELECT expires_at FROM durable_inbound WHERE id = ?"};
-      s.bind(1, rec.id);
+      s.bind(1, rec.id).about(
+        fmt::format("sqlite durable backend: record {}", rec.id));
       if (s.step() && s.int64(0) > t)
         return journal_put::duplicate;
     }
@@ -269,6 +277,17 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
       s.run();
     }
     claim_result out;
+    {
+      // A state that is none of the four (a number out of range, text, a
+      // blob: those sort above every number) would never be claimed,
+      // confirmed or reported, and would expire unseen with its message.
+      // Two range scans of the (state, seq) index.
+      internal::stmt s{d, "SELECT id FROM durable_inbound WHERE state < 0 "
+                          "OR state > 3 ORDER BY seq LIMIT ?"};
+      s.bind(1, static_cast<std::int64_t>(std::max<std::size_t>(limit, 1)));
+      while (s.step())
+        out.corrupted.push_back(s.text(0));
+    }
     std::vector<std::pair<journal_record, bool>> picked; // (record, dropped)
     {
       internal::stmt s{
@@ -391,7 +410,8 @@ void sqlite_durable_backend::impl::take(std::string_view send_id,
     {
       internal::stmt s{d, "SELECT fence FROM durable_fences WHERE key = ? AND "
                           "expires_at > ?"};
-      s.bind(1, k).bind(2, t);
+      s.bind(1, k).bind(2, t).about(
+        fmt::format("sqlite durable backend: fence of {}", k));
       fenced = s.step() && s.int64(0) > f;
     }
     bool live = false;

@@ -1,5 +1,6 @@
 #include <botmesh/stores/sqlite/sqlite_store.hpp>
 
+#include <algorithm>
 #include <limits>
 #include <string_view>
 
@@ -109,7 +110,10 @@ void sqlite_store::start() {
   auto d = std::make_shared<internal::db>(opts_.path);
   if (opts_.path != ":memory:")
     d->exec("PRAGMA journal_mode=WAL");
-  d->exec("PRAGMA synchronous=NORMAL");
+  // FULL: in WAL mode NORMAL lets the last commits roll back after a power
+  // cut or an OS crash, and a lock fence, checkpoint revision or task
+  // token handed out (and acted on) before it would be handed out again.
+  d->exec("PRAGMA synchronous=FULL");
   d->exec(schema);
   bool fenced = false;
   {
@@ -153,7 +157,8 @@ void sqlite_store::save_chat(const chat_record& rec) {
 
 namespace {
 
-chat_record read_chat(const internal::stmt& s) {
+chat_record read_chat(internal::stmt& s) {
+  s.about(fmt::format("sqlite store: chat {}", s.text(0)));
   return chat_record{s.text(0),
                      s.text(1),
                      s.text(2),
@@ -163,7 +168,8 @@ chat_record read_chat(const internal::stmt& s) {
                      s.text(6)};
 }
 
-contact_record read_contact(const internal::stmt& s) {
+contact_record read_contact(internal::stmt& s) {
+  s.about(fmt::format("sqlite store: contact {}", s.text(0)));
   return contact_record{s.text(0), s.text(1), s.text(2),
                         from_unix_ms(s.int64(3)), s.text(4)};
 }
@@ -250,7 +256,8 @@ std::uint64_t sqlite_store::append_message(std::string_view chat_key,
   internal::transaction tx{d};
   internal::stmt q{d, "SELECT COALESCE(MAX(seq), 0) FROM messages WHERE "
                       "chat_key=?"};
-  q.bind(1, chat_key).step();
+  q.bind(1, chat_key).about(fmt::format("sqlite store: message log {}", chat_key));
+  q.step();
   auto seq = next_counter(q.int64(0), "message seq", chat_key);
   internal::stmt ins{d, "INSERT INTO messages VALUES (?,?,?,?,?,?,?,?)"};
   ins.bind(1, chat_key).bind(2, seq);
@@ -258,7 +265,12 @@ std::uint64_t sqlite_store::append_message(std::string_view chat_key,
   ins.bind(4, msg.id).bind(5, msg.sender).bind(6, msg.text);
   ins.bind(7, to_string(msg.type)).bind(8, ms(msg.at));
   ins.run();
-  auto keep = static_cast<std::int64_t>(opts_.max_log_per_chat);
+  // A cap past what a seq can count ("unlimited", SIZE_MAX) keeps every
+  // message; cast as it is it would be -1, and every append would delete
+  // the whole log, the new message too.
+  auto keep = static_cast<std::int64_t>(std::min<std::size_t>(
+    opts_.max_log_per_chat,
+    static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max())));
   if (seq > keep) {
     internal::stmt trim{d, "DELETE FROM messages WHERE chat_key=? AND seq<=?"};
     trim.bind(1, chat_key).bind(2, seq - keep).run();
@@ -278,8 +290,13 @@ std::vector<logged_message> sqlite_store::messages(std::string_view chat_key,
   std::vector<logged_message> out;
   while (s.step()) {
     logged_message m;
+    s.about(fmt::format("sqlite store: message {} #{}", chat_key, s.text(0)));
     m.seq = static_cast<std::uint64_t>(s.int64(0));
-    m.dir = s.int64(1) == 0 ? direction::in : direction::out;
+    auto dir = s.int64(1);
+    if (dir != 0 && dir != 1)
+      s.corrupted(1, fmt::format("holds {}, not a direction (0 in, 1 out)",
+                                 dir));
+    m.dir = dir == 0 ? direction::in : direction::out;
     m.id = s.text(2);
     m.sender = s.text(3);
     m.text = s.text(4);
@@ -323,9 +340,13 @@ sqlite_store::get_checkpoint(std::string_view key) {
                                   "WHERE key=? AND {}",
                                   live_sql)};
   s.bind(1, key).bind(2, ms(clock_->now()));
+  s.about(fmt::format("sqlite store: checkpoint row {}", key));
   if (!s.step())
     return std::nullopt;
-  return decode_checkpoint(key, s.text(0), s.int64(1));
+  auto revision = s.int64(1);
+  if (revision < 0)
+    s.corrupted(1, fmt::format("holds {}, not a revision", revision));
+  return decode_checkpoint(key, s.text(0), revision);
 }
 
 namespace {
@@ -366,6 +387,7 @@ checkpoint_row read_row(internal::db& d, std::string_view key, time_point now) {
                                   "WHERE key=?",
                                   live_sql)};
   s.bind(1, ms(now)).bind(2, key);
+  s.about(fmt::format("sqlite store: checkpoint row {}", key));
   checkpoint_row row;
   if (s.step()) {
     row.revision = s.int64(0);
@@ -510,7 +532,7 @@ sqlite_store::acquire_lock_fenced(std::string_view key,
   internal::transaction tx{d};
   auto now = ms(clock_->now());
   internal::stmt q{d, "SELECT token, fence, expires_at FROM locks WHERE key=?"};
-  q.bind(1, key);
+  q.bind(1, key).about(fmt::format("sqlite store: lock {}", key));
   std::int64_t fence = 0;
   if (q.step()) {
     if (!q.text(0).empty() && q.int64(2) > now)

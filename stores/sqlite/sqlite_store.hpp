@@ -28,10 +28,11 @@ struct sqlite_store_options {
 /// created by `start()`. Every write is one atomic statement or a
 /// `BEGIN IMMEDIATE` transaction where it reads before writing, so several
 /// processes may share the file. Cleared checkpoints keep their revision and
-/// released locks their fence, so neither ever repeats.
+/// released locks their fence, so neither ever repeats, a power cut included:
+/// every commit is synced to disk (`synchronous=FULL`) before it returns.
 ///
 /// Cost: one connection serialized by a mutex; every call is a few
-/// statements on it. Calls block on disk I/O: the runtime makes them from
+/// statements on it, and every write waits for one sync of the WAL file. Calls block on disk I/O: the runtime makes them from
 /// handler threads only. A row that cannot be decoded throws
 /// `errc::corrupted_record` naming its key; SQLite failures throw
 /// `errc::store_error` naming the operation.

@@ -266,7 +266,22 @@ TEST_CASE_TEMPLATE_DEFINE("user data is namespaced, listed and expires", F,
   conformance::expect_field([&] { s->set_user_data("u1", "", "x", "1"); }, "ns");
   conformance::expect_field(
     [&] { s->set_user_data("u1", "perfil", "x", "1", 0ms); }, "ttl");
+  // A TTL past 100 years (milliseconds::max(), a natural "never") is
+  // refused: now + ttl wrapped into the past, and the value read back absent.
+  conformance::expect_field(
+    [&] {
+      s->set_user_data("u1", "perfil", "x", "1",
+                       std::chrono::milliseconds::max());
+    },
+    "ttl");
   CHECK_FALSE(s->get_user_data("u1", "perfil", "x").has_value());
+  // A user and a namespace that hold a 0x1f byte stay apart from those the
+  // byte would split them into.
+  s->set_user_data("a\x1f" "b", "c", "k", "1");
+  CHECK_FALSE(s->get_user_data("a", "b\x1f" "c", "k").has_value());
+  CHECK(s->list_user_data("a", "b\x1f" "c").empty());
+  CHECK(s->get_user_data("a\x1f" "b", "c", "k") == "1");
+  CHECK(s->list_user_data("a\x1f" "b", "c").size() == 1);
 }
 
 TEST_CASE_TEMPLATE_DEFINE("fenced locks exclude, expire and never reuse a fence",
@@ -299,6 +314,15 @@ TEST_CASE_TEMPLATE_DEFINE("fenced locks exclude, expire and never reuse a fence"
   CHECK(s->acquire_lock_fenced("other", 200ms).has_value());
   conformance::expect_field([&] { s->acquire_lock_fenced("", 200ms); }, "key");
   conformance::expect_field([&] { s->acquire_lock_fenced("k", 0ms); }, "ttl");
+  // A TTL whose expiry would wrap into the past would give a lock free at
+  // once: refused, and a later taker still excluded by c.
+  conformance::expect_field(
+    [&] { s->acquire_lock_fenced("k", std::chrono::milliseconds::max()); },
+    "ttl");
+  conformance::expect_field(
+    [&] { s->renew_lock("job", c->token, std::chrono::milliseconds::max()); },
+    "ttl");
+  CHECK_FALSE(s->acquire_lock_fenced("job", 200ms).has_value());
 }
 
 TEST_CASE_TEMPLATE_DEFINE(

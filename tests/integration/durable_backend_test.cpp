@@ -247,9 +247,12 @@ void damage_row(sqlite_durable_factory& f, const std::string& id,
 
 TEST_CASE("a corrupted SQLite journal row is named and set aside by a claim, "
           "the other rows are claimed") {
-  // A negative seq, a seq of text, a real or too large an attempt count.
+  // A negative seq, a seq of text, a real or too large an attempt count, a
+  // state that is none of the four (never claimed, confirmed or named, it
+  // expired unseen with its message).
   for (std::string damage : {"seq = -1", "seq = 'x'", "attempts = 1.5",
-                             "attempts = 5000000000"}) {
+                             "attempts = 5000000000", "state = 'x'",
+                             "state = 7", "state = -2"}) {
     CAPTURE(damage);
     sqlite_durable_factory f;
     auto b = f.make();
@@ -267,6 +270,22 @@ TEST_CASE("a corrupted SQLite journal row is named and set aside by a claim, "
     CHECK(again.corrupted.empty());
     CHECK(again.records.empty());
   }
+}
+
+TEST_CASE("a SQLite journal completion that throws leaves the backend's "
+          "thread, and later calls, working") {
+  sqlite_durable_factory f;
+  auto b = f.make();
+  std::promise<void> ran;
+  b->confirm("t:1#none", "a", [&](bool, std::exception_ptr) {
+    ran.set_value();
+    throw std::runtime_error("a completion that throws");
+  });
+  ran.get_future().wait();
+  // Out of the I/O thread, the exception ended the process.
+  dc::sync s{*b};
+  CHECK(s.record("t:1#after", "a") == dc::journal_put::recorded);
+  CHECK(s.confirm("t:1#after", "a"));
 }
 
 TEST_CASE("a SQLite journal row with a damaged seq neither stops new records "

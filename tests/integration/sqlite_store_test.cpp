@@ -339,6 +339,81 @@ TEST_CASE("the SQLite store refuses a log cap of 0, naming the option") {
   CHECK(field == "max_log_per_chat");
 }
 
+TEST_CASE("a SQLite log cap past what a seq counts keeps every message") {
+  // SIZE_MAX, a natural "unlimited": cast to a seq it was -1, and every
+  // append deleted the whole log, itself included.
+  botmesh::sqlite_store s{
+    {.path = ":memory:",
+     .max_log_per_chat = std::numeric_limits<std::size_t>::max()}};
+  s.start();
+  botmesh::logged_message m;
+  m.id = "m1";
+  m.text = "uno";
+  CHECK(s.append_message("test:chat", m) == 1);
+  m.id = "m2";
+  m.text = "dos";
+  CHECK(s.append_message("test:chat", m) == 2);
+  auto log = s.messages("test:chat", 10);
+  REQUIRE(log.size() == 2);
+  CHECK(log[0].text == "uno");
+  CHECK(log[1].text == "dos");
+}
+
+TEST_CASE("a SQLite row whose columns were damaged is a corrupted record "
+          "naming its key, not a plausible value") {
+  test::temp_file file;
+  botmesh::sqlite_store s{{.path = file.path()}};
+  s.start();
+  auto expect_corrupted = [](const std::function<void()>& f,
+                             const std::string& key, const std::string& column) {
+    try {
+      f();
+      FAIL("read a damaged row");
+    } catch (const botmesh::error& e) {
+      CHECK(e.code() == botmesh::errc::corrupted_record);
+      std::string text = e.what();
+      CHECK(text.find(key) != std::string::npos);
+      CHECK(text.find(column) != std::string::npos);
+    }
+  };
+  botmesh::chat_record chat;
+  chat.key = "test:chat";
+  chat.provider = "testing";
+  chat.chat = "1";
+  s.save_chat(chat);
+  raw_sql(file.path(), "UPDATE chats SET created_at='x' WHERE key='test:chat'");
+  expect_corrupted([&] { s.get_chat("test:chat"); }, "test:chat", "created_at");
+  expect_corrupted([&] { s.list_chats(); }, "test:chat", "created_at");
+  botmesh::contact_record contact;
+  contact.id = "test:contact";
+  s.save_contact(contact);
+  raw_sql(file.path(),
+          "UPDATE contacts SET updated_at=1.5 WHERE id='test:contact'");
+  expect_corrupted([&] { s.get_contact("test:contact"); }, "test:contact",
+                   "updated_at");
+  // A direction that is neither in (0) nor out (1) was read as out.
+  botmesh::logged_message m;
+  m.id = "m1";
+  m.text = "hola";
+  s.append_message("test:log", m);
+  raw_sql(file.path(), "UPDATE messages SET dir=7 WHERE chat_key='test:log'");
+  expect_corrupted([&] { s.messages("test:log", 10); }, "test:log", "dir");
+  raw_sql(file.path(), "UPDATE messages SET seq='x' WHERE chat_key='test:log'");
+  expect_corrupted([&] { s.append_message("test:log", m); }, "test:log", "seq");
+  // A negative revision was read as 2^64 - 1.
+  botmesh::flow_checkpoint cp;
+  cp.key = "test:cp";
+  cp.flow = "pedido";
+  REQUIRE(s.set_checkpoint_if(cp, 0));
+  raw_sql(file.path(), "UPDATE checkpoints SET revision=-1 WHERE key='test:cp'");
+  expect_corrupted([&] { s.get_checkpoint("test:cp"); }, "test:cp", "revision");
+  REQUIRE(s.acquire_lock_fenced("test:lock", std::chrono::seconds{5}));
+  raw_sql(file.path(), "UPDATE locks SET expires_at='x' WHERE key='test:lock'");
+  expect_corrupted(
+    [&] { s.acquire_lock_fenced("test:lock", std::chrono::seconds{5}); },
+    "test:lock", "expires_at");
+}
+
 TEST_CASE("a SQLite task registered again after its tombstone was purged by "
           "hand goes on from its last fencing token") {
   test::temp_file file;

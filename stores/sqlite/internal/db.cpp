@@ -56,10 +56,14 @@ stmt::~stmt() {
 }
 
 stmt& stmt::bind(int i, std::string_view v) {
-  if (sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()),
-                        SQLITE_TRANSIENT)
+  // The 64-bit length: an int would wrap at 2 GiB, storing a value cut
+  // short (or read up to its first NUL) without an error. Past SQLite's
+  // own limit the bind fails with SQLITE_TOOBIG, named below.
+  if (sqlite3_bind_text64(s_, i, v.data(),
+                          static_cast<sqlite3_uint64>(v.size()),
+                          SQLITE_TRANSIENT, SQLITE_UTF8)
       != SQLITE_OK)
-    db_.fail("binding a text");
+    db_.fail(fmt::format("binding a text of {} bytes", v.size()));
   return *this;
 }
 
@@ -107,19 +111,23 @@ std::int64_t stmt::int64(int col) const {
     case SQLITE_NULL:
       return 0;
     case SQLITE_FLOAT:
-      throw error(errc::corrupted_record,
-                  fmt::format("column {} holds the real {}, not an integer",
-                              sqlite3_column_name(s_, col),
-                              sqlite3_column_double(s_, col)));
+      corrupted(col, fmt::format("holds the real {}, not an integer",
+                                 sqlite3_column_double(s_, col)));
     default: {
       auto shown = text(col);
       if (shown.size() > 40)
         shown = shown.substr(0, 40) + "...";
-      throw error(errc::corrupted_record,
-                  fmt::format("column {} holds \"{}\", not an integer",
-                              sqlite3_column_name(s_, col), shown));
+      corrupted(col, fmt::format("holds \"{}\", not an integer", shown));
     }
   }
+}
+
+void stmt::corrupted(int col, std::string_view why) const {
+  throw error(errc::corrupted_record,
+              about_.empty()
+                ? fmt::format("column {} {}", sqlite3_column_name(s_, col), why)
+                : fmt::format("{}: column {} {}", about_,
+                              sqlite3_column_name(s_, col), why));
 }
 
 bool stmt::is_null(int col) const {

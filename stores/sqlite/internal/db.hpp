@@ -54,6 +54,13 @@ class stmt {
   stmt& bind(int i, std::int64_t v);
   stmt& bind_null(int i);
 
+  /// Names the record the rows belong to ("chat \"k\""), so a damaged
+  /// column's error says which record it is in.
+  stmt& about(std::string what) {
+    about_ = std::move(what);
+    return *this;
+  }
+
   /// True while a row is available.
   bool step();
 
@@ -69,9 +76,14 @@ class stmt {
   std::int64_t int64(int col) const;
   bool is_null(int col) const;
 
+  /// Throws `errc::corrupted_record`: the record (see `about`), the column
+  /// and `why`.
+  [[noreturn]] void corrupted(int col, std::string_view why) const;
+
  private:
   db& db_;
   sqlite3_stmt* s_ = nullptr;
+  std::string about_;
 };
 
 /// BEGIN IMMEDIATE ... COMMIT, rolled back when not committed. Takes the
