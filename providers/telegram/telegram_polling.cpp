@@ -135,6 +135,12 @@ struct polling_provider::impl {
       backoff = std::min(backoff * 2, std::chrono::milliseconds{30000});
       return true;
     };
+    // Updates still to be asked one at a time: an answer that could not be
+    // read at all (one update with an integer past 64 bits, invalid UTF-8)
+    // is asked again with limit 1 until the update that breaks it comes
+    // alone, and is stepped past. Telegram answers at most 100 at a time,
+    // so the broken one is among the next 100.
+    int one_by_one = 0;
     while (!token.stop_requested()) {
       std::string result;
       try {
@@ -142,9 +148,39 @@ struct polling_provider::impl {
         auto secs = std::max<std::int64_t>(1, opts.poll_timeout.ms().count() / 1000);
         result = api->call(
           "getUpdates",
-          fmt::format(R"({{"offset":{},"timeout":{},"allowed_updates":["message","edited_message","callback_query"]}})",
-                      offset.load(), secs),
+          fmt::format(R"({{"offset":{},"timeout":{}{},"allowed_updates":["message","edited_message","callback_query"]}})",
+                      offset.load(), secs, one_by_one > 0 ? R"(,"limit":1)" : ""),
           opts.poll_timeout.ms() + std::chrono::seconds(10), token);
+      } catch (const internal::unreadable_answer& e) {
+        if (one_by_one == 0) {
+          one_by_one = 100;
+          log::warn("telegram",
+                    fmt::format("{}: {}: asking one update at a time to find "
+                                "the one that cannot be read",
+                                opts.id, e.what()));
+          continue;
+        }
+        // One update alone, and it cannot be read: named, counted and
+        // stepped past, as an update the parser reads but finds malformed.
+        // (Without an id there is nothing to step past: a failed poll.)
+        if (auto id = internal::first_update_id(e.body())) {
+          ++n_malformed;
+          log::warn("telegram",
+                    fmt::format("{}: skipping update {} of getUpdates: {}",
+                                opts.id, *id, e.what()));
+          offset = *id + 1;
+          save_offset(*id + 1);
+          --one_by_one;
+          continue;
+        }
+        ++n_errors;
+        set_state(h, provider_state::connecting);
+        failed(log::level::warn,
+               fmt::format("{}: {}: polling again in {}", opts.id, e.what(),
+                           format_duration(backoff)));
+        if (!again())
+          return;
+        continue;
       } catch (const platform_error& e) {
         auto status = e.http_status();
         // Telegram answers 409 for a webhook left set too: no other
@@ -214,7 +250,22 @@ struct polling_provider::impl {
         last_error.clear();
       }
       set_state(h, provider_state::open);
+      if (one_by_one > 0)
+        one_by_one = updates.empty()
+                       ? 0
+                       : std::max(0, one_by_one - static_cast<int>(updates.size()));
+      // In id order, a readable copy of an id before an unreadable one:
+      // Telegram answers in order, but an item out of order was skipped
+      // as handled once a later id moved the offset past it, and a
+      // malformed copy ahead of a sound one took the sound one's place.
+      std::stable_sort(updates.begin(), updates.end(), [](auto& a, auto& b) {
+        bool a_bad = a.kind == internal::update_kind::malformed;
+        bool b_bad = b.kind == internal::update_kind::malformed;
+        return a.update_id != b.update_id ? a.update_id < b.update_id
+                                          : !a_bad && b_bad;
+      });
       auto next = offset.load();
+      auto asked = next;
       // Telegram picks new update ids at random after a week without
       // updates, and then answers ids below the offset asked for. Skipping
       // them as handled would drop every message from then on: the batch
@@ -295,6 +346,13 @@ struct polling_provider::impl {
       if (next != offset.load()) {
         offset = next;
         save_offset(next);
+      }
+      if (!refused && !updates.empty() && next == asked) {
+        // Nothing taken and the offset where it was: items without a
+        // readable id. Telegram answers them again at once, so polling on
+        // would spin; they are skipped once a later update arrives.
+        if (!again())
+          return;
       }
       if (refused) {
         if (refused_code == errc::stopped)

@@ -53,17 +53,22 @@ struct held_answer {
 
 // Telegram drops what it cannot run from a webhook response without a
 // word (there is no answer to read): a reply goes there only when nothing
-// knowable would fail it, a plain text within Telegram's length (UTF-16
-// units: 4096 for a text, 1024 for a caption). Others go through the API,
-// whose errors reach the handler.
+// knowable would fail it, a plain text of 1 to 4096 UTF-16 units with
+// something besides white space (Telegram refuses an empty text, and one
+// of spaces alone). Media (a URL Telegram cannot fetch, a file id of
+// another type) go through the API, whose errors reach the handler.
 bool fits_response(const outgoing_message& msg) {
-  if (msg.format != text_format::plain)
+  if (msg.format != text_format::plain || msg.has_media())
     return false;
   std::size_t units = 0;
-  for (unsigned char c : msg.text)
+  bool blank = true;
+  for (unsigned char c : msg.text) {
     if ((c & 0xC0) != 0x80)
       units += c >= 0xF0 ? 2 : 1;
-  return units <= (msg.has_media() ? 1024u : 4096u);
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
+      blank = false;
+  }
+  return !blank && units <= 4096u;
 }
 
 std::string held_key(std::string_view chat, std::string_view id) {
@@ -120,7 +125,10 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   }
 
   void on_request(http::request& req, http::responder r) {
-    if (!opts.allow_unauthenticated) {
+    // A configured secret is always checked: allow_unauthenticated only
+    // excuses its absence (a flag left on would otherwise let any POST
+    // deliver a forged update).
+    if (!opts.secret_token.empty() || !opts.allow_unauthenticated) {
       auto* secret = req.header("x-telegram-bot-api-secret-token");
       if (!secret || !http::constant_time_equals(*secret, opts.secret_token)) {
         ++n_unauthorized;

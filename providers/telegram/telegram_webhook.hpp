@@ -29,7 +29,8 @@ struct webhook_options {
   std::string username{};
   /// Expected in X-Telegram-Bot-Api-Secret-Token (the `secret_token` given
   /// to setWebhook); compared in constant time, wrong or missing -> 401.
-  /// Required unless `allow_unauthenticated`.
+  /// Required unless `allow_unauthenticated`, which only excuses its
+  /// absence: a secret that is set is always checked.
   std::string secret_token{};
   bool allow_unauthenticated = false;
   /// The route's path.
@@ -45,8 +46,9 @@ struct webhook_options {
   /// second send of the chat first sends the kept reply through the API
   /// (Telegram runs a response's method after it reads the response, so a
   /// send through the API could overtake it). Telegram gives no result for
-  /// a response's method, so only a plain text within Telegram's length
-  /// goes there; a formatted or longer reply goes through the API, whose
+  /// a response's method, so only a plain text of 1 to 4096 UTF-16 units
+  /// that is not all white space, without media, goes there; any other
+  /// reply goes through the API, whose
   /// errors reach the handler. A reply in a response cannot fail the
   /// handler (a chat that blocked the bot drops it unseen). Past
   /// `reply_wait` the response goes with the kept reply, or empty; a send

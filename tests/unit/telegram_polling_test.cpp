@@ -3,7 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
+#include <thread>
 
 #include <botmesh/providers/telegram/telegram_polling.hpp>
 #include <botmesh/runtime/botmesh.hpp>
@@ -36,6 +38,9 @@ struct update_feed {
       std::int64_t offset = 0;
       if (auto p = body.find("\"offset\":"); p != std::string::npos)
         offset = std::stoll(body.substr(p + 9));
+      std::size_t limit = 100;
+      if (auto p = body.find("\"limit\":"); p != std::string::npos)
+        limit = std::stoul(body.substr(p + 8));
       std::string result = "[";
       {
         std::lock_guard guard{mtx};
@@ -45,8 +50,9 @@ struct update_feed {
             && std::all_of(updates.begin(), updates.end(),
                            [&](auto& u) { return u.first + 1 < offset; }))
           offset = 0;
+        std::size_t n = 0;
         for (auto& [id, json] : updates)
-          if (id >= offset) {
+          if (id >= offset && n++ < limit) {
             if (result.size() > 1)
               result += ",";
             result += json;
@@ -253,6 +259,96 @@ TEST_CASE("an update that does not parse is skipped, logged and counted, "
   CHECK(p->stats().malformed == 3);
   CHECK(p->stats().id_restarts == 0);
   CHECK(handled.all() == std::vector<std::string>{"antes", "despues", "luego"});
+}
+
+TEST_CASE("an update that breaks the whole getUpdates answer is found by "
+          "asking one at a time, skipped and counted, and the others are "
+          "handled") {
+  // An integer past 64 bits, and a string that is not UTF-8: the parser
+  // refuses the whole answer, which came back the same forever.
+  for (std::string damage : {R"("x":18446744073709551616)", "\"x\":\"\xff\xfe\""}) {
+    CAPTURE(damage);
+    update_feed feed;
+    auto api = test::fake_telegram();
+    feed.attach(*api);
+    feed.push(10, 42, "antes");
+    {
+      std::lock_guard guard{feed.mtx};
+      feed.updates.emplace_back(
+        11, R"({"update_id":11,"message":{"message_id":9,"from":{"id":42},"chat":{"id":42,"type":"private"},"date":1700000000,"text":"roto",)"
+              + damage + "}}");
+    }
+    feed.push(12, 42, "despues");
+    feed.push(13, 42, "luego");
+    auto store = std::make_shared<botmesh::memory_store>();
+    auto p = std::make_shared<tg::polling_provider>(options(*api, store));
+    botmesh::bot bot{{.provider = p, .store = store}};
+    text_log handled;
+    handled.attach(bot);
+    test::log_capture logs;
+    bot.start();
+    REQUIRE(test::eventually([&] { return p->stats().offset == 14; }));
+    REQUIRE(test::eventually([&] { return bot.stats().handled == 3; }));
+    bot.stop();
+    CHECK(p->stats().malformed == 1);
+    CHECK(handled.all()
+          == std::vector<std::string>{"antes", "despues", "luego"});
+    CHECK(logs.count("telegram", "skipping update 11") == 1);
+  }
+}
+
+TEST_CASE("a getUpdates answer whose only item has no readable id is polled "
+          "again after a pause, not at once") {
+  update_feed feed;
+  auto api = test::fake_telegram();
+  feed.attach(*api);
+  {
+    std::lock_guard guard{feed.mtx};
+    // Past the largest id the parser takes: a malformed item read as id 0,
+    // which moves no offset.
+    feed.updates.emplace_back(
+      std::numeric_limits<std::int64_t>::max(),
+      R"({"update_id":9223372036854775807,"message":{"message_id":1}})");
+  }
+  auto store = std::make_shared<botmesh::memory_store>();
+  auto o = options(*api, store);
+  o.retry_backoff = "100ms";
+  auto p = std::make_shared<tg::polling_provider>(o);
+  botmesh::bot bot{{.provider = p, .store = store}};
+  bot.start();
+  REQUIRE(test::eventually([&] { return p->stats().malformed >= 1; }));
+  std::this_thread::sleep_for(700ms);
+  // Waits of 100, 200 and 400 ms: a handful of polls. Asked again at once,
+  // it was thousands.
+  CHECK(p->stats().polls < 20);
+  // A later update is handled, and the offset moves past it.
+  feed.push(5, 42, "despues");
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
+  bot.stop();
+}
+
+TEST_CASE("getUpdates items out of order, or a malformed copy of an id "
+          "ahead of its sound one, are all handled in id order") {
+  update_feed feed;
+  auto api = test::fake_telegram();
+  feed.attach(*api);
+  {
+    std::lock_guard guard{feed.mtx};
+    feed.updates.emplace_back(11, test::tg_text_update(11, 42, "once"));
+    feed.updates.emplace_back(10, test::tg_text_update(10, 42, "diez"));
+    feed.updates.emplace_back(12, R"({"update_id":12,"message":{"message_id":1}})");
+    feed.updates.emplace_back(12, test::tg_text_update(12, 42, "doce"));
+  }
+  auto store = std::make_shared<botmesh::memory_store>();
+  auto p = std::make_shared<tg::polling_provider>(options(*api, store));
+  botmesh::bot bot{{.provider = p, .store = store}};
+  text_log handled;
+  handled.attach(bot);
+  bot.start();
+  REQUIRE(test::eventually([&] { return p->stats().offset == 13; }));
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 3; }));
+  bot.stop();
+  CHECK(handled.all() == std::vector<std::string>{"diez", "once", "doce"});
 }
 
 TEST_CASE("a refused token is named in the log and the stats, and polling "

@@ -170,13 +170,17 @@ std::string check_answer(std::string_view method, int status,
   thread_local simdjson::dom::parser parser;
   simdjson::dom::element doc;
   simdjson::dom::object o;
-  if (parser.parse(body.data(), body.size(), true).get(doc) != simdjson::SUCCESS
-      || doc.get(o) != simdjson::SUCCESS)
-    throw platform_error(errc::provider_error, status, {},
-                         std::chrono::milliseconds{0},
-                         fmt::format("telegram {}: HTTP {} with an unreadable "
-                                     "answer",
-                                     method, status));
+  auto err = parser.parse(body.data(), body.size(), true).get(doc);
+  if (err == simdjson::SUCCESS && doc.get(o) != simdjson::SUCCESS)
+    err = simdjson::INCORRECT_TYPE;
+  if (err != simdjson::SUCCESS)
+    throw unreadable_answer(
+      status, std::string{body},
+      fmt::format("telegram {}: HTTP {} with an unreadable answer ({})",
+                  method, status,
+                  err == simdjson::INCORRECT_TYPE
+                    ? std::string_view{"not a JSON object"}
+                    : std::string_view{simdjson::error_message(err)}));
   bool ok = false;
   if (o["ok"].get(ok) != simdjson::SUCCESS)
     ok = false;

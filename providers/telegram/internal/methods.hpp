@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/message.hpp>
 
 namespace botmesh::telegram::internal {
@@ -54,9 +55,31 @@ std::string to_webhook_answer(const method_call& call);
 /// is taken as this.
 inline constexpr std::int64_t max_retry_after_seconds = 86'400;
 
+/// An answer that is no JSON object (an integer past 64 bits, invalid
+/// UTF-8, nesting past simdjson's depth...): a `platform_error`
+/// (`errc::provider_error`) that keeps the body, so a poller can find the
+/// update it cannot read and step past it.
+class unreadable_answer : public platform_error {
+ public:
+  unreadable_answer(int status, std::string body, const std::string& what)
+    : platform_error(errc::provider_error, status, {},
+                     std::chrono::milliseconds{0}, what),
+      body_(std::move(body)) {
+    // nop
+  }
+
+  const std::string& body() const noexcept {
+    return body_;
+  }
+
+ private:
+  std::string body_;
+};
+
 /// Throws the `platform_error` an answer with ok=false stands for (see
 /// bot_api.hpp; a 429's retry_after is clamped to 1..max_retry_after_seconds);
 /// returns the raw JSON of `result` for ok=true. `status` is the HTTP status.
+/// A body that cannot be read throws `unreadable_answer`, naming why.
 std::string check_answer(std::string_view method, int status,
                          std::string_view body);
 

@@ -333,4 +333,30 @@ std::vector<parsed_update> parse_updates(std::string_view result_json,
   return out;
 }
 
+std::optional<std::int64_t> first_update_id(std::string_view raw) {
+  constexpr std::string_view name = "\"update_id\"";
+  auto at = raw.find(name);
+  if (at == std::string_view::npos)
+    return std::nullopt;
+  auto i = at + name.size();
+  auto space = [&] {
+    while (i < raw.size()
+           && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r'))
+      ++i;
+  };
+  space();
+  if (i >= raw.size() || raw[i] != ':')
+    return std::nullopt;
+  ++i;
+  space();
+  std::int64_t id = -1;
+  auto [end, ec] = std::from_chars(raw.data() + i, raw.data() + raw.size(), id);
+  if (ec != std::errc{} || !valid_update_id(id))
+    return std::nullopt;
+  // A number that goes on ("7.5", "7e3") is no update id.
+  if (end < raw.data() + raw.size() && (*end == '.' || *end == 'e' || *end == 'E'))
+    return std::nullopt;
+  return id;
+}
+
 } // namespace botmesh::telegram::internal

@@ -5,6 +5,7 @@
 // by tests/fuzz/telegram_update_fuzz.cpp.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,5 +65,11 @@ parsed_update parse_update_in_place(const std::string& json, std::string_view pr
 std::vector<parsed_update> parse_updates(std::string_view result_json,
                                          std::string_view provider,
                                          std::string_view username = {});
+
+/// The first "update_id" of a getUpdates answer too broken to parse (asked
+/// with limit 1, its one update's id): a valid id, or nothing. Telegram
+/// writes update_id first in each update; a plain scan finds it where a
+/// parser stops at the damage.
+std::optional<std::int64_t> first_update_id(std::string_view raw);
 
 } // namespace botmesh::telegram::internal
