@@ -324,7 +324,14 @@ struct scheduler::impl final : task_owner,
     try {
       store().remove(stored, eng->now());
     } catch (const std::exception& e) {
-      eng->log(fmt::format("removing {} failed: {}", stored, e.what()));
+      // Said to the caller, not only logged: the row stays live, and the
+      // replicas that register the id go on running it.
+      auto why = fmt::format("cancelling task {}: its stored row was not "
+                             "removed ({}); it no longer runs here, and "
+                             "forget_task removes the row",
+                             stored, e.what());
+      eng->log(why);
+      throw error(errc::store_error, why);
     }
   }
 

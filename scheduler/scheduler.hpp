@@ -74,7 +74,9 @@ class scheduled_task {
   scheduled_task() = default;
 
   /// No further runs; a running handler finishes. For a durable task the
-  /// stored row is removed too (a marker keeps its fencing token).
+  /// stored row is removed too (a marker keeps its fencing token); when the
+  /// store fails, throws its error (`errc::store_error`) after the task
+  /// stopped here: the row stays until `forget_task` removes it.
   void cancel();
 
   /// The id ("" for in-memory tasks).

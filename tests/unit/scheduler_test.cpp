@@ -226,6 +226,37 @@ TEST_CASE("before start and after stop, in-memory tasks wait for start, and a "
   durable.cancel();
 }
 
+TEST_CASE("a durable task's cancel whose row the store failed to remove "
+          "says so, and forget_task removes the row then") {
+  struct failing_remove final : test::forwarding_schedule_store {
+    std::atomic<int> failing{1};
+    bool remove(std::string_view id, botmesh::time_point now) override {
+      if (failing.exchange(0) > 0)
+        throw botmesh::error(botmesh::errc::store_error, "store is down");
+      return inner.remove(id, now);
+    }
+  };
+  auto store = std::make_shared<failing_remove>();
+  botmesh::scheduler s{{.store = store}};
+  auto t = s.every(1h, {.id = "hourly"}, [](const auto&) {});
+  s.start();
+  std::string what;
+  try {
+    t.cancel();
+  } catch (const botmesh::error& e) {
+    CHECK(e.code() == botmesh::errc::store_error);
+    what = e.what();
+  }
+  // Only logged, the row stayed live for every replica that registers it.
+  CHECK(what.find("hourly") != std::string::npos);
+  CHECK(what.find("store is down") != std::string::npos);
+  REQUIRE(store->inner.get("hourly"));
+  CHECK_FALSE(store->inner.get("hourly")->deleted);
+  CHECK(s.forget_task("hourly"));
+  CHECK(store->inner.get("hourly")->deleted);
+  s.stop();
+}
+
 // A handler holding its own handle is a cycle that only the scheduler
 // breaks: when it goes, whether or not it ever took the task.
 TEST_CASE("in-memory handlers that hold their own handle are released when "
