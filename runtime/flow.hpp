@@ -198,7 +198,10 @@ class flow_context {
   void end();
 
   /// Calls `fn` when the chat stays silent for `after` while this
-  /// conversation lasts (re-armed by every message of the chat).
+  /// conversation lasts (re-armed by every message of the chat). A second
+  /// call with the same `after` replaces the first (a step that loops
+  /// registers one watcher, not one per pass). A `go_to` or `end` the
+  /// waiting step set before its ask holds unless `fn` sets its own.
   void idle(duration after, std::function<void(flow_context&)> fn);
 
   /// Fires when the bot stops.

@@ -211,6 +211,16 @@ void flow_context::end() {
 void flow_context::idle(duration after, std::function<void(flow_context&)> fn) {
   if (after.count() <= 0)
     throw invalid_argument_error("idle", "idle() needs a positive duration");
+  // One watcher per duration: a step that loops (ask, then go_to_step
+  // itself) registers again on every pass, and each pass added a watcher,
+  // so silence fired the reminder once per pass and every message re-armed
+  // them all. The earlier watcher's timer goes stale.
+  for (auto& w : conv_.idles)
+    if (w.after == after.ms()) {
+      w.fn = std::move(fn);
+      w.timer = conv_.engine.arm(conv_, w.after);
+      return;
+    }
   internal::conversation::idle_watch w{after.ms(), std::move(fn), 0};
   w.timer = conv_.engine.arm(conv_, w.after);
   conv_.idles.push_back(std::move(w));
@@ -1117,6 +1127,9 @@ void flow_engine::fire(const std::string& key, std::uint64_t id,
     if (w.timer == id) {
       w.timer = 0;
       auto fn = w.fn;
+      // What the waiting step already set (go_to, end) is kept unless the
+      // watcher sets its own: the step goes on after the wait as it said.
+      auto set_by_step = c->pending;
       c->pending = conversation::next::none;
       try {
         fn(c->ctx);
@@ -1141,6 +1154,8 @@ void flow_engine::fire(const std::string& key, std::uint64_t id,
       }
       if (c->pending == conversation::next::end)
         finish(*c, true);
+      else if (c->pending == conversation::next::none)
+        c->pending = set_by_step;
       return;
     }
   }

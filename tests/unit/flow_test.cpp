@@ -180,6 +180,74 @@ TEST_CASE("a wait timeout and an idle watcher act in the chat's order") {
   CHECK(idles.load() == 1);
 }
 
+TEST_CASE("an idle watcher registered again on each pass of a loop fires "
+          "once on silence, not once per pass") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  std::atomic<int> idles{0};
+  botmesh::bot b{{.provider = p, .lang = "es"}};
+  b.conversation("menu", {"menu"}, [&](flow_context& c) -> flow_task {
+    for (int pass = 0; pass < 5; ++pass) {
+      c.idle("1s", [&](flow_context& c2) {
+        ++idles;
+        c2.send("¿Sigues ahí?");
+      });
+      auto a = co_await c.ask("¿Qué quieres?");
+      c.send("vale " + a.text());
+    }
+  });
+  b.start();
+  p->inject("ana", "menu");
+  REQUIRE(p->wait_for_sent(1, 5s));
+  p->inject("ana", "uno");
+  REQUIRE(p->wait_for_sent(3, 5s));
+  p->inject("ana", "dos");
+  REQUIRE(p->wait_for_sent(5, 5s));
+  // Waiting at the third pass: one watcher. There were three, re-armed
+  // together by the last message, and silence sent three reminders.
+  REQUIRE(test::eventually([&] { return idles.load() >= 1; }));
+  std::this_thread::sleep_for(300ms);
+  CHECK(idles.load() == 1);
+  b.stop();
+}
+
+TEST_CASE("an idle watcher firing while a step waits keeps the go_to the step "
+          "set before its ask") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  std::atomic<int> idles{0};
+  flow f{"compra"};
+  f.hears({"comprar"})
+    .step("elige",
+          [&](flow_context& c) -> flow_task {
+            c.go_to_step("pagar");
+            c.idle("100ms", [&](flow_context& c2) {
+              ++idles;
+              c2.send("¿Sigues ahí?");
+            });
+            auto a = co_await c.ask("¿Cuál?");
+            c.state()["p"] = a.text();
+          })
+    .step("envio",
+          [](flow_context& c) -> flow_task {
+            c.send("envío");
+            co_return;
+          })
+    .step("pagar", [](flow_context& c) -> flow_task {
+      c.send("pagar " + c.state().value("p", std::string{}));
+      co_return;
+    });
+  botmesh::bot b{{.provider = p, .lang = "es"}};
+  b.add_flow(f);
+  b.start();
+  p->inject("ana", "comprar");
+  REQUIRE(test::eventually([&] { return idles.load() == 1; }));
+  p->inject("ana", "pan");
+  REQUIRE(p->wait_for_sent(3, 5s));
+  b.stop();
+  // The watcher cleared the go_to, and the flow went on to "envio".
+  CHECK(texts(*p, "ana")
+        == std::vector<std::string>{"¿Cuál?", "¿Sigues ahí?", "pagar pan"});
+}
+
 TEST_CASE("a persistent flow resumes in another bot sharing the store: the "
           "first question's answer is taken, not asked again") {
   auto store = std::make_shared<botmesh::memory_store>();
