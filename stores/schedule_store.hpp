@@ -82,7 +82,10 @@ class schedule_store {
   /// deleted (keeping a deleted marker's token); keeps an existing record
   /// with the same `spec` untouched (its original time, its tombstone);
   /// replaces the spec and sets `next_run_at = first_run` (keeping the token,
-  /// clearing `done`) when the spec differs. Returns the record as stored.
+  /// clearing `done`) when the spec differs. A claim still live then keeps
+  /// its lease (no claim overlaps a run under way) and the token moves on
+  /// by one (that run's renewals and commit are refused). Returns the record
+  /// as stored.
   virtual schedule_record register_task(std::string_view id,
                                         std::string_view spec,
                                         time_point first_run, time_point now)

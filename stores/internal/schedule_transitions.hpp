@@ -41,19 +41,29 @@ inline void check_record_times(const schedule_record& rec,
 
 /// Registers `spec` on `rec` (a fresh record when absent): an existing live
 /// record with the same spec stays as it is (returns false: nothing to
-/// save); otherwise the spec and first run are set, the lease and tombstone
-/// cleared and the fencing token kept (returns true).
+/// save); otherwise the spec and first run are set, the tombstone cleared
+/// and the fencing token kept (returns true). A live claim of a record
+/// that is not deleted (a run under way, on the old spec) keeps its lease,
+/// so no new claim overlaps it, and its token moves on, so its renewals and
+/// its commit on the old spec's calendar are refused; otherwise the lease
+/// is cleared.
 inline bool register_record(schedule_record& rec, bool exists,
                             std::string_view id, std::string_view spec,
                             time_point first_run, time_point now) {
   if (exists && !rec.deleted && rec.spec == spec)
     return false;
+  bool running = exists && !rec.deleted && !rec.lease_owner.empty()
+                 && rec.lease_until > now;
   rec.id = std::string{id};
   rec.spec = std::string{spec};
   rec.next_run_at = first_run;
-  rec.lease_owner.clear();
-  rec.lease_until = {};
-  rec.claimed_at = {};
+  if (running) {
+    rec.fencing_token += 1;
+  } else {
+    rec.lease_owner.clear();
+    rec.lease_until = {};
+    rec.claimed_at = {};
+  }
   rec.done = false;
   rec.deleted = false;
   rec.updated_at = now;

@@ -116,6 +116,26 @@ TEST_CASE_TEMPLATE_DEFINE("registering keeps a stored time and a changed spec "
   auto got = s->get("a");
   REQUIRE(got);
   CHECK(*got == rec);
+  // A spec changed while a run is under way (a rolling deploy): the run
+  // keeps its lease, so no claim on the new spec overlaps it, and its
+  // token moves on, so its renewal and its commit on the old calendar are
+  // refused. The lease was cleared, and the new spec ran beside it.
+  auto run = s->claim("a", "old", t0() + 5min, 30s);
+  REQUIRE(run);
+  rec = s->register_task("a", "every 1000", t0() + 5min + 1s, t0() + 5min);
+  CHECK(rec.next_run_at == t0() + 5min + 1s);
+  CHECK(rec.lease_owner == "old");
+  CHECK(rec.fencing_token == run->token + 1);
+  CHECK_FALSE(s->claim("a", "new", t0() + 5min + 2s, 30s).has_value());
+  CHECK_FALSE(s->renew("a", "old", run->token, t0() + 5min + 3s, 30s));
+  CHECK_FALSE(s->commit("a", "old", run->token, t0() + 6min, false,
+                        t0() + 5min + 4s));
+  auto taken = s->claim("a", "new", t0() + 5min + 31s, 30s);
+  REQUIRE(taken);
+  CHECK(taken->token > rec.fencing_token);
+  CHECK(s->commit("a", "new", taken->token, t0() + 5min + 32s, false,
+                  t0() + 5min + 31s));
+  CHECK(s->get("a")->next_run_at == t0() + 5min + 32s);
 }
 
 TEST_CASE_TEMPLATE_DEFINE("a due slot is claimed by one owner while its lease "

@@ -29,8 +29,19 @@ if redis.call('EXISTS', h) == 1 then
   end
 end
 local token = redis.call('HGET', h, 'token') or '0'
-redis.call('HSET', h, 'spec', ARGV[2], 'next', ARGV[3], 'token', token,
-           'owner', '', 'until', 0, 'claimed', 0, 'done', 0, 'deleted', 0,
-           'updated', ARGV[4])
+-- A run under way (a live claim of a record that is not deleted) keeps its
+-- lease, so no new claim overlaps it; its token moves on, so its renewals
+-- and its commit (on the old spec's calendar) are refused.
+local owner = redis.call('HGET', h, 'owner')
+if owner and owner ~= '' and tonumber(redis.call('HGET', h, 'deleted')) == 0
+   and tonumber(redis.call('HGET', h, 'until')) > tonumber(ARGV[4]) then
+  redis.call('HINCRBY', h, 'token', 1)
+  redis.call('HSET', h, 'spec', ARGV[2], 'next', ARGV[3], 'done', 0,
+             'updated', ARGV[4])
+else
+  redis.call('HSET', h, 'spec', ARGV[2], 'next', ARGV[3], 'token', token,
+             'owner', '', 'until', 0, 'claimed', 0, 'done', 0, 'deleted', 0,
+             'updated', ARGV[4])
+end
 redis.call('ZADD', KEYS[2], 0, ARGV[1])
 return redis.call('HGETALL', h)
