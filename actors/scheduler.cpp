@@ -317,6 +317,10 @@ struct scheduler::impl final : task_owner,
     return stored;
   }
 
+  void removed(const std::shared_ptr<scheduled_task::state>& task) override {
+    detach(task->handle, &task);
+  }
+
   void cancel(const std::shared_ptr<scheduled_task::state>& task) override {
     auto stored = detach(task->handle, &task);
     if (stored.empty())

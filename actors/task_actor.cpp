@@ -187,6 +187,11 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
         eng->log(fmt::format("schedule {} was removed elsewhere: the task stops",
                              t.stored_id));
         t.st->active = false;
+        // Out of the registry too: kept there, the id stayed taken (a
+        // reminder registered again after another replica forgot it threw
+        // "already registered") and this actor lived on, one per id.
+        if (auto owner = t.st->owner.lock())
+          owner->removed(t.st);
       } else if (current->done) {
         t.st->active = false;
       } else {

@@ -108,6 +108,10 @@ class task_owner {
   /// The state itself, not only its handle: the scheduler keeps no table
   /// of in-memory tasks by handle.
   virtual void cancel(const std::shared_ptr<scheduled_task::state>& task) = 0;
+  /// Forgets a durable task whose stored row was removed elsewhere (another
+  /// replica's cancel or forget_task): it runs no more, and its id can be
+  /// registered again. The store is not called.
+  virtual void removed(const std::shared_ptr<scheduled_task::state>& task) = 0;
 };
 
 struct scheduler_options {

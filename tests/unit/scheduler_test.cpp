@@ -1359,6 +1359,29 @@ TEST_CASE("a claim answered after its lease ran out is not run: the replica "
   CHECK(store->get("job")->next_run_at == t0() + 2min);
 }
 
+TEST_CASE("a durable task another replica removed leaves this replica's "
+          "registry: its id can be registered again") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  recorder rec_a;
+  recorder rec_b;
+  botmesh::scheduler a{{.store = store, .clock = &clk, .log = rec_a.logger()}};
+  botmesh::scheduler b{{.store = store, .clock = &clk}};
+  a.every("1m", {.id = "recordatorio"}, rec_a.handler());
+  b.every("1m", {.id = "recordatorio"}, rec_b.handler());
+  CHECK(b.forget_task("recordatorio"));
+  clk.advance(1min);
+  a.poll(); // a sees the row deleted
+  CHECK(rec_a.count() == 0);
+  CHECK(rec_a.logs_containing("was removed elsewhere") == 1);
+  // It stayed registered: "already registered", and its actor lived on.
+  recorder again;
+  CHECK_NOTHROW(a.every("1m", {.id = "recordatorio"}, again.handler()));
+  clk.advance(1min);
+  a.poll();
+  CHECK(again.count() == 1);
+}
+
 // Scheduler A on a test_store with a manual clock, running "job" every
 // minute (due at t0 + 1 min) under `skip` with a 30 s lease.
 struct lost_claim_job {
