@@ -154,4 +154,8 @@ void chat_services::chat_passivated(const std::string&) {
   // nop
 }
 
+bool chat_services::timer_live(const std::string&, std::uint64_t) {
+  return true;
+}
+
 } // namespace botmesh

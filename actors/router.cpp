@@ -232,7 +232,10 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       resend(ev);
     },
     [=](timer_atom, const std::string& key, std::uint64_t id) {
-      forward_timer(key, id);
+      // A timer that can do nothing more takes no turn (see
+      // chat_services::timer_live).
+      if (self->state.cfg->services->timer_live(key, id))
+        forward_timer(key, id);
     },
     [=](sweep_atom) {
       auto& st = self->state;

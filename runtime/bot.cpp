@@ -725,6 +725,10 @@ struct bot::impl final : chat_services,
     ++passivations;
   }
 
+  bool timer_live(const std::string&, std::uint64_t id) override {
+    return flows.timer_live(id);
+  }
+
   // -- provider_host ---------------------------------------------------------
 
   std::stop_token stopping() const override {

@@ -218,6 +218,7 @@ void flow_context::idle(duration after, std::function<void(flow_context&)> fn) {
   for (auto& w : conv_.idles)
     if (w.after == after.ms()) {
       w.fn = std::move(fn);
+      conv_.engine.disarm(w.timer);
       w.timer = conv_.engine.arm(conv_, w.after);
       return;
     }
@@ -274,6 +275,7 @@ void ask_awaiter::await_suspend(std::coroutine_handle<> h) {
   conv.question = question_;
   conv.ask_opts = opts_;
   conv.waiting_question = conv.answers_in_step;
+  conv.engine.disarm(conv.wait_timer);
   conv.wait_timer = opts_.timeout ? conv.engine.arm(conv, opts_.timeout->ms()) : 0;
   conv.engine.checkpoint(conv, true, conv.waiting_question);
 }
@@ -330,8 +332,12 @@ conversation* flow_engine::find(const std::string& key) {
 }
 
 conversation& flow_engine::create(const std::string& key) {
+  std::unique_ptr<conversation> gone;
   std::lock_guard guard{mtx_};
   auto& slot = convs_[key];
+  if (slot)
+    disarm_all(*slot);
+  gone = std::move(slot);
   slot = std::make_unique<conversation>(*this, key);
   return *slot;
 }
@@ -343,10 +349,31 @@ void flow_engine::erase(const std::string& key) {
     auto i = convs_.find(key);
     if (i == convs_.end())
       return;
+    disarm_all(*i->second);
     gone = std::move(i->second);
     convs_.erase(i);
   }
   // The coroutine frame is destroyed outside the lock.
+}
+
+bool flow_engine::timer_live(std::uint64_t id) const {
+  std::lock_guard guard{mtx_};
+  return live_timers_.count(id) > 0;
+}
+
+void flow_engine::disarm(std::uint64_t id) {
+  if (id == 0)
+    return;
+  std::lock_guard guard{mtx_};
+  live_timers_.erase(id);
+}
+
+void flow_engine::disarm_all(const conversation& c) {
+  if (c.wait_timer != 0)
+    live_timers_.erase(c.wait_timer);
+  for (auto& w : c.idles)
+    if (w.timer != 0)
+      live_timers_.erase(w.timer);
 }
 
 void flow_engine::drop(const std::string& key) {
@@ -526,6 +553,10 @@ time_point ephemeral_expiry(time_point now, std::chrono::milliseconds ttl,
 
 std::uint64_t flow_engine::arm(conversation& c, std::chrono::milliseconds after) {
   auto id = next_timer_.fetch_add(1);
+  {
+    std::lock_guard guard{mtx_};
+    live_timers_.insert(id);
+  }
   host_.arm_timer(c.key, after, id);
   return id;
 }
@@ -858,6 +889,7 @@ void flow_engine::end_turn(const std::string& key) {
 
 void flow_engine::deliver(conversation& c, answer a) {
   c.waiting = false;
+  disarm(c.wait_timer);
   c.wait_timer = 0;
   *c.answer_slot = std::move(a);
   c.resume_point.resume();
@@ -1060,8 +1092,10 @@ bool flow_engine::offer(const std::string& key, const inbound_message& msg,
   if (c) {
     c->current = msg;
     c->turn = turn;
-    for (auto& w : c->idles)
+    for (auto& w : c->idles) {
+      disarm(w.timer);
       w.timer = arm(*c, w.after); // silence restarts with every message
+    }
     if (c->waiting) {
       if (c->waiting_question == 0) {
         // The step's first answer is saved before the step goes on (even
@@ -1125,6 +1159,7 @@ void flow_engine::fire(const std::string& key, std::uint64_t id,
   }
   for (auto& w : c->idles) {
     if (w.timer == id) {
+      disarm(id);
       w.timer = 0;
       auto fn = w.fn;
       // What the waiting step already set (go_to, end) is kept unless the

@@ -189,6 +189,14 @@ class flow_engine {
                   bool first, const turn_token* turn = nullptr,
                   bool* answer_saved = nullptr);
 
+  /// False when timer `id` can no longer do anything: its wait was
+  /// answered, its watcher re-armed or fired, its conversation gone. Its
+  /// chat then takes no turn for it: with coordination a stale timer's turn
+  /// moved the chat to this replica and back, and the replica holding the
+  /// live conversation dropped it as a copy another replica may have moved
+  /// on. Thread-safe (the router asks).
+  bool timer_live(std::uint64_t id) const;
+
   /// A timer of `key` fired; stale ones are discarded.
   void on_timer(const std::string& key, std::uint64_t id,
                 const turn_token* turn = nullptr);
@@ -299,6 +307,18 @@ class flow_engine {
   /// Handed checkpoints not yet used by a message.
   std::unordered_map<std::string, flow_checkpoint> handed_;
   std::atomic<std::uint64_t> next_timer_{1};
+  /// Timers armed and not yet fired, re-armed or gone with their
+  /// conversation (see `timer_live`).
+  std::unordered_set<std::uint64_t> live_timers_;
+
+ public:
+  /// Timer `id` can do nothing more (0: none). Called where a conversation
+  /// lets go of a timer id.
+  void disarm(std::uint64_t id);
+
+ private:
+  // Disarms every timer of `c`; mtx_ held.
+  void disarm_all(const conversation& c);
 };
 
 } // namespace internal

@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <string>
+#include <thread>
 
 #include <botmesh/runtime/core/checkpoint.hpp>
 #include <botmesh/runtime/internal/flow_engine.hpp>
@@ -406,6 +407,40 @@ TEST_CASE("a waiting flow's timeout fires on its replica when the "
     CHECK(b.last() == "3 x café a Calle 1");
     CHECK(a.error_count() == 0);
   }
+}
+
+TEST_CASE("a stale flow timer's turn on another replica leaves the "
+          "conversation it did not touch alive where it lives") {
+  using namespace test::handover;
+  memory_env env;
+  replica a{env, "a"};
+  replica b{env, "b"};
+  // On a, an ask with a timeout answered at once: its timer is stale, and
+  // still takes a turn of the chat when it fires.
+  botmesh::flow quick{"rapido"};
+  quick.hears({"rapido"}).ask(
+    "si", "¿Sí?",
+    [](botmesh::flow_context& c, const botmesh::answer&) { c.send("ok"); },
+    botmesh::ask_options{.timeout = botmesh::duration{"300ms"}});
+  a.bot->add_flow(quick);
+  add_greeting(*b.bot);
+  a.bot->start();
+  b.bot->start();
+  REQUIRE(a.say("rapido", 1));
+  REQUIRE(a.say("vale", 2)); // a's flow ends; its timer goes on
+  REQUIRE(b.say("hola", 1));
+  CHECK(b.last() == "¿Cómo te llamas?");
+  // a's stale timer takes the chat's turn from b and gives it back.
+  std::this_thread::sleep_for(600ms);
+  REQUIRE(b.say("Ana", 2));
+  CHECK(b.last() == "¿De dónde eres?");
+  REQUIRE(b.say("Lima", 3));
+  // With nothing handed on by a's turn, b dropped its live conversation:
+  // the answer was cut off as an interrupted conversation.
+  CHECK(b.last() == "Hola, Ana de Lima");
+  CHECK(a.provider->sent().size() == 2);
+  CHECK(a.error_count() == 0);
+  CHECK(b.error_count() == 0);
 }
 
 TEST_CASE("a notice's replica moves the marker on before it sends: the "
