@@ -181,17 +181,22 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
   }
   if (!claim) {
     st.ph = phase::idle;
+    if (current && current->deleted) {
+      // Out of the registry too: kept there, the id stayed taken (a
+      // reminder registered again after another replica forgot it threw
+      // "already registered") and this actor lived on, one per id. Before
+      // run_finished, and the owner let go of before it: a scheduler
+      // stopping waits for that count, and its last reference must not be
+      // this actor's (its destructor would run on this thread).
+      if (auto owner = t.st->owner.lock())
+        owner->removed(t.st);
+    }
     eng->run_finished();
     if (current) {
       if (current->deleted) {
         eng->log(fmt::format("schedule {} was removed elsewhere: the task stops",
                              t.stored_id));
         t.st->active = false;
-        // Out of the registry too: kept there, the id stayed taken (a
-        // reminder registered again after another replica forgot it threw
-        // "already registered") and this actor lived on, one per id.
-        if (auto owner = t.st->owner.lock())
-          owner->removed(t.st);
       } else if (current->done) {
         t.st->active = false;
       } else {

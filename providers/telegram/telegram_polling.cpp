@@ -141,6 +141,8 @@ struct polling_provider::impl {
     // alone, and is stepped past. Telegram answers at most 100 at a time,
     // so the broken one is among the next 100.
     int one_by_one = 0;
+    // The wait after an answer that moved nothing (see below).
+    auto stuck = opts.retry_backoff.ms();
     while (!token.stop_requested()) {
       std::string result;
       try {
@@ -152,6 +154,19 @@ struct polling_provider::impl {
                       offset.load(), secs, one_by_one > 0 ? R"(,"limit":1)" : ""),
           opts.poll_timeout.ms() + std::chrono::seconds(10), token);
       } catch (const internal::unreadable_answer& e) {
+        // An error page (a proxy's HTML 502) is a failed poll like any
+        // other; only an OK answer whose JSON breaks is looked into.
+        if (e.http_status() != 200) {
+          ++n_errors;
+          set_state(h, provider_state::connecting);
+          failed(log::level::warn,
+                 fmt::format("{}: {}: polling again in {}", opts.id, e.what(),
+                             format_duration(backoff)));
+          if (!again())
+            return;
+          continue;
+        }
+        ++n_errors;
         if (one_by_one == 0) {
           one_by_one = 100;
           log::warn("telegram",
@@ -173,7 +188,6 @@ struct polling_provider::impl {
           --one_by_one;
           continue;
         }
-        ++n_errors;
         set_state(h, provider_state::connecting);
         failed(log::level::warn,
                fmt::format("{}: {}: polling again in {}", opts.id, e.what(),
@@ -350,9 +364,13 @@ struct polling_provider::impl {
       if (!refused && !updates.empty() && next == asked) {
         // Nothing taken and the offset where it was: items without a
         // readable id. Telegram answers them again at once, so polling on
-        // would spin; they are skipped once a later update arrives.
-        if (!again())
+        // would spin; they are skipped once a later update arrives. (Its
+        // own wait: `backoff` starts over with every readable answer.)
+        if (!pause(stuck, token))
           return;
+        stuck = std::min(stuck * 2, std::chrono::milliseconds{30000});
+      } else {
+        stuck = opts.retry_backoff.ms();
       }
       if (refused) {
         if (refused_code == errc::stopped)

@@ -357,18 +357,19 @@ void flow_engine::erase(const std::string& key) {
 }
 
 bool flow_engine::timer_live(std::uint64_t id) const {
-  std::lock_guard guard{mtx_};
+  std::lock_guard guard{timers_mtx_};
   return live_timers_.count(id) > 0;
 }
 
 void flow_engine::disarm(std::uint64_t id) {
   if (id == 0)
     return;
-  std::lock_guard guard{mtx_};
+  std::lock_guard guard{timers_mtx_};
   live_timers_.erase(id);
 }
 
 void flow_engine::disarm_all(const conversation& c) {
+  std::lock_guard guard{timers_mtx_};
   if (c.wait_timer != 0)
     live_timers_.erase(c.wait_timer);
   for (auto& w : c.idles)
@@ -554,7 +555,7 @@ time_point ephemeral_expiry(time_point now, std::chrono::milliseconds ttl,
 std::uint64_t flow_engine::arm(conversation& c, std::chrono::milliseconds after) {
   auto id = next_timer_.fetch_add(1);
   {
-    std::lock_guard guard{mtx_};
+    std::lock_guard guard{timers_mtx_};
     live_timers_.insert(id);
   }
   host_.arm_timer(c.key, after, id);

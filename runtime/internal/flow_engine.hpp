@@ -308,7 +308,10 @@ class flow_engine {
   std::unordered_map<std::string, flow_checkpoint> handed_;
   std::atomic<std::uint64_t> next_timer_{1};
   /// Timers armed and not yet fired, re-armed or gone with their
-  /// conversation (see `timer_live`).
+  /// conversation (see `timer_live`), under their own mutex: the router
+  /// asks for every timer, and must not wait behind mtx_, which a handler
+  /// thread holds while it encodes a checkpoint.
+  mutable std::mutex timers_mtx_;
   std::unordered_set<std::uint64_t> live_timers_;
 
  public:
@@ -317,7 +320,7 @@ class flow_engine {
   void disarm(std::uint64_t id);
 
  private:
-  // Disarms every timer of `c`; mtx_ held.
+  // Disarms every timer of `c`.
   void disarm_all(const conversation& c);
 };
 
