@@ -126,6 +126,16 @@ class provider_host {
   /// off and retries by itself. Never blocks.
   virtual bool yield_leadership(std::string_view reason);
 
+  /// For an exclusive transport: false while this replica does not hold
+  /// the transport's leadership (it lapsed in a freeze, and the host has
+  /// not stopped the transport yet). A poller then asks the platform
+  /// nothing: another getUpdates ends the leader's long poll with a 409,
+  /// and the leader yields. True by default and without an election.
+  /// Cheap and thread-safe.
+  virtual bool leads() const {
+    return true;
+  }
+
   /// Fires when the host gives up on the handlers still running (its stop
   /// passed its bound): a send waiting in the provider (flood control, a
   /// 429's retry_after) should give up then with `errc::stopped` instead of

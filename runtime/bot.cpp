@@ -919,6 +919,10 @@ struct bot::impl final : chat_services,
     return leads(*leading_flag, *leading_until);
   }
 
+  bool leads() const override {
+    return !exclusive() || leads_now();
+  }
+
   void input_closed() override {
     std::lock_guard guard{run_mtx};
     input_done = true;

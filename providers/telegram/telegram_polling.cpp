@@ -144,6 +144,14 @@ struct polling_provider::impl {
     // The wait after an answer that moved nothing (see below).
     auto stuck = opts.retry_backoff.ms();
     while (!token.stop_requested()) {
+      // Not leading (a lapse the session has not acted on yet): a poll
+      // would cut the leader's own (409 there, and it yields). Wait until
+      // the session stops this poller or the leadership comes back.
+      if (!h.leads()) {
+        if (!pause(opts.retry_backoff.ms(), token))
+          return;
+        continue;
+      }
       std::string result;
       try {
         ++n_polls;

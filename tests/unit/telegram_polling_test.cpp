@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -348,6 +349,38 @@ TEST_CASE("an error page instead of a getUpdates answer is a failed poll, "
   CHECK(p->stats().malformed == 0);
   CHECK(logs.count("telegram", "HTTP 502") == 1);
   CHECK(logs.count("telegram", "one update at a time") == 0);
+}
+
+TEST_CASE("a poller whose replica does not lead (a lapse not acted on yet) "
+          "asks Telegram nothing until it leads again") {
+  struct host final : botmesh::provider_host {
+    std::atomic<bool> leading{false};
+    std::atomic<int> delivered{0};
+    void deliver(botmesh::inbound_message) override {
+      ++delivered;
+    }
+    void state_changed(botmesh::provider_state) override {}
+    void input_closed() override {}
+    bool leads() const override {
+      return leading.load();
+    }
+  };
+  update_feed feed;
+  auto api = test::fake_telegram();
+  feed.attach(*api);
+  feed.push(1, 42, "hola");
+  auto store = std::make_shared<botmesh::memory_store>();
+  tg::polling_provider p{options(*api, store)};
+  host h;
+  p.start(h);
+  std::this_thread::sleep_for(300ms);
+  // A getUpdates now would end the leader's long poll with a 409.
+  CHECK(feed.asked().empty());
+  CHECK(h.delivered.load() == 0);
+  h.leading = true;
+  CHECK(test::eventually([&] { return h.delivered.load() == 1; }));
+  p.stop();
+  CHECK_FALSE(feed.asked().empty());
 }
 
 TEST_CASE("getUpdates items out of order, or a malformed copy of an id "
