@@ -59,6 +59,12 @@ lease_lost_error::lease_lost_error(std::string key, std::string reason)
   // nop
 }
 
+corrupted_checkpoint_error::corrupted_checkpoint_error(
+  const std::string& what, std::optional<std::uint64_t> revision)
+  : error(errc::corrupted_record, what), revision_(revision) {
+  // nop
+}
+
 coordination_unavailable_error::coordination_unavailable_error(
   const std::string& what)
   : error(errc::coordination_unavailable, what) {

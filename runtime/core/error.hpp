@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <stdexcept>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -97,6 +98,23 @@ class lease_lost_error : public error {
  private:
   std::string key_;
   std::string reason_;
+};
+
+/// A stored checkpoint that cannot be decoded (`errc::corrupted_record`,
+/// naming its key). `revision()` is its stored revision when that much was
+/// readable: a clear of the damaged record can then be conditional on it,
+/// so it never removes a newer checkpoint another replica wrote meanwhile.
+class corrupted_checkpoint_error : public error {
+ public:
+  corrupted_checkpoint_error(const std::string& what,
+                             std::optional<std::uint64_t> revision);
+
+  const std::optional<std::uint64_t>& revision() const noexcept {
+    return revision_;
+  }
+
+ private:
+  std::optional<std::uint64_t> revision_;
 };
 
 /// A message did not get its chat's turn (the spec's CoordinationUnavailableError).

@@ -324,9 +324,9 @@ flow_checkpoint decode_checkpoint(std::string_view key, const std::string& body,
     cp.revision = static_cast<std::uint64_t>(revision);
     return cp;
   } catch (const error& e) {
-    throw error(errc::corrupted_record,
-                fmt::format("sqlite store: checkpoint row {}: {}", key,
-                            e.what()));
+    throw corrupted_checkpoint_error(
+      fmt::format("sqlite store: checkpoint row {}: {}", key, e.what()),
+      static_cast<std::uint64_t>(revision));
   }
 }
 

@@ -5,6 +5,7 @@
 // handover suite runs over it on every backend.
 
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -28,6 +29,9 @@ class recording_store final : public botmesh::store {
   /// Message-log appends fail while set (this many more times: < 0 forever).
   std::atomic<int> fail_log{0};
   std::atomic<bool> corrupt_reads{false};
+  /// Runs once a corrupted read was decided, before it throws: what another
+  /// replica does while the reader stalls.
+  std::function<void()> after_corrupt_read;
   /// The next this many conditional checkpoint writes (set_checkpoint_if,
   /// clear_checkpoint_if) land but report a timeout, as when the reply is
   /// lost. Decided when a write starts: one already on its way when a test
@@ -104,10 +108,15 @@ class recording_store final : public botmesh::store {
   std::optional<botmesh::flow_checkpoint>
   get_checkpoint(std::string_view k) override {
     ++checkpoint_reads;
-    if (corrupt_reads.exchange(false) && inner_->get_checkpoint(k))
-      throw botmesh::error(botmesh::errc::corrupted_record,
-                           "checkpoint " + std::string{k}
-                             + ": field \"state\" is not JSON");
+    if (corrupt_reads.exchange(false))
+      if (auto cp = inner_->get_checkpoint(k)) {
+        // As a store that could read the damaged record's revision.
+        if (after_corrupt_read)
+          after_corrupt_read();
+        throw botmesh::corrupted_checkpoint_error(
+          "checkpoint " + std::string{k} + ": field \"state\" is not JSON",
+          cp->revision);
+      }
     return inner_->get_checkpoint(k);
   }
   std::uint64_t set_checkpoint(const botmesh::flow_checkpoint& c) override {

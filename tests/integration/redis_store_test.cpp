@@ -238,6 +238,17 @@ TEST_CASE("corrupted records read back as errors naming the key") {
   CHECK(code_of([&] { s.get_checkpoint("test:x"); })
         == botmesh::errc::corrupted_record);
   CHECK(what.find(prefix + ":cp:test:x") != std::string::npos);
+  // With its revision, so a clear of it can be conditional.
+  std::optional<std::uint64_t> damaged_at;
+  try {
+    s.get_checkpoint("test:x");
+  } catch (const botmesh::corrupted_checkpoint_error& e) {
+    damaged_at = e.revision();
+  }
+  CHECK(damaged_at == std::optional<std::uint64_t>{1});
+  CHECK_FALSE(s.clear_checkpoint_if("test:x", 2));
+  CHECK(s.clear_checkpoint_if("test:x", 1));
+  CHECK_FALSE(s.get_checkpoint("test:x").has_value());
   // The chat can go on: a new write replaces the broken record.
   auto rev = s.set_checkpoint(cp);
   CHECK(s.get_checkpoint("test:x")->revision == rev);

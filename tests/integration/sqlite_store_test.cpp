@@ -131,10 +131,12 @@ TEST_CASE("a corrupted checkpoint row gives an error naming the key, and the "
   try {
     s.get_checkpoint("test:broken");
     FAIL("read a corrupted checkpoint");
-  } catch (const botmesh::error& e) {
+  } catch (const botmesh::corrupted_checkpoint_error& e) {
     CHECK(e.code() == botmesh::errc::corrupted_record);
     CHECK(std::string{e.what()}.find("test:broken") != std::string::npos);
     CHECK(std::string{e.what()}.find("not valid JSON") != std::string::npos);
+    // Its revision, so a clear of it can be conditional.
+    CHECK(e.revision() == rev);
   }
   // Other rows are unaffected, and the broken one can be replaced.
   cp.key = "test:fine";

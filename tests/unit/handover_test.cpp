@@ -443,6 +443,42 @@ TEST_CASE("a stale flow timer's turn on another replica leaves the "
   CHECK(b.error_count() == 0);
 }
 
+TEST_CASE("a corrupted checkpoint is cleared at its own revision: a newer "
+          "checkpoint written while the reader stalled stays") {
+  using namespace test::handover;
+  memory_env env;
+  // b reads the store (no handover message spares it the read).
+  auto h = forward();
+  h.message = false;
+  replica a{env, "a", h};
+  replica b{env, "b", h};
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  auto cp = waiting_at(env, "producto");
+  REQUIRE(cp);
+  // While b's read of the damaged record stalls, another replica writes
+  // the next revision.
+  std::optional<std::uint64_t> newer;
+  env.store->after_corrupt_read = [&] {
+    auto next = *cp;
+    next.step = "cantidad";
+    newer = env.store->set_checkpoint_if(next, cp->revision);
+  };
+  env.corrupt("test:x");
+  REQUIRE(b.say("café", 1));
+  CHECK(b.last() == "nuevo: café");
+  REQUIRE(newer);
+  // Cleared unconditionally, it was gone: the writer's next write refused,
+  // its conversation lost as superseded.
+  auto now = env.store->get_checkpoint("test:x");
+  REQUIRE(now);
+  CHECK(now->revision == *newer);
+  CHECK(now->step == "cantidad");
+}
+
 TEST_CASE("a notice's replica moves the marker on before it sends: the "
           "replica whose copy it was does not resume it after a turn whose "
           "holder is unknown") {

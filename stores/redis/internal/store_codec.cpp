@@ -137,8 +137,8 @@ logged_message decode_entry(std::string_view json, std::string_view what) {
 
 flow_checkpoint read_checkpoint(std::string_view key, const fields& f) {
   auto rev = int_field(f, key, "rev");
-  auto created = int_field(f, key, "created");
   try {
+    auto created = int_field(f, key, "created");
     auto cp = checkpoint_from_json(field(f, key, "body"));
     cp.revision = static_cast<std::uint64_t>(rev);
     cp.created_at = from_unix_ms(created);
@@ -146,7 +146,13 @@ flow_checkpoint read_checkpoint(std::string_view key, const fields& f) {
   } catch (const error& e) {
     if (e.code() != errc::corrupted_record)
       throw;
-    corrupted(key, e.what());
+    // The revision read: a clear of this record can wait for it.
+    auto what = std::string_view{e.what()}.starts_with("redis store: record ")
+                  ? std::string{e.what()}
+                  : fmt::format("redis store: record {}: {}", key, e.what());
+    throw corrupted_checkpoint_error(
+      what, rev >= 0 ? std::optional<std::uint64_t>{static_cast<std::uint64_t>(rev)}
+                     : std::nullopt);
   }
 }
 
