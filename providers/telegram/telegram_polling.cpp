@@ -162,39 +162,32 @@ struct polling_provider::impl {
                       offset.load(), secs, one_by_one > 0 ? R"(,"limit":1)" : ""),
           opts.poll_timeout.ms() + std::chrono::seconds(10), token);
       } catch (const internal::unreadable_answer& e) {
-        // An error page (a proxy's HTML 502) is a failed poll like any
-        // other; only an OK answer whose JSON breaks is looked into.
-        if (e.http_status() != 200) {
-          ++n_errors;
-          set_state(h, provider_state::connecting);
-          failed(log::level::warn,
-                 fmt::format("{}: {}: polling again in {}", opts.id, e.what(),
-                             format_duration(backoff)));
-          if (!again())
-            return;
-          continue;
-        }
         ++n_errors;
-        if (one_by_one == 0) {
-          one_by_one = 100;
-          log::warn("telegram",
-                    fmt::format("{}: {}: asking one update at a time to find "
-                                "the one that cannot be read",
-                                opts.id, e.what()));
-          continue;
-        }
-        // One update alone, and it cannot be read: named, counted and
-        // stepped past, as an update the parser reads but finds malformed.
-        // (Without an id there is nothing to step past: a failed poll.)
-        if (auto id = internal::first_update_id(e.body())) {
-          ++n_malformed;
-          log::warn("telegram",
-                    fmt::format("{}: skipping update {} of getUpdates: {}",
-                                opts.id, *id, e.what()));
-          offset = *id + 1;
-          save_offset(*id + 1);
-          --one_by_one;
-          continue;
+        // Only an OK answer whose JSON breaks is looked into; an error page
+        // (a proxy's HTML 502) is a failed poll like any other.
+        if (e.http_status() == 200) {
+          if (one_by_one == 0) {
+            one_by_one = 100;
+            log::warn("telegram",
+                      fmt::format("{}: {}: asking one update at a time to "
+                                  "find the one that cannot be read",
+                                  opts.id, e.what()));
+            continue;
+          }
+          // One update alone, and it cannot be read: named, counted and
+          // stepped past, as an update the parser reads but finds
+          // malformed. (Without an id there is nothing to step past: a
+          // failed poll.)
+          if (auto id = internal::first_update_id(e.body())) {
+            ++n_malformed;
+            log::warn("telegram",
+                      fmt::format("{}: skipping update {} of getUpdates: {}",
+                                  opts.id, *id, e.what()));
+            offset = *id + 1;
+            save_offset(*id + 1);
+            --one_by_one;
+            continue;
+          }
         }
         set_state(h, provider_state::connecting);
         failed(log::level::warn,
