@@ -369,7 +369,11 @@ struct polling_provider::impl {
         // own wait: `backoff` starts over with every readable answer.)
         if (!pause(stuck, token))
           return;
-        stuck = std::min(stuck * 2, std::chrono::milliseconds{30000});
+        // At most 5 s (or the configured backoff): the next message of
+        // any chat comes with the next answer, so this wait is its delay.
+        stuck = std::min(stuck * 2,
+                         std::max(opts.retry_backoff.ms(),
+                                  std::chrono::milliseconds{5000}));
       } else {
         stuck = opts.retry_backoff.ms();
       }
