@@ -154,7 +154,7 @@ void chat_services::chat_passivated(const std::string&) {
   // nop
 }
 
-bool chat_services::timer_live(const std::string&, std::uint64_t) {
+bool chat_services::timer_live(std::uint64_t) {
   return true;
 }
 

@@ -252,12 +252,12 @@ class chat_services {
   virtual void chat_activated(const std::string& key);
   virtual void chat_passivated(const std::string& key);
 
-  /// False when the timer `id` of chat `key` can do nothing more (its
+  /// False when the flow timer `id` can do nothing more (its
   /// wait was answered, its conversation ended): it then takes no turn, so
   /// a stale timer neither costs a coordinated turn nor moves the chat
   /// away from the replica whose conversation lives on. Called on the
   /// router's thread; the default says every timer is live.
-  virtual bool timer_live(const std::string& key, std::uint64_t id);
+  virtual bool timer_live(std::uint64_t id);
 };
 
 /// Settings of the router and its chat actors.

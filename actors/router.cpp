@@ -234,7 +234,7 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     [=](timer_atom, const std::string& key, std::uint64_t id) {
       // A timer that can do nothing more takes no turn (see
       // chat_services::timer_live).
-      if (self->state.cfg->services->timer_live(key, id))
+      if (self->state.cfg->services->timer_live(id))
         forward_timer(key, id);
     },
     [=](sweep_atom) {

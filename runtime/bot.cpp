@@ -725,7 +725,7 @@ struct bot::impl final : chat_services,
     ++passivations;
   }
 
-  bool timer_live(const std::string&, std::uint64_t id) override {
+  bool timer_live(std::uint64_t id) override {
     return flows.timer_live(id);
   }
 
@@ -908,15 +908,15 @@ struct bot::impl final : chat_services,
 
   // Leading, and within the validity the lease actor last confirmed (the
   // flag alone may be stale after a freeze, until the lease actor runs).
-  static bool leads(const std::atomic<bool>& leading,
-                    const std::atomic<std::int64_t>& until) {
+  static bool lead_valid(const std::atomic<bool>& leading,
+                         const std::atomic<std::int64_t>& until) {
     return leading.load()
            && std::chrono::steady_clock::now().time_since_epoch().count()
                 < until.load();
   }
 
   bool leads_now() const {
-    return leads(*leading_flag, *leading_until);
+    return lead_valid(*leading_flag, *leading_until);
   }
 
   bool leads() const override {
@@ -1265,7 +1265,7 @@ struct bot::impl final : chat_services,
                          const std::atomic<bool>& leading,
                          const std::atomic<std::int64_t>& until,
                          bool exclusive) {
-    return open.load() && (!exclusive || leads(leading, until));
+    return open.load() && (!exclusive || lead_valid(leading, until));
   }
 
   bool ready_now() const {

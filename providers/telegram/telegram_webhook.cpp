@@ -19,6 +19,7 @@
 #include <botmesh/providers/telegram/internal/methods.hpp>
 #include <botmesh/providers/telegram/internal/update_parser.hpp>
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/json.hpp>
 #include <botmesh/runtime/core/log.hpp>
 
@@ -58,17 +59,14 @@ struct held_answer {
 // of spaces alone). Media (a URL Telegram cannot fetch, a file id of
 // another type) go through the API, whose errors reach the handler.
 bool fits_response(const outgoing_message& msg) {
-  if (msg.format != text_format::plain || msg.has_media())
+  if (msg.format != text_format::plain || msg.has_media()
+      || botmesh::internal::trim(msg.text).empty())
     return false;
   std::size_t units = 0;
-  bool blank = true;
-  for (unsigned char c : msg.text) {
+  for (unsigned char c : msg.text)
     if ((c & 0xC0) != 0x80)
       units += c >= 0xF0 ? 2 : 1;
-    if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
-      blank = false;
-  }
-  return !blank && units <= 4096u;
+  return units <= 4096u;
 }
 
 std::string held_key(std::string_view chat, std::string_view id) {

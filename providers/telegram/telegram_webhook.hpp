@@ -48,8 +48,7 @@ struct webhook_options {
   /// send through the API could overtake it). Telegram gives no result for
   /// a response's method, so only a plain text of 1 to 4096 UTF-16 units
   /// that is not all white space, without media, goes there; any other
-  /// reply goes through the API, whose
-  /// errors reach the handler. A reply in a response cannot fail the
+  /// reply goes through the API, whose errors reach the handler. A reply in a response cannot fail the
   /// handler (a chat that blocked the bot drops it unseen). Past
   /// `reply_wait` the response goes with the kept reply, or empty; a send
   /// of the chat at that very moment can still overtake that reply.

@@ -218,13 +218,12 @@ void flow_context::idle(duration after, std::function<void(flow_context&)> fn) {
   for (auto& w : conv_.idles)
     if (w.after == after.ms()) {
       w.fn = std::move(fn);
-      conv_.engine.disarm(w.timer);
-      w.timer = conv_.engine.arm(conv_, w.after);
+      conv_.engine.rearm(conv_, w.timer, w.after);
       return;
     }
-  internal::conversation::idle_watch w{after.ms(), std::move(fn), 0};
-  w.timer = conv_.engine.arm(conv_, w.after);
-  conv_.idles.push_back(std::move(w));
+  auto& w = conv_.idles.emplace_back(
+    internal::conversation::idle_watch{after.ms(), std::move(fn), 0});
+  conv_.engine.rearm(conv_, w.timer, w.after);
 }
 
 std::stop_token flow_context::stop_token() const {
@@ -275,8 +274,9 @@ void ask_awaiter::await_suspend(std::coroutine_handle<> h) {
   conv.question = question_;
   conv.ask_opts = opts_;
   conv.waiting_question = conv.answers_in_step;
-  conv.engine.disarm(conv.wait_timer);
-  conv.wait_timer = opts_.timeout ? conv.engine.arm(conv, opts_.timeout->ms()) : 0;
+  conv.engine.rearm(conv, conv.wait_timer,
+                    opts_.timeout ? std::optional{opts_.timeout->ms()}
+                                  : std::nullopt);
   conv.engine.checkpoint(conv, true, conv.waiting_question);
 }
 
@@ -552,14 +552,18 @@ time_point ephemeral_expiry(time_point now, std::chrono::milliseconds ttl,
   return now + std::max(ttl, wait > 0ms ? wait + 10s : wait);
 }
 
-std::uint64_t flow_engine::arm(conversation& c, std::chrono::milliseconds after) {
-  auto id = next_timer_.fetch_add(1);
+void flow_engine::rearm(conversation& c, std::uint64_t& timer,
+                        std::optional<std::chrono::milliseconds> after) {
+  disarm(timer);
+  timer = 0;
+  if (!after)
+    return;
+  timer = next_timer_.fetch_add(1);
   {
     std::lock_guard guard{timers_mtx_};
-    live_timers_.insert(id);
+    live_timers_.insert(timer);
   }
-  host_.arm_timer(c.key, after, id);
-  return id;
+  host_.arm_timer(c.key, *after, timer);
 }
 
 void flow_engine::fence(const conversation& c) const {
@@ -890,8 +894,7 @@ void flow_engine::end_turn(const std::string& key) {
 
 void flow_engine::deliver(conversation& c, answer a) {
   c.waiting = false;
-  disarm(c.wait_timer);
-  c.wait_timer = 0;
+  rearm(c, c.wait_timer, std::nullopt);
   *c.answer_slot = std::move(a);
   c.resume_point.resume();
   drive(c);
@@ -1101,10 +1104,8 @@ bool flow_engine::offer(const std::string& key, const inbound_message& msg,
   if (c) {
     c->current = msg;
     c->turn = turn;
-    for (auto& w : c->idles) {
-      disarm(w.timer);
-      w.timer = arm(*c, w.after); // silence restarts with every message
-    }
+    for (auto& w : c->idles)
+      rearm(*c, w.timer, w.after); // silence restarts with every message
     if (c->waiting) {
       if (c->waiting_question == 0) {
         // The step's first answer is saved before the step goes on (even
@@ -1168,8 +1169,7 @@ void flow_engine::fire(const std::string& key, std::uint64_t id,
   }
   for (auto& w : c->idles) {
     if (w.timer == id) {
-      disarm(id);
-      w.timer = 0;
+      rearm(*c, w.timer, std::nullopt);
       auto fn = w.fn;
       // What the waiting step already set (go_to, end) is kept unless the
       // watcher sets its own: the step goes on after the wait as it said.

@@ -242,7 +242,11 @@ class flow_engine {
   /// `saved` is an answer to keep in it (question 0 of the step).
   void checkpoint(conversation& c, bool waiting, std::uint32_t question,
                   const inbound_message* saved = nullptr);
-  std::uint64_t arm(conversation& c, std::chrono::milliseconds after);
+  /// Arms a timer of `c` in `timer` for `after` from now (none, 0, when
+  /// `after` is empty); the timer it held before can do nothing more (see
+  /// `timer_live`).
+  void rearm(conversation& c, std::uint64_t& timer,
+             std::optional<std::chrono::milliseconds> after);
   flow_host& host() noexcept {
     return host_;
   }
@@ -314,13 +318,8 @@ class flow_engine {
   mutable std::mutex timers_mtx_;
   std::unordered_set<std::uint64_t> live_timers_;
 
- public:
-  /// Timer `id` can do nothing more (0: none). Called where a conversation
-  /// lets go of a timer id.
+  // Timer `id` can do nothing more (0: none); every timer of `c`.
   void disarm(std::uint64_t id);
-
- private:
-  // Disarms every timer of `c`.
   void disarm_all(const conversation& c);
 };
 

@@ -157,8 +157,9 @@ void sqlite_store::save_chat(const chat_record& rec) {
 
 namespace {
 
-chat_record read_chat(internal::stmt& s) {
-  s.about(fmt::format("sqlite store: chat {}", s.text(0)));
+// Rows of `SELECT * FROM chats` (and contacts below), whose statement
+// names the key in a damaged row's error (`about(..., 0)`).
+chat_record read_chat(const internal::stmt& s) {
   return chat_record{s.text(0),
                      s.text(1),
                      s.text(2),
@@ -168,8 +169,7 @@ chat_record read_chat(internal::stmt& s) {
                      s.text(6)};
 }
 
-contact_record read_contact(internal::stmt& s) {
-  s.about(fmt::format("sqlite store: contact {}", s.text(0)));
+contact_record read_contact(const internal::stmt& s) {
   return contact_record{s.text(0), s.text(1), s.text(2),
                         from_unix_ms(s.int64(3)), s.text(4)};
 }
@@ -180,6 +180,7 @@ std::optional<chat_record> sqlite_store::get_chat(std::string_view key) {
   auto& d = conn();
   std::lock_guard guard{d.mutex()};
   internal::stmt s{d, "SELECT * FROM chats WHERE key=?"};
+  s.about("sqlite store: chat ", 0);
   s.bind(1, key);
   if (!s.step())
     return std::nullopt;
@@ -201,6 +202,7 @@ std::vector<chat_record> sqlite_store::list_chats() {
   auto& d = conn();
   std::lock_guard guard{d.mutex()};
   internal::stmt s{d, "SELECT * FROM chats ORDER BY key"};
+  s.about("sqlite store: chat ", 0);
   std::vector<chat_record> out;
   while (s.step())
     out.push_back(read_chat(s));
@@ -224,6 +226,7 @@ std::optional<contact_record> sqlite_store::get_contact(std::string_view id) {
   auto& d = conn();
   std::lock_guard guard{d.mutex()};
   internal::stmt s{d, "SELECT * FROM contacts WHERE id=?"};
+  s.about("sqlite store: contact ", 0);
   s.bind(1, id);
   if (!s.step())
     return std::nullopt;
@@ -241,6 +244,7 @@ std::vector<contact_record> sqlite_store::list_contacts() {
   auto& d = conn();
   std::lock_guard guard{d.mutex()};
   internal::stmt s{d, "SELECT * FROM contacts ORDER BY id"};
+  s.about("sqlite store: contact ", 0);
   std::vector<contact_record> out;
   while (s.step())
     out.push_back(read_contact(s));
@@ -256,7 +260,8 @@ std::uint64_t sqlite_store::append_message(std::string_view chat_key,
   internal::transaction tx{d};
   internal::stmt q{d, "SELECT COALESCE(MAX(seq), 0) FROM messages WHERE "
                       "chat_key=?"};
-  q.bind(1, chat_key).about(fmt::format("sqlite store: message log {}", chat_key));
+  q.bind(1, chat_key).about(
+    fmt::format("sqlite store: message log {}", chat_key));
   q.step();
   auto seq = next_counter(q.int64(0), "message seq", chat_key);
   internal::stmt ins{d, "INSERT INTO messages VALUES (?,?,?,?,?,?,?,?)"};
@@ -287,10 +292,10 @@ std::vector<logged_message> sqlite_store::messages(std::string_view chat_key,
                       "(SELECT * FROM messages WHERE chat_key=? ORDER BY seq "
                       "DESC LIMIT ?) ORDER BY seq"};
   s.bind(1, chat_key).bind(2, static_cast<std::int64_t>(limit));
+  s.about(fmt::format("sqlite store: message {} #", chat_key), 0);
   std::vector<logged_message> out;
   while (s.step()) {
     logged_message m;
-    s.about(fmt::format("sqlite store: message {} #{}", chat_key, s.text(0)));
     m.seq = static_cast<std::uint64_t>(s.int64(0));
     auto dir = s.int64(1);
     if (dir != 0 && dir != 1)

@@ -32,8 +32,9 @@ struct sqlite_store_options {
 /// every commit is synced to disk (`synchronous=FULL`) before it returns.
 ///
 /// Cost: one connection serialized by a mutex; every call is a few
-/// statements on it, and every write waits for one sync of the WAL file. Calls block on disk I/O: the runtime makes them from
-/// handler threads only. A row that cannot be decoded throws
+/// statements on it, and every write waits for one sync of the WAL file.
+/// Calls block on disk I/O: the runtime makes them from handler threads
+/// only. A row that cannot be decoded throws
 /// `errc::corrupted_record` naming its key; SQLite failures throw
 /// `errc::store_error` naming the operation.
 class sqlite_store final : public store {

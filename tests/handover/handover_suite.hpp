@@ -205,6 +205,28 @@ bool no_checkpoint(Env& env) {
   return eventually([&] { return !env.store->get_checkpoint("test:x"); });
 }
 
+/// Forwarded flows without a handover message: a taker reads the store
+/// (a message from the previous holder's release would spare it that read).
+inline botmesh::handover_options reading_store() {
+  auto h = forward();
+  h.message = false;
+  return h;
+}
+
+/// Starts `a` and `b` with order_flow() and orders on `a`; returns the
+/// checkpoint that waits for the product.
+template <class Env>
+std::optional<botmesh::flow_checkpoint> order_started_on_a(Env& env,
+                                                           replica& a,
+                                                           replica& b) {
+  for (auto* r : {&a, &b}) {
+    r->bot->add_flow(order_flow());
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  return waiting_at(env, "producto");
+}
+
 /// Starts `a` and `b` with order_flow(); a's order gets "café" (message
 /// id "m-cafe"), and its checkpoint, written in that message's turn, waits
 /// at the next question. Returns that message.
@@ -975,18 +997,10 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a corrupted checkpoint is an error event "
                           Env, handover_14) {
   using namespace test::handover;
   Env env;
-  // b reads the store: a handover message from a's release (b's message
-  // may still find a's turn held) would spare it that read.
-  auto h = forward();
-  h.message = false;
-  replica a{env, "a", h};
-  replica b{env, "b", h};
-  for (auto* r : {&a, &b}) {
-    r->bot->add_flow(order_flow());
-    r->bot->start();
-  }
-  REQUIRE(a.say("pedido", 1));
-  REQUIRE(waiting_at(env, "producto"));
+  // b reads the store (b's message may still find a's turn held).
+  replica a{env, "a", reading_store()};
+  replica b{env, "b", reading_store()};
+  REQUIRE(order_started_on_a(env, a, b));
   env.corrupt("test:x");
   REQUIRE(b.say("café", 1));
   CHECK(b.last() == "nuevo: café");

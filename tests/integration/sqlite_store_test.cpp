@@ -73,6 +73,29 @@ std::int64_t raw_int(const std::string& path, const std::string& sql) {
   return v;
 }
 
+// Each of `calls` reads a damaged record: it throws corrupted_record, and
+// its text holds every one of `needles`.
+void check_corrupted(const std::vector<std::function<void()>>& calls,
+                     const std::vector<std::string>& needles) {
+  for (auto& f : calls) {
+    try {
+      f();
+      FAIL("read a damaged record");
+    } catch (const botmesh::error& e) {
+      std::string what = e.what();
+      CHECK(e.code() == botmesh::errc::corrupted_record);
+      for (auto& n : needles)
+        CHECK_MESSAGE(what.find(n) != std::string::npos, n);
+    }
+  }
+}
+
+// One such call, whose text holds `a` and `b` (what was damaged, its key).
+void expect_corrupted(const std::function<void()>& f, const std::string& a,
+                      const std::string& b) {
+  check_corrupted({f}, {a, b});
+}
+
 } // namespace
 
 TYPE_TO_STRING(sqlite_store_factory);
@@ -153,18 +176,6 @@ TEST_CASE("a SQLite counter stored negative or at its limit is a corrupted "
   test::temp_file file;
   botmesh::sqlite_store s{{.path = file.path()}};
   s.start();
-  auto expect_corrupted = [](const std::function<void()>& f,
-                             const std::string& what, const std::string& key) {
-    try {
-      f();
-      FAIL("a damaged counter went on");
-    } catch (const botmesh::error& e) {
-      CHECK(e.code() == botmesh::errc::corrupted_record);
-      std::string text = e.what();
-      CHECK(text.find(what) != std::string::npos);
-      CHECK(text.find(key) != std::string::npos);
-    }
-  };
   constexpr auto top = std::numeric_limits<std::int64_t>::max();
   // A lock whose fence is at the limit: the next would wrap to a number
   // every earlier holder had.
@@ -199,27 +210,6 @@ TEST_CASE("a SQLite counter stored negative or at its limit is a corrupted "
   CHECK(raw_int(file.path(), "SELECT revision FROM checkpoints WHERE key='test:cp'")
         == -1);
 }
-
-namespace {
-
-// Each of `calls` reads a damaged schedule: it throws corrupted_record, and
-// its text holds every one of `needles`.
-void check_corrupted(const std::vector<std::function<void()>>& calls,
-                     const std::vector<std::string>& needles) {
-  for (auto& f : calls) {
-    try {
-      f();
-      FAIL("read a damaged schedule");
-    } catch (const botmesh::error& e) {
-      std::string what = e.what();
-      CHECK(e.code() == botmesh::errc::corrupted_record);
-      for (auto& n : needles)
-        CHECK_MESSAGE(what.find(n) != std::string::npos, n);
-    }
-  }
-}
-
-} // namespace
 
 TEST_CASE("a schedule row with a time out of range is a corrupted record "
           "naming its id, and it is left as it was") {
@@ -366,18 +356,6 @@ TEST_CASE("a SQLite row whose columns were damaged is a corrupted record "
   test::temp_file file;
   botmesh::sqlite_store s{{.path = file.path()}};
   s.start();
-  auto expect_corrupted = [](const std::function<void()>& f,
-                             const std::string& key, const std::string& column) {
-    try {
-      f();
-      FAIL("read a damaged row");
-    } catch (const botmesh::error& e) {
-      CHECK(e.code() == botmesh::errc::corrupted_record);
-      std::string text = e.what();
-      CHECK(text.find(key) != std::string::npos);
-      CHECK(text.find(column) != std::string::npos);
-    }
-  };
   botmesh::chat_record chat;
   chat.key = "test:chat";
   chat.provider = "testing";

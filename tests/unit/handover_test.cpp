@@ -447,17 +447,9 @@ TEST_CASE("a corrupted checkpoint is cleared at its own revision: a newer "
           "checkpoint written while the reader stalled stays") {
   using namespace test::handover;
   memory_env env;
-  // b reads the store (no handover message spares it the read).
-  auto h = forward();
-  h.message = false;
-  replica a{env, "a", h};
-  replica b{env, "b", h};
-  for (auto* r : {&a, &b}) {
-    r->bot->add_flow(order_flow());
-    r->bot->start();
-  }
-  REQUIRE(a.say("pedido", 1));
-  auto cp = waiting_at(env, "producto");
+  replica a{env, "a", reading_store()};
+  replica b{env, "b", reading_store()};
+  auto cp = order_started_on_a(env, a, b);
   REQUIRE(cp);
   // While b's read of the damaged record stalls, another replica writes
   // the next revision.

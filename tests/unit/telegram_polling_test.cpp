@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -70,8 +72,13 @@ struct update_feed {
   }
 
   void push(std::int64_t id, std::int64_t chat, const std::string& text) {
+    push_raw(id, test::tg_text_update(id, chat, text));
+  }
+
+  /// An item as it is, answered for offsets up to `id`.
+  void push_raw(std::int64_t id, std::string json) {
     std::lock_guard guard{mtx};
-    updates.emplace_back(id, test::tg_text_update(id, chat, text));
+    updates.emplace_back(id, std::move(json));
   }
 
   std::vector<std::int64_t> asked() {
@@ -110,6 +117,30 @@ tg::polling_options options(const test::fake_api& api,
   o.flood = http::flood_limits::none();
   return o;
 }
+
+/// A bot (not started) polling a fake Bot API whose getUpdates answers from
+/// `feed`, with its offset store and the texts it handled.
+struct polled_bot {
+  update_feed feed; // outlives the fake API, whose thread calls it
+  std::unique_ptr<test::fake_api> api = test::fake_telegram();
+  std::shared_ptr<botmesh::memory_store> store =
+    std::make_shared<botmesh::memory_store>();
+  text_log handled; // outlives the bot, whose handler writes it
+  std::shared_ptr<tg::polling_provider> p;
+  std::unique_ptr<botmesh::bot> bot;
+
+  explicit polled_bot(
+    const std::function<void(tg::polling_options&)>& tune = {}) {
+    feed.attach(*api);
+    auto o = options(*api, store);
+    if (tune)
+      tune(o);
+    p = std::make_shared<tg::polling_provider>(o);
+    bot = std::make_unique<botmesh::bot>(
+      botmesh::bot_options{.provider = p, .store = store});
+    handled.attach(*bot);
+  }
+};
 
 } // namespace
 
@@ -228,38 +259,26 @@ TEST_CASE("the stored offset belongs to its bot: another token under the same "
 
 TEST_CASE("an update that does not parse is skipped, logged and counted, "
           "the ones around it are handled and the offset moves on") {
-  update_feed feed;
-  auto api = test::fake_telegram();
-  feed.attach(*api);
-  feed.push(10, 42, "antes");
-  {
-    std::lock_guard guard{feed.mtx};
-    // A message without its chat, and an item that is not an object.
-    feed.updates.emplace_back(11, R"({"update_id":11,"message":{"message_id":1,"text":"x"}})");
-    feed.updates.emplace_back(12, R"("not an update")");
-  }
-  feed.push(13, 42, "despues");
-  auto store = std::make_shared<botmesh::memory_store>();
-  auto p = std::make_shared<tg::polling_provider>(options(*api, store));
-  botmesh::bot bot{{.provider = p, .store = store}};
-  text_log handled;
-  handled.attach(bot);
-  bot.start();
-  REQUIRE(test::eventually([&] { return p->stats().offset == 14; }));
-  REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
+  polled_bot t;
+  t.feed.push(10, 42, "antes");
+  // A message without its chat, and an item that is not an object.
+  t.feed.push_raw(11, R"({"update_id":11,"message":{"message_id":1,"text":"x"}})");
+  t.feed.push_raw(12, R"("not an update")");
+  t.feed.push(13, 42, "despues");
+  t.bot->start();
+  REQUIRE(test::eventually([&] { return t.p->stats().offset == 14; }));
+  REQUIRE(test::eventually([&] { return t.bot->stats().handled == 2; }));
   // An item without a readable id later on (read as id 0) is no restart
   // of Telegram's ids: the offset goes on from where it was.
-  {
-    std::lock_guard guard{feed.mtx};
-    feed.updates.emplace_back(14, R"({"message":{"message_id":2}})");
-  }
-  feed.push(15, 42, "luego");
-  REQUIRE(test::eventually([&] { return p->stats().offset == 16; }));
-  REQUIRE(test::eventually([&] { return bot.stats().handled == 3; }));
-  bot.stop();
-  CHECK(p->stats().malformed == 3);
-  CHECK(p->stats().id_restarts == 0);
-  CHECK(handled.all() == std::vector<std::string>{"antes", "despues", "luego"});
+  t.feed.push_raw(14, R"({"message":{"message_id":2}})");
+  t.feed.push(15, 42, "luego");
+  REQUIRE(test::eventually([&] { return t.p->stats().offset == 16; }));
+  REQUIRE(test::eventually([&] { return t.bot->stats().handled == 3; }));
+  t.bot->stop();
+  CHECK(t.p->stats().malformed == 3);
+  CHECK(t.p->stats().id_restarts == 0);
+  CHECK(t.handled.all()
+        == std::vector<std::string>{"antes", "despues", "luego"});
 }
 
 TEST_CASE("an update that breaks the whole getUpdates answer is found by "
@@ -269,30 +288,20 @@ TEST_CASE("an update that breaks the whole getUpdates answer is found by "
   // refuses the whole answer, which came back the same forever.
   for (std::string damage : {R"("x":18446744073709551616)", "\"x\":\"\xff\xfe\""}) {
     CAPTURE(damage);
-    update_feed feed;
-    auto api = test::fake_telegram();
-    feed.attach(*api);
-    feed.push(10, 42, "antes");
-    {
-      std::lock_guard guard{feed.mtx};
-      feed.updates.emplace_back(
-        11, R"({"update_id":11,"message":{"message_id":9,"from":{"id":42},"chat":{"id":42,"type":"private"},"date":1700000000,"text":"roto",)"
-              + damage + "}}");
-    }
-    feed.push(12, 42, "despues");
-    feed.push(13, 42, "luego");
-    auto store = std::make_shared<botmesh::memory_store>();
-    auto p = std::make_shared<tg::polling_provider>(options(*api, store));
-    botmesh::bot bot{{.provider = p, .store = store}};
-    text_log handled;
-    handled.attach(bot);
+    polled_bot t;
+    t.feed.push(10, 42, "antes");
+    t.feed.push_raw(
+      11, R"({"update_id":11,"message":{"message_id":9,"from":{"id":42},"chat":{"id":42,"type":"private"},"date":1700000000,"text":"roto",)"
+            + damage + "}}");
+    t.feed.push(12, 42, "despues");
+    t.feed.push(13, 42, "luego");
     test::log_capture logs;
-    bot.start();
-    REQUIRE(test::eventually([&] { return p->stats().offset == 14; }));
-    REQUIRE(test::eventually([&] { return bot.stats().handled == 3; }));
-    bot.stop();
-    CHECK(p->stats().malformed == 1);
-    CHECK(handled.all()
+    t.bot->start();
+    REQUIRE(test::eventually([&] { return t.p->stats().offset == 14; }));
+    REQUIRE(test::eventually([&] { return t.bot->stats().handled == 3; }));
+    t.bot->stop();
+    CHECK(t.p->stats().malformed == 1);
+    CHECK(t.handled.all()
           == std::vector<std::string>{"antes", "despues", "luego"});
     CHECK(logs.count("telegram", "skipping update 11") == 1);
   }
@@ -300,53 +309,35 @@ TEST_CASE("an update that breaks the whole getUpdates answer is found by "
 
 TEST_CASE("a getUpdates answer whose only item has no readable id is polled "
           "again after a pause, not at once") {
-  update_feed feed;
-  auto api = test::fake_telegram();
-  feed.attach(*api);
-  {
-    std::lock_guard guard{feed.mtx};
-    // Past the largest id the parser takes: a malformed item read as id 0,
-    // which moves no offset.
-    feed.updates.emplace_back(
-      std::numeric_limits<std::int64_t>::max(),
-      R"({"update_id":9223372036854775807,"message":{"message_id":1}})");
-  }
-  auto store = std::make_shared<botmesh::memory_store>();
-  auto o = options(*api, store);
-  o.retry_backoff = "100ms";
-  auto p = std::make_shared<tg::polling_provider>(o);
-  botmesh::bot bot{{.provider = p, .store = store}};
-  bot.start();
-  REQUIRE(test::eventually([&] { return p->stats().malformed >= 1; }));
+  polled_bot t{[](tg::polling_options& o) { o.retry_backoff = "100ms"; }};
+  // Past the largest id the parser takes: a malformed item read as id 0,
+  // which moves no offset.
+  t.feed.push_raw(std::numeric_limits<std::int64_t>::max(),
+                  R"({"update_id":9223372036854775807,"message":{"message_id":1}})");
+  t.bot->start();
+  REQUIRE(test::eventually([&] { return t.p->stats().malformed >= 1; }));
   std::this_thread::sleep_for(700ms);
   // Waits of 100, 200 and 400 ms after the first poll: at most six polls
   // (waits that stayed at 100 ms made eight or more). Asked again at once,
   // it was thousands.
-  CHECK(p->stats().polls <= 6);
+  CHECK(t.p->stats().polls <= 6);
   // A later update is handled, and the offset moves past it.
-  feed.push(5, 42, "despues");
-  REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
-  bot.stop();
+  t.feed.push(5, 42, "despues");
+  REQUIRE(test::eventually([&] { return t.bot->stats().handled == 1; }));
+  t.bot->stop();
 }
 
 TEST_CASE("an error page instead of a getUpdates answer is a failed poll, "
           "not an update to look for") {
-  update_feed feed;
-  auto api = test::fake_telegram();
-  feed.attach(*api);
-  api->script("getUpdates", 502, "<html><body>502 Bad Gateway</body></html>");
-  feed.push(1, 42, "hola");
-  auto store = std::make_shared<botmesh::memory_store>();
-  auto p = std::make_shared<tg::polling_provider>(options(*api, store));
-  botmesh::bot bot{{.provider = p, .store = store}};
-  text_log handled;
-  handled.attach(bot);
+  polled_bot t;
+  t.api->script("getUpdates", 502, "<html><body>502 Bad Gateway</body></html>");
+  t.feed.push(1, 42, "hola");
   test::log_capture logs;
-  bot.start();
-  REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
-  bot.stop();
-  CHECK(p->stats().errors == 1);
-  CHECK(p->stats().malformed == 0);
+  t.bot->start();
+  REQUIRE(test::eventually([&] { return t.bot->stats().handled == 1; }));
+  t.bot->stop();
+  CHECK(t.p->stats().errors == 1);
+  CHECK(t.p->stats().malformed == 0);
   CHECK(logs.count("telegram", "HTTP 502") == 1);
   CHECK(logs.count("telegram", "one update at a time") == 0);
 }
@@ -385,26 +376,16 @@ TEST_CASE("a poller whose replica does not lead (a lapse not acted on yet) "
 
 TEST_CASE("getUpdates items out of order, or a malformed copy of an id "
           "ahead of its sound one, are all handled in id order") {
-  update_feed feed;
-  auto api = test::fake_telegram();
-  feed.attach(*api);
-  {
-    std::lock_guard guard{feed.mtx};
-    feed.updates.emplace_back(11, test::tg_text_update(11, 42, "once"));
-    feed.updates.emplace_back(10, test::tg_text_update(10, 42, "diez"));
-    feed.updates.emplace_back(12, R"({"update_id":12,"message":{"message_id":1}})");
-    feed.updates.emplace_back(12, test::tg_text_update(12, 42, "doce"));
-  }
-  auto store = std::make_shared<botmesh::memory_store>();
-  auto p = std::make_shared<tg::polling_provider>(options(*api, store));
-  botmesh::bot bot{{.provider = p, .store = store}};
-  text_log handled;
-  handled.attach(bot);
-  bot.start();
-  REQUIRE(test::eventually([&] { return p->stats().offset == 13; }));
-  REQUIRE(test::eventually([&] { return bot.stats().handled == 3; }));
-  bot.stop();
-  CHECK(handled.all() == std::vector<std::string>{"diez", "once", "doce"});
+  polled_bot t;
+  t.feed.push(11, 42, "once");
+  t.feed.push(10, 42, "diez");
+  t.feed.push_raw(12, R"({"update_id":12,"message":{"message_id":1}})");
+  t.feed.push(12, 42, "doce");
+  t.bot->start();
+  REQUIRE(test::eventually([&] { return t.p->stats().offset == 13; }));
+  REQUIRE(test::eventually([&] { return t.bot->stats().handled == 3; }));
+  t.bot->stop();
+  CHECK(t.handled.all() == std::vector<std::string>{"diez", "once", "doce"});
 }
 
 TEST_CASE("a refused token is named in the log and the stats, and polling "

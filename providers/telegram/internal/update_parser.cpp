@@ -338,23 +338,17 @@ std::optional<std::int64_t> first_update_id(std::string_view raw) {
   auto at = raw.find(name);
   if (at == std::string_view::npos)
     return std::nullopt;
-  auto i = at + name.size();
-  auto space = [&] {
-    while (i < raw.size()
-           && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r'))
-      ++i;
-  };
-  space();
-  if (i >= raw.size() || raw[i] != ':')
+  auto rest = botmesh::internal::trim(raw.substr(at + name.size()));
+  if (rest.empty() || rest.front() != ':')
     return std::nullopt;
-  ++i;
-  space();
+  rest = botmesh::internal::trim(rest.substr(1));
   std::int64_t id = -1;
-  auto [end, ec] = std::from_chars(raw.data() + i, raw.data() + raw.size(), id);
+  auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), id);
   if (ec != std::errc{} || !valid_update_id(id))
     return std::nullopt;
   // A number that goes on ("7.5", "7e3") is no update id.
-  if (end < raw.data() + raw.size() && (*end == '.' || *end == 'e' || *end == 'E'))
+  if (end < rest.data() + rest.size()
+      && (*end == '.' || *end == 'e' || *end == 'E'))
     return std::nullopt;
   return id;
 }

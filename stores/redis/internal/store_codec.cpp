@@ -135,24 +135,36 @@ logged_message decode_entry(std::string_view json, std::string_view what) {
   return m;
 }
 
+namespace {
+
+flow_checkpoint decode_body(std::string_view key, const fields& f) {
+  auto& body = field(f, key, "body"); // names the record when missing
+  try {
+    return checkpoint_from_json(body);
+  } catch (const error& e) {
+    if (e.code() != errc::corrupted_record)
+      throw;
+    corrupted(key, e.what());
+  }
+}
+
+} // namespace
+
 flow_checkpoint read_checkpoint(std::string_view key, const fields& f) {
   auto rev = int_field(f, key, "rev");
   try {
     auto created = int_field(f, key, "created");
-    auto cp = checkpoint_from_json(field(f, key, "body"));
+    auto cp = decode_body(key, f);
     cp.revision = static_cast<std::uint64_t>(rev);
     cp.created_at = from_unix_ms(created);
     return cp;
   } catch (const error& e) {
     if (e.code() != errc::corrupted_record)
       throw;
-    // The revision read: a clear of this record can wait for it.
-    auto what = std::string_view{e.what()}.starts_with("redis store: record ")
-                  ? std::string{e.what()}
-                  : fmt::format("redis store: record {}: {}", key, e.what());
+    // With the revision read, a clear of this record can wait for it.
     throw corrupted_checkpoint_error(
-      what, rev >= 0 ? std::optional<std::uint64_t>{static_cast<std::uint64_t>(rev)}
-                     : std::nullopt);
+      e.what(), rev >= 0 ? std::optional{static_cast<std::uint64_t>(rev)}
+                         : std::nullopt);
   }
 }
 

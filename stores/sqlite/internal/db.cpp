@@ -123,11 +123,13 @@ std::int64_t stmt::int64(int col) const {
 }
 
 void stmt::corrupted(int col, std::string_view why) const {
+  auto column = fmt::format("column {} {}", sqlite3_column_name(s_, col), why);
+  if (about_.empty())
+    throw error(errc::corrupted_record, column);
   throw error(errc::corrupted_record,
-              about_.empty()
-                ? fmt::format("column {} {}", sqlite3_column_name(s_, col), why)
-                : fmt::format("{}: column {} {}", about_,
-                              sqlite3_column_name(s_, col), why));
+              fmt::format("{}{}: {}", about_,
+                          about_col_ >= 0 ? text(about_col_) : std::string{},
+                          column));
 }
 
 bool stmt::is_null(int col) const {

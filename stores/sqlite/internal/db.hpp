@@ -54,10 +54,12 @@ class stmt {
   stmt& bind(int i, std::int64_t v);
   stmt& bind_null(int i);
 
-  /// Names the record the rows belong to ("chat \"k\""), so a damaged
-  /// column's error says which record it is in.
-  stmt& about(std::string what) {
+  /// Names the record the rows belong to, so a damaged column's error says
+  /// which record it is in: `what`, followed by the text of column
+  /// `key_col` of the row when one is given (read only on an error).
+  stmt& about(std::string what, int key_col = -1) {
     about_ = std::move(what);
+    about_col_ = key_col;
     return *this;
   }
 
@@ -84,6 +86,7 @@ class stmt {
   db& db_;
   sqlite3_stmt* s_ = nullptr;
   std::string about_;
+  int about_col_ = -1;
 };
 
 /// BEGIN IMMEDIATE ... COMMIT, rolled back when not committed. Takes the
