@@ -277,13 +277,20 @@ class request_reader final : public bhttp::basic_parser<true> {
     // requests only
   }
 
-  void on_field_impl(bhttp::field, beast::string_view name,
+  void on_field_impl(bhttp::field f, beast::string_view name,
                      beast::string_view value, beast::error_code&) override {
     // A chunked body's trailer fields come after the header is complete:
     // they are not headers (a check that read the header must not see a
     // field added after the body), so they are dropped.
     if (header_done_)
       return;
+    if (f == bhttp::field::transfer_encoding) {
+      // Only one coding is understood: chunked, alone (see on_header_impl).
+      coding_ok_ = !coded_ && botmesh::internal::ascii_iequals(
+        botmesh::internal::trim(std::string_view{value.data(), value.size()}),
+        "chunked");
+      coded_ = true;
+    }
     if (n_ == r_.headers.size())
       r_.headers.emplace_back();
     auto& [k, v] = r_.headers[n_++];
@@ -292,9 +299,19 @@ class request_reader final : public bhttp::basic_parser<true> {
     v.assign(value.data(), value.size());
   }
 
-  void on_header_impl(beast::error_code&) override {
+  void on_header_impl(beast::error_code& ec) override {
     header_done_ = true;
     r_.headers.resize(n_);
+    // RFC 9112 6.3: a request whose Transfer-Encoding does not end in
+    // chunked has no length a server can know. The parser reads it as
+    // bodiless (or framed by a Content-Length after it), so the body's
+    // bytes would be answered as the next request: a proxy that frames it
+    // otherwise and reuses the connection would have a request smuggled
+    // past it. Another coding (gzip, chunked) this server does not undo,
+    // so its body would reach the handler still coded. Refused either way,
+    // and the connection closes.
+    if (coded_ && !coding_ok_)
+      ec = bhttp::error::bad_transfer_encoding;
   }
 
   void on_body_init_impl(const boost::optional<std::uint64_t>& length,
@@ -330,6 +347,8 @@ class request_reader final : public bhttp::basic_parser<true> {
   request& r_;
   std::size_t n_ = 0;
   bool header_done_ = false;
+  bool coded_ = false;     // a Transfer-Encoding field came
+  bool coding_ok_ = false; // and it was one, saying chunked alone
 };
 
 bool clean_header_text(std::string_view s) {
@@ -679,8 +698,15 @@ class session : public std::enable_shared_from_this<session> {
   }
 
   void fail(beast::error_code ec) {
-    if (ec == bhttp::error::body_limit)
+    if (ec == bhttp::error::body_limit) {
+      // Logged: a platform retries a refused delivery with the same body,
+      // so the operator must learn that the cap is below what it sends.
+      log::warn("http", fmt::format("{} {}: request body over max_body_bytes "
+                                    "({}), answered 413",
+                                    req_.method, req_.target,
+                                    srv_->opts.max_body_bytes));
       return refuse(srv_->n_too_large, 413, "request body too large");
+    }
     if (ec == bhttp::error::header_limit)
       return refuse(srv_->n_bad, 431,
                     "request header fields too large (over 16 KiB)");

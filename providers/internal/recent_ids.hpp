@@ -91,7 +91,7 @@ class pending_ids {
   admission admit(const Id& id, Waiter& w) {
     std::lock_guard guard{mtx_};
     if (seen_.remember(id)) {
-      pending_[id]; // (an entry a stop left is reused)
+      pending_[id];
       return admission::fresh;
     }
     auto p = pending_.find(id);
@@ -117,14 +117,18 @@ class pending_ids {
     return out;
   }
 
-  /// Everything that waits (the provider stops), taken.
+  /// Everything that waits (the provider stops), taken. The ids stay
+  /// pending: their acceptance is still coming (`accepted` is always
+  /// called), and a redelivery after a restart must wait for it as before
+  /// the stop, not be answered as decided while the write may yet fail.
   std::vector<Waiter> take_all() {
     std::lock_guard guard{mtx_};
     std::vector<Waiter> out;
-    for (auto& [id, ws] : pending_)
+    for (auto& [id, ws] : pending_) {
       for (auto& w : ws)
         out.push_back(std::move(w));
-    pending_.clear();
+      ws.clear();
+    }
     return out;
   }
 

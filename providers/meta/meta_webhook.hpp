@@ -63,7 +63,11 @@ struct webhook_options {
   /// The route's path (GET and POST).
   std::string path = "/whatsapp";
   std::shared_ptr<http::server> server{};
-  http::server_options listen{};
+  /// Meta batches notifications (up to 1000 in one POST) and documents
+  /// webhook payloads of up to 3 MB, hence the larger body cap: a signed
+  /// delivery answered 413 is retried with the same body until Meta gives
+  /// up, and every message in it is lost.
+  http::server_options listen{.max_body_bytes = 3 * 1024 * 1024};
   std::size_t dedup_window = 4096;
   http::flood_limits flood = http::flood_limits::whatsapp();
   http::client_options http{};

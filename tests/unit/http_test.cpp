@@ -20,6 +20,7 @@
 #include <botmesh/providers/http/http_server.hpp>
 #include <botmesh/runtime/core/error.hpp>
 
+#include "log_capture.hpp"
 #include "test_util.hpp"
 
 using namespace std::chrono_literals;
@@ -165,6 +166,7 @@ TEST_CASE("the HTTP client reuses one keep-alive connection for sequential "
 
 TEST_CASE("a request body over the cap is answered 413 and never reaches "
           "the handler") {
+  test::log_capture logs;
   http::server s{{.max_body_bytes = 100}};
   std::atomic<int> calls{0};
   s.route("POST", "/hook", [&](http::request&, http::responder r) {
@@ -177,6 +179,9 @@ TEST_CASE("a request body over the cap is answered 413 and never reaches "
   CHECK(r.status == 413);
   CHECK(calls.load() == 0);
   CHECK(s.stats().too_large == 1);
+  // The operator learns the cap is too small for what a platform sends.
+  CHECK(logs.count("http", "POST /hook: request body over max_body_bytes (100)")
+        == 1);
   CHECK(c.request({.url = s.url() + "/hook", .body = std::string(100, 'x')}).status
         == 200);
   // A body far over the cap, still being written when the 413 goes out:
@@ -219,6 +224,46 @@ TEST_CASE("an unparsable request is answered 400") {
   raw_socket sock{s.port()};
   sock.send("NOT HTTP AT ALL\r\n\r\n");
   CHECK(sock.read_all().starts_with("HTTP/1.1 400"));
+}
+
+TEST_CASE("a Transfer-Encoding other than chunked alone is answered 400 and "
+          "its body is not read as another request") {
+  http::server s;
+  std::atomic<int> calls{0};
+  s.route("POST", "/hook", [&](http::request&, http::responder r) {
+    ++calls;
+    r.respond(200);
+  });
+  s.route("GET", "/healthz", [&](http::request&, http::responder r) {
+    ++calls;
+    r.respond(200);
+  });
+  s.start();
+  const char* smuggled = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+  for (std::string coding : {"gzip", "chunked, identity", "gzip, chunked",
+                             "identity\r\nContent-Length: 37"}) {
+    CAPTURE(coding);
+    raw_socket sock{s.port()};
+    sock.send("POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + coding
+              + "\r\n\r\n" + smuggled);
+    auto answer = sock.read_all();
+    CHECK(answer.starts_with("HTTP/1.1 400"));
+    CHECK(answer.find("HTTP/1.1", 1) == std::string::npos); // one answer
+    CHECK(answer.find("Transfer-Encoding") != std::string::npos);
+  }
+  // Chunked twice is refused too; chunked alone still reads the body.
+  {
+    raw_socket sock{s.port()};
+    sock.send("POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
+              "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+    CHECK(sock.read_all().starts_with("HTTP/1.1 400"));
+  }
+  CHECK(calls.load() == 0);
+  raw_socket sock{s.port()};
+  sock.send("POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:  Chunked \r\n"
+            "Connection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n");
+  CHECK(sock.read_all().starts_with("HTTP/1.1 200"));
+  CHECK(calls.load() == 1);
 }
 
 TEST_CASE("the HTTP client times out on a platform that never answers") {
