@@ -497,6 +497,7 @@ class session : public std::enable_shared_from_this<session> {
     parser_->body_limit(srv_->opts.max_body_bytes);
     parser_->header_limit(header_limit);
     header_done_ = false;
+    started_ = false;
     auto& o = srv_->opts;
     deadline_ = steady::now()
                 + (served_ == 0 ? o.header_timeout.ms() : o.idle_timeout.ms());
@@ -505,6 +506,15 @@ class session : public std::enable_shared_from_this<session> {
 
   /// Feeds what is buffered to the parser; reads more when it needs more.
   void parse() {
+    if (!started_ && buffer_.size() > 0) {
+      // The next request on a kept-alive connection has begun: its header
+      // gets header_timeout from here, as a new connection's does, not
+      // what is left of the idle wait (a client that dribbles a header
+      // would hold the connection's slot for idle_timeout).
+      started_ = true;
+      deadline_ = std::min(deadline_,
+                           steady::now() + srv_->opts.header_timeout.ms());
+    }
     while (buffer_.size() > 0) {
       beast::error_code ec;
       auto used = parser_->put(buffer_.data(), ec);
@@ -750,6 +760,7 @@ class session : public std::enable_shared_from_this<session> {
   request req_;     // reused: its strings keep their capacity
   std::string out_; // reused: the answer's bytes
   steady::time_point deadline_ = steady::time_point::max();
+  bool started_ = false; // bytes of the request being read have come
   std::uint64_t served_ = 0;
   bool header_done_ = false;
   bool keep_alive_ = true;

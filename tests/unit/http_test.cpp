@@ -789,6 +789,21 @@ TEST_CASE("a chunked body's trailer fields are not taken as headers") {
   CHECK(seen[1] == "abc|-|-|4");
 }
 
+TEST_CASE("the next request's header on a kept-alive connection gets the "
+          "header timeout once it has begun, not the idle timeout") {
+  http::server s{{.header_timeout = "200ms", .idle_timeout = "30s"}};
+  s.route("GET", "/x", [](http::request&, http::responder r) { r.respond(200); });
+  s.start();
+  raw_socket sock{s.port()};
+  sock.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n");
+  sock.send("GET /x HTTP/1.1\r\nHo"); // and no more
+  // The first answer, then the close (read_all gives up after 10 s, far
+  // short of the idle timeout).
+  auto a = sock.read_all();
+  CHECK(a.starts_with("HTTP/1.1 200"));
+  CHECK(s.stats().timeouts == 1);
+}
+
 TEST_CASE("an idle keep-alive connection is closed after the idle timeout, a "
           "busy one is not") {
   http::server s{{.idle_timeout = "1s"}};

@@ -181,6 +181,26 @@ TEST_CASE("WhatsApp payloads yield text, button and list replies, media and "
   CHECK(p.phone_number_ids[0] == "PHONE1");
 }
 
+TEST_CASE("a WhatsApp messages, statuses or errors field that is not an "
+          "array counts as unknown, not as an empty delivery") {
+  auto one = R"({"from":"346","id":"w1","timestamp":"1","type":"text","text":{"body":"hola"}})";
+  auto p = meta::internal::parse_payload(wa_payload(one, "[]"),
+                                         meta::platform::whatsapp, "whatsapp");
+  CHECK(p.messages.empty());
+  CHECK(p.unknown == 1);
+  p = meta::internal::parse_payload(wa_payload("[]", R"({"id":"wamid.s"})"),
+                                    meta::platform::whatsapp, "whatsapp");
+  CHECK(p.statuses.empty());
+  CHECK(p.unknown == 1);
+  std::string body = R"({"object":"whatsapp_business_account","entry":[{"id":"1","changes":[{"field":"messages","value":{"metadata":{"phone_number_id":"PHONE1"},"errors":"down"}}]}]})";
+  p = meta::internal::parse_payload(body, meta::platform::whatsapp, "whatsapp");
+  CHECK(p.unknown == 1);
+  // Absent is not unknown.
+  p = meta::internal::parse_payload(wa_payload("[]", "[]"),
+                                    meta::platform::whatsapp, "whatsapp");
+  CHECK(p.unknown == 0);
+}
+
 TEST_CASE("WhatsApp errors carry their code and details: a failed status's, "
           "and those of the webhook outside any message, which are logged") {
   auto failed = R"([{"id":"wamid.f","status":"failed","timestamp":"1","recipient_id":"346","errors":[{"code":131047,"title":"Re-engagement message","error_data":{"details":"More than 24 hours have passed"}}]}])";

@@ -138,6 +138,19 @@ bool read_whatsapp_message(object m, inbound_message& out) {
   return false; // contacts, order, system, unsupported...
 }
 
+// The array field `key` of `o` into `items`: false when it is absent, and
+// when it holds anything else (counted unknown: a change of shape on Meta's
+// side must show in the stats, not pass as an empty delivery).
+bool array_field(object o, const char* key, array& items, parsed_payload& out) {
+  element e;
+  if (o[key].get(e) != simdjson::SUCCESS)
+    return false;
+  if (e.get(items) == simdjson::SUCCESS)
+    return true;
+  ++out.unknown;
+  return false;
+}
+
 void read_whatsapp(object entry, parsed_payload& out, std::string_view provider) {
   array changes;
   if (entry["changes"].get(changes) != simdjson::SUCCESS) {
@@ -166,7 +179,7 @@ void read_whatsapp(object entry, parsed_payload& out, std::string_view provider)
       });
     array items;
     // Errors not tied to a message (an app or account problem).
-    if (value["errors"].get(items) == simdjson::SUCCESS)
+    if (array_field(value, "errors", items, out))
       for (element ee : items) {
         object e;
         if (ee.get(e) == simdjson::SUCCESS)
@@ -174,7 +187,7 @@ void read_whatsapp(object entry, parsed_payload& out, std::string_view provider)
         else
           ++out.unknown;
       }
-    if (value["messages"].get(items) == simdjson::SUCCESS) {
+    if (array_field(value, "messages", items, out)) {
       for (element me : items) {
         object m;
         inbound_message msg;
@@ -190,7 +203,7 @@ void read_whatsapp(object entry, parsed_payload& out, std::string_view provider)
         out.phone_number_ids.push_back(phone_id);
       }
     }
-    if (value["statuses"].get(items) == simdjson::SUCCESS) {
+    if (array_field(value, "statuses", items, out)) {
       for (element se : items) {
         object s;
         if (se.get(s) != simdjson::SUCCESS) {
