@@ -489,7 +489,16 @@ void post_job(chat_actor_t* self) {
     services->post([run = st.run, services] {
       // The event's box carries its key: the job may outlive the actor.
       run->drain([&](event_box& e) {
-        services->run_event(e.key, e.ev, e.first);
+        // Every handler, store and listener call inside catches its own;
+        // what gets past them still must not end the process on a handler
+        // thread, nor leave the chat's run queue marked busy for good.
+        try {
+          services->run_event(e.key, e.ev, e.first);
+        } catch (...) {
+          log::error("chat", fmt::format("chat {}: an event's turn threw: {}",
+                                         e.key,
+                                         internal::what_of(std::current_exception())));
+        }
       });
       if (run->notify.exchange(false))
         if (auto owner = run->owner())
@@ -558,6 +567,27 @@ void give_back_all(chat_actor_t* self, std::string_view why,
                     why));
     }
   }
+}
+
+// Refuses every event but the running head (which finishes), giving back
+// their tickets: the bot stops (`why` says how).
+void abandon_waiting(chat_actor_t* self, std::string_view why) {
+  auto& st = self->state;
+  if (st.empty())
+    return;
+  auto& q = st.queue;
+  std::size_t from = st.busy ? 1 : 0;
+  for (auto i = from; i < q.size(); ++i) {
+    if (q[i].req != 0)
+      self->send(st.cfg().lease, leave_atom::value, st.key, q[i].req);
+    if (!q[i].ev->ev.is_timer())
+      st.cfg().services->refused(
+        st.key, std::move(q[i].ev->ev), errc::stopped,
+        fmt::format("chat {}: {} before this message's turn", st.key, why));
+  }
+  q.truncate(from);
+  if (!st.busy)
+    went_idle(self);
 }
 
 entry* find(chat_actor_t* self, std::uint64_t req, std::size_t* index = nullptr) {
@@ -632,7 +662,11 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       auto& st = self->state;
       ev->via = nullptr; // taken: this actor ends it
       ++st.received;
-      auto pending = st.run ? st.run->waiting() : st.queue.size();
+      // Waiting ones only, as the option says: not the running head (nor
+      // does the run queue of an uncoordinated chat, or the router's hold
+      // for an ending one, count it).
+      auto pending = st.run ? st.run->waiting()
+                            : st.queue.size() - (st.busy && !st.empty() ? 1 : 0);
       // (Timers are internal and never refused: they do not count against
       // the pending bound.)
       if (pending >= st.cfg().max_pending_per_chat && !ev->ev.is_timer()) {
@@ -673,12 +707,18 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       e->token = std::move(token);
       next_turn(self);
     },
-    [=](lost_atom, std::uint64_t req, std::uint64_t, const std::string&) {
+    [=](lost_atom, std::uint64_t req, std::uint64_t, const std::string& why) {
       auto& st = self->state;
       std::size_t i = 0;
       auto e = find(self, req, &i);
       if (!e)
         return;
+      if (why == "stopped") {
+        // The lease actor shuts down and grants nothing more: asking again
+        // would get this answer at once, in a loop for as long as it lives.
+        abandon_waiting(self, "the replica's lease actor stopped");
+        return;
+      }
       if (st.busy && i == 0) {
         // A running step sees its token ended. Until it returns, the
         // events behind it cannot run here: a grace for it to stop, then
@@ -737,7 +777,15 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       next_turn(self);
     },
     [=](turn_done_atom) {
+      auto& st = self->state;
       check_idle(self); // the runner went idle while a drain waited
+      // Not idle after all: the flag was taken by a job that had just
+      // finished when this actor posted the next one. That job must report
+      // in its turn, or the drain would wait for its bound.
+      if (!st.drain_waiters.empty() && st.run) {
+        st.run->notify.store(true);
+        check_idle(self); // (it may have finished before seeing the flag)
+      }
     },
     [=](turn_done_atom, internal::step_end_ptr& end) {
       auto& st = self->state;
@@ -775,25 +823,7 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       return rp;
     },
     [=](abandon_atom) {
-      auto& st = self->state;
-      if (st.empty())
-        return;
-      auto& q = st.queue;
-      // The running head (if any) finishes; everything else is refused.
-      std::size_t from = st.busy ? 1 : 0;
-      for (auto i = from; i < q.size(); ++i) {
-        if (q[i].req != 0)
-          self->send(st.cfg().lease, leave_atom::value, st.key, q[i].req);
-        if (!q[i].ev->ev.is_timer())
-          st.cfg().services->refused(st.key, std::move(q[i].ev->ev),
-                                   errc::stopped,
-                                   fmt::format("chat {}: the bot stopped before "
-                                               "this message's turn",
-                                               st.key));
-      }
-      q.truncate(from);
-      if (!st.busy)
-        went_idle(self);
+      abandon_waiting(self, "the bot stopped");
     },
     // The router's sweep asks: exit if idle (the router allows it only when
     // nothing was forwarded meanwhile).

@@ -11,6 +11,8 @@
 
 #include <botmesh/actors/chat_actor.hpp>
 #include <botmesh/actors/messages.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
+#include <botmesh/runtime/core/log.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(botmesh::event_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::chat_runner>)
@@ -18,6 +20,22 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::chat_runner>)
 namespace botmesh {
 
 namespace {
+
+// Runs a refusal (or a failure report) the router makes for chat `key`.
+// What the bot does with one (a journal release, an end notice, an error
+// event) must not end the router: a CAF actor ends with any exception it
+// lets out, and every later message of every chat would then go to a dead
+// mailbox, unrefused.
+template <class F>
+void contained(const std::string& key, F&& f) noexcept {
+  try {
+    f();
+  } catch (...) {
+    log::error("router",
+               fmt::format("chat {}: refusing a message threw: {}", key,
+                           internal::what_of(std::current_exception())));
+  }
+}
 
 using sweep_atom = caf::atom_constant<caf::atom("bm_sweep")>;
 // (chat actor address): an ending chat's step still runs a turn_wait after
@@ -88,10 +106,13 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     // What waits for an ending chat is refused as a live chat's queue is.
     for (auto& [key, ending] : st.ending)
       ending.take_messages([&, &key = key](chat_event ev) {
-        st.cfg->services->refused(
-          key, std::move(ev), errc::stopped,
-          fmt::format("chat {}: the router ended before this message's turn",
-                      key));
+        contained(key, [&] {
+          st.cfg->services->refused(
+            key, std::move(ev), errc::stopped,
+            fmt::format("chat {}: the router ended before this message's "
+                        "turn",
+                        key));
+        });
       });
     st.ending.clear();
     self->quit(msg.reason);
@@ -128,9 +149,11 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     const auto& key = ev->key;
     if (st.draining) {
       if (!ev->ev.is_timer()) // (a stopping bot runs no more timers)
-        st.cfg->services->refused(key, std::move(ev->ev), errc::stopped,
-                                  fmt::format("chat {}: the bot is stopping",
-                                              key));
+        contained(key, [&] {
+          st.cfg->services->refused(key, std::move(ev->ev), errc::stopped,
+                                    fmt::format("chat {}: the bot is stopping",
+                                                key));
+        });
       return;
     }
     auto t = target_of(key);
@@ -139,11 +162,13 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       // a step that ignores its stop token.
       auto held = t.ending->bounced.size() + t.ending->fresh.size();
       if (held >= st.cfg->max_pending_per_chat && !ev->ev.is_timer()) {
-        st.cfg->services->refused(
-          key, std::move(ev->ev), errc::overloaded,
-          fmt::format("chat {} has {} messages waiting (max_pending_per_chat) "
-                      "while its chat actor ends",
-                      key, held));
+        contained(key, [&] {
+          st.cfg->services->refused(
+            key, std::move(ev->ev), errc::overloaded,
+            fmt::format("chat {} has {} messages waiting "
+                        "(max_pending_per_chat) while its chat actor ends",
+                        key, held));
+        });
         return;
       }
       t.ending->fresh.emplace_back(std::move(ev));
@@ -167,11 +192,13 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
   auto resend = [=](event_ptr& ev) {
     if (ev->bounces > 100) {
       auto key = ev->key;
-      self->state.cfg->services->refused(
-        key, std::move(ev->ev), errc::handler_failed,
-        fmt::format("chat {}: its chat actor ended {} times before taking "
-                    "this message",
-                    key, ev->bounces));
+      contained(key, [&] {
+        self->state.cfg->services->refused(
+          key, std::move(ev->ev), errc::handler_failed,
+          fmt::format("chat {}: its chat actor ended {} times before taking "
+                      "this message",
+                      key, ev->bounces));
+      });
       return;
     }
     forward(ev);
@@ -295,12 +322,14 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
         return;
       // (Timers stay: the next actor runs them.)
       i->second.take_messages([&](chat_event ev) {
-        self->state.cfg->services->turn_failed(
-          i->first, std::move(ev),
-          fmt::format("within turn_wait ({} ms): the chat's previous step "
-                      "still runs after its chat actor ended and ignores its "
-                      "stop token",
-                      self->state.cfg->turn_wait.count()));
+        contained(i->first, [&] {
+          self->state.cfg->services->turn_failed(
+            i->first, std::move(ev),
+            fmt::format("within turn_wait ({} ms): the chat's previous step "
+                        "still runs after its chat actor ended and ignores "
+                        "its stop token",
+                        self->state.cfg->turn_wait.count()));
+        });
       });
       self->delayed_send(self, self->state.cfg->turn_wait,
                          step_wait_atom::value, actor);

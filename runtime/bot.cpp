@@ -479,9 +479,10 @@ struct bot::impl final : chat_services,
     if (ev.is_timer()) {
       try {
         flows.on_timer(key, ev.timer, token.get());
-      } catch (const std::exception& e) {
+      } catch (...) {
         raise(errc::handler_failed,
-              fmt::format("chat {}: a flow timer failed: {}", key, e.what()),
+              fmt::format("chat {}: a flow timer failed: {}", key,
+                          internal::what_of(std::current_exception())),
               key, std::nullopt);
       }
     } else {
@@ -532,8 +533,15 @@ struct bot::impl final : chat_services,
       turn->step_started(); // settle counts from here, not from the queue
       // Past the stop bound while it waited for a handler thread: refused
       // as an uncoordinated event is; the chat actor releases the turn.
-      if (!refused_past_stop(key, ev->ev))
-        coordinated_turn(key, ev->ev, first, turn);
+      try {
+        if (!refused_past_stop(key, ev->ev))
+          coordinated_turn(key, ev->ev, first, turn);
+      } catch (...) {
+        // Past every catch of its own (see the uncoordinated drain job):
+        // logged, and the turn still ends, or the chat would wait for ever.
+        log::error("chat", fmt::format("chat {}: a turn threw: {}", key,
+                                       internal::what_of(std::current_exception())));
+      }
       ev.reset(); // the last reference: freed before the chat goes on
       done();
     });
@@ -693,9 +701,10 @@ struct bot::impl final : chat_services,
   void timer_turn(const std::string& key, std::uint64_t id) {
     try {
       flows.on_timer(key, id, nullptr);
-    } catch (const std::exception& e) {
+    } catch (...) {
       raise(errc::handler_failed,
-            fmt::format("chat {}: a flow timer failed: {}", key, e.what()),
+            fmt::format("chat {}: a flow timer failed: {}", key,
+                        internal::what_of(std::current_exception())),
             key, std::nullopt);
     }
   }
@@ -946,11 +955,13 @@ struct bot::impl final : chat_services,
         key, logged_message{0, direction::in, msg.id, msg.sender, msg.text,
                             msg.type, msg.timestamp});
       return true;
-    } catch (const std::exception& e) {
+    } catch (...) {
+      // Anything a store throws (a custom one need not throw std types): an
+      // escape would end the process from the handler thread.
       raise(errc::store_error,
             fmt::format("chat {}: recording message {} failed, so it is not "
                         "handled: {}",
-                        key, msg.id, e.what()),
+                        key, msg.id, internal::what_of(std::current_exception())),
             key, msg, fence);
       return false;
     }
@@ -1155,10 +1166,10 @@ struct bot::impl final : chat_services,
         opts.store->append_message(
           k, logged_message{0, direction::out, msg.reply_to, {}, msg.text,
                             message_type::text, clock::system().now()});
-      } catch (const std::exception& e) {
+      } catch (...) {
         raise(errc::store_error,
               fmt::format("chat {}: recording an outgoing message failed: {}",
-                          k, e.what()),
+                          k, internal::what_of(std::current_exception())),
               k, std::nullopt);
       }
     }
@@ -1974,8 +1985,11 @@ bot_stats bot::stats() const {
   s.handler_errors = i.handler_errors;
   s.sent = i.sent;
   s.send_errors = i.send_errors;
-  s.activations = i.activations;
+  // Passivations first: a chat activated and passivated between the two
+  // reads would otherwise count more passivations than activations (and
+  // live_chats wrap around).
   s.passivations = i.passivations;
+  s.activations = i.activations;
   s.live_chats = s.activations - s.passivations;
   s.turn_failures = i.turn_failures;
   s.conversations = i.flows.active();

@@ -28,6 +28,8 @@ class recording_store final : public botmesh::store {
   std::atomic<bool> fail_writes{false};
   /// Message-log appends fail while set (this many more times: < 0 forever).
   std::atomic<int> fail_log{0};
+  /// Those failures throw an int, not a std::exception (a custom store may).
+  std::atomic<bool> fail_log_oddly{false};
   std::atomic<bool> corrupt_reads{false};
   /// Runs once a corrupted read was decided, before it throws: what another
   /// replica does while the reader stalls.
@@ -96,6 +98,8 @@ class recording_store final : public botmesh::store {
     if (fail_log.load() != 0) {
       if (fail_log.load() > 0)
         --fail_log;
+      if (fail_log_oddly)
+        throw 42;
       throw botmesh::error(botmesh::errc::store_error,
                            "message log append failed: the test store is down");
     }

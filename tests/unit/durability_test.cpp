@@ -1134,6 +1134,40 @@ TEST_CASE("a message the bot could not record in the chat's log is not "
   CHECK(in == 1); // the message answered is the one logged
 }
 
+TEST_CASE("a store that throws something not a std::exception while a "
+          "message is recorded: an error event, and the chat goes on, with "
+          "and without coordination") {
+  auto store = std::make_shared<test::recording_store>(
+    std::make_shared<botmesh::memory_store>());
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot_options o{.provider = p, .store = store};
+  botmesh::memory_coordination_hub hub;
+  SUBCASE("without coordination") {}
+  SUBCASE("with coordination") {
+    botmesh::coordination_options co;
+    co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = "r"});
+    o.coordination = co;
+  }
+  botmesh::bot b{std::move(o)};
+  errors.attach(b);
+  b.on_message([&](botmesh::context& c) { c.reply("eco: " + c.text()); });
+  b.start();
+  store->fail_log_oddly = true;
+  store->fail_log = 1;
+  p->inject(msg("ana", "m1", "hola"));
+  REQUIRE(test::eventually(
+    [&] { return errors.count(errc::store_error) == 1; }));
+  CHECK(errors.all().at(0).what.find("recording message m1 failed, so it is "
+                                     "not handled: unknown error")
+        != std::string::npos);
+  p->inject(msg("ana", "m2", "otra"));
+  REQUIRE(p->wait_for_sent(1, 5s));
+  CHECK(texts(*p) == std::vector<std::string>{"eco: otra"});
+  b.stop();
+}
+
 namespace {
 
 // What another replica's beat takes over from `b` right now (holder

@@ -1331,6 +1331,46 @@ TEST_CASE("what the router holds for a chat whose actor ends is refused, "
   CHECK(ended == std::vector<std::string>{"dos:refused", "tres:refused"});
 }
 
+TEST_CASE("a chat whose lease actor shuts down refuses its waiting "
+          "messages instead of asking again and again") {
+  chat_fixture f;
+  f.inject("uno"); // its enter stays unanswered: the shutdown waits for it
+  auto replies = std::make_shared<std::vector<bool>>();
+  request_shutdown(f.vs.sys(), f.lease_actor, replies);
+  f.vs.run();
+  auto enters = f.coord->count(op::enter);
+  f.send("dos"); // asks a lease actor that shuts down
+  int steps = 0;
+  while (steps < 10'000 && f.vs.sched().try_run_once())
+    ++steps;
+  CHECK(steps < 10'000); // it settles: no acquire -> lost loop
+  CHECK(f.coord->count(op::enter) == enters);
+  // Both waited for a turn that will not come: refused, as on a stop.
+  CHECK(f.services.refused_keys == std::vector<std::string>{f.key, f.key});
+}
+
+TEST_CASE("a refusal that throws in the router is logged, and the router "
+          "goes on refusing and routing") {
+  test::log_capture logs;
+  chat_fixture f;
+  auto answer = std::make_shared<std::optional<bool>>();
+  f.vs.sys().spawn([router = f.router, answer](caf::event_based_actor* self) {
+    self->request(router, caf::infinite, botmesh::drain_atom::value,
+                  std::chrono::milliseconds{60'000})
+      .then([answer](bool all) { *answer = all; },
+            [](caf::error&) {});
+  });
+  f.vs.run();
+  REQUIRE(answer->has_value()); // nothing queued: drained at once
+  // Draining, the router refuses what comes; the first refusal throws.
+  f.services.throw_on_refused = true;
+  f.inject("uno");
+  f.services.throw_on_refused = false;
+  f.inject("dos");
+  CHECK(f.services.refused_keys == std::vector<std::string>{f.key, f.key});
+  CHECK(logs.count("router", "refusing a message threw: refused failed") == 1);
+}
+
 TEST_CASE("a chat that ends by an exception while the router drains "
           "answers the drain at once, not at its bound") {
   chat_fixture f;
@@ -1355,7 +1395,7 @@ TEST_CASE("a chat that ends by an exception while the router drains "
 
 TEST_CASE("a chat actor that ends by an exception while its step runs: the "
           "chat's next actor starts no step before that step returned") {
-  chat_fixture f{2000ms, 2}; // one message may wait behind the running one
+  chat_fixture f{2000ms, 1}; // one message may wait behind the running one
   f.inject("uno");
   auto& first = f.coord->last(op::enter);
   f.grant(first, 7);
@@ -1370,18 +1410,31 @@ TEST_CASE("a chat actor that ends by an exception while its step runs: the "
   CHECK(f.releases(f.key, 7) == 1); // its turn ended: its effects are refused
   // "dos" waits in the router: a next actor would run it beside "uno".
   // What comes meanwhile waits with it, bounded as the chat's queue.
-  f.inject("cuatro");
-  f.inject("cinco"); // two wait already: refused
+  f.inject("cuatro"); // one waits already: refused
   CHECK(f.services.refused_keys.size() == 2);
   auto enters = f.coord->all(op::enter);
   CHECK(enters.size() == 2); // "uno"'s and "dos"'s first, given back
   f.services.runs[0].done(); // "uno"'s step returns
   f.vs.run();
   enters = f.coord->all(op::enter);
-  REQUIRE(enters.size() == 4); // "dos", then "cuatro"
+  REQUIRE(enters.size() == 3); // "dos" asks again
   f.grant(*enters[2], 8);
   REQUIRE(f.services.runs.size() == 2);
   CHECK(f.services.runs[1].turn->fence() == 8);
+}
+
+TEST_CASE("max_pending_per_chat counts the messages that wait, not the one "
+          "that runs, as without coordination") {
+  chat_fixture f{2000ms, 2};
+  f.inject("uno");
+  f.grant(f.coord->last(op::enter), 7);
+  REQUIRE(f.services.runs.size() == 1); // "uno" runs
+  f.inject("dos");
+  f.inject("tres"); // two wait: the bound
+  CHECK(f.services.refused_keys.empty());
+  f.inject("cuatro");
+  CHECK(f.services.refused_keys == std::vector<std::string>{f.key});
+  CHECK(f.coord->all(op::enter).size() == 3); // "uno", "dos", "tres"
 }
 
 TEST_CASE("a provider's turn-end notice that throws on a refusal is logged "
@@ -1406,7 +1459,7 @@ TEST_CASE("a provider's turn-end notice that throws on a refusal is logged "
 TEST_CASE("what waits for the step of an ended chat actor that ignores its "
           "stop token gets no turn within turn_wait: it fails, the chat goes "
           "on once the step returns") {
-  chat_fixture f{2000ms, 2};
+  chat_fixture f{2000ms, 1};
   f.inject("uno");
   f.grant(f.coord->last(op::enter), 7);
   REQUIRE(f.services.runs.size() == 1); // "uno" runs, and does not return
@@ -1430,7 +1483,7 @@ TEST_CASE("what waits for the step of an ended chat actor that ignores its "
 
 TEST_CASE("a step that returned while its chat actor ended by an exception, "
           "its done unread, does not hold the chat") {
-  chat_fixture f{2000ms, 2};
+  chat_fixture f{2000ms, 1};
   f.inject("uno");
   auto& first = f.coord->last(op::enter);
   f.grant(first, 7);
