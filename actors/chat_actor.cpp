@@ -577,15 +577,32 @@ void abandon_waiting(chat_actor_t* self, std::string_view why) {
     return;
   auto& q = st.queue;
   std::size_t from = st.busy ? 1 : 0;
-  for (auto i = from; i < q.size(); ++i) {
-    if (q[i].req != 0)
-      self->send(st.cfg().lease, leave_atom::value, st.key, q[i].req);
-    if (!q[i].ev->ev.is_timer())
-      st.cfg().services->refused(
-        st.key, std::move(q[i].ev->ev), errc::stopped,
-        fmt::format("chat {}: {} before this message's turn", st.key, why));
-  }
+  // Taken out of the queue first: a refusal that throws ends this actor,
+  // whose exception handler must give back only the events not refused yet
+  // (put back for it), not send the refused ones on to be refused again.
+  std::vector<entry> out;
+  out.reserve(q.size() - from);
+  for (auto i = from; i < q.size(); ++i)
+    out.push_back(std::move(q[i]));
   q.truncate(from);
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    auto& e = out[k];
+    if (e.req != 0)
+      self->send(st.cfg().lease, leave_atom::value, st.key, e.req);
+    e.req = 0;
+    if (e.ev->ev.is_timer())
+      continue;
+    auto ev = std::move(e.ev);
+    try {
+      st.cfg().services->refused(
+        st.key, std::move(ev->ev), errc::stopped,
+        fmt::format("chat {}: {} before this message's turn", st.key, why));
+    } catch (...) {
+      for (auto j = k + 1; j < out.size(); ++j)
+        q.push_back(std::move(out[j]));
+      throw;
+    }
+  }
   if (!st.busy)
     went_idle(self);
 }

@@ -267,7 +267,9 @@ class request_reader final : public bhttp::basic_parser<true> {
 
  private:
   void on_request_impl(bhttp::verb, beast::string_view method,
-                       beast::string_view target, int, beast::error_code&) override {
+                       beast::string_view target, int version,
+                       beast::error_code&) override {
+    version_ = version;
     r_.method.assign(method.data(), method.size());
     r_.target.assign(target.data(), target.size());
     r_.body.clear();
@@ -285,10 +287,23 @@ class request_reader final : public bhttp::basic_parser<true> {
     if (header_done_)
       return;
     if (f == bhttp::field::transfer_encoding) {
-      // Only one coding is understood: chunked, alone (see on_header_impl).
-      coding_ok_ = !coded_ && botmesh::internal::ascii_iequals(
-        botmesh::internal::trim(std::string_view{value.data(), value.size()}),
-        "chunked");
+      // Only one coding is understood: chunked, alone (see on_header_impl);
+      // empty list elements ("chunked,") do not count (RFC 9110 5.6.1).
+      std::size_t codings = 0;
+      bool chunked = false;
+      std::string_view rest{value.data(), value.size()};
+      while (true) {
+        auto comma = rest.find(',');
+        auto item = botmesh::internal::trim(rest.substr(0, comma));
+        if (!item.empty()) {
+          ++codings;
+          chunked = botmesh::internal::ascii_iequals(item, "chunked");
+        }
+        if (comma == std::string_view::npos)
+          break;
+        rest.remove_prefix(comma + 1);
+      }
+      coding_ok_ = !coded_ && codings == 1 && chunked;
       coded_ = true;
     }
     if (n_ == r_.headers.size())
@@ -310,7 +325,9 @@ class request_reader final : public bhttp::basic_parser<true> {
     // past it. Another coding (gzip, chunked) this server does not undo,
     // so its body would reach the handler still coded. Refused either way,
     // and the connection closes.
-    if (coded_ && !coding_ok_)
+    // HTTP/1.0 has no Transfer-Encoding: its framing is faulty whatever it
+    // says (RFC 9112 6.1), and a 1.0 peer may not mean chunked by it.
+    if (coded_ && (!coding_ok_ || version_ < 11))
       ec = bhttp::error::bad_transfer_encoding;
   }
 
@@ -347,6 +364,7 @@ class request_reader final : public bhttp::basic_parser<true> {
   request& r_;
   std::size_t n_ = 0;
   bool header_done_ = false;
+  int version_ = 11;
   bool coded_ = false;     // a Transfer-Encoding field came
   bool coding_ok_ = false; // and it was one, saying chunked alone
 };
@@ -506,14 +524,13 @@ class session : public std::enable_shared_from_this<session> {
 
   /// Feeds what is buffered to the parser; reads more when it needs more.
   void parse() {
-    if (!started_ && buffer_.size() > 0) {
+    if (!started_ && served_ > 0 && buffer_.size() > 0) {
       // The next request on a kept-alive connection has begun: its header
       // gets header_timeout from here, as a new connection's does, not
       // what is left of the idle wait (a client that dribbles a header
       // would hold the connection's slot for idle_timeout).
       started_ = true;
-      deadline_ = std::min(deadline_,
-                           steady::now() + srv_->opts.header_timeout.ms());
+      deadline_ = steady::now() + srv_->opts.header_timeout.ms();
     }
     while (buffer_.size() > 0) {
       beast::error_code ec;
@@ -711,10 +728,13 @@ class session : public std::enable_shared_from_this<session> {
     if (ec == bhttp::error::body_limit) {
       // Logged: a platform retries a refused delivery with the same body,
       // so the operator must learn that the cap is below what it sends.
-      log::warn("http", fmt::format("{} {}: request body over max_body_bytes "
-                                    "({}), answered 413",
-                                    req_.method, req_.target,
-                                    srv_->opts.max_body_bytes));
+      // Before any authentication, so the 1st, 2nd, 4th, 8th... only, and
+      // without the target (a secret may be in its path).
+      auto n = srv_->n_too_large.load() + 1;
+      if ((n & (n - 1)) == 0)
+        log::warn("http", fmt::format("a request body over max_body_bytes "
+                                      "({}) was answered 413 ({} so far)",
+                                      srv_->opts.max_body_bytes, n));
       return refuse(srv_->n_too_large, 413, "request body too large");
     }
     if (ec == bhttp::error::header_limit)

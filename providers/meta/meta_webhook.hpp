@@ -66,7 +66,11 @@ struct webhook_options {
   /// Meta batches notifications (up to 1000 in one POST) and documents
   /// webhook payloads of up to 3 MB, hence the larger body cap: a signed
   /// delivery answered 413 is retried with the same body until Meta gives
-  /// up, and every message in it is lost.
+  /// up, and every message in it is lost. Options written anew
+  /// (`listen = {.port = ...}`) get the server's 1 MiB: set
+  /// `max_body_bytes` with them. Cost: a body is read whole before its
+  /// signature can be checked, so up to `max_connections` x this cap of
+  /// memory (1.5 GiB at 512) for unauthenticated senders at worst.
   http::server_options listen{.max_body_bytes = 3 * 1024 * 1024};
   std::size_t dedup_window = 4096;
   http::flood_limits flood = http::flood_limits::whatsapp();

@@ -407,15 +407,23 @@ void flow_engine::check_unknown_holder(const std::string& key) {
   std::optional<flow_checkpoint> cp;
   try {
     cp = host_.flow_store().get_checkpoint(key);
-  } catch (const std::exception& e) {
+  } catch (...) {
+    // Anything a custom store throws: the turn's caller must go on to
+    // handle (and settle) its message.
     drop(key);
-    auto* err = dynamic_cast<const error*>(&e);
-    host_.raise_error(err ? err->code() : errc::store_error,
+    auto code = errc::store_error;
+    try {
+      throw;
+    } catch (const error& err) {
+      code = err.code();
+    } catch (...) {
+    }
+    host_.raise_error(code,
                       fmt::format("chat {}: its last holder is unknown and its "
                                   "checkpoint could not be read to check its "
                                   "conversation in memory, which is dropped "
                                   "(the next message reads the store): {}",
-                                  key, e.what()),
+                                  key, internal::what_of(std::current_exception())),
                       key, nullptr);
     return;
   }

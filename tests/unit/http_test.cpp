@@ -180,7 +180,8 @@ TEST_CASE("a request body over the cap is answered 413 and never reaches "
   CHECK(calls.load() == 0);
   CHECK(s.stats().too_large == 1);
   // The operator learns the cap is too small for what a platform sends.
-  CHECK(logs.count("http", "POST /hook: request body over max_body_bytes (100)")
+  CHECK(logs.count("http", "a request body over max_body_bytes (100) was "
+                           "answered 413 (1 so far)")
         == 1);
   CHECK(c.request({.url = s.url() + "/hook", .body = std::string(100, 'x')}).status
         == 200);
@@ -251,19 +252,31 @@ TEST_CASE("a Transfer-Encoding other than chunked alone is answered 400 and "
     CHECK(answer.find("HTTP/1.1", 1) == std::string::npos); // one answer
     CHECK(answer.find("Transfer-Encoding") != std::string::npos);
   }
-  // Chunked twice is refused too; chunked alone still reads the body.
-  {
+  // Chunked twice is refused too, and chunked on HTTP/1.0 (which has no
+  // Transfer-Encoding).
+  for (std::string head :
+       {"POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n",
+        "POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked"
+        "\r\n\r\n",
+        "POST /hook HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"}) {
+    CAPTURE(head);
     raw_socket sock{s.port()};
-    sock.send("POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
-              "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+    sock.send(head + "0\r\n\r\n");
     CHECK(sock.read_all().starts_with("HTTP/1.1 400"));
   }
   CHECK(calls.load() == 0);
-  raw_socket sock{s.port()};
-  sock.send("POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:  Chunked \r\n"
-            "Connection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n");
-  CHECK(sock.read_all().starts_with("HTTP/1.1 200"));
-  CHECK(calls.load() == 1);
+  // Chunked alone still reads the body, whatever its case, spaces and
+  // empty list elements.
+  for (std::string coding : {" Chunked ", "chunked,", ", chunked"}) {
+    CAPTURE(coding);
+    raw_socket sock{s.port()};
+    sock.send("POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:" + coding
+              + "\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n");
+    CHECK(sock.read_all().starts_with("HTTP/1.1 200"));
+  }
+  CHECK(calls.load() == 3);
 }
 
 TEST_CASE("the HTTP client times out on a platform that never answers") {
