@@ -202,12 +202,17 @@ void send_with_retry(flood_control& flood, std::string_view chat, bool group,
       send();
       return;
     } catch (const platform_error& e) {
-      if (e.code() != errc::retry_after || attempt >= max_attempts)
+      if (e.code() != errc::retry_after)
         throw;
+      // The platform's wait holds for every later send, the last attempt's
+      // too: ignored, the next send would go at once (and a platform may
+      // lengthen the wait of a client that ignores it).
       if (e.wait_scope() == platform_error::scope::chat)
         flood.pause_chat(chat, e.retry_after());
       else
         flood.pause(e.retry_after());
+      if (attempt >= max_attempts)
+        throw;
     }
   }
 }

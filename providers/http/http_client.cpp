@@ -7,6 +7,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 #include <unordered_map>
 
 #include <boost/asio/connect.hpp>
@@ -50,6 +51,15 @@ const std::string* client_response::header(std::string_view lower_name) const
 
 url_parts parse_url(std::string_view url) {
   url_parts p;
+  // Written verbatim into the request line: a space, a control character
+  // (CR LF above all) or a fragment would make another request, or another
+  // header, out of what a caller built from data (a chat id in a path).
+  for (unsigned char c : url)
+    if (c <= 0x20 || c == 0x7f || c == '#')
+      throw invalid_argument_error(
+        "url", fmt::format("URL {:?} holds a space, a control character "
+                           "or a '#'",
+                           url));
   std::string_view rest;
   if (url.starts_with("https://")) {
     p.tls = true;
@@ -318,7 +328,7 @@ struct client::impl {
         } catch (...) {
           guard.lock();
           --pool.open;
-          cv.notify_one();
+          cv.notify_all(); // (one variable for every host: see give_back)
           throw;
         }
       }
@@ -340,7 +350,9 @@ struct client::impl {
     } else {
       --pool.open;
     }
-    cv.notify_one();
+    // All: the waiters of every host share this variable, and one woken
+    // for another host would sleep again while this host's waits on.
+    cv.notify_all();
   }
 
   template <class Stream>
@@ -396,8 +408,15 @@ struct client::impl {
       }
     }
     auto msg = parser->release();
-    // 101 switches to a protocol this client does not speak.
-    keep = msg.keep_alive() && msg.result_int() != 101;
+    // 101 switches to a protocol this client does not speak. Bytes read
+    // past this answer (a body longer than its Content-Length, a body on
+    // an answer that has none) would be taken for the next request's
+    // answer on this connection, and every answer after it shifted by one:
+    // such a connection is not kept. (With TLS, bytes OpenSSL holds count.)
+    bool spare = c.buffer.size() != 0;
+    if constexpr (!std::is_same_v<std::decay_t<Stream>, beast::tcp_stream>)
+      spare = spare || SSL_pending(stream.native_handle()) > 0;
+    keep = msg.keep_alive() && msg.result_int() != 101 && !spare;
     client_response r;
     r.status = static_cast<int>(msg.result_int());
     for (auto& f : msg) {

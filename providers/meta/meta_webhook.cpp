@@ -1,5 +1,6 @@
 #include <botmesh/providers/meta/meta_webhook.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -227,6 +228,17 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       return fmt::format("{}/{}/me/messages", base, opts.api_version);
     std::string_view phone = internal::split_whatsapp_chat(msg.chat)
                                .phone_number_id;
+    // A path segment of the Graph URL, with the access token on the
+    // request: letters and digits only, as inbound ids are checked
+    // ('/', '?', "..", a space would send elsewhere).
+    if (!std::all_of(phone.begin(), phone.end(), [](unsigned char c) {
+          return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z')
+                 || (c >= 'a' && c <= 'z');
+        }))
+      throw invalid_argument_error(
+        "chat", fmt::format("whatsapp {}: the phone number id of chat {:?} "
+                            "is not letters and digits",
+                            opts.id, msg.chat));
     if (phone.empty())
       phone = opts.phone_number_id;
     if (phone.empty())

@@ -379,6 +379,10 @@ TEST_CASE("the HTTP client reports a refused connection as a provider error "
                   botmesh::invalid_argument_error);
   CHECK_THROWS_AS(http::parse_url("http://127.0.0.1:99999/"),
                   botmesh::invalid_argument_error);
+  // What would end the request line early, or add a header to it.
+  for (auto bad : {"http://h/a b", "http://h/a\r\nX: y", "http://h/a#frag",
+                   "http://h/a\x7f"})
+    CHECK_THROWS_AS(http::parse_url(bad), botmesh::invalid_argument_error);
   auto u = http::parse_url("https://api.telegram.org/bot1:a/getMe?x=1");
   CHECK(u.tls);
   CHECK(u.port == 443);
@@ -600,6 +604,16 @@ TEST_CASE("the HTTP client reads past interim answers to the final one, and "
   scripted_server srv{endless};
   http::client c;
   CHECK_THROWS_AS(c.request({.method = "GET", .url = srv.url()}), botmesh::error);
+}
+
+TEST_CASE("a connection whose answer came with bytes past its end is not "
+          "reused: the next request does not read them as its answer") {
+  scripted_server srv{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                      "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale"};
+  http::client c;
+  CHECK(c.request({.method = "GET", .url = srv.url()}).body == "ok");
+  CHECK(c.request({.method = "GET", .url = srv.url()}).body == "ok");
+  CHECK(srv.connections.load() == 2);
 }
 
 TEST_CASE("the HTTP server answers HEAD where a path has GET, names a path's "

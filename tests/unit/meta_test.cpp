@@ -518,6 +518,20 @@ TEST_CASE("a WhatsApp user writing to two business numbers has two "
   CHECK(api->calls("PHONE2/messages")[1].body.find(R"("to":"347")")
         != std::string::npos);
   CHECK(api->calls("PHONE1/messages").size() == 1);
+  // A number that is not letters and digits would be another Graph path
+  // (or another request): refused, nothing sent.
+  for (std::string chat : {"347@../../PHONE1", "347@P 1", "347@P\r\nX: y"}) {
+    CAPTURE(chat);
+    try {
+      bot.send({.provider = "whatsapp", .chat = chat, .text = "hola"});
+      FAIL("expected a refusal");
+    } catch (const botmesh::invalid_argument_error& e) {
+      CHECK(std::string{e.what()}.find("not letters and digits")
+            != std::string::npos);
+    }
+  }
+  CHECK(api->calls("PHONE1/messages").size() == 1);
+  CHECK(api->calls("PHONE2/messages").size() == 2);
 }
 
 TEST_CASE("a Messenger edit reaches the handler as an edit, once, not as "

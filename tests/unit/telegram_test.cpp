@@ -324,6 +324,20 @@ TEST_CASE("Bot API errors become typed errors: retry_after, forbidden, "
   CHECK(code_of(400, R"({"ok":false,"error_code":400,"description":"Bad Request: chat not found"})").first
         == botmesh::errc::bad_request);
   CHECK(code_of(502, "<html>bad gateway</html>").first == botmesh::errc::provider_error);
+  // An error_code that is no HTTP status (here 2^32 + 429) is not taken
+  // for one: the answer's status decides.
+  CHECK(code_of(400, R"({"ok":false,"error_code":4294967725,"description":"x"})").first
+        == botmesh::errc::bad_request);
+  // A group upgraded to a supergroup: the error names the new id.
+  try {
+    tg::internal::check_answer(
+      "sendMessage", 400,
+      R"({"ok":false,"error_code":400,"description":"Bad Request: group chat was upgraded to a supergroup chat","parameters":{"migrate_to_chat_id":-1001234567890}})");
+    FAIL("expected an error");
+  } catch (const botmesh::platform_error& e) {
+    CHECK(std::string{e.what()}.find("(migrate_to_chat_id -1001234567890)")
+          != std::string::npos);
+  }
   CHECK(tg::internal::check_answer("getMe", 200, R"({"ok":true,"result":{"id":1}})")
         == R"({"id":1})");
 }
@@ -343,6 +357,30 @@ TEST_CASE("a flood control pause is taken as at most a day, a negative one "
   CHECK(g.wait_time("1", false) == 0ms);
   g.pause(3s);
   CHECK(g.wait_time("1", false) > 2s);
+}
+
+using platform_error_scope = botmesh::platform_error::scope;
+
+TEST_CASE("a 429 on a send's last attempt still pauses the sends after it") {
+  auto refuse = [](platform_error_scope scope) {
+    return [scope] {
+      throw botmesh::platform_error(botmesh::errc::retry_after, 429, "slow down",
+                                    3s, "429", scope);
+    };
+  };
+  http::flood_control f{http::flood_limits::none()};
+  CHECK_THROWS_AS(http::send_with_retry(f, "7", false,
+                                        refuse(platform_error_scope::bot), {},
+                                        {}, 1),
+                  botmesh::platform_error);
+  CHECK(f.wait_time("8", false) > 2s);
+  http::flood_control g{http::flood_limits::none()};
+  CHECK_THROWS_AS(http::send_with_retry(g, "7", false,
+                                        refuse(platform_error_scope::chat), {},
+                                        {}, 1),
+                  botmesh::platform_error);
+  CHECK(g.wait_time("7", false) > 2s);
+  CHECK(g.wait_time("8", false) == 0ms);
 }
 
 TEST_CASE("a flood control pause of one chat holds that chat only, bounded "

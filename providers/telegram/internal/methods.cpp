@@ -191,16 +191,24 @@ std::string check_answer(std::string_view method, int status,
     return simdjson::minify(result);
   }
   std::int64_t code = status;
-  if (o["error_code"].get(code) != simdjson::SUCCESS)
+  // An error code that is no HTTP status is the answer's fault: cast to
+  // int, 4294967725 would read as a 429 and be retried.
+  if (o["error_code"].get(code) != simdjson::SUCCESS || code < 100 || code > 599)
     code = status;
   std::string_view description;
   if (o["description"].get(description) != simdjson::SUCCESS)
     description = {};
   std::int64_t retry = 0;
+  std::int64_t migrated = 0;
   simdjson::dom::object params;
-  if (o["parameters"].get(params) == simdjson::SUCCESS)
+  if (o["parameters"].get(params) == simdjson::SUCCESS) {
     if (params["retry_after"].get(retry) != simdjson::SUCCESS)
       retry = 0;
+    // A group that became a supergroup: its new id is what the caller
+    // must send to from now on, so the error names it.
+    if (params["migrate_to_chat_id"].get(migrated) != simdjson::SUCCESS)
+      migrated = 0;
+  }
   auto c = static_cast<int>(code);
   errc kind = errc::provider_error;
   if (c == 429)
@@ -217,8 +225,12 @@ std::string check_answer(std::string_view method, int status,
       ? std::clamp<std::int64_t>(retry, 1, max_retry_after_seconds) * 1000
       : 0};
   throw platform_error(kind, c, std::string{description}, wait,
-                       fmt::format("telegram {}: {} {}", method, c,
-                                   description.empty() ? "failed" : description));
+                       fmt::format("telegram {}: {} {}{}", method, c,
+                                   description.empty() ? "failed" : description,
+                                   migrated != 0
+                                     ? fmt::format(" (migrate_to_chat_id {})",
+                                                   migrated)
+                                     : std::string{}));
 }
 
 } // namespace botmesh::telegram::internal
