@@ -752,6 +752,21 @@ TEST_CASE("a Graph API rate limit is waited out and retried in order, a "
   } catch (const botmesh::platform_error& e) {
     CHECK(e.code() == botmesh::errc::forbidden);
   }
+  // A 2xx that is no Graph answer (a proxy's page, a body cut short, an
+  // error object) is no delivery.
+  for (std::string body : {"<html>login</html>", R"({"messages":[{"id")", "",
+                           R"({"error":{"message":"down","code":2}})"}) {
+    CAPTURE(body);
+    try {
+      meta::internal::check_graph_answer(200, body);
+      FAIL("expected an error");
+    } catch (const botmesh::platform_error& e) {
+      CHECK(e.code() == botmesh::errc::provider_error);
+      CHECK(e.http_status() == 200);
+    }
+  }
+  CHECK(meta::internal::check_graph_answer(200, R"({"message_id":"m.1"})")
+        == R"({"message_id":"m.1"})");
 }
 
 TEST_CASE("a WhatsApp pair rate limit holds back that user's chat for 6 "

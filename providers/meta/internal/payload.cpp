@@ -620,15 +620,30 @@ std::string to_graph_body(const outgoing_message& msg, platform kind) {
 }
 
 std::string check_graph_answer(int status, std::string_view body) {
-  if (status >= 200 && status < 300)
-    return std::string{body};
   thread_local simdjson::dom::parser parser;
   element doc;
+  auto parsed = parser.parse(body.data(), body.size(), true).get(doc);
   object err;
+  if (status >= 200 && status < 300) {
+    // The Graph API answers a send with a JSON object. Anything else (a
+    // captive proxy's page, a body cut short) says nothing was delivered
+    // to it: a send taken for done there would be lost without a word.
+    object answer;
+    if (parsed != simdjson::SUCCESS || doc.get(answer) != simdjson::SUCCESS)
+      throw platform_error(
+        errc::provider_error, status, {}, std::chrono::milliseconds{0},
+        fmt::format("graph api: {} answer is not a JSON object ({}): {:?}",
+                    status,
+                    parsed != simdjson::SUCCESS
+                      ? simdjson::error_message(parsed)
+                      : "another JSON value",
+                    body.substr(0, 80)));
+    if (answer["error"].get(err) != simdjson::SUCCESS)
+      return std::string{body};
+  }
   std::string_view message;
   std::int64_t code = 0;
-  if (parser.parse(body.data(), body.size(), true).get(doc) == simdjson::SUCCESS
-      && doc["error"].get(err) == simdjson::SUCCESS) {
+  if (parsed == simdjson::SUCCESS && doc["error"].get(err) == simdjson::SUCCESS) {
     if (err["message"].get(message) != simdjson::SUCCESS)
       message = {};
     if (err["code"].get(code) != simdjson::SUCCESS)
