@@ -1136,6 +1136,18 @@ struct chat_fixture : lease_fixture {
     vs.run();
   }
 
+  // Asks the router to drain (bound 60 s); its answer lands in the result
+  // once the test runs the actors.
+  std::shared_ptr<std::optional<bool>> drain() {
+    auto answer = std::make_shared<std::optional<bool>>();
+    vs.sys().spawn([r = router, answer](caf::event_based_actor* self) {
+      self->request(r, caf::infinite, botmesh::drain_atom::value,
+                    std::chrono::milliseconds{60'000})
+        .then([answer](bool all) { *answer = all; }, [](caf::error&) {});
+    });
+    return answer;
+  }
+
   void inject(const std::string& text,
               std::function<void(botmesh::turn_outcome)> on_end = {}) {
     send(text, std::move(on_end));
@@ -1353,13 +1365,7 @@ TEST_CASE("a refusal that throws in the router is logged, and the router "
           "goes on refusing and routing") {
   test::log_capture logs;
   chat_fixture f;
-  auto answer = std::make_shared<std::optional<bool>>();
-  f.vs.sys().spawn([router = f.router, answer](caf::event_based_actor* self) {
-    self->request(router, caf::infinite, botmesh::drain_atom::value,
-                  std::chrono::milliseconds{60'000})
-      .then([answer](bool all) { *answer = all; },
-            [](caf::error&) {});
-  });
+  auto answer = f.drain();
   f.vs.run();
   REQUIRE(answer->has_value()); // nothing queued: drained at once
   // Draining, the router refuses what comes; the first refusal throws.
@@ -1377,13 +1383,7 @@ TEST_CASE("a chat that ends by an exception while the router drains "
   f.services.throw_on_run = true;
   f.inject("uno");
   auto& enter = f.coord->last(op::enter);
-  auto answer = std::make_shared<std::optional<bool>>();
-  f.vs.sys().spawn([router = f.router, answer](caf::event_based_actor* self) {
-    self->request(router, caf::infinite, botmesh::drain_atom::value,
-                  std::chrono::milliseconds{60'000})
-      .then([answer](bool all) { *answer = all; },
-            [](caf::error&) {});
-  });
+  auto answer = f.drain();
   f.vs.run();
   CHECK_FALSE(answer->has_value()); // "uno" still waits for its turn
   // Granted: run_turn throws and the chat ends while the drain waits.

@@ -362,23 +362,20 @@ TEST_CASE("a flood control pause is taken as at most a day, a negative one "
 using platform_error_scope = botmesh::platform_error::scope;
 
 TEST_CASE("a 429 on a send's last attempt still pauses the sends after it") {
-  auto refuse = [](platform_error_scope scope) {
-    return [scope] {
+  // One attempt to chat "7", refused with a 3 s wait of `scope`.
+  auto refused_once = [](http::flood_control& f, platform_error_scope scope) {
+    auto refuse = [scope] {
       throw botmesh::platform_error(botmesh::errc::retry_after, 429, "slow down",
                                     3s, "429", scope);
     };
+    CHECK_THROWS_AS(http::send_with_retry(f, "7", false, refuse, {}, {}, 1),
+                    botmesh::platform_error);
   };
   http::flood_control f{http::flood_limits::none()};
-  CHECK_THROWS_AS(http::send_with_retry(f, "7", false,
-                                        refuse(platform_error_scope::bot), {},
-                                        {}, 1),
-                  botmesh::platform_error);
+  refused_once(f, platform_error_scope::bot);
   CHECK(f.wait_time("8", false) > 2s);
   http::flood_control g{http::flood_limits::none()};
-  CHECK_THROWS_AS(http::send_with_retry(g, "7", false,
-                                        refuse(platform_error_scope::chat), {},
-                                        {}, 1),
-                  botmesh::platform_error);
+  refused_once(g, platform_error_scope::chat);
   CHECK(g.wait_time("7", false) > 2s);
   CHECK(g.wait_time("8", false) == 0ms);
 }
