@@ -5,6 +5,7 @@
 
 #include <botmesh/runtime/bot.hpp>
 
+#include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
@@ -34,6 +35,17 @@ struct bad_value {
 };
 
 std::chrono::milliseconds to_duration(std::string_view v) {
+  // A unit is required here: a bare number would be milliseconds, and
+  // STOP_TIMEOUT=30 or lease = 15 meant as seconds would pass unnoticed
+  // (a 15 ms lease makes every replica look dead). Code that builds
+  // options may still write "250" (see duration).
+  auto t = internal::trim(v);
+  if (!t.empty() && (std::isdigit(static_cast<unsigned char>(t.back()))
+                     || t.back() == '.'))
+    throw bad_value{fmt::format("a duration needs its unit (\"{}s\", "
+                                "\"{}ms\"): a bare number would be taken "
+                                "as milliseconds",
+                                t, t)};
   try {
     return parse_duration(v);
   } catch (const std::exception& e) {
@@ -312,7 +324,9 @@ bot_options bot_options::from_file(const std::string& path, bot_options base) {
     auto value = trim(text.substr(eq + 1));
     if (key.empty())
       fail("line", "a key is missing before \"=\"");
-    // A quoted value keeps ';' and '#'; otherwise they start a comment.
+    // A quoted value keeps ';' and '#'; otherwise they start a comment
+    // after white space only: "shop#2" is a value, not "shop" and a
+    // comment (a bot id cut short would share another's namespace).
     if (!value.empty() && value.front() == '"') {
       auto close = value.find('"', 1);
       if (close == std::string_view::npos)
@@ -321,8 +335,13 @@ bot_options bot_options::from_file(const std::string& path, bot_options base) {
       if (!rest.empty() && rest.front() != ';' && rest.front() != '#')
         fail(std::string{key}, "text after a quoted value");
       value = value.substr(1, close - 1);
-    } else if (auto c = value.find_first_of(";#"); c != std::string_view::npos) {
-      value = trim(value.substr(0, c));
+    } else {
+      for (std::size_t c = 0; c < value.size(); ++c)
+        if ((value[c] == ';' || value[c] == '#')
+            && (c == 0 || value[c - 1] == ' ' || value[c - 1] == '\t')) {
+          value = trim(value.substr(0, c));
+          break;
+        }
     }
     auto full = section.empty() ? std::string{key}
                                 : section + "." + std::string{key};

@@ -1,6 +1,7 @@
 #include <botmesh/runtime/core/message.hpp>
 
 #include <array>
+#include <cmath>
 
 #include <fmt/format.h>
 #include <simdjson.h>
@@ -79,6 +80,26 @@ std::string command_in(std::string_view text) {
   return std::string{text.substr(1, n - 1)};
 }
 
+namespace {
+
+// A location's numbers: finite and on the globe. NaN or infinity would be
+// written as `nan`/`inf`, which no JSON reader takes back: a journal record
+// or a checkpoint holding the message would be lost when read.
+void check_coordinates(const inbound_message& msg) {
+  auto check = [&](std::string_view name, double v, double bound) {
+    if (!std::isfinite(v) || v < -bound || v > bound)
+      throw invalid_argument_error(
+        std::string{name},
+        fmt::format("inbound message {} is {}, not a number from {} to {} "
+                    "(chat {})",
+                    name, v, -bound, bound, msg.chat));
+  };
+  check("latitude", msg.latitude, 90);
+  check("longitude", msg.longitude, 180);
+}
+
+} // namespace
+
 void validate(const inbound_message& msg, const message_limits& limits) {
   // Every field travels through JSON (message log, saved answers): bytes
   // that are not UTF-8 would come back rewritten, so they are refused here.
@@ -123,6 +144,7 @@ void validate(const inbound_message& msg, const message_limits& limits) {
                                msg.chat));
   utf8_field("media_url", msg.media_url);
   utf8_field("raw", msg.raw);
+  check_coordinates(msg);
   if (msg.text.size() > limits.max_text_bytes)
     throw invalid_argument_error(
       "text", fmt::format("inbound message text is {} bytes, over the limit of "
@@ -165,8 +187,12 @@ std::string to_json(const inbound_message& msg) {
   optional("media_id", msg.media_id);
   optional("media_url", msg.media_url);
   optional("mime_type", msg.mime_type);
-  if (msg.latitude != 0 || msg.longitude != 0)
+  if (msg.latitude != 0 || msg.longitude != 0) {
+    // (A middleware's edit is not validated again: checked where it would
+    // become JSON that cannot be read back.)
+    check_coordinates(msg);
     out += fmt::format(",\"lat\":{},\"lon\":{}", msg.latitude, msg.longitude);
+  }
   if (msg.edited)
     out += ",\"edited\":true";
   optional("edit_id", msg.edit_id);

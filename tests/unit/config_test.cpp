@@ -99,6 +99,17 @@ TEST_CASE("an environment value that does not parse names the variable and "
     CHECK(what.find("not a duration") != std::string::npos);
   }
   {
+    // A bare number would be milliseconds: 30 meant as seconds would stop
+    // the bot after 30 ms.
+    env_scope env;
+    env.set("BOTMESH_STOP_TIMEOUT", "30");
+    std::string field;
+    auto what = error_of([] { botmesh::bot_options::from_env(); }, &field);
+    CHECK(field == "stop_timeout");
+    CHECK(what.find("a duration needs its unit (\"30s\", \"30ms\")")
+          != std::string::npos);
+  }
+  {
     env_scope env;
     env.set("BOTMESH_HANDLER_THREADS", "-3");
     std::string field;
@@ -138,7 +149,7 @@ TEST_CASE("the environment overrides what the application set, section by "
 
 TEST_CASE("an INI file sets options at the top level and in sections") {
   ini_file f{"; a bot\n"
-             "bot_id = shop\n"
+             "bot_id = shop#2 ;a comment after a space\n"
              "stop_timeout = 20s   # comment\n"
              "\n"
              "[bot]\n"
@@ -152,7 +163,7 @@ TEST_CASE("an INI file sets options at the top level and in sections") {
              "[limits]\n"
              "max_id_bytes = 128\n"};
   auto o = botmesh::bot_options::from_file(f.path());
-  CHECK(o.bot_id == "shop");
+  CHECK(o.bot_id == "shop#2"); // no space before '#': part of the value
   CHECK(o.stop_timeout.ms() == 20s);
   CHECK(o.lang == "es");
   REQUIRE(o.coordination.has_value());

@@ -1,5 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <tuple>
+
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
 #include <caf/actor_system.hpp>
@@ -178,6 +181,37 @@ TEST_CASE("an inbound message's button, media, location and edit fields "
   CHECK(corrupted_message([&] { botmesh::inbound_message_from_json(bad); })
           .find("\"lat\"")
         != std::string::npos);
+}
+
+TEST_CASE("a location that is not finite or not on the globe is refused, "
+          "by validation and where it would become JSON") {
+  for (auto [lat, lon, field] :
+       {std::tuple{std::nan(""), 1.0, "latitude"},
+        std::tuple{1.0, HUGE_VAL, "longitude"}, std::tuple{91.0, 1.0, "latitude"},
+        std::tuple{1.0, -180.5, "longitude"}}) {
+    CAPTURE(field);
+    auto m = sample();
+    m.type = botmesh::message_type::location;
+    m.latitude = lat;
+    m.longitude = lon;
+    try {
+      botmesh::validate(m, {});
+      FAIL("validated");
+    } catch (const botmesh::invalid_argument_error& e) {
+      CHECK(e.field() == field);
+    }
+    // A middleware's edit is not validated again: the encoding refuses
+    // what no reader would take back (a journal record, a saved answer).
+    CHECK_THROWS_AS(botmesh::to_json(m), botmesh::invalid_argument_error);
+    auto cp = sample_checkpoint();
+    cp.saved_answer = m;
+    CHECK_THROWS_AS(botmesh::to_json(cp), botmesh::invalid_argument_error);
+  }
+  auto m = sample();
+  m.latitude = -90;
+  m.longitude = 180;
+  CHECK_NOTHROW(botmesh::validate(m, {}));
+  CHECK(botmesh::inbound_message_from_json(botmesh::to_json(m)) == m);
 }
 
 TEST_CASE("validation names an inbound message's oversized button data and "
