@@ -1,6 +1,7 @@
 #include <botmesh/runtime/core/checkpoint.hpp>
 
 #include <fmt/format.h>
+#include <simdjson.h>
 
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/json_reader.hpp>
@@ -14,11 +15,30 @@ namespace botmesh {
 //    "revision":u,"created_at":ms,"updated_at":ms,"fingerprint":s,
 //    "ephemeral":b,"expires_at":ms,"answer":<inbound message>|null,
 //    "answer_ref":s[,"marker":true]}
+namespace {
+
+// The state goes one level down in the checkpoint's object: a state that
+// nests as deep as a reader allows would make a checkpoint no reader takes
+// back, written over the last good one. So it is checked one level short.
+bool state_fits(std::string_view state) noexcept {
+  thread_local simdjson::dom::parser parser = [] {
+    simdjson::dom::parser p;
+    (void) p.allocate(4096, simdjson::DEFAULT_MAX_DEPTH - 1);
+    return p;
+  }();
+  simdjson::dom::element doc;
+  return parser.parse(state.data(), state.size(), true).get(doc)
+         == simdjson::SUCCESS;
+}
+
+} // namespace
+
 std::string to_json(const flow_checkpoint& cp, std::size_t max_answer_bytes) {
-  if (!is_valid_json(cp.state))
+  if (!state_fits(cp.state))
     throw invalid_argument_error(
-      "state", fmt::format("checkpoint {}: state is not a JSON document",
-                           cp.key));
+      "state", fmt::format("checkpoint {}: state is not a JSON document (or "
+                           "nests deeper than {} levels)",
+                           cp.key, simdjson::DEFAULT_MAX_DEPTH - 1));
   std::string answer = "null";
   if (cp.saved_answer) {
     answer = to_json(*cp.saved_answer);

@@ -312,6 +312,28 @@ TEST_CASE("checkpoint encoding refuses a non-JSON state and an oversize answer")
     CHECK(e.field() == "saved_answer");
   }
   CHECK_NOTHROW(botmesh::to_json(cp, 64 * 1024));
+  // A state nested as deep as a reader allows would make a checkpoint no
+  // reader takes back: whatever is encoded decodes.
+  int refused = 0;
+  for (int k = 1000; k <= 1030; ++k) {
+    CAPTURE(k);
+    cp = sample_checkpoint();
+    cp.state = std::string(k, '[') + "0" + std::string(k, ']');
+    try {
+      auto json = botmesh::to_json(cp);
+      CHECK(botmesh::checkpoint_from_json(json).state == cp.state);
+    } catch (const botmesh::invalid_argument_error& e) {
+      CHECK(e.field() == "state");
+      ++refused;
+    }
+  }
+  CHECK(refused > 0);
+  CHECK(refused < 31);
+  // The bound holds for a state larger than the first buffer, too.
+  cp = sample_checkpoint();
+  cp.state = std::string(1023, '[') + "\"" + std::string(8000, 'x') + "\""
+             + std::string(1023, ']');
+  CHECK_THROWS_AS(botmesh::to_json(cp), botmesh::invalid_argument_error);
 }
 
 TEST_CASE("a corrupted checkpoint record gives an error naming what is wrong") {
