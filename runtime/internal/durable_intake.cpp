@@ -30,6 +30,16 @@ durable_turn_scope::~durable_turn_scope() {
   current = prev_;
 }
 
+durable_send_scope::durable_send_scope(std::string scope) : turn_(current) {
+  if (turn_)
+    prev_ = std::exchange(turn_->scope, std::move(scope));
+}
+
+durable_send_scope::~durable_send_scope() {
+  if (turn_)
+    turn_->scope = std::move(prev_);
+}
+
 durable_host::~durable_host() {
   // nop
 }
@@ -633,7 +643,18 @@ bool durable_intake::outbox_allows(const std::string& chat_key) {
   auto* t = current;
   if (!t)
     return true;
-  auto send_id = fmt::format("{}/{}", *t->record, t->sends++);
+  std::string send_id;
+  if (t->scope.empty()) {
+    send_id = fmt::format("{}/{}", *t->record, t->sends++);
+  } else {
+    auto i = std::find_if(t->scoped_sends.begin(), t->scoped_sends.end(),
+                          [&](auto& s) { return s.first == t->scope; });
+    if (i == t->scoped_sends.end())
+      i = t->scoped_sends.emplace(t->scoped_sends.end(), t->scope, 0);
+    // (The scope's length first: no two scopes make one id.)
+    send_id = fmt::format("{}/{}:{}/{}", *t->record, t->scope.size(), t->scope,
+                          i->second++);
+  }
   t->taken.clear();
   if (t->writer.empty())
     t->writer = fmt::format("{}/{}", holder_, ++writers_);

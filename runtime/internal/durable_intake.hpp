@@ -42,6 +42,13 @@ struct durable_turn {
   /// The intake's generation that holds the record (chat_event::journal_gen).
   std::uint32_t gen = 0;
   std::uint32_t sends = 0;
+  /// Where the sends being made belong (a flow's step; empty: the turn
+  /// itself). A replay restarts at the last checkpoint that landed, which
+  /// may be one the first attempt wrote mid-turn, so a step's sends are
+  /// numbered within the step: the replay's first send of a step meets the
+  /// first attempt's send of that step, not a send of a step before it.
+  std::string scope{};
+  std::vector<std::pair<std::string, std::uint32_t>> scoped_sends{};
   /// The outbox id of the send outbox_allows let through last (empty:
   /// none), taken back by send_failed.
   std::string taken{};
@@ -64,6 +71,20 @@ class durable_turn_scope {
 
  private:
   durable_turn* prev_;
+};
+
+/// Makes the sends of this thread's journaled turn (if any) belong to
+/// `scope` for a scope (see durable_turn::scope).
+class durable_send_scope {
+ public:
+  explicit durable_send_scope(std::string scope);
+  ~durable_send_scope();
+  durable_send_scope(const durable_send_scope&) = delete;
+  durable_send_scope& operator=(const durable_send_scope&) = delete;
+
+ private:
+  durable_turn* turn_;
+  std::string prev_;
 };
 
 /// What the intake needs from the bot. Called from any thread (backend

@@ -582,6 +582,12 @@ void flow_engine::fence(const conversation& c) const {
 void flow_engine::send(conversation& c, std::string_view text) {
   if (c.superseded)
     throw lease_lost_error(c.key, "superseded");
+  // Numbered within the step in the outbox (see durable_turn::scope): a
+  // replay that restarts at a checkpoint written mid-turn would otherwise
+  // take its first send for the first attempt's first one, of a step
+  // before, and skip it.
+  durable_send_scope scope{fmt::format("{}\x1f{}", c.def->name,
+                                       c.def->steps[c.step].name)};
   host_.send_to_chat(c.key, c.current, text, c.turn);
 }
 

@@ -587,6 +587,44 @@ TEST_CASE("with durability a send that timed out is made again by the "
   }
 }
 
+TEST_CASE("with durability a replay that restarts at a checkpoint its first "
+          "attempt wrote mid-turn makes the send that attempt did not make") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  // The platform answers again once the timeout was reported.
+  b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
+    if (e.code == errc::timeout)
+      p->fail_sends(false);
+  });
+  std::atomic<int> greetings{0};
+  botmesh::flow f{"pedido"};
+  f.hears({"pedido"})
+    .step("saludo",
+          [&](botmesh::flow_context& c) -> botmesh::flow_task {
+            c.send("Hola");
+            if (++greetings == 1)
+              p->fail_sends(true, errc::timeout); // the question's send
+            co_return;
+          })
+    .ask("cantidad", "¿Cantidad?",
+         [](botmesh::flow_context&, const botmesh::answer&) {})
+    .persistent();
+  b.add_flow(std::move(f));
+  b.start();
+  // "Hola" goes out; "cantidad" begins (its checkpoint lands), and its
+  // question times out: the record is released and handled again, from
+  // that checkpoint. The question is the replay's first send; the first
+  // attempt's first send was "Hola".
+  p->inject(msg("ana", "m1", "pedido"));
+  REQUIRE(p->wait_for_sent(2, 10s));
+  CHECK(texts(*p) == std::vector<std::string>{"Hola", "¿Cantidad?"});
+  CHECK(b.stats().outbox_skipped == 0);
+  CHECK(b.stats().reprocessed == 1);
+  CHECK(greetings.load() == 1);
+  b.stop();
+}
+
 namespace {
 
 // What the outbox says, now, to send `send_id` of chat `key` under `fence`
