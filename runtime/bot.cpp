@@ -153,6 +153,15 @@ struct bot::impl final : chat_services,
     if (retry_window.count() <= 0)
       throw invalid_argument_error("retry_window",
                                    "bot_options.retry_window must be > 0");
+    // A provider's window is plain milliseconds (not a capped duration):
+    // now + a larger one overflows, every record and remembered id would
+    // be expired on arrival, and duplicates would be handled again.
+    if (retry_window > std::chrono::hours{24 * 36'500})
+      throw invalid_argument_error(
+        "retry_window",
+        fmt::format("the retry window of provider {} ({} ms) is over 100 "
+                    "years",
+                    provider_id, retry_window.count()));
     if (opts.durability) {
       auto& d = *opts.durability;
       if (!d.backend)

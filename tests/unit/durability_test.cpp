@@ -157,6 +157,19 @@ TEST_CASE("without durability the same id in two chats is not a duplicate, "
   CHECK(b.stats().duplicates == 0);
 }
 
+TEST_CASE("a provider retry window over 100 years is refused, naming it") {
+  botmesh::testing_provider::options o;
+  o.capabilities.retry_window = std::chrono::milliseconds::max();
+  auto p = std::make_shared<botmesh::testing_provider>(o);
+  try {
+    botmesh::bot b{{.provider = p}};
+    FAIL("accepted");
+  } catch (const botmesh::invalid_argument_error& e) {
+    CHECK(e.field() == "retry_window");
+    CHECK(std::string{e.what()}.find("over 100 years") != std::string::npos);
+  }
+}
+
 TEST_CASE("with durability the provider hears a message was accepted only "
           "after its journal write landed") {
   auto backend = std::make_shared<test::gated_backend>();
