@@ -586,8 +586,10 @@ void flow_engine::send(conversation& c, std::string_view text) {
   // replay that restarts at a checkpoint written mid-turn would otherwise
   // take its first send for the first attempt's first one, of a step
   // before, and skip it.
-  durable_send_scope scope{fmt::format("{}\x1f{}", c.def->name,
-                                       c.def->steps[c.step].name)};
+  std::optional<durable_send_scope> scope;
+  if (current_durable_turn()) // (no name to format without durability)
+    scope.emplace(fmt::format("{}\x1f{}", c.def->name,
+                              c.def->steps[c.step].name));
   host_.send_to_chat(c.key, c.current, text, c.turn);
 }
 
