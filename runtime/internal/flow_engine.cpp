@@ -714,14 +714,9 @@ void flow_engine::checkpoint(conversation& c, bool waiting,
   c.revision = *rev;
   c.lapses_at = lapses_of(cp);
   c.marker = mode == cp_mode::marker;
-  // Whether the last checkpoint that landed keeps this message as its
-  // saved answer: only then does it keep the turn's effect whatever
-  // happens after (a cut). A later one without it (the next step begun)
-  // no longer does: a send of that step that fails must release the
-  // record, or it is never made.
-  if (c.answer_saved)
-    *c.answer_saved =
-      cp.saved_answer && same_delivery(*cp.saved_answer, c.current);
+  if (cp.saved_answer && c.answer_saved
+      && same_delivery(*cp.saved_answer, c.current))
+    *c.answer_saved = true;
   if (hands_over()) {
     cp.revision = *rev;
     c.stored = std::move(cp);

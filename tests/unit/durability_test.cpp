@@ -1070,63 +1070,6 @@ TEST_CASE("with durability a step cut by settle releases its record: it is "
   CHECK(errors.count(errc::lease_lost) >= 1);
 }
 
-TEST_CASE("with durability a saved answer keeps its record only while the "
-          "last checkpoint that landed holds it: a later step's send that "
-          "fails releases it") {
-  botmesh::memory_coordination_hub hub;
-  auto backend = std::make_shared<botmesh::memory_durable_backend>();
-  auto store = std::make_shared<botmesh::memory_store>();
-  std::shared_ptr<botmesh::testing_provider> p[2];
-  std::unique_ptr<botmesh::bot> b[2];
-  std::atomic<int> runs{0};
-  for (int i = 0; i < 2; ++i) {
-    auto id = "r" + std::to_string(i);
-    p[i] = std::make_shared<botmesh::testing_provider>();
-    botmesh::coordination_options co;
-    co.coordinator = std::make_shared<botmesh::memory_coordinator>(
-      hub, botmesh::memory_coordinator_options{.replica_id = id});
-    b[i] = std::make_unique<botmesh::bot>(botmesh::bot_options{
-      .provider = p[i], .store = store, .coordination = co,
-      .durability = durable(backend, id)});
-    // The platform answers again once the timeout was reported.
-    b[i]->on<botmesh::events::error>(
-      [&p, i](const botmesh::events::error& e) {
-        if (e.code == errc::timeout)
-          p[i]->fail_sends(false);
-      });
-    botmesh::flow f{"pedido"};
-    f.hears({"pedido"})
-      .ask("producto", "¿Producto?",
-           [&p, &runs, i](botmesh::flow_context&, const botmesh::answer&) {
-             if (++runs == 1)
-               p[i]->fail_sends(true, errc::timeout); // the next question's
-           })
-      .ask("cantidad", "¿Cantidad?",
-           [](botmesh::flow_context&, const botmesh::answer&) {})
-      .persistent();
-    b[i]->add_flow(std::move(f));
-    b[i]->start();
-  }
-  p[0]->inject(msg("ana", "m1", "pedido"));
-  REQUIRE(p[0]->wait_for_sent(1, 10s));
-  // On the other replica the conversation is restored, and m2 answers its
-  // first question: saved in the checkpoint as the step begins again. The
-  // next step's checkpoint lands without it, then "¿Cantidad?" times out:
-  // m2 is handled again (not confirmed on the saved answer's word), and
-  // asks it.
-  p[1]->inject(msg("ana", "m2", "pan"));
-  REQUIRE(test::eventually(
-    [&] { return p[0]->sent().size() + p[1]->sent().size() == 2; }, 15s));
-  auto all = texts(*p[0]);
-  for (auto& t : texts(*p[1]))
-    all.push_back(t);
-  CHECK(all == std::vector<std::string>{"¿Producto?", "¿Cantidad?"});
-  CHECK(b[0]->stats().reprocessed + b[1]->stats().reprocessed == 1);
-  CHECK(runs.load() == 1); // the replay starts at "cantidad"
-  for (auto& bot : b)
-    bot->stop();
-}
-
 TEST_CASE("with durability a bot's heartbeat is in the backend before it "
           "records anything: another replica never takes its fresh records "
           "for a dead one's") {
