@@ -246,6 +246,27 @@ void validate(const outgoing_message& msg) {
     throw invalid_argument_error(
       "text", fmt::format("outgoing message text to {} is not valid UTF-8",
                           msg.chat));
+  // Every field goes out as JSON, whose encoder replaces bytes that are not
+  // UTF-8: button data would come back rewritten from a press and match no
+  // route, and a platform's byte limit would be checked on other bytes.
+  auto utf8_field = [&](std::string_view name, const std::string& value) {
+    if (!is_valid_utf8(value))
+      throw invalid_argument_error(
+        std::string{name},
+        fmt::format("outgoing message {} to {} is not valid UTF-8", name,
+                    msg.chat));
+  };
+  utf8_field("chat", msg.chat);
+  utf8_field("reply_to", msg.reply_to);
+  utf8_field("menu_label", msg.menu_label);
+  utf8_field("media_url", msg.media_url);
+  utf8_field("media_id", msg.media_id);
+  for (auto& row : msg.buttons)
+    for (auto& b : row) {
+      utf8_field("buttons", b.text);
+      utf8_field("buttons", b.data);
+      utf8_field("buttons", b.url);
+    }
 }
 
 namespace internal {

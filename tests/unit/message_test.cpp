@@ -270,6 +270,20 @@ TEST_CASE("validation names the bad field of an outgoing message with "
   CHECK(field_of(m) == "ok");
   m.media = botmesh::message_type::location;
   CHECK(field_of(m) == "media");
+  // Bytes that are not UTF-8 would go out rewritten (button data coming
+  // back from a press would match no route).
+  m = ok;
+  m.buttons = {{{.text = "A", .data = "\xff"}}};
+  CHECK(field_of(m) == "buttons");
+  m.buttons = {{{.text = "\xc3", .data = "a"}}};
+  CHECK(field_of(m) == "buttons");
+  m = ok;
+  m.media = botmesh::message_type::image;
+  m.media_url = "https://example.org/\xff.png";
+  CHECK(field_of(m) == "media_url");
+  m = ok;
+  m.reply_to = "\xfe";
+  CHECK(field_of(m) == "reply_to");
 }
 
 TEST_CASE("JSON strings escape control characters and replace invalid UTF-8") {
