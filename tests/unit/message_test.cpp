@@ -1,7 +1,6 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <tuple>
 
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
@@ -185,15 +184,20 @@ TEST_CASE("an inbound message's button, media, location and edit fields "
 
 TEST_CASE("a location that is not finite or not on the globe is refused, "
           "by validation and where it would become JSON") {
-  for (auto [lat, lon, field] :
-       {std::tuple{std::nan(""), 1.0, "latitude"},
-        std::tuple{1.0, HUGE_VAL, "longitude"}, std::tuple{91.0, 1.0, "latitude"},
-        std::tuple{1.0, -180.5, "longitude"}}) {
+  struct bad {
+    double lat, lon;
+    const char* field;
+  };
+  for (auto b : {bad{std::nan(""), 1.0, "latitude"},
+                 bad{1.0, HUGE_VAL, "longitude"}, bad{91.0, 1.0, "latitude"},
+                 bad{1.0, -180.5, "longitude"}}) {
+    // (No structured binding: clang's CAPTURE lambda cannot capture one.)
+    std::string field = b.field;
     CAPTURE(field);
     auto m = sample();
     m.type = botmesh::message_type::location;
-    m.latitude = lat;
-    m.longitude = lon;
+    m.latitude = b.lat;
+    m.longitude = b.lon;
     try {
       botmesh::validate(m, {});
       FAIL("validated");
