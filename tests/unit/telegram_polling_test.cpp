@@ -401,14 +401,20 @@ TEST_CASE("a refused token is named in the log and the stats, and polling "
   text_log handled;
   handled.attach(bot);
   bot.start();
-  REQUIRE(test::eventually([&] { return p->stats().errors == 1; }));
+  // (The count, the last error and the log record are written one after
+  // the other by the poller's thread: each is waited for.)
+  REQUIRE(test::eventually([&] {
+    return p->stats().errors == 1 && !p->stats().last_error.empty();
+  }));
   auto why = p->stats().last_error;
   CHECK(why.find("401 Unauthorized") != std::string::npos);
   CHECK(why.find("refuses the bot's token") != std::string::npos);
-  auto named = logs.all();
-  CHECK(std::any_of(named.begin(), named.end(), [&](auto& c) {
-    return c.severity == botmesh::log::level::error && c.component == "telegram"
-           && c.text == why;
+  CHECK(test::eventually([&] {
+    auto named = logs.all();
+    return std::any_of(named.begin(), named.end(), [&](auto& c) {
+      return c.severity == botmesh::log::level::error
+             && c.component == "telegram" && c.text == why;
+    });
   }));
   feed.push(1, 7, "hola");
   REQUIRE(test::eventually([&] { return bot.stats().handled == 1; }));
