@@ -25,6 +25,7 @@
 #include <botmesh/runtime/core/internal/delivery_id.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/internal/worker_pool.hpp>
+#include <botmesh/runtime/core/json.hpp>
 #include <botmesh/runtime/core/log.hpp>
 #include <botmesh/runtime/core/metrics.hpp>
 #include <botmesh/runtime/internal/bot_actor_link.hpp>
@@ -147,6 +148,12 @@ struct bot::impl final : chat_services,
       log::set_level(*opts.log_level);
     if (opts.log_message_text)
       log::set_log_text(true);
+    // It is a metrics label, a log field and part of the durable task
+    // namespace: bytes that are not UTF-8 would make every /metrics scrape
+    // of the process invalid.
+    if (!is_valid_utf8(opts.bot_id))
+      throw invalid_argument_error("bot_id",
+                                   "bot_options.bot_id is not valid UTF-8");
     provider_id = opts.provider->id();
     retry_window = opts.retry_window ? opts.retry_window->ms()
                                      : opts.provider->capabilities().retry_window;

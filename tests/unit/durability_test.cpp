@@ -157,6 +157,18 @@ TEST_CASE("without durability the same id in two chats is not a duplicate, "
   CHECK(b.stats().duplicates == 0);
 }
 
+TEST_CASE("a bot_id that is not UTF-8 is refused, naming it (it would make "
+          "every metrics scrape invalid)") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  try {
+    botmesh::bot b{{.provider = p, .bot_id = "caf\xe9"}};
+    FAIL("accepted");
+  } catch (const botmesh::invalid_argument_error& e) {
+    CHECK(e.field() == "bot_id");
+  }
+  CHECK_NOTHROW(botmesh::bot{{.provider = p, .bot_id = "café"}});
+}
+
 TEST_CASE("a provider retry window over 100 years is refused, naming it") {
   botmesh::testing_provider::options o;
   o.capabilities.retry_window = std::chrono::milliseconds::max();
