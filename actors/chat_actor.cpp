@@ -589,7 +589,6 @@ void abandon_waiting(chat_actor_t* self, std::string_view why) {
     auto& e = out[k];
     if (e.req != 0)
       self->send(st.cfg().lease, leave_atom::value, st.key, e.req);
-    e.req = 0;
     if (e.ev->ev.is_timer())
       continue;
     auto ev = std::move(e.ev);

@@ -1,6 +1,7 @@
 #include <botmesh/actors/router.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <unordered_map>
@@ -21,13 +22,12 @@ namespace botmesh {
 
 namespace {
 
-// Runs a refusal (or a failure report) the router makes for chat `key`.
-// What the bot does with one (a journal release, an end notice, an error
-// event) must not end the router: a CAF actor ends with any exception it
-// lets out, and every later message of every chat would then go to a dead
-// mailbox, unrefused.
-template <class F>
-void contained(const std::string& key, F&& f) noexcept {
+// A refusal or failure report the router makes for chat `key`. What the
+// bot does with one (a journal release, an end notice, an error event) must
+// not end the router: a CAF actor ends with any exception it lets out, and
+// every later message of every chat would then go to a dead mailbox,
+// unrefused. So anything thrown is logged here.
+void contained(const std::string& key, const std::function<void()>& f) noexcept {
   try {
     f();
   } catch (...) {
@@ -35,6 +35,13 @@ void contained(const std::string& key, F&& f) noexcept {
                fmt::format("chat {}: refusing a message threw: {}", key,
                            internal::what_of(std::current_exception())));
   }
+}
+
+void refuse(chat_services& services, const std::string& key, chat_event ev,
+            errc code, std::string why) noexcept {
+  contained(key, [&] {
+    services.refused(key, std::move(ev), code, std::move(why));
+  });
 }
 
 using sweep_atom = caf::atom_constant<caf::atom("bm_sweep")>;
@@ -106,13 +113,10 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     // What waits for an ending chat is refused as a live chat's queue is.
     for (auto& [key, ending] : st.ending)
       ending.take_messages([&, &key = key](chat_event ev) {
-        contained(key, [&] {
-          st.cfg->services->refused(
-            key, std::move(ev), errc::stopped,
-            fmt::format("chat {}: the router ended before this message's "
-                        "turn",
-                        key));
-        });
+        refuse(*st.cfg->services, key, std::move(ev), errc::stopped,
+               fmt::format("chat {}: the router ended before this message's "
+                           "turn",
+                           key));
       });
     st.ending.clear();
     self->quit(msg.reason);
@@ -149,11 +153,8 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     const auto& key = ev->key;
     if (st.draining) {
       if (!ev->ev.is_timer()) // (a stopping bot runs no more timers)
-        contained(key, [&] {
-          st.cfg->services->refused(key, std::move(ev->ev), errc::stopped,
-                                    fmt::format("chat {}: the bot is stopping",
-                                                key));
-        });
+        refuse(*st.cfg->services, key, std::move(ev->ev), errc::stopped,
+               fmt::format("chat {}: the bot is stopping", key));
       return;
     }
     auto t = target_of(key);
@@ -162,13 +163,10 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       // a step that ignores its stop token.
       auto held = t.ending->bounced.size() + t.ending->fresh.size();
       if (held >= st.cfg->max_pending_per_chat && !ev->ev.is_timer()) {
-        contained(key, [&] {
-          st.cfg->services->refused(
-            key, std::move(ev->ev), errc::overloaded,
-            fmt::format("chat {} has {} messages waiting "
-                        "(max_pending_per_chat) while its chat actor ends",
-                        key, held));
-        });
+        refuse(*st.cfg->services, key, std::move(ev->ev), errc::overloaded,
+               fmt::format("chat {} has {} messages waiting "
+                           "(max_pending_per_chat) while its chat actor ends",
+                           key, held));
         return;
       }
       t.ending->fresh.emplace_back(std::move(ev));
@@ -192,13 +190,11 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
   auto resend = [=](event_ptr& ev) {
     if (ev->bounces > 100) {
       auto key = ev->key;
-      contained(key, [&] {
-        self->state.cfg->services->refused(
-          key, std::move(ev->ev), errc::handler_failed,
-          fmt::format("chat {}: its chat actor ended {} times before taking "
-                      "this message",
-                      key, ev->bounces));
-      });
+      refuse(*self->state.cfg->services, key, std::move(ev->ev),
+             errc::handler_failed,
+             fmt::format("chat {}: its chat actor ended {} times before "
+                         "taking this message",
+                         key, ev->bounces));
       return;
     }
     forward(ev);
