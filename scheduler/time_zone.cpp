@@ -19,6 +19,29 @@ namespace internal {
 
 namespace {
 
+// An IANA name is letters, digits, '_', '-' and '+' in components joined by
+// '/'. cctz would otherwise read any file: an absolute path, or one climbing
+// out of the zoneinfo folder with "..", from a name that came from a config.
+bool iana_shaped(std::string_view name) {
+  if (name.empty() || name.size() > 255)
+    return false;
+  std::size_t component = 0;
+  for (char c : name) {
+    if (c == '/') {
+      if (component == 0)
+        return false; // leading '/' or "//"
+      component = 0;
+      continue;
+    }
+    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z')
+              || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '+';
+    if (!ok)
+      return false; // '.', so no "..", spaces, controls, '\\'
+    ++component;
+  }
+  return component != 0;
+}
+
 bool load_zone(std::string_view name, cctz::time_zone* tz) {
   if (name == "local") {
     *tz = cctz::local_time_zone();
@@ -28,7 +51,7 @@ bool load_zone(std::string_view name, cctz::time_zone* tz) {
     *tz = cctz::utc_time_zone();
     return true;
   }
-  if (name.empty())
+  if (!iana_shaped(name))
     return false;
   return cctz::load_time_zone(std::string{name}, tz);
 }
@@ -37,6 +60,12 @@ bool load_zone(std::string_view name, cctz::time_zone* tz) {
 
 cctz::time_zone zone_or_throw(std::string_view name) {
   cctz::time_zone tz;
+  if (name != "local" && !iana_shaped(name))
+    throw invalid_argument_error(
+      "time_zone", fmt::format("time zone \"{}\" is not an IANA name: "
+                               "letters, digits, '_', '-' and '+' in parts "
+                               "joined by '/', such as \"Europe/Madrid\"",
+                               name));
   if (!load_zone(name, &tz))
     throw invalid_argument_error(
       "time_zone", fmt::format("unknown time zone \"{}\": use an IANA name "

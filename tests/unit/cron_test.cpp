@@ -129,6 +129,28 @@ TEST_CASE("an unknown time zone is rejected naming time_zone") {
   CHECK(cron_schedule{"0 9 * * *", "local"}.spec() == "0 9 * * *");
 }
 
+TEST_CASE("a time zone that is a file path is rejected, not read") {
+  // These files exist and are valid zone files: a path must not reach them.
+  for (const char* zone :
+       {"/usr/share/zoneinfo/Europe/Madrid", "../zoneinfo/Europe/Madrid",
+        "Europe/../Europe/Madrid", "Europe//Madrid", "Europe/Madrid/",
+        "Europe/Madrid ", "./UTC"}) {
+    CAPTURE(zone);
+    try {
+      cron_schedule s{"0 9 * * *", zone};
+      FAIL("accepted a path as a zone");
+    } catch (const botmesh::invalid_argument_error& e) {
+      CHECK(e.field() == "time_zone");
+      CHECK(std::string{e.what()}.find("not an IANA name")
+            != std::string::npos);
+    }
+  }
+  // Names with '-', '+', '_' and digits stay valid.
+  CHECK_NOTHROW(cron_schedule{"0 9 * * *", "America/Port-au-Prince"});
+  CHECK_NOTHROW(cron_schedule{"0 9 * * *", "Etc/GMT+5"});
+  CHECK_NOTHROW(cron_schedule{"0 9 * * *", "America/Argentina/Buenos_Aires"});
+}
+
 TEST_CASE("Feb 29 runs inside the horizon, also across 2100 and on one "
           "weekday") {
   CHECK(next_runs("0 0 29 2 *", "UTC", "2026-03-01T00:00:00Z", 2)
