@@ -37,6 +37,9 @@ CREATE TABLE IF NOT EXISTS durable_fences (
 // corrupted row (3) is kept out of the open ones until it expires.
 constexpr std::int64_t free_ = 1, done_ = 2, corrupted_ = 3;
 
+// How long a corrupted row whose own expiry was damaged is kept.
+constexpr std::chrono::milliseconds corrupted_kept = std::chrono::hours{24};
+
 // The largest seq a record may have (2^53 - 1, as in the Redis journal):
 // above it, a row is damaged.
 constexpr std::int64_t max_seq = 9007199254740991;
@@ -278,17 +281,37 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
     }
     claim_result out;
     {
-      // A state that is none of the four (a number out of range, text, a
-      // blob: those sort above every number) would never be claimed,
-      // confirmed or reported, and would expire unseen with its message.
-      // Two range scans of the (state, seq) index.
+      // A state that is none of the four (a number out of range or between
+      // two of them, text, a blob: those sort above every number) would
+      // never be claimed, confirmed or reported, and would expire unseen
+      // with its message: range scans of the (state, seq) index. An expiry
+      // that is no number would never be swept (text sorts above every
+      // time): the sweep above scans the table for it anyway.
       internal::stmt s{d, "SELECT id FROM durable_inbound WHERE state < 0 "
-                          "OR state > 3 ORDER BY seq LIMIT ?"};
+                          "OR state > 3 OR (state > 0 AND state < 1) "
+                          "OR (state > 1 AND state < 2) "
+                          "OR (state > 2 AND state < 3) "
+                          "OR (state BETWEEN 0 AND 1 AND typeof(expires_at) "
+                          "NOT IN ('integer', 'real')) ORDER BY seq LIMIT ?"};
       s.bind(1, static_cast<std::int64_t>(std::max<std::size_t>(limit, 1)));
       while (s.step())
         out.corrupted.push_back(s.text(0));
     }
+    // Kept for a look until it expires; one whose expiry is no number, for
+    // a day from now.
+    auto set_aside = [&](const std::string& id) {
+      internal::stmt s{d, "UPDATE durable_inbound SET state = ?, expires_at = "
+                          "CASE WHEN typeof(expires_at) IN ('integer', 'real') "
+                          "THEN expires_at ELSE ? END WHERE id = ?"};
+      s.bind(1, corrupted_).bind(2, t + corrupted_kept.count()).bind(3, id);
+      s.run();
+    };
+    // Before the open rows are read: an expiry that is no number leaves the
+    // state open.
+    for (auto& id : out.corrupted)
+      set_aside(id);
     std::vector<std::pair<journal_record, bool>> picked; // (record, dropped)
+    std::vector<std::string> damaged; // set aside once the read is done
     {
       internal::stmt s{
         d, "SELECT id, key, message, seq, attempts FROM durable_inbound "
@@ -318,7 +341,7 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
         }
         if (seq < 0 || seq > max_seq || attempts < 0
             || attempts > std::numeric_limits<std::uint32_t>::max()) {
-          out.corrupted.push_back(std::move(r.id));
+          damaged.push_back(std::move(r.id));
           continue;
         }
         r.seq = static_cast<std::uint64_t>(seq);
@@ -329,10 +352,9 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
         picked.emplace_back(std::move(r), drop);
       }
     }
-    for (auto& id : out.corrupted) {
-      internal::stmt s{d, "UPDATE durable_inbound SET state = ? WHERE id = ?"};
-      s.bind(1, corrupted_).bind(2, id);
-      s.run();
+    for (auto& id : damaged) {
+      set_aside(id);
+      out.corrupted.push_back(std::move(id));
     }
     for (auto& [r, drop] : picked) {
       if (drop) {

@@ -252,7 +252,9 @@ TEST_CASE("a corrupted SQLite journal row is named and set aside by a claim, "
   // expired unseen with its message).
   for (std::string damage : {"seq = -1", "seq = 'x'", "attempts = 1.5",
                              "attempts = 5000000000", "state = 'x'",
-                             "state = 7", "state = -2"}) {
+                             "state = 7", "state = -2", "state = 0.5",
+                             "state = 1.5", "state = 2.5",
+                             "expires_at = 'x'"}) {
     CAPTURE(damage);
     sqlite_durable_factory f;
     auto b = f.make();
@@ -270,6 +272,37 @@ TEST_CASE("a corrupted SQLite journal row is named and set aside by a claim, "
     CHECK(again.corrupted.empty());
     CHECK(again.records.empty());
   }
+}
+
+TEST_CASE("a SQLite journal row whose expiry is no number is kept a day "
+          "after it was named, then swept") {
+  sqlite_durable_factory f;
+  auto b = f.make();
+  dc::sync s{*b};
+  REQUIRE(s.record("t:1#bad", "a") == dc::journal_put::recorded);
+  damage_row(f, "t:1#bad", "expires_at = 'x'");
+  f.advance(sqlite_durable_factory::lease * 2);
+  CHECK(s.claim("b", sqlite_durable_factory::lease).corrupted
+        == std::vector<std::string>{"t:1#bad"});
+  auto rows = [&] {
+    sqlite3* raw = nullptr;
+    REQUIRE(sqlite3_open(f.file.path().c_str(), &raw) == SQLITE_OK);
+    sqlite3_stmt* st = nullptr;
+    REQUIRE(sqlite3_prepare_v2(raw, "SELECT COUNT(*) FROM durable_inbound",
+                               -1, &st, nullptr)
+            == SQLITE_OK);
+    REQUIRE(sqlite3_step(st) == SQLITE_ROW);
+    auto n = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(raw);
+    return n;
+  };
+  f.advance(std::chrono::hours{23});
+  s.claim("b", sqlite_durable_factory::lease);
+  CHECK(rows() == 1); // still there for a look
+  f.advance(std::chrono::hours{2});
+  s.claim("b", sqlite_durable_factory::lease);
+  CHECK(rows() == 0); // before, text sorted above every time: kept forever
 }
 
 TEST_CASE("a SQLite journal completion that throws leaves the backend's "
