@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -61,23 +62,54 @@ struct ending_chat {
   caf::actor_addr actor;          // the chat actor that ends
   std::vector<event_ptr> bounced; // sorted by event_box::seq at the end
   std::vector<event_ptr> fresh;   // arrived since chat_gone, in order
+  // When each of `fresh` arrived: with a step still running, a message
+  // waits for it turn_wait from its arrival or the actor's down, whichever
+  // is later (so a message that arrives just before a tick is not failed
+  // by it).
+  std::vector<caf::actor_clock::time_point> fresh_at;
+  caf::actor_clock::time_point down_at{};
   bool step_running = false;      // until its step_done
   bool down = false;              // its down message came
   // Without coordination: its run queue, which may still run or hold
   // events; the chat's next actor goes on with it.
   std::shared_ptr<internal::chat_runner> run;
 
-  // Hands every held message to `f` (bounced ones first) and drops its
-  // box; timers stay (they are never refused or failed).
+  // Hands every held message that has waited since `before` or earlier to
+  // `f` (bounced ones first) and drops its box; timers stay (they are
+  // never refused or failed). The rest keep their order.
   template <class F>
-  void take_messages(F f) {
+  void take_messages(caf::actor_clock::time_point before, F f) {
     auto is_message = [](const event_ptr& ev) { return !ev->ev.is_timer(); };
-    for (auto* held : {&bounced, &fresh}) {
-      for (auto& ev : *held)
+    if (down_at <= before) {
+      for (auto& ev : bounced)
         if (is_message(ev))
           f(std::move(ev->ev)); // (a moved-from event keeps its timer id)
-      std::erase_if(*held, is_message);
+      std::erase_if(bounced, is_message);
     }
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < fresh.size(); ++i) {
+      if (is_message(fresh[i]) && std::max(fresh_at[i], down_at) <= before) {
+        f(std::move(fresh[i]->ev));
+        continue;
+      }
+      fresh[kept] = std::move(fresh[i]);
+      fresh_at[kept] = fresh_at[i];
+      ++kept;
+    }
+    fresh.resize(kept);
+    fresh_at.resize(kept);
+  }
+
+  // When the next held message has waited turn_wait (`wait`), if any is.
+  std::optional<caf::actor_clock::time_point>
+  next_due(caf::actor_clock::duration_type wait) const {
+    auto is_message = [](const event_ptr& ev) { return !ev->ev.is_timer(); };
+    if (std::any_of(bounced.begin(), bounced.end(), is_message))
+      return down_at + wait;
+    for (std::size_t i = 0; i < fresh.size(); ++i)
+      if (is_message(fresh[i]))
+        return std::max(fresh_at[i], down_at) + wait;
+    return std::nullopt;
   }
 };
 
@@ -112,7 +144,8 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     st.chats.clear();
     // What waits for an ending chat is refused as a live chat's queue is.
     for (auto& [key, ending] : st.ending)
-      ending.take_messages([&, &key = key](chat_event ev) {
+      ending.take_messages(caf::actor_clock::time_point::max(),
+                           [&, &key = key](chat_event ev) {
         refuse(*st.cfg->services, key, std::move(ev), errc::stopped,
                fmt::format("chat {}: the router ended before this message's "
                            "turn",
@@ -170,6 +203,7 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
         return;
       }
       t.ending->fresh.emplace_back(std::move(ev));
+      t.ending->fresh_at.push_back(self->clock().now());
       return;
     }
     ev->seq = t.entry->forwarded;
@@ -228,6 +262,7 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
     if (i == self->state.ending.end())
       return;
     i->second.down = true;
+    i->second.down_at = self->clock().now();
     if (!i->second.step_running) {
       pass_on(i);
       return;
@@ -309,15 +344,19 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       if (i->second.down)
         pass_on(i);
     },
-    // The step keeps running (it ignores its stop token): what waits for
-    // it got no turn within turn_wait, as behind a cut step in a live chat
-    // actor; what comes later waits again, as long.
+    // The step keeps running (it ignores its stop token): what has waited
+    // for it turn_wait got no turn, as behind a cut step in a live chat
+    // actor; what came later waits as long from its arrival. One tick at
+    // a time (CAF cannot cancel one), due when the next message's wait
+    // ends.
     [=](step_wait_atom, const caf::actor_addr& actor) {
       auto i = ending_of(actor);
       if (i == self->state.ending.end())
         return;
+      caf::actor_clock::duration_type wait = self->state.cfg->turn_wait;
+      auto now = self->clock().now();
       // (Timers stay: the next actor runs them.)
-      i->second.take_messages([&](chat_event ev) {
+      i->second.take_messages(now - wait, [&](chat_event ev) {
         contained(i->first, [&] {
           self->state.cfg->services->turn_failed(
             i->first, std::move(ev),
@@ -327,7 +366,10 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
                         self->state.cfg->turn_wait.count()));
         });
       });
-      self->delayed_send(self, self->state.cfg->turn_wait,
+      // (A message that comes before the next tick is due no sooner than
+      // it: turn_wait from now at the earliest.)
+      auto due = i->second.next_due(wait).value_or(now + wait);
+      self->delayed_send(self, std::max(due - now, caf::timespan{0}),
                          step_wait_atom::value, actor);
     },
     [=](drain_atom, std::chrono::milliseconds bound) -> caf::result<bool> {

@@ -1481,6 +1481,45 @@ TEST_CASE("what waits for the step of an ended chat actor that ignores its "
   CHECK(f.services.failed.size() == 1);
 }
 
+TEST_CASE("a message that comes for an ended chat actor whose step ignores "
+          "its stop token waits turn_wait from its arrival, not until the "
+          "next tick") {
+  chat_fixture f{2000ms, 1};
+  f.inject("uno");
+  f.grant(f.coord->last(op::enter), 7);
+  REQUIRE(f.services.runs.size() == 1); // "uno" runs, and does not return
+  f.inject("dos");
+  f.services.throw_on_refused = true;
+  f.inject("tres"); // refused, the refusal throws: the chat actor ends
+  f.services.throw_on_refused = false;
+  auto start = f.vs.elapsed_ms();
+  f.vs.advance(2100ms);
+  REQUIRE(f.services.failed.size() == 1); // "dos", as in the case above
+  f.vs.advance_to(start + 3600);
+  f.inject("cuatro"); // 400 ms before the tick turn_wait after the first
+  f.vs.advance_to(start + 4100);
+  // The tick at 4000 left it: it had waited 400 ms.
+  CHECK(f.services.failed.size() == 1);
+  f.vs.advance_to(start + 5500);
+  CHECK(f.services.failed.size() == 1);
+  f.vs.advance_to(start + 5700);
+  CHECK(f.services.failed.size() == 2); // turn_wait after it came
+  // A message after that one waits as long from its own arrival.
+  f.vs.advance_to(start + 6000);
+  f.inject("cinco");
+  f.vs.advance_to(start + 7900);
+  CHECK(f.services.failed.size() == 2);
+  f.vs.advance_to(start + 8100);
+  CHECK(f.services.failed.size() == 3);
+  f.services.runs[0].done();
+  f.vs.run();
+  f.inject("seis");
+  auto enters = f.coord->all(op::enter);
+  REQUIRE(!enters.empty());
+  f.grant(*enters.back(), 8);
+  REQUIRE(f.services.runs.size() == 2);
+}
+
 TEST_CASE("a step that returned while its chat actor ended by an exception, "
           "its done unread, does not hold the chat") {
   chat_fixture f{2000ms, 1};
