@@ -466,7 +466,9 @@ struct bot_stats {
   std::uint64_t duplicates = 0;     ///< redeliveries dropped at intake
   std::uint64_t reprocessed = 0;    ///< journal records claimed and run again
   std::uint64_t outbox_skipped = 0; ///< sends a replayed step had made already
-  std::uint64_t journal_errors = 0; ///< failed journal writes
+  /// Failed journal writes, and records confirmed after they were no
+  /// longer held here (also reported as `lease_lost`).
+  std::uint64_t journal_errors = 0;
   /// From an exclusive transport whose leadership had lapsed (a transport
   /// thread that ran on after a freeze): left for the replica that leads.
   std::uint64_t refused_not_leader = 0;

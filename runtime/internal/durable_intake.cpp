@@ -305,7 +305,7 @@ void durable_intake::settle_as(const std::string& key, const std::string& id,
                                bool unhandled) {
   op([&](std::function<void()> finished) {
     auto done = [this, key, id, keep, gen, counted,
-                 finished](bool, std::exception_ptr e) {
+                 finished](bool did, std::exception_ptr e) {
       if (e) {
         failed(key,
                fmt::format("{} of journal record {}",
@@ -313,6 +313,19 @@ void durable_intake::settle_as(const std::string& key, const std::string& id,
                e);
         // It may still be held here, with nothing left to handle it.
         suspect(gen);
+      } else if (!did && keep) {
+        // Handled here, but no longer held here: another replica may run
+        // it again, or it is forgotten and a redelivery is taken as new.
+        // (A release that finds it gone wanted it run elsewhere anyway.)
+        ++journal_errors_;
+        host_.report(
+          errc::lease_lost,
+          fmt::format("chat {}: journal record {} was no longer held by "
+                      "this replica when it was confirmed: its heartbeat "
+                      "lapsed and another replica may handle it again, or "
+                      "it outlived retry_window",
+                      key, id),
+          key);
       }
       if (counted)
         close_one(gen);

@@ -943,6 +943,13 @@ TEST_CASE("with durability a first attempt after its heartbeat lapsed waits "
   g->fail_beats = false;
   go.set_value();
   REQUIRE(test::eventually([&] { return b.stats().handled == 1; }));
+  // Its confirm found the record no longer held here: said, not ignored.
+  REQUIRE(test::eventually(
+    [&] { return errors.count(errc::lease_lost) == 1; }));
+  for (auto& e : errors.all())
+    if (e.code == errc::lease_lost)
+      CHECK(e.what.find("journal record " + id + " was no longer held")
+            != std::string::npos);
   b.stop();
   CHECK(p->sent().empty());
 }
