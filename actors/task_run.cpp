@@ -4,6 +4,8 @@
 
 #include <botmesh/actors/internal/task_actor_impl.hpp>
 
+#include <algorithm>
+
 namespace botmesh::internal::task_impl {
 
 void reply_if_idle(task_actor* self) {
@@ -85,8 +87,15 @@ void renew(task_actor* self) {
   auto& st = self->state;
   if (st.ph != phase::running || st.renewing == st.claim.token)
     return; // (the reply in flight arms the next one)
-  st.renewing = st.claim.token;
   auto* eng = st.eng.get(); // (the actor holds it)
+  // Past the lease, with no renewal answered since (they failed, or the
+  // process stood still): the run stops now; a renewal answered later
+  // would not cover the time between.
+  if (st.run && eng->now() >= st.held_until) {
+    lease_ran_out(self, "while its renewals failed");
+    return;
+  }
+  st.renewing = st.claim.token;
   auto id = st.t->stored_id;
   auto token = st.claim.token;
   auto lease = st.t->opts.lease.ms();
@@ -115,9 +124,12 @@ void renew(task_actor* self) {
                                           failure));
           return;
         }
-        // Try again next tick; the lease still holds.
+        // Try again next tick, or when the lease ends if that is sooner
+        // (renew() then stops the run): a tick longer than a tenth of the
+        // lease would otherwise let the run go on past it, beside the
+        // replica that claims the slot next.
         eng->log_failure(fmt::format("renewing the lease of {} failed: {}", id, failure));
-        st.next_renew = now + eng->opts.tick.ms();
+        st.next_renew = std::min(now + eng->opts.tick.ms(), st.held_until);
       } else if (ok) {
         st.held_until = holds_until(now, lease);
         st.next_renew = now + lease / 3;
@@ -147,8 +159,11 @@ outcome after_run(const task_state& st, std::size_t ran, time_point end) {
     o.next = plan.next_if_completed;
   } else {
     auto slot = st.claim.record.next_run_at;
-    o.next = t.opts.missed == missed_policy::skip ? t.first_slot_after(slot, end)
-                                                  : t.slot_after(slot);
+    // (After the slot that ran, too: a clock stepped back during the run
+    // would otherwise give it, or an earlier cron slot, again.)
+    o.next = t.opts.missed == missed_policy::skip
+               ? t.first_slot_after(slot, std::max(end, slot))
+               : t.slot_after(slot);
     if (!o.next) {
       // No slot after this one (none within the cron search's horizon,
       // which every expression that runs at all fits): the task ends, as a

@@ -353,7 +353,9 @@ void take_ended(timer_actor* self) {
       release(e);
       continue;
     }
-    if (auto next = e.grid.first_slot_after(e.next, now)) {
+    // After the slot that ran too: a clock stepped back during the run
+    // would otherwise give that slot again.
+    if (auto next = e.grid.first_slot_after(e.next, std::max(e.next, now))) {
       e.next = *next;
       st.due.push({*next, &e});
     } else {

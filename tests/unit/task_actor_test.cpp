@@ -15,6 +15,7 @@
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include <botmesh/actors/scheduler.hpp>
+#include <botmesh/runtime/core/error.hpp>
 
 #include "forwarding_schedule_store.hpp"
 #include <botmesh/scheduler/cron.hpp>
@@ -99,6 +100,8 @@ class io_store final : public test::forwarding_schedule_store {
   bool renew(std::string_view id, std::string_view owner, std::uint64_t token,
              botmesh::time_point now, std::chrono::milliseconds lease) override {
     ++calls;
+    if (failing_renewals)
+      throw botmesh::error(botmesh::errc::store_error, "renewal refused");
     return inner.renew(id, owner, token, now, lease);
   }
   bool commit(std::string_view id, std::string_view owner, std::uint64_t token,
@@ -108,6 +111,7 @@ class io_store final : public test::forwarding_schedule_store {
     return inner.commit(id, owner, token, next_run_at, done, now);
   }
   int calls = 0; // claims, renewals and commits
+  bool failing_renewals = false; // every renewal throws
 };
 
 botmesh::time_point t0() {
@@ -188,6 +192,70 @@ TEST_CASE("task options default to max_catch_up 10 and a 60 s lease renewed "
   CHECK(store->get("report")->updated_at == updated);
   CHECK(store->calls == calls);
   s.stop();
+}
+
+TEST_CASE("a run whose renewals fail is asked to stop when its lease ends, "
+          "not at the next retry a tick later") {
+  virtual_time vt{t0()};
+  auto store = std::make_shared<io_store>();
+  journal j;
+  botmesh::scheduler s{options(vt, store, j)}; // a tick of 1 s
+  s.every("1m", {.id = "job", .lease = "2s"}, j.handler());
+  s.start();
+  vt.settle();
+  vt.pass(1min, 100ms, false); // claimed at t0 + 1 min; the handler runs on
+  REQUIRE(vt.jobs.size() == 1);
+  store->failing_renewals = true;
+  // Renewals fail at +0.7 s and +1.7 s. The next retry, a tick later, came
+  // at +2.7 s: past the store's lease (+2 s), when another replica may
+  // claim the slot, the run went on unstopped.
+  vt.pass(1900ms, 100ms, false);
+  CHECK(j.logs_containing("lease of job (token 1) ran out") == 1);
+  CHECK(store->get("job")->lease_until == t0() + 1min + 2s); // never renewed
+  vt.pass(2s, 100ms, false);
+  CHECK(j.logs_containing("ran out") == 1); // said once
+  store->failing_renewals = false;
+  vt.settle();
+  s.stop();
+}
+
+TEST_CASE("a run during which the clock stepped back does not run its slot "
+          "again: durable, in memory with an id, or a plain job") {
+  for (int kind : {0, 1, 2}) { // a schedule store, none, a plain job
+    CAPTURE(kind);
+    virtual_time vt{t0()};
+    std::shared_ptr<io_store> store;
+    if (kind == 0)
+      store = std::make_shared<io_store>();
+    journal j;
+    botmesh::scheduler s{options(vt, store, j)};
+    std::vector<botmesh::time_point> ran; // when each run began
+    auto step_back = [&] {
+      ran.push_back(vt.now());
+      if (ran.size() == 1)
+        vt.base -= 40s; // an NTP step back, during the run
+    };
+    if (kind == 2)
+      s.every("1m", step_back);
+    else
+      s.every("1m", {.id = "job"}, [&](const scheduled_run& r) {
+        CHECK(r.scheduled_at == t0() + 1min * static_cast<int>(ran.size() + 1));
+        step_back();
+      });
+    s.start();
+    vt.settle();
+    vt.pass(1min, 1s); // the slot at t0 + 1 min runs; the clock reads +20 s
+    REQUIRE(ran.size() == 1);
+    CHECK(ran[0] == t0() + 1min);
+    if (store)
+      CHECK(store->get("job")->next_run_at == t0() + 2min);
+    vt.pass(50s, 1s); // the clock reads +1 min 10 s again
+    CHECK(ran.size() == 1); // before, the slot at +1 min ran twice
+    vt.pass(60s, 1s);
+    REQUIRE(ran.size() == 2);
+    CHECK(ran[1] == t0() + 2min);
+    s.stop();
+  }
 }
 
 TEST_CASE("a catch-up runs at most 10 missed slots by default") {
