@@ -167,11 +167,14 @@ void claimed(task_actor* self, std::optional<schedule_claim> claim,
     // when that claim (or the one it took over) was taken, which decides
     // whether the slot was missed.
     schedule_claim mine{*current, current->fencing_token, true};
+    // Kept should the cut or the confirmation fail: a stop then gives the
+    // claim back, or a later look takes it up again, instead of waiting
+    // out its lease.
+    set_lost(st, lost);
     if (st.cancelled || eng->paused.load()) {
       hand_back(self, std::move(mine)); // (its lease cut, its mark kept)
       return;
     }
-    set_lost(st, lost); // (kept should the confirmation fail)
     confirm_late(self, std::move(mine), now, true);
     return;
   }

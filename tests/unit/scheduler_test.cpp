@@ -1482,6 +1482,29 @@ TEST_CASE_FIXTURE(lost_claim_job,
 }
 
 TEST_CASE_FIXTURE(lost_claim_job,
+                  "a lost claim adopted while the scheduler stops, whose "
+                  "give-back failed, is still taken up again after the stop") {
+  claim_with_lost_reply();
+  clk.advance(1s);
+  store->hold_claims = true;
+  std::thread poller{[&] { a.poll(); }}; // refused by A's own claim, held
+  REQUIRE(test::eventually([&] { return store->claim_held(); }));
+  std::thread stopper{[&] { a.stop(); }};
+  std::this_thread::sleep_for(50ms); // the stop has begun: A is paused
+  store->failing_renewals = true;    // so the cut of the lease fails
+  CHECK(store->answer_held_claim()); // adopted while stopping: handed back
+  poller.join();
+  stopper.join();
+  store->failing_renewals = false;
+  REQUIRE(store->get("job")->lease_until == t0() + 1min + 30s); // still A's
+  clk.advance(1s);
+  a.poll(); // before, A had forgotten the claim was its own: nothing ran
+  REQUIRE(rec.count() == 1);
+  CHECK(rec.runs[0].scheduled_at == t0() + 1min);
+  CHECK_FALSE(rec.runs[0].missed);
+}
+
+TEST_CASE_FIXTURE(lost_claim_job,
                   "a poll that comes while a stop gives a lost claim back runs "
                   "what is due once the give-back ended") {
   claim_with_lost_reply();
