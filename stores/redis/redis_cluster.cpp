@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/runtime/core/error.hpp>
+#include <botmesh/runtime/core/log.hpp>
 #include <botmesh/stores/redis/internal/protocol.hpp>
 
 namespace botmesh {
@@ -457,19 +458,38 @@ bool redis_client::cluster::refresh_once(std::string* why) {
     return false;
   try {
     std::vector<node*> fresh(internal::cluster_slots, nullptr);
+    std::vector<std::string> skipped;
     for (auto& r : *got) {
-      auto* m = node_at(mapped(r.master));
+      auto master = mapped(r.master);
+      auto* m = node_at(master);
       for (std::size_t s = r.first; s <= r.last; ++s)
         fresh[s] = m;
+      // Replicas only seed later refreshes: one the map refuses (or maps
+      // to no host:port) is left out, not the whole answer, which would
+      // keep every later refresh from applying.
+      std::vector<std::string> reps;
+      for (auto& rep : r.replicas) {
+        try {
+          auto a = mapped(rep);
+          internal::split_address(a);
+          reps.push_back(std::move(a));
+        } catch (const std::exception& x) {
+          skipped.push_back(fmt::format("{} ({})", rep, x.what()));
+        }
+      }
       std::lock_guard guard{nodes_mtx_};
-      for (auto& rep : r.replicas)
-        if (auto a = mapped(rep); std::find(seeds_.begin(), seeds_.end(), a)
-                                  == seeds_.end())
+      for (auto& a : reps)
+        if (std::find(seeds_.begin(), seeds_.end(), a) == seeds_.end())
           seeds_.push_back(std::move(a));
-      if (auto a = mapped(r.master);
-          std::find(seeds_.begin(), seeds_.end(), a) == seeds_.end())
-        seeds_.push_back(std::move(a));
+      if (std::find(seeds_.begin(), seeds_.end(), master) == seeds_.end())
+        seeds_.push_back(std::move(master));
     }
+    auto said = fmt::format("{}", fmt::join(skipped, "; "));
+    if (!skipped.empty() && said != skipped_said_)
+      log::warn("redis", fmt::format("redis {}: CLUSTER SLOTS: replica(s) left "
+                                     "out of the seeds: {}",
+                                     endpoint, said));
+    skipped_said_ = std::move(said);
     for (std::size_t s = 0; s < internal::cluster_slots; ++s)
       slots_[s].store(fresh[s], std::memory_order_release);
   } catch (const std::exception& e) {
@@ -541,7 +561,18 @@ void redis_client::cluster::timer_loop() {
       refresh_wanted_ = false;
       last_refresh_ = now;
       guard.unlock();
-      refresh_once(nullptr);
+      // Said when it changes: an address map that refuses a master, or
+      // every node failing, would otherwise leave slots on a dead node
+      // with nothing saying why.
+      std::string why;
+      if (refresh_once(&why)) {
+        refresh_said_.clear();
+      } else if (!why.empty() && why != refresh_said_) {
+        log::warn("redis", fmt::format("redis {}: refreshing the slot map "
+                                       "failed: {}",
+                                       endpoint, why));
+        refresh_said_ = std::move(why);
+      }
       guard.lock();
       continue;
     }
@@ -749,7 +780,21 @@ void redis_client::cluster::on_reply(const std::shared_ptr<op>& o, node* via,
                   std::move(r));
       return;
     }
-    auto address = mapped(red->address);
+    std::string address;
+    try {
+      address = mapped(red->address);
+    } catch (const std::exception& x) {
+      // On a node's thread (a reply's callback): the error goes to the
+      // command, never up that thread.
+      finish(o, {},
+             std::make_exception_ptr(error(
+               errc::store_error,
+               fmt::format("redis {} {}: redirected to \"{}\", which "
+                           "node_address_map refused: {}",
+                           endpoint, o->cmd.empty() ? "" : o->cmd[0],
+                           red->address, x.what()))));
+      return;
+    }
     if (red->ask) {
       o->ask_to = std::move(address);
     } else {

@@ -8,6 +8,7 @@
 #include <future>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <thread>
 
 #include <botmesh/runtime/core/error.hpp>
@@ -222,6 +223,40 @@ TEST_CASE("cluster: announced addresses go through node_address_map") {
   c.call({"SET", key, "v"});
   CHECK(c.call({"GET", key}).str == "v");
   CHECK(mapped.load() >= 3); // at least the three masters
+  c.call({"DEL", key});
+}
+
+TEST_CASE("cluster: a redirection to an address node_address_map refuses "
+          "fails the command naming it, the process lives on") {
+  std::atomic<bool> refuse{false};
+  std::string refused; // written before `refuse` is set
+  auto opts = test::cluster_options();
+  opts.retry_attempts = 1;
+  opts.node_address_map = [&](std::string_view a) {
+    if (refuse.load() && a == refused)
+      throw std::out_of_range("no such node in the table");
+    return std::string{a};
+  };
+  redis_client c{opts};
+  auto key = test::unique_prefix("refusedmap") + ":{r}";
+  auto slot = redis_client::key_slot(key);
+  auto from = test::master_of(slot);
+  auto to = test::other_master(from.id);
+  refused = to.address;
+  refuse = true;
+  test::begin_slot_move(slot, from, to); // a new key: ASK to `to`
+  // The map threw on the reply's thread: before, the process ended.
+  auto e = failure_of([&] { c.call_raw({"SET", key, "1"}); });
+  auto s = std::to_string(slot);
+  test::node_client(to.address)->call({"CLUSTER", "SETSLOT", s, "STABLE"});
+  test::node_client(from.address)->call({"CLUSTER", "SETSLOT", s, "STABLE"});
+  REQUIRE(e);
+  auto what = what_of(e);
+  CHECK(what.find("node_address_map refused") != std::string::npos);
+  CHECK(what.find(to.address) != std::string::npos);
+  CHECK(what.find("no such node in the table") != std::string::npos);
+  refuse = false;
+  CHECK(c.call({"SET", key, "2"}).str == "OK");
   c.call({"DEL", key});
 }
 

@@ -185,6 +185,12 @@ struct redis_client::cluster {
   alignas(64) std::atomic<bool> closed_{false};
   alignas(64) std::atomic<int> dispatching_{0};
   std::chrono::steady_clock::time_point last_refresh_{};
+  // What the last failed refresh (or the last left-out replicas) said,
+  // logged again only when it changes: refreshes come every 100 ms while
+  // commands ask for them. Written by refreshes, which never overlap (the
+  // constructor's, then the timer thread's).
+  std::string refresh_said_;
+  std::string skipped_said_;
   std::thread timer_thread_;
 };
 
