@@ -226,6 +226,47 @@ TEST_CASE("cluster: a log over its cap drops its oldest entries with their "
   CHECK(c->call({"ZCARD", L.message_log("tg:1")}).integer == 3);
 }
 
+TEST_CASE("cluster: appends that trim at once keep the newest entries up to "
+          "the cap, never fewer") {
+  auto c = cluster_client();
+  auto prefix = test::unique_prefix("bmclt");
+  constexpr std::size_t cap = 10;
+  botmesh::redis_store s{
+    {.client = c, .prefix = prefix, .max_log_per_chat = cap}};
+  botmesh::redis_cluster_layout L{prefix};
+  auto z = L.message_log("tg:1");
+  for (std::size_t i = 0; i < cap; ++i)
+    s.append_message("tg:1", {0, botmesh::direction::in, "m", "u", "x"});
+  // Each append's trim ran with the count its own script saw: two trims
+  // over one entry each deleted the oldest one, then the next two, and the
+  // log fell under its cap until later appends filled it again.
+  std::atomic<bool> writing{true};
+  std::atomic<long long> fewest{static_cast<long long>(cap)};
+  std::thread watcher{[&] {
+    while (writing.load()) {
+      auto n = c->call({"ZCARD", z}).integer;
+      if (n < fewest.load())
+        fewest = n;
+    }
+  }};
+  std::vector<std::thread> writers;
+  for (int t = 0; t < 6; ++t)
+    writers.emplace_back([&] {
+      for (int i = 0; i < 150; ++i)
+        s.append_message("tg:1", {0, botmesh::direction::in, "m", "u", "x"});
+    });
+  for (auto& w : writers)
+    w.join();
+  writing = false;
+  watcher.join();
+  CHECK(fewest.load() == static_cast<long long>(cap));
+  auto last = static_cast<std::uint64_t>(cap + 6 * 150);
+  auto log = s.messages("tg:1", 100);
+  REQUIRE(log.size() == cap);
+  CHECK(log.front().seq == last - cap + 1);
+  CHECK(log.back().seq == last);
+}
+
 TEST_CASE("cluster: expired ephemeral checkpoints leave their bucket's index "
           "when the bucket is written again") {
   auto c = cluster_client();

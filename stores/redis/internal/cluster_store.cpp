@@ -141,8 +141,7 @@ class cluster_store final : public store {
         remember_seq(z, got + 1);
         if (r.elements.size() > 2 && r.elements[2].type == kind::integer
             && static_cast<std::uint64_t>(r.elements[2].integer) > max_log_)
-          trim(chat_key, z, static_cast<std::uint64_t>(r.elements[2].integer)
-                              - max_log_);
+          trim(chat_key, z);
         return got;
       }
       if (attempt == max_append_attempts)
@@ -373,11 +372,15 @@ class cluster_store final : public store {
     return r.integer;
   }
 
-  // Drops the `over` oldest entries of a log past max_log_. A failure is
-  // left to the next append, which trims what is over the maximum then.
-  void trim(std::string_view chat, const std::string& z, std::uint64_t over) {
+  // Drops the entries of a log older than its newest max_log_. Read by
+  // rank now, not as a count of the append's own: appends of other threads
+  // and replicas trim meanwhile, and two trims of one entry each would
+  // delete the two oldest, then the next two. A failure is left to the next
+  // append, which trims what is over the maximum then.
+  void trim(std::string_view chat, const std::string& z) {
     try {
-      auto old = client_->call({"ZRANGE", z, "0", std::to_string(over - 1)});
+      auto old = client_->call(
+        {"ZRANGE", z, "0", std::to_string(-static_cast<long long>(max_log_) - 1)});
       expect_reply("ZRANGE " + z, old, kind::array);
       if (!old.elements.empty())
         delete_entries(chat, z, "0", old.elements);
