@@ -1,12 +1,18 @@
 #include <botmesh/providers/http/http_client.hpp>
 
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <poll.h>
 
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 
@@ -183,6 +189,35 @@ void arm_cancel(cancel_on_stop& out, connection& c, std::stop_token stop) {
                 }});
 }
 
+// Name lookups running, in the whole process (see client::impl::look_up).
+std::atomic<int> pending_lookups{0};
+
+// The addresses getaddrinfo finds for `host`, as text.
+std::vector<std::string> system_lookup(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_ADDRCONFIG; // (as Asio's resolver asks)
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0)
+    throw std::runtime_error(rc == EAI_SYSTEM ? std::strerror(errno)
+                                              : ::gai_strerror(rc));
+  std::vector<std::string> out;
+  for (auto* p = res; p != nullptr; p = p->ai_next) {
+    const void* a = nullptr;
+    if (p->ai_family == AF_INET)
+      a = &reinterpret_cast<const sockaddr_in*>(p->ai_addr)->sin_addr;
+    else if (p->ai_family == AF_INET6)
+      a = &reinterpret_cast<const sockaddr_in6*>(p->ai_addr)->sin6_addr;
+    char text[INET6_ADDRSTRLEN];
+    if (a != nullptr && ::inet_ntop(p->ai_family, a, text, sizeof text))
+      out.emplace_back(text);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
 struct host_pool {
   std::vector<std::unique_ptr<connection>> idle;
   std::size_t open = 0;
@@ -216,15 +251,106 @@ struct client::impl {
     throw error(errc::provider_error, what);
   }
 
+  // The addresses of u.host: an IP literal as it is; a name through
+  // opts.lookup (or getaddrinfo) on a thread of its own, given up at `by`
+  // or a stop. A resolver that hangs would otherwise hold the request, and
+  // a stopping provider's thread, past every bound.
+  std::vector<tcp::endpoint> look_up(const url_parts& u, steady::time_point by,
+                                     std::stop_token stop) {
+    beast::error_code not_ip;
+    auto literal = net::ip::make_address(u.host, not_ip);
+    if (!not_ip)
+      return {tcp::endpoint{literal, u.port}};
+    struct state {
+      std::mutex mtx;
+      std::condition_variable cv;
+      bool done = false;
+      std::vector<std::string> found;
+      std::string failure;
+    };
+    auto st = std::make_shared<state>();
+    // Lookups left running once given up are bounded: past this many, the
+    // resolver hangs for all of them, and another thread would not help.
+    constexpr int max_pending = 64;
+    if (pending_lookups.fetch_add(1) >= max_pending) {
+      --pending_lookups;
+      throw error(errc::provider_error,
+                  fmt::format("http {}://{}:{}: resolve failed: {} name "
+                              "lookups are still running (the resolver "
+                              "does not answer)",
+                              u.tls ? "https" : "http", u.host, u.port,
+                              max_pending));
+    }
+    try {
+      std::thread{[st, fn = opts.lookup, host = u.host] {
+        std::vector<std::string> found;
+        std::string failure;
+        try {
+          found = fn ? fn(host) : system_lookup(host);
+          if (found.empty())
+            failure = "no address found";
+        } catch (const std::exception& e) {
+          failure = e.what();
+        } catch (...) {
+          failure = "the lookup threw";
+        }
+        --pending_lookups;
+        std::lock_guard guard{st->mtx};
+        st->found = std::move(found);
+        st->failure = std::move(failure);
+        st->done = true;
+        st->cv.notify_all();
+      }}.detach();
+    } catch (const std::system_error& e) {
+      --pending_lookups;
+      throw error(errc::provider_error,
+                  fmt::format("http {}://{}:{}: resolve failed: no thread for "
+                              "the lookup: {}",
+                              u.tls ? "https" : "http", u.host, u.port,
+                              e.what()));
+    }
+    {
+      // (Registered before the lock: a stop already requested runs it
+      // here, and it takes the lock.)
+      std::stop_callback wake{stop, [st] {
+                                std::lock_guard guard{st->mtx};
+                                st->cv.notify_all();
+                              }};
+      std::unique_lock guard{st->mtx};
+      st->cv.wait_until(guard, by,
+                        [&] { return st->done || stop.stop_requested(); });
+      if (!st->done)
+        fail(u, "resolve",
+             stop.stop_requested()
+               ? beast::error_code{net::error::operation_aborted}
+               : beast::error_code{beast::error::timeout});
+    }
+    if (!st->failure.empty())
+      throw error(errc::provider_error,
+                  fmt::format("http {}://{}:{}: resolve failed: {}",
+                              u.tls ? "https" : "http", u.host, u.port,
+                              st->failure));
+    std::vector<tcp::endpoint> out;
+    for (auto& a : st->found) {
+      beast::error_code bad;
+      auto addr = net::ip::make_address(a, bad);
+      if (bad)
+        throw error(errc::provider_error,
+                    fmt::format("http {}://{}:{}: resolve failed: the lookup "
+                                "gave {:?}, which is no IP address",
+                                u.tls ? "https" : "http", u.host, u.port, a));
+      out.emplace_back(addr, u.port);
+    }
+    return out;
+  }
+
   std::unique_ptr<connection> open(const url_parts& u, steady::time_point deadline,
                                    std::stop_token stop) {
     auto c = std::make_unique<connection>();
     beast::error_code ec;
-    // (A name lookup is not cut by a stop: getaddrinfo cannot be.)
-    tcp::resolver resolver{c->ioc};
-    auto endpoints = resolver.resolve(u.host, std::to_string(u.port), ec);
-    if (ec)
-      fail(u, "resolve", ec);
+    auto endpoints = look_up(u, std::min(deadline, steady::now()
+                                                     + opts.connect_timeout.ms()),
+                             stop);
     if (u.tls)
       c->secure.emplace(c->ioc, tls);
     else

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stop_token>
 #include <string>
@@ -70,6 +71,13 @@ struct client_options {
   /// Largest accepted response body.
   std::size_t max_response_bytes = 64 * 1024 * 1024;
   std::string user_agent = "botmesh";
+  /// Finds the addresses of a host name (IP addresses as text, tried in
+  /// order); throws to fail the lookup. Empty: the system's resolver
+  /// (getaddrinfo). A lookup runs on a thread of its own and is given up at
+  /// `connect_timeout`, the request's deadline or its stop, whichever comes
+  /// first (getaddrinfo itself cannot be cut: its thread ends when it
+  /// returns). An IP literal in the URL is used as it is, with no lookup.
+  std::function<std::vector<std::string>(const std::string& host)> lookup{};
 };
 
 struct client_stats {

@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <future>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -358,6 +360,93 @@ TEST_CASE("a stop cuts a TLS handshake the server never answers") {
   REQUIRE(call.wait_for(10s) == std::future_status::ready);
   CHECK(call.get() == "stopped");
   ::close(fd);
+}
+
+namespace {
+
+// A name lookup that waits until the test lets it go.
+struct held_lookup {
+  std::mutex mtx;
+  std::condition_variable cv;
+  bool go = false;
+  std::atomic<int> asked{0};
+
+  std::vector<std::string> operator()(const std::string&) {
+    ++asked;
+    std::unique_lock guard{mtx};
+    cv.wait(guard, [&] { return go; });
+    return {"127.0.0.1"};
+  }
+  void release() {
+    std::lock_guard guard{mtx};
+    go = true;
+    cv.notify_all();
+  }
+};
+
+} // namespace
+
+TEST_CASE("a name lookup that hangs is given up at the connect timeout, or "
+          "at a stop, naming the lookup") {
+  http::server s;
+  s.route("GET", "/x", [](http::request&, http::responder r) { r.respond(200); });
+  s.start();
+  auto held = std::make_shared<held_lookup>();
+  http::client c{{.connect_timeout = "300ms",
+                  .lookup = [held](const std::string& h) { return (*held)(h); }}};
+  auto url = "http://bot.example:" + std::to_string(s.port()) + "/x";
+  try {
+    c.request({.method = "GET", .url = url, .timeout = 20s});
+    FAIL("a hung lookup held the request");
+  } catch (const botmesh::error& e) {
+    CHECK(e.code() == botmesh::errc::timeout);
+    CHECK(std::string{e.what()}.find("bot.example") != std::string::npos);
+    CHECK(std::string{e.what()}.find("resolve failed") != std::string::npos);
+  }
+  std::stop_source stop;
+  auto call = std::async(std::launch::async, [&] {
+    return outcome(c, {.method = "GET", .url = url, .timeout = 20s,
+                       .stop = stop.get_token()});
+  });
+  REQUIRE(test::eventually([&] { return held->asked.load() == 2; }));
+  stop.request_stop();
+  REQUIRE(call.wait_for(10s) == std::future_status::ready);
+  CHECK(call.get() == "stopped");
+  held->release(); // the lookups' threads end
+  // A lookup that answers: the request goes to the address it gave.
+  auto asked_for = std::make_shared<std::string>();
+  http::client named{{.lookup = [asked_for](const std::string& h) {
+    *asked_for = h; // (read once the request returned)
+    return std::vector<std::string>{"127.0.0.1"};
+  }}};
+  CHECK(named.request({.method = "GET", .url = url}).status == 200);
+  CHECK(*asked_for == "bot.example");
+}
+
+TEST_CASE("a name lookup that fails, or gives no IP address, fails the "
+          "request naming why") {
+  auto fails_with = [](http::client_options o) {
+    http::client c{std::move(o)};
+    try {
+      c.request({.method = "GET", .url = "http://bot.example:1/x"});
+    } catch (const botmesh::error& e) {
+      CHECK(e.code() == botmesh::errc::provider_error);
+      return std::string{e.what()};
+    }
+    return std::string{"answered"};
+  };
+  CHECK(fails_with({.lookup = [](const std::string&) -> std::vector<std::string> {
+          throw std::runtime_error("no such host here");
+        }}).find("resolve failed: no such host here")
+        != std::string::npos);
+  CHECK(fails_with({.lookup = [](const std::string&) {
+          return std::vector<std::string>{};
+        }}).find("no address found")
+        != std::string::npos);
+  CHECK(fails_with({.lookup = [](const std::string&) {
+          return std::vector<std::string>{"bot.example"};
+        }}).find("which is no IP address")
+        != std::string::npos);
 }
 
 TEST_CASE("the HTTP client reports a refused connection as a provider error "
