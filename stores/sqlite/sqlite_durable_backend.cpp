@@ -24,13 +24,20 @@ CREATE TABLE IF NOT EXISTS durable_inbound (
   attempts INTEGER NOT NULL, expires_at INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS durable_inbound_open
   ON durable_inbound (state, seq);
+CREATE INDEX IF NOT EXISTS durable_inbound_seq ON durable_inbound (seq);
+CREATE INDEX IF NOT EXISTS durable_inbound_expiry
+  ON durable_inbound (expires_at);
 CREATE TABLE IF NOT EXISTS durable_holders (
   holder TEXT PRIMARY KEY, until INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS durable_outbox (
   id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL,
   writer TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS durable_outbox_expiry
+  ON durable_outbox (expires_at);
 CREATE TABLE IF NOT EXISTS durable_fences (
   key TEXT PRIMARY KEY, fence INTEGER NOT NULL, expires_at INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS durable_fences_expiry
+  ON durable_fences (expires_at);
 )sql";
 
 // Record states besides 0 (held), which the SQL writes literally; a
@@ -175,24 +182,33 @@ void sqlite_durable_backend::record(journal_record rec,
     internal::transaction tx{d};
     auto t = i->now();
     {
-      internal::stmt s{d, "SELECT expires_at FROM durable_inbound WHERE id = ?"};
-      s.bind(1, rec.id).about(
+      // Compared in SQL: a fractional expiry is a time too. One that is no
+      // number (damaged) keeps a handled record's tombstone, and lets this
+      // delivery of the same message take an open one's place (a refusal
+      // would come back with every redelivery, for good).
+      internal::stmt s{d, "SELECT CASE WHEN typeof(expires_at) IN "
+                          "('integer', 'real') THEN expires_at > ? END, "
+                          "state = 2 FROM durable_inbound WHERE id = ?"};
+      s.bind(1, t).bind(2, rec.id).about(
         fmt::format("sqlite durable backend: record {}", rec.id));
-      if (s.step() && s.int64(0) > t)
-        return journal_put::duplicate;
+      if (s.step()) {
+        bool damaged = s.is_null(0);
+        if (damaged ? s.int64(1) == 1 : s.int64(0) == 1)
+          return journal_put::duplicate;
+      }
     }
     // After the highest sound seq: a damaged row (a seq of text, which
     // sorts above every number, or one past 2^53) would make every new
     // record fail or restart at 1 until it expired; the claim sets it
-    // aside. (MAX scans the table either way: the index leads by state.)
+    // aside. Read backwards on the seq index: one row, not the table.
     std::int64_t seq = 1;
     {
-      internal::stmt s{d, "SELECT COALESCE(MAX(seq), 0) + 1 FROM durable_inbound "
+      internal::stmt s{d, "SELECT seq FROM durable_inbound "
                           "WHERE typeof(seq) = 'integer' "
-                          "AND seq BETWEEN 0 AND ?"};
+                          "AND seq BETWEEN 0 AND ? ORDER BY seq DESC LIMIT 1"};
       s.bind(1, max_seq - 1);
       if (s.step())
-        seq = s.int64(0);
+        seq = s.int64(0) + 1;
     }
     internal::stmt s{d, "INSERT OR REPLACE INTO durable_inbound (id, key, "
                         "message, seq, holder, state, attempts, expires_at) "
@@ -265,7 +281,12 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
     auto& d = *i->db;
     internal::transaction tx{d};
     auto t = i->now();
-    for (auto sql : {"DELETE FROM durable_inbound WHERE expires_at <= ?",
+    // On the expiry indexes. A handled record whose expiry is no number
+    // (text and blobs sort above every number: ">= ''") is only a
+    // tombstone, and would never expire: it goes too. An open one is set
+    // aside below, kept a day.
+    for (auto sql : {"DELETE FROM durable_inbound WHERE expires_at <= ? OR "
+                     "(expires_at >= '' AND +state = 2)",
                      "DELETE FROM durable_outbox WHERE expires_at <= ?",
                      "DELETE FROM durable_fences WHERE expires_at <= ?",
                      "DELETE FROM durable_holders WHERE until <= ?"}) {
@@ -280,7 +301,10 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
       s.run();
     }
     claim_result out;
-    {
+    // A beat that claims nothing (limit 0: an old generation kept alive, a
+    // new one's first beat) sets nothing aside either: its caller reads
+    // no result, and a row set aside unreported would never be named.
+    if (limit > 0) {
       // A state that is none of the four (a number out of range or between
       // two of them, text, a blob: those sort above every number) would
       // never be claimed, confirmed or reported, and would expire unseen
@@ -293,7 +317,7 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
                           "OR (state > 2 AND state < 3) "
                           "OR (state BETWEEN 0 AND 1 AND typeof(expires_at) "
                           "NOT IN ('integer', 'real')) ORDER BY seq LIMIT ?"};
-      s.bind(1, static_cast<std::int64_t>(std::max<std::size_t>(limit, 1)));
+      s.bind(1, static_cast<std::int64_t>(limit));
       while (s.step())
         out.corrupted.push_back(s.text(0));
     }

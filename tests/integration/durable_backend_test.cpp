@@ -305,6 +305,55 @@ TEST_CASE("a SQLite journal row whose expiry is no number is kept a day "
   CHECK(rows() == 0); // before, text sorted above every time: kept forever
 }
 
+TEST_CASE("a SQLite beat that claims nothing sets no corrupted row aside: "
+          "the next claim names it") {
+  sqlite_durable_factory f;
+  auto b = f.make();
+  dc::sync s{*b};
+  REQUIRE(s.record("t:1#bad", "a") == dc::journal_put::recorded);
+  damage_row(f, "t:1#bad", "state = 7");
+  // An old generation kept alive, or a new one's first beat: nobody reads
+  // what it found. Before, it set the row aside there, and no beat ever
+  // named it.
+  CHECK(s.claim("a~1", sqlite_durable_factory::lease, 5, 0).corrupted.empty());
+  CHECK(s.claim("b", sqlite_durable_factory::lease).corrupted
+        == std::vector<std::string>{"t:1#bad"});
+}
+
+TEST_CASE("a SQLite journal row with a damaged expiry: a redelivery of a "
+          "handled one is a duplicate, of an open one it takes its place; a "
+          "handled one is swept") {
+  for (std::string damage : {"expires_at = 'x'", "expires_at = x'00'"}) {
+    CAPTURE(damage);
+    sqlite_durable_factory f;
+    auto b = f.make();
+    dc::sync s{*b};
+    REQUIRE(s.record("t:1#done", "a") == dc::journal_put::recorded);
+    REQUIRE(s.confirm("t:1#done", "a"));
+    REQUIRE(s.record("t:1#open", "a") == dc::journal_put::recorded);
+    damage_row(f, "t:1#done", damage);
+    damage_row(f, "t:1#open", damage);
+    // Before, both threw corrupted_record, at every redelivery.
+    CHECK(s.record("t:1#done", "a") == dc::journal_put::duplicate);
+    CHECK(s.record("t:1#open", "a") == dc::journal_put::recorded);
+    // The handled one's tombstone goes at the next sweep (text sorted
+    // above every time: it stayed for good); the open one, recorded anew,
+    // is claimed as any other.
+    f.advance(sqlite_durable_factory::lease * 2);
+    auto c = s.claim("b", sqlite_durable_factory::lease);
+    CHECK(dc::ids(c.records) == std::vector<std::string>{"t:1#open"});
+    CHECK(c.corrupted.empty());
+    CHECK(s.record("t:1#done", "a") == dc::journal_put::recorded);
+  }
+  // A fractional expiry is a time: before, record() refused it.
+  sqlite_durable_factory f;
+  auto b = f.make();
+  dc::sync s{*b};
+  REQUIRE(s.record("t:1#frac", "a") == dc::journal_put::recorded);
+  damage_row(f, "t:1#frac", "expires_at = expires_at + 0.5");
+  CHECK(s.record("t:1#frac", "a") == dc::journal_put::duplicate);
+}
+
 TEST_CASE("a SQLite journal completion that throws leaves the backend's "
           "thread, and later calls, working") {
   sqlite_durable_factory f;
