@@ -167,6 +167,31 @@ TEST_CASE("Redis journal records from seq 1e14 keep seqs of their own") {
   CHECK(what.find(":{durable:inbound}:seq") != std::string::npos);
 }
 
+TEST_CASE("a Redis claim takes no record past its TTL, however many expired "
+          "ones wait to be swept") {
+  redis_durable_factory f;
+  auto b = f.make();
+  dc::sync s{*b};
+  REQUIRE(s.record("t:1#old", "a", 500ms) == dc::journal_put::recorded);
+  // More expired entries than one sweep drops (1000), all older: the
+  // record's own expiry is left for a later sweep.
+  auto exp = f.prefix + ":{durable:inbound}:exp";
+  std::vector<std::string> add{"ZADD", exp};
+  for (int i = 0; i < 1000; ++i) {
+    add.push_back(std::to_string(i + 1));
+    add.push_back("t:0#gone" + std::to_string(i));
+  }
+  f.client->call(add);
+  f.advance(800ms); // past its TTL; "a" never beat: its records are free
+  // Before, it was claimed and run again, days late in a long outage.
+  auto c = s.claim("b", redis_durable_factory::lease);
+  CHECK(c.records.empty());
+  CHECK(f.client->call({"HGET", f.prefix + ":{durable:inbound}:rec", "t:1#old"})
+          .is_nil());
+  // A redelivery now is a new message, as on the other backends.
+  CHECK(s.record("t:1#old", "a") == dc::journal_put::recorded);
+}
+
 TEST_CASE("a corrupted Redis journal record is named: settling it fails "
           "with corrupted_record and a claim sets it aside") {
   redis_durable_factory f;
@@ -188,6 +213,10 @@ TEST_CASE("a corrupted Redis journal record is named: settling it fails "
   REQUIRE(s.record("t:1#halfa", "a") == dc::journal_put::recorded);
   f.client->call({"HSET", rec, "t:1#negseq", R"({"st":1,"a":1,"h":"","s":-1,"k":"t:1","m":"x"})"});
   f.client->call({"HSET", rec, "t:1#halfa", R"({"st":1,"a":1.5,"h":"","s":6,"k":"t:1","m":"x"})"});
+  // A count past 32 bits: cut to 0 by the caller, it was given up "after
+  // 0 attempts" and its message erased.
+  REQUIRE(s.record("t:1#biga", "a") == dc::journal_put::recorded);
+  f.client->call({"HSET", rec, "t:1#biga", R"({"st":1,"a":4294967296,"h":"","s":9,"k":"t:1","m":"x"})"});
   // A field cjson reads as infinity and cannot write back: the claim's
   // write aborted the whole script, every beat, so nothing after it was
   // ever claimed; a state that is neither held nor free sat unreported.
@@ -222,8 +251,9 @@ TEST_CASE("a corrupted Redis journal record is named: settling it fails "
   for (auto& id : c.corrupted)
     corrupted += id + " ";
   CHECK(corrupted
-        == "t:1#bad t:1#nomsg t:1#numkey t:1#negseq t:1#halfa t:1#inf "
-           "t:1#st5 t:1#infheld ");
+        == "t:1#bad t:1#nomsg t:1#numkey t:1#negseq t:1#halfa t:1#biga "
+           "t:1#inf t:1#st5 t:1#infheld ");
+  CHECK(c.dropped.empty());
   // Set aside, not deleted: what was stored is kept for a look.
   CHECK(f.client->call({"HGET", rec, "t:1#inf"}).str.find("1e999")
         != std::string::npos);

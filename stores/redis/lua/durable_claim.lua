@@ -12,6 +12,7 @@
 -- lists of id, key, message, seq, attempts (dropped: given up, held by
 -- the caller without a new attempt); corrupted lists the ids of
 -- records that are not journal records (taken out of the open set).
+-- An attempt count past 2^32 - 1 is damaged (the caller holds 32 bits).
 -- Cost: O(open records scanned, at most 1000) + O(expired, at most 1000).
 local now = dj_now()
 local me = ARGV[1]
@@ -56,7 +57,14 @@ end
 for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
   if n >= limit then break end
   local v = redis.call('HGET', KEYS[1], id)
-  if not v then
+  -- Past its TTL but not swept yet (the sweep takes at most 1000 a call,
+  -- oldest first): dropped as the sweep would, never run again.
+  local exp = redis.call('ZSCORE', KEYS[3], id)
+  if exp and tonumber(exp) <= now then
+    redis.call('HDEL', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('ZREM', KEYS[3], id)
+  elseif not v then
     redis.call('ZREM', KEYS[2], id)
   else
     local ok, r = pcall(cjson.decode, v)
@@ -65,7 +73,7 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
     -- open record is held (0) or free (1); any other state would sit in
     -- the open set unclaimed, unreported, until it expired.
     if not ok or type(r) ~= 'table' or (r.st ~= 0 and r.st ~= 1)
-       or not dj_count(r.a) or type(r.h) ~= 'string'
+       or not dj_count(r.a) or r.a > 4294967295 or type(r.h) ~= 'string'
        or type(r.k) ~= 'string' or type(r.m) ~= 'string'
        or not dj_count(tonumber(r.s)) then
       redis.call('ZREM', KEYS[2], id)
