@@ -372,30 +372,45 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
       // writes may run well after it (a CLIENT PAUSE WRITE, a failover's
       // pause, another node of a cluster), so the script's deadline read
       // against TIME would stretch the turn by that gap.
-      auto dl = int_at(reply, 0, "co_renew");
-      out.turns.push_back(dl == 0 ? 0
-                                  : out.now_ms
-                                      + (dl - int_at(reply, 1, "co_renew")));
+      // A reply that cannot be read fails its own part only, as an error
+      // reply does.
+      try {
+        auto dl = int_at(reply, 0, "co_renew");
+        out.turns.push_back(dl == 0 ? 0
+                                    : out.now_ms
+                                        + (dl - int_at(reply, 1, "co_renew")));
+      } catch (const error& e) {
+        out.errors.push_back(fmt::format("coordinator {}: renewing {}: {}",
+                                         replica, r.turns[n].key, e.what()));
+        out.turns.push_back(renewal_result::failed);
+      }
     }
     for (std::size_t n = 0; n < r.leads.size(); ++n, ++at) {
       auto& reply = replies.at(at);
-      if (reply.type == kind::error) {
+      auto lead_failed = [&](std::string_view why) {
         out.errors.push_back(fmt::format("coordinator {}: leading {}: {}",
-                                         replica, r.leads[n], reply.str));
+                                         replica, r.leads[n], why));
         out.leads.emplace_back();
         out.leads_failed.resize(r.leads.size());
         out.leads_failed[n] = true;
+      };
+      if (reply.type == kind::error) {
+        lead_failed(reply.str);
         continue;
       }
-      auto term = int_at(reply, 0, "co_lead");
-      if (term == 0) {
-        out.leads.emplace_back();
-        continue;
+      try {
+        auto term = int_at(reply, 0, "co_lead");
+        if (term == 0) {
+          out.leads.emplace_back();
+          continue;
+        }
+        out.leads.push_back(leadership{r.leads[n],
+                                       static_cast<std::uint64_t>(term),
+                                       int_at(reply, 1, "co_lead"),
+                                       int_at(reply, 2, "co_lead")});
+      } catch (const error& e) {
+        lead_failed(e.what());
       }
-      out.leads.push_back(leadership{r.leads[n],
-                                     static_cast<std::uint64_t>(term),
-                                     int_at(reply, 1, "co_lead"),
-                                     int_at(reply, 2, "co_lead")});
     }
     return out;
   }

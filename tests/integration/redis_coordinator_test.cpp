@@ -319,6 +319,42 @@ TEST_CASE("a renewal whose turn key is damaged fails for that turn alone, "
   CHECK(r.errors[0].find("WRONGTYPE") != std::string::npos);
 }
 
+TEST_CASE("a leadership whose term key is gone or damaged gets a new, higher "
+          "term; the turns renewed with it are not lost") {
+  for (std::string damage : {"", "garbage", "1e999", "-5"}) {
+    CAPTURE(damage);
+    test::redis_process server;
+    botmesh::redis_coordinator c{{.url = server.url(),
+                                  .prefix = "bmterm",
+                                  .replica_id = "a",
+                                  .lease = std::chrono::milliseconds{5000}}};
+    botmesh::blocking_coordinator b{c};
+    auto one = b.enter("one", 1);
+    REQUIRE(one.granted());
+    auto first = b.lead("scheduler");
+    REQUIRE(first);
+    botmesh::redis_client admin{{.url = server.url()}};
+    auto keys = admin.call({"KEYS", "bmterm:*scheduler*:term"});
+    REQUIRE(keys.elements.size() == 1);
+    if (damage.empty())
+      admin.call({"DEL", keys.elements[0].str}); // evicted: it has no TTL
+    else
+      admin.call({"SET", keys.elements[0].str, damage});
+    // Before, the reply had no term and the whole batch threw: every turn
+    // of the replica lapsed with it, each lease.
+    auto r = b.renew({.turns = {{"one", one.fence}}, .leads = {"scheduler"}});
+    REQUIRE(r.turns.size() == 1);
+    CHECK(r.turns[0] > r.now_ms);
+    REQUIRE(r.leads.size() == 1);
+    REQUIRE(r.leads[0].has_value());
+    CHECK_FALSE(r.lead_failed(0));
+    // A term above every one handed out: a fence check still refuses the
+    // writes of the term before.
+    CHECK(r.leads[0]->fence > first->fence);
+    CHECK(r.errors.empty());
+  }
+}
+
 namespace {
 
 // Chat keys for a client of one connection: a submit of them is one
