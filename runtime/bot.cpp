@@ -1376,6 +1376,10 @@ struct bot::impl final : chat_services,
   std::shared_ptr<lease_actor_leadership> sched_leadership;
   internal::deferred_stop stopper; // a stop() from a handler (bot::stop)
   void stop_now(); // bot::stop's work, on the thread that runs it
+  // start()'s actors (router, lease and journal actors) and the durable
+  // backend's start; undo_start() gives back what a failed one made.
+  void spawn_all();
+  void undo_start();
   scheduler_options pending_sched_opts;
   std::unique_ptr<botmesh::scheduler> tasks;
   std::stop_source stop_source;
@@ -1740,6 +1744,9 @@ void bot::start() {
   std::lock_guard guard{impl_->lifecycle_mtx};
   if (impl_->started)
     return;
+  if (impl_->stopped)
+    throw error(errc::stopped, "start() after stop(): the bot was stopped "
+                               "before it started, and a bot runs once");
   impl_->opts.store->start();
   if (impl_->opts.coordination) {
     auto& co = *impl_->opts.coordination;
@@ -1762,31 +1769,14 @@ void bot::start() {
     impl_->transport_pool = std::make_unique<internal::worker_pool>(1, 1);
     impl_->transport_pool->tag(impl_.get());
   }
-  router_config rc;
-  rc.services = impl_.get();
-  rc.max_pending_per_chat = impl_->opts.max_pending_per_chat;
-  rc.passivate_after = impl_->opts.passivate_after.ms();
-  if (impl_->opts.coordination) {
-    auto& co = *impl_->opts.coordination;
-    lease_config lc;
-    lc.coordinator = co.coordinator;
-    lc.settle = co.settle.ms();
-    lc.max_poll = co.max_poll.ms();
-    lc.listener = impl_.get();
-    impl_->lease_handle = spawn_lease_actor(*impl_->sys, std::move(lc));
-    if (impl_->sched_leadership)
-      impl_->sched_leadership->bind(*impl_->sys, impl_->lease_handle);
-    rc.lease = impl_->lease_handle;
-    rc.turn_wait = co.turn_wait.ms();
-  }
-  impl_->router_handle = spawn_router(*impl_->sys, rc);
-  if (auto* d = impl_->durable.get()) {
-    d->start(); // the backend, and a first beat before anything is recorded
-    journal_config jc;
-    jc.period = std::max(std::chrono::milliseconds{1}, d->lease() / 3);
-    jc.beat = [d](std::function<void()> done) { d->beat(std::move(done)); };
-    jc.retire = [d](std::function<void()> done) { d->retire(std::move(done)); };
-    impl_->journal_handle = spawn_journal_actor(*impl_->sys, std::move(jc));
+  // What is made from here on is given back if start() fails before it
+  // is done: a lease actor renewing its heartbeat for good (an owned actor
+  // system waits for it in the bot's destructor), a router, pools.
+  try {
+    impl_->spawn_all();
+  } catch (...) {
+    impl_->undo_start();
+    throw;
   }
   impl_->started = true;
   impl_->accepting = true;
@@ -1795,6 +1785,51 @@ void bot::start() {
   else
     impl_->opts.provider->start(*impl_);
   impl_->tasks->start();
+}
+
+void bot::impl::undo_start() {
+  // (The leadership refers to the lease actor, whose detached thread ends
+  // only once nothing does.)
+  if (sched_leadership)
+    sched_leadership->close();
+  for (auto* h : {&journal_handle, &router_handle, &lease_handle})
+    if (*h) {
+      caf::anon_send_exit(*h, caf::exit_reason::user_shutdown);
+      *h = nullptr;
+    }
+  if (transport_pool)
+    transport_pool->shutdown();
+  if (pool)
+    pool->shutdown();
+}
+
+void bot::impl::spawn_all() {
+  router_config rc;
+  rc.services = this;
+  rc.max_pending_per_chat = opts.max_pending_per_chat;
+  rc.passivate_after = opts.passivate_after.ms();
+  if (opts.coordination) {
+    auto& co = *opts.coordination;
+    lease_config lc;
+    lc.coordinator = co.coordinator;
+    lc.settle = co.settle.ms();
+    lc.max_poll = co.max_poll.ms();
+    lc.listener = this;
+    lease_handle = spawn_lease_actor(*sys, std::move(lc));
+    if (sched_leadership)
+      sched_leadership->bind(*sys, lease_handle);
+    rc.lease = lease_handle;
+    rc.turn_wait = co.turn_wait.ms();
+  }
+  router_handle = spawn_router(*sys, rc);
+  if (auto* d = durable.get()) {
+    d->start(); // the backend, and a first beat before anything is recorded
+    journal_config jc;
+    jc.period = std::max(std::chrono::milliseconds{1}, d->lease() / 3);
+    jc.beat = [d](std::function<void()> done) { d->beat(std::move(done)); };
+    jc.retire = [d](std::function<void()> done) { d->retire(std::move(done)); };
+    journal_handle = spawn_journal_actor(*sys, std::move(jc));
+  }
 }
 
 void bot::stop() {
@@ -1822,9 +1857,18 @@ void bot::stop() {
 
 void bot::impl::stop_now() {
   std::lock_guard guard{lifecycle_mtx};
-  if (!started || stopped)
+  if (stopped)
     return;
   stopped = true;
+  if (!started) {
+    // Before start() (a SIGTERM during start-up, a stop() racing run() on
+    // another thread): the bot never starts. Dropped, the stop was lost:
+    // the bot then ran, and a handler's stop() could no longer end it.
+    std::lock_guard run_guard{run_mtx};
+    stop_requested = true;
+    run_cv.notify_all();
+    return;
+  }
   {
     std::lock_guard run_guard{run_mtx};
     stop_requested = true;

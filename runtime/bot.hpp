@@ -569,7 +569,9 @@ class bot {
   template <class Event>
   bot& on(std::function<void(const Event&)> listener);
 
-  /// Starts the store, the actors and the provider. Idempotent.
+  /// Starts the store, the actors and the provider. Idempotent. After a
+  /// `stop()` that came first (a bot runs once) it throws `botmesh::error`
+  /// (`errc::stopped`).
   void start();
 
   /// Graceful stop: stops intake (later messages are refused as

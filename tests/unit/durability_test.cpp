@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <future>
 #include <latch>
@@ -952,6 +954,51 @@ TEST_CASE("with durability a first attempt after its heartbeat lapsed waits "
             != std::string::npos);
   b.stop();
   CHECK(p->sent().empty());
+}
+
+TEST_CASE("a start() that fails after it spawned its actors gives them "
+          "back: the bot can be destroyed, and it was not started") {
+  botmesh::memory_coordination_hub hub;
+  auto g = std::make_shared<test::gated_backend>();
+  g->open();
+  g->fail_start = true;
+  auto p = std::make_shared<botmesh::testing_provider>();
+  auto b = std::make_unique<botmesh::bot>(botmesh::bot_options{
+    .provider = p, .coordination = cut_by_settle(hub),
+    .durability = test::durable_over(g)});
+  try {
+    b->start();
+    FAIL("a backend that cannot start started");
+  } catch (const botmesh::error& e) {
+    CHECK(std::string{e.what()}.find("cannot open its file")
+          != std::string::npos);
+  }
+  CHECK(p->starts() == 0);
+  // Before, the actors it had spawned lived on (the lease actor renewing
+  // its heartbeat for good), and the bot's own actor system waited for
+  // them in the destructor: the process hung. (Destroyed on this thread: a
+  // watchdog ends the process if it hangs.)
+  std::atomic<bool> gone{false};
+  std::thread watchdog{[&] {
+    if (!test::eventually([&] { return gone.load(); }, 20s)) {
+      std::fputs("the bot's destructor hangs after a failed start()\n",
+                 stderr);
+      std::abort();
+    }
+  }};
+  b.reset();
+  gone = true;
+  watchdog.join();
+}
+
+TEST_CASE("a stop() that comes before start() is kept: the bot does not "
+          "start, and run() says why") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p}};
+  b.stop(); // (a SIGTERM during start-up, a stop racing run())
+  CHECK_THROWS_AS(b.start(), botmesh::error);
+  CHECK_THROWS_AS(b.run(), botmesh::error);
+  CHECK(p->starts() == 0);
 }
 
 TEST_CASE("durability options are checked when the bot is built") {

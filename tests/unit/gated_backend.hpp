@@ -28,6 +28,14 @@ class gated_backend final : public botmesh::durable_backend {
   std::atomic<bool> fail_beats{false}; // the heartbeat is not renewed
   std::atomic<int> fail_settles{0}; // this many confirms/releases fail, unrun
   std::atomic<int> fail_outbox{0};  // this many outbox entry writes fail, unrun
+  std::atomic<bool> fail_start{false}; // start() throws (a file it cannot open)
+
+  void start() override {
+    if (fail_start)
+      throw botmesh::error(botmesh::errc::store_error,
+                           "durable backend: cannot open its file");
+    inner.start();
+  }
   std::atomic<bool> lose_claim_replies{false}; // a claim runs, its reply is lost
   std::atomic<int> lose_outbox_replies{0}; // this many outbox claims run,
                                            // their replies lost
