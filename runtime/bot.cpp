@@ -43,6 +43,34 @@ using internal::trim;
 
 namespace {
 
+// The bot whose deliver() runs on this thread (a provider's thread): a
+// stop() from a listener it runs there must not run there (see stop()).
+class delivering {
+ public:
+  explicit delivering(const void* bot) : previous_(current_) {
+    current_ = bot;
+  }
+  ~delivering() {
+    current_ = previous_;
+  }
+  delivering(const delivering&) = delete;
+  delivering& operator=(const delivering&) = delete;
+
+  static bool in(const void* bot) {
+    return current_ == bot;
+  }
+
+ private:
+  static thread_local const void* current_;
+  const void* previous_;
+};
+
+thread_local const void* delivering::current_ = nullptr;
+
+} // namespace
+
+namespace {
+
 struct route {
   enum kind_t { any, keywords, regex, command, filtered } kind;
   std::vector<std::string> words; // the keywords, or the command's name
@@ -762,10 +790,12 @@ struct bot::impl final : chat_services,
 
   void deliver(inbound_message msg) override {
     delivery_callbacks none;
+    delivering scope{this};
     intake(msg, none);
   }
 
   void deliver(inbound_message msg, delivery_callbacks cb) override {
+    delivering scope{this};
     intake(msg, cb);
   }
 
@@ -1841,7 +1871,12 @@ void bot::stop() {
   // thread right now: the caller's own pool tells, by its tag: this bot's,
   // or its scheduler's.)
   auto owner = internal::worker_pool::current_owner();
-  if (owner && (owner == &i || owner == i.tasks.get())) {
+  // Or from a listener that a delivery ran on the provider's own thread (a
+  // refusal's error event): the stop stops that provider, which joins the
+  // thread (a poller joined itself, or waited for the transport thread
+  // that waited for it).
+  if ((owner && (owner == &i || owner == i.tasks.get()))
+      || delivering::in(&i)) {
     {
       std::lock_guard run_guard{i.run_mtx};
       i.stop_requested = true;

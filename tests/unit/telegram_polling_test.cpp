@@ -578,3 +578,30 @@ TEST_CASE("without coordination a 409 makes the poller back off and retry") {
   REQUIRE(test::eventually([&] { return p->stats().updates == 1; }));
   CHECK(p->stats().conflicts == 1);
 }
+
+TEST_CASE("an error listener that stops the bot from the poller's thread "
+          "stops it, without the poller waiting for itself") {
+  update_feed feed; // outlives the fake API, whose thread calls it
+  auto api = test::fake_telegram();
+  feed.attach(*api);
+  auto store = std::make_shared<botmesh::memory_store>();
+  auto p = std::make_shared<tg::polling_provider>(options(*api, store));
+  botmesh::bot_options bo{.provider = p, .store = store};
+  bo.limits.max_text_bytes = 3;
+  botmesh::bot bot{bo};
+  std::atomic<bool> asked{false};
+  // The refusal's error event runs on the poller's thread. Before, the
+  // stop ran there too: stopping the provider joined that very thread
+  // (std::terminate), or, with an exclusive transport, waited for the
+  // transport thread that waited for it.
+  bot.on<botmesh::events::error>([&](const botmesh::events::error& e) {
+    if (e.code == botmesh::errc::invalid_argument && !asked.exchange(true))
+      bot.stop();
+  });
+  bot.start();
+  feed.push(1, 7, "hola mundo"); // over 3 bytes: refused
+  REQUIRE(test::eventually([&] { return asked.load(); }));
+  CHECK(test::eventually(
+    [&] { return p->state() == botmesh::provider_state::closed; }, 10s));
+  CHECK_THROWS_AS(bot.run(), botmesh::error); // stopped
+}
