@@ -454,6 +454,8 @@ struct bot::impl final : chat_services,
       }
       guard.lock();
       switch_.is = open;
+      if (open)
+        switch_.start_failed = start_failed;
     }
     switch_.applying = false;
     auto applied = std::move(switch_.applied);
@@ -480,6 +482,13 @@ struct bot::impl final : chat_services,
   // leader event after its transport's start returned.
   void leader(const std::string& name, std::uint64_t fence) override {
     transport_pool->post([this, name, fence] {
+      // "Leads and started it": not said for a start that failed (its
+      // "start_failed" follower event comes next).
+      {
+        std::lock_guard guard{switch_.mtx};
+        if (switch_.start_failed)
+          return;
+      }
       emit(on_leader, events::leader{name, fence});
     });
   }
@@ -1435,6 +1444,7 @@ struct bot::impl final : chat_services,
     bool want = false;
     bool is = false;
     bool applying = false;
+    bool start_failed = false; // the last start threw
     std::vector<std::function<void()>> applied;
   } switch_;
   std::shared_ptr<std::atomic<bool>> leading_flag =

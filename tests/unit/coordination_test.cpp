@@ -780,6 +780,9 @@ TEST_CASE("a leader whose transport fails to start yields at once, and a "
   // Events reach their listeners on the handler pool, a moment later.
   CHECK(test::eventually([&] { return a.saw("follower start_failed"); }));
   CHECK(test::eventually([&] { return b.saw("leader provider:wa"); }));
+  // A never said it leads with its transport started (before, its leader
+  // event came right after the failed start).
+  CHECK_FALSE(a.saw("leader provider:wa"));
 }
 
 TEST_CASE("a leader whose transport lost its platform and keeps reconnecting "
