@@ -351,8 +351,8 @@ TEST_CASE("a SQLite beat that claims nothing sets no corrupted row aside: "
 }
 
 TEST_CASE("a SQLite journal row with a damaged expiry: a redelivery of a "
-          "handled one is a duplicate, of an open one it takes its place; a "
-          "handled one is swept") {
+          "handled one is a duplicate, of an open one it takes its place, and "
+          "a handled one is swept") {
   for (std::string damage : {"expires_at = 'x'", "expires_at = x'00'"}) {
     CAPTURE(damage);
     sqlite_durable_factory f;

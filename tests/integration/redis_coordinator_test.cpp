@@ -320,7 +320,7 @@ TEST_CASE("a renewal whose turn key is damaged fails for that turn alone, "
 }
 
 TEST_CASE("a leadership whose term key is gone or damaged gets a new, higher "
-          "term; the turns renewed with it are not lost") {
+          "term, and the turns renewed with it are not lost") {
   for (std::string damage : {"", "garbage", "1e999", "-5"}) {
     CAPTURE(damage);
     test::redis_process server;
