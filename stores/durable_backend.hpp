@@ -120,10 +120,7 @@ class durable_backend {
 
   /// Renews `holder`'s heartbeat for `lease`, then claims up to `limit`
   /// records that are free or held by a holder whose heartbeat lapsed, and
-  /// returns them in arrival order, now held by `holder`. Past `limit` it
-  /// still takes the claimable records of the chats it took (a chat's
-  /// records split between two claims would run on two replicas, out of
-  /// their order); `limit` 0 claims nothing. Records that
+  /// returns them in arrival order, now held by `holder`. Records that
   /// already had `max_attempts` holders are given up: returned in
   /// `dropped`, held by `holder` without a new attempt, for the caller to
   /// report and then `confirm`. Until that confirm lands they stay held, so

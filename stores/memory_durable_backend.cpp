@@ -1,7 +1,5 @@
 #include <botmesh/stores/memory_durable_backend.hpp>
 
-#include <unordered_set>
-
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -209,13 +207,9 @@ void memory_durable_backend::beat_and_claim(std::string_view holder,
         take.push_back(&r);
     std::sort(take.begin(), take.end(),
               [](row* a, row* b) { return a->rec.seq < b->rec.seq; });
-    // Past `limit`, only the chats already taken: a chat's records split
-    // between two claims would run on two replicas, out of their order.
-    std::unordered_set<std::string_view> chats;
     for (auto* r : take) {
-      if (out.records.size() >= limit && !chats.contains(r->rec.key))
-        continue;
-      chats.insert(r->rec.key);
+      if (out.records.size() >= limit)
+        break;
       if (r->rec.attempts >= max_attempts) {
         // Held until the caller reported it and confirms it (see
         // durable_backend::beat_and_claim); the confirm drops the message.

@@ -5,7 +5,6 @@
 #include <deque>
 #include <limits>
 #include <mutex>
-#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -347,16 +346,10 @@ void sqlite_durable_backend::beat_and_claim(std::string_view holder,
       // other backends: a beat's batch is not spent on given-up or
       // corrupted ones.
       std::size_t taking = 0;
-      // Past `limit`, only the chats already taken: a chat's records split
-      // between two claims would run on two replicas, out of their order.
-      std::set<std::string> chats;
-      while (limit > 0 && s.step()) {
+      while (taking < limit && s.step()) {
         journal_record r;
-        r.key = s.text(1);
-        if (taking >= limit && !chats.contains(r.key))
-          continue;
-        chats.insert(r.key);
         r.id = s.text(0);
+        r.key = s.text(1);
         r.message = s.text(2);
         // A count that is not one (negative, too large, a real, text) is
         // taken out of the open records (named in `corrupted`), not

@@ -267,38 +267,13 @@ TEST_CASE_TEMPLATE_DEFINE("records given up do not count against a claim's "
   auto b = f.make();
   dc::sync s{*b};
   dc::handled_twice(s, "t:1#m1", F::lease);
-  // (Another chat for the third: the rest of a chat a claim took comes
-  // with it past the limit, see dc_chat_whole.)
-  for (auto id : {"t:1#m2", "t:2#m3"}) {
+  for (auto id : {"t:1#m2", "t:1#m3"}) {
     REQUIRE(s.record(id, "a") == dc::journal_put::recorded);
     REQUIRE(s.release(id, "a"));
   }
   auto c = s.claim("c", F::lease, 2, 1);
   CHECK(dc::ids(c.dropped) == std::vector<std::string>{"t:1#m1"});
   CHECK(dc::ids(c.records) == std::vector<std::string>{"t:1#m2"});
-}
-
-TEST_CASE_TEMPLATE_DEFINE("a claim takes every claimable record of a chat it "
-                          "takes, past its limit: a chat's records are never "
-                          "split between two holders",
-                          F, dc_chat_whole) {
-  F f;
-  auto b = f.make();
-  dc::sync s{*b};
-  for (auto id : {"t:a#1", "t:b#1", "t:c#1", "t:b#2", "t:c#2", "t:b#3"}) {
-    REQUIRE(s.record(id, "a") == dc::journal_put::recorded);
-    REQUIRE(s.release(id, "a"));
-  }
-  // Before, a limit of 2 took a#1 and b#1, and the next claim b#2 and b#3:
-  // two replicas running chat b's messages at once, out of their order.
-  auto c = s.claim("c", F::lease, 5, 2);
-  CHECK(dc::ids(c.records)
-        == std::vector<std::string>{"t:a#1", "t:b#1", "t:b#2", "t:b#3"});
-  auto d = s.claim("d", F::lease, 5, 2);
-  CHECK(dc::ids(d.records) == std::vector<std::string>{"t:c#1", "t:c#2"});
-  // A beat that claims nothing takes nothing, whatever the chat.
-  REQUIRE(s.release("t:c#1", "d"));
-  CHECK(s.claim("e", F::lease, 5, 0).records.empty());
 }
 
 TEST_CASE_TEMPLATE_DEFINE("a record released as unhandled gives its attempt "
@@ -512,6 +487,5 @@ TEST_CASE_TEMPLATE_DEFINE("the same id recorded by two holders at once is "
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_forget, F);                              \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_forget_writer, F);                       \
   TEST_CASE_TEMPLATE_INVOKE(dc_attempts_limit, F);                             \
-  TEST_CASE_TEMPLATE_INVOKE(dc_chat_whole, F);                                 \
   TEST_CASE_TEMPLATE_INVOKE(dc_outbox_record, F);                              \
   TEST_CASE_TEMPLATE_INVOKE(dc_race, F)

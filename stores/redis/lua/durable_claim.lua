@@ -54,11 +54,8 @@ local function claim_one(id, r)
   list[#list + 1] = string.format('%d', r.a)
   redis.call('HSET', KEYS[1], id, v)
 end
--- Past `limit`, only the chats already taken: a chat's records split
--- between two claims would run on two replicas, out of their order.
-local chats = {}
 for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
-  if limit == 0 then break end
+  if n >= limit then break end
   local v = redis.call('HGET', KEYS[1], id)
   -- Past its TTL but not swept yet (the sweep takes at most 1000 a call,
   -- oldest first): dropped as the sweep would, never run again.
@@ -81,10 +78,8 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, 999)) do
        or not dj_count(tonumber(r.s)) then
       redis.call('ZREM', KEYS[2], id)
       corrupted[#corrupted + 1] = id
-    elseif (r.st == 1 or (r.st == 0 and r.h ~= me
-                          and not redis.call('ZSCORE', KEYS[4], r.h)))
-           and (n < limit or chats[r.k]) then
-      chats[r.k] = true
+    elseif r.st == 1 or (r.st == 0 and r.h ~= me
+                         and not redis.call('ZSCORE', KEYS[4], r.h)) then
       claim_one(id, r)
     end
   end
