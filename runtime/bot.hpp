@@ -585,8 +585,11 @@ class bot {
   /// wait for that handler: it then returns at once, the stop runs on a
   /// thread of its own (its handler's stop token fires as the others'),
   /// and `run()`, the next `stop()` from another thread and the destructor
-  /// wait for it. (Not from a task on `scheduler_options::executor`: those
-  /// threads are not known, and such a task waits for itself.)
+  /// wait for it. The same from a listener that a provider's delivery runs
+  /// on the provider's own thread (a refusal's error event): stopping the
+  /// provider there would wait for that very thread. (Not from a task on
+  /// `scheduler_options::executor`: those threads are not known, and such
+  /// a task waits for itself.)
   void stop();
 
   /// `start()`, then waits until the provider's input ends, `stop()` is

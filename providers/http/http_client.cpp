@@ -189,8 +189,9 @@ void arm_cancel(cancel_on_stop& out, connection& c, std::stop_token stop) {
                 }});
 }
 
-// Name lookups running, in the whole process (see client::impl::look_up).
-std::atomic<int> pending_lookups{0};
+// Name lookups given up and still running, in the whole process (see
+// client::impl::look_up).
+std::atomic<int> abandoned_lookups{0};
 
 // The addresses getaddrinfo finds for `host`, as text.
 std::vector<std::string> system_lookup(const std::string& host) {
@@ -265,22 +266,21 @@ struct client::impl {
       std::mutex mtx;
       std::condition_variable cv;
       bool done = false;
+      bool abandoned = false; // given up, counted in abandoned_lookups
       std::vector<std::string> found;
       std::string failure;
     };
     auto st = std::make_shared<state>();
     // Lookups left running once given up are bounded: past this many, the
     // resolver hangs for all of them, and another thread would not help.
-    constexpr int max_pending = 64;
-    if (pending_lookups.fetch_add(1) >= max_pending) {
-      --pending_lookups;
+    constexpr int max_abandoned = 64;
+    if (abandoned_lookups.load() >= max_abandoned)
       throw error(errc::provider_error,
                   fmt::format("http {}://{}:{}: resolve failed: {} name "
-                              "lookups are still running (the resolver "
-                              "does not answer)",
+                              "lookups given up are still running (the "
+                              "resolver does not answer)",
                               u.tls ? "https" : "http", u.host, u.port,
-                              max_pending));
-    }
+                              max_abandoned));
     try {
       std::thread{[st, fn = opts.lookup, host = u.host] {
         std::vector<std::string> found;
@@ -294,15 +294,15 @@ struct client::impl {
         } catch (...) {
           failure = "the lookup threw";
         }
-        --pending_lookups;
         std::lock_guard guard{st->mtx};
+        if (st->abandoned)
+          --abandoned_lookups;
         st->found = std::move(found);
         st->failure = std::move(failure);
         st->done = true;
         st->cv.notify_all();
       }}.detach();
     } catch (const std::system_error& e) {
-      --pending_lookups;
       throw error(errc::provider_error,
                   fmt::format("http {}://{}:{}: resolve failed: no thread for "
                               "the lookup: {}",
@@ -319,6 +319,10 @@ struct client::impl {
       std::unique_lock guard{st->mtx};
       st->cv.wait_until(guard, by,
                         [&] { return st->done || stop.stop_requested(); });
+      if (!st->done) {
+        st->abandoned = true;
+        ++abandoned_lookups;
+      }
       if (!st->done)
         fail(u, "resolve",
              stop.stop_requested()

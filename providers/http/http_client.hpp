@@ -76,7 +76,9 @@ struct client_options {
   /// (getaddrinfo). A lookup runs on a thread of its own and is given up at
   /// `connect_timeout`, the request's deadline or its stop, whichever comes
   /// first (getaddrinfo itself cannot be cut: its thread ends when it
-  /// returns). An IP literal in the URL is used as it is, with no lookup.
+  /// returns; while 64 given-up lookups still run in the process, a new
+  /// one fails at once). An IP literal in the URL is used as it is, with no
+  /// lookup.
   std::function<std::vector<std::string>(const std::string& host)> lookup{};
 };
 
