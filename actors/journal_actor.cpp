@@ -1,4 +1,5 @@
 #include <botmesh/actors/journal_actor.hpp>
+#include <botmesh/actors/internal/caf_logger.hpp>
 
 #include <caf/all.hpp>
 
@@ -82,7 +83,9 @@ caf::behavior journal_actor(journal_actor_t* self, journal_config cfg) {
 } // namespace
 
 caf::actor spawn_journal_actor(caf::actor_system& sys, journal_config cfg) {
-  return sys.spawn(journal_actor, std::move(cfg));
+  auto a = sys.spawn(journal_actor, std::move(cfg));
+  internal::release_caf_logger();
+  return a;
 }
 
 } // namespace botmesh

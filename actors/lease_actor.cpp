@@ -1,4 +1,5 @@
 #include <botmesh/actors/lease_actor.hpp>
+#include <botmesh/actors/internal/caf_logger.hpp>
 
 #include <algorithm>
 #include <condition_variable>
@@ -1139,7 +1140,9 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
 } // namespace
 
 caf::actor spawn_lease_actor(caf::actor_system& sys, lease_config cfg) {
-  return sys.spawn(lease_actor, std::move(cfg));
+  auto a = sys.spawn(lease_actor, std::move(cfg));
+  internal::release_caf_logger();
+  return a;
 }
 
 // -- lease_actor_leadership ---------------------------------------------------
@@ -1257,6 +1260,7 @@ lease_actor_leadership::try_acquire(std::string_view name, std::string_view,
     };
     i->second.agent = impl_->sys->spawn(leadership_agent, std::move(answer),
                                         impl_->lease, std::string{name});
+    internal::release_caf_logger();
     impl_->cv.wait_for(guard, impl_->first_answer, [&] {
       auto j = impl_->names.find(name);
       return j == impl_->names.end() || j->second.answered;

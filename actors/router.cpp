@@ -1,4 +1,5 @@
 #include <botmesh/actors/router.hpp>
+#include <botmesh/actors/internal/caf_logger.hpp>
 
 #include <algorithm>
 #include <functional>
@@ -410,7 +411,13 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
 } // namespace
 
 caf::actor spawn_router(caf::actor_system& sys, router_config cfg) {
-  return sys.spawn(router, cfg);
+  auto a = sys.spawn(router, cfg);
+  internal::release_caf_logger();
+  return a;
+}
+
+void internal::release_caf_logger() noexcept {
+  caf::logger::set_current_actor_system(nullptr);
 }
 
 void configure_scheduler(caf::actor_system_config& cfg, std::size_t threads,

@@ -4,6 +4,7 @@
 // no wait happens under it.
 
 #include <botmesh/actors/scheduler.hpp>
+#include <botmesh/actors/internal/caf_logger.hpp>
 
 #include <algorithm>
 #include <map>
@@ -139,6 +140,7 @@ struct scheduler::impl final : task_owner,
       cfg->set("logger.file-verbosity", caf::atom("quiet"));
       cfg->set("logger.console-verbosity", caf::atom("quiet"));
       own_sys = std::make_unique<caf::actor_system>(*cfg);
+      internal::release_caf_logger();
       sys = own_sys.get();
     }
     eng->opts = std::move(o);

@@ -1,4 +1,5 @@
 #include <botmesh/actors/session_actor.hpp>
+#include <botmesh/actors/internal/caf_logger.hpp>
 
 #include <caf/all.hpp>
 
@@ -172,7 +173,9 @@ caf::behavior session_actor(session_actor_t* self, session_config cfg) {
 } // namespace
 
 caf::actor spawn_session_actor(caf::actor_system& sys, session_config cfg) {
-  return sys.spawn(session_actor, std::move(cfg));
+  auto a = sys.spawn(session_actor, std::move(cfg));
+  internal::release_caf_logger();
+  return a;
 }
 
 } // namespace botmesh

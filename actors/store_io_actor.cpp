@@ -6,6 +6,7 @@
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include <botmesh/actors/internal/scheduler_engine.hpp>
+#include <botmesh/actors/internal/caf_logger.hpp>
 #include <botmesh/actors/messages.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 
@@ -43,7 +44,9 @@ caf::actor spawn_store_io(caf::actor_system& sys) {
   // test's thread, this one too; a thread of its own would race with it.
   if (dynamic_cast<caf::scheduler::test_coordinator*>(&sys.scheduler()))
     return sys.spawn<store_io>();
-  return sys.spawn<store_io, caf::detached>();
+  auto a = sys.spawn<store_io, caf::detached>();
+  release_caf_logger();
+  return a;
 }
 
 } // namespace botmesh::internal

@@ -6,6 +6,7 @@
 // renewals, the end of a run and its commit.
 
 #include <botmesh/actors/internal/task_actor_impl.hpp>
+#include <botmesh/actors/internal/caf_logger.hpp>
 #include <botmesh/scheduler/cron.hpp>
 #include <botmesh/scheduler/internal/iso_time.hpp>
 
@@ -511,8 +512,10 @@ caf::actor spawn_task_actor(caf::actor_system& sys,
                             std::shared_ptr<scheduler_engine> eng,
                             std::shared_ptr<task> t) {
   auto io = eng->io; // read here, on the scheduler's thread
-  return sys.spawn(task_impl::task_behavior, std::move(eng), std::move(t),
-                   std::move(io));
+  auto a = sys.spawn(task_impl::task_behavior, std::move(eng), std::move(t),
+                     std::move(io));
+  release_caf_logger();
+  return a;
 }
 
 } // namespace botmesh::internal

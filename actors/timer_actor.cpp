@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/actors/internal/scheduler_engine.hpp>
+#include <botmesh/actors/internal/caf_logger.hpp>
 #include <botmesh/actors/messages.hpp>
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<botmesh::internal::store_call>)
@@ -465,7 +466,9 @@ caf::behavior timer_behavior(timer_actor* self,
 caf::actor spawn_timer_actor(caf::actor_system& sys,
                              std::shared_ptr<scheduler_engine> eng) {
   auto io = eng->io; // read here, on the scheduler's thread
-  return sys.spawn(timer_behavior, std::move(eng), std::move(io));
+  auto a = sys.spawn(timer_behavior, std::move(eng), std::move(io));
+  release_caf_logger();
+  return a;
 }
 
 } // namespace botmesh::internal

@@ -1,4 +1,5 @@
 #include <botmesh/runtime/bot.hpp>
+#include <botmesh/actors/internal/caf_logger.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -573,6 +574,7 @@ struct bot::impl final : chat_services,
     configure_scheduler(*cfg, opts.scheduler_threads, opts.max_throughput);
     configure_actor_system(*cfg);
     owned_sys = std::make_unique<caf::actor_system>(*cfg);
+    internal::release_caf_logger();
     sys = owned_sys.get();
   }
 
@@ -1975,6 +1977,9 @@ void bot::impl::stop_now() {
   session_handle = nullptr;
   journal_handle = nullptr; // the transport reports nothing more
   caf::anon_send_exit(router_handle, caf::exit_reason::user_shutdown);
+  // (The scoped actors above: a stop on one thread, the bot destroyed on
+  // another.)
+  internal::release_caf_logger();
 }
 
 namespace {

@@ -1,4 +1,5 @@
 #include <botmesh/runtime/bot_actor.hpp>
+#include <botmesh/actors/internal/caf_logger.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -269,6 +270,7 @@ bot_actor_link::bot_actor_link(caf::actor_system& sys, provider_host& host)
   : sys_(sys),
     wanted_(std::make_shared<std::atomic<std::uint32_t>>(0)) {
   actor_ = sys.spawn(bot_actor_behavior, &host, wanted_);
+  release_caf_logger();
 }
 
 bot_actor_link::~bot_actor_link() {
@@ -334,9 +336,12 @@ void bot_actor_link::close() {
   wanted_->store(0, std::memory_order_release);
   // No bound: the actor's handlers never block, so it gets here; a bound
   // could let it run `deliver` on a bot that is gone.
-  caf::scoped_actor self{sys_};
-  self->request(actor_, caf::infinite, close_atom::value)
-    .receive([](bool) {}, [](caf::error&) {});
+  {
+    caf::scoped_actor self{sys_};
+    self->request(actor_, caf::infinite, close_atom::value)
+      .receive([](bool) {}, [](caf::error&) {});
+  }
+  release_caf_logger();
 }
 
 } // namespace internal

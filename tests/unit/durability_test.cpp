@@ -991,6 +991,29 @@ TEST_CASE("a start() that fails after it spawned its actors gives them "
   watchdog.join();
 }
 
+TEST_CASE("a bot, or a scheduler, made on one thread is destroyed on "
+          "another") {
+  // CAF 0.17 kept a reference to the owned system's logger in a
+  // thread-local of the thread that made it, and the system's destructor
+  // waited for the logger's: the destructor hung for good.
+  auto p = std::make_shared<botmesh::testing_provider>();
+  auto b = std::make_unique<botmesh::bot>(botmesh::bot_options{.provider = p});
+  b->start();
+  auto s = std::make_unique<botmesh::scheduler>(botmesh::scheduler_options{});
+  std::atomic<bool> gone{false};
+  std::thread destroy{[&] {
+    b.reset();
+    s.reset();
+    gone = true;
+  }};
+  bool in_time = test::eventually([&] { return gone.load(); }, 20s);
+  if (!in_time) {
+    std::fputs("a bot destroyed on another thread hangs\n", stderr);
+    std::abort(); // (its thread cannot be joined)
+  }
+  destroy.join();
+}
+
 TEST_CASE("a stop() that comes before start() is kept: the bot does not "
           "start, and run() says why") {
   auto p = std::make_shared<botmesh::testing_provider>();
