@@ -1,5 +1,4 @@
 #include <botmesh/runtime/bot.hpp>
-#include <botmesh/actors/internal/caf_logger.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +14,7 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include <botmesh/actors/internal/caf_logger.hpp>
 #include <botmesh/actors/journal_actor.hpp>
 #include <botmesh/actors/lease_actor.hpp>
 #include <botmesh/actors/messages.hpp>
@@ -67,10 +67,6 @@ class delivering {
 };
 
 thread_local const void* delivering::current_ = nullptr;
-
-} // namespace
-
-namespace {
 
 struct route {
   enum kind_t { any, keywords, regex, command, filtered } kind;

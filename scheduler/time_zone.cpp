@@ -42,6 +42,7 @@ bool iana_shaped(std::string_view name) {
   return component != 0;
 }
 
+// `name` is "local", "UTC" or IANA-shaped (zone_or_throw checks first).
 bool load_zone(std::string_view name, cctz::time_zone* tz) {
   if (name == "local") {
     *tz = cctz::local_time_zone();
@@ -51,8 +52,6 @@ bool load_zone(std::string_view name, cctz::time_zone* tz) {
     *tz = cctz::utc_time_zone();
     return true;
   }
-  if (!iana_shaped(name))
-    return false;
   return cctz::load_time_zone(std::string{name}, tz);
 }
 

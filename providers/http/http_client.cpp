@@ -252,6 +252,14 @@ struct client::impl {
     throw error(errc::provider_error, what);
   }
 
+  // A lookup that failed (not one cut by a timeout or a stop: see fail()).
+  [[noreturn]] static void resolve_failed(const url_parts& u,
+                                          std::string_view why) {
+    throw error(errc::provider_error,
+                fmt::format("http {}://{}:{}: resolve failed: {}",
+                            u.tls ? "https" : "http", u.host, u.port, why));
+  }
+
   // The addresses of u.host: an IP literal as it is; a name through
   // opts.lookup (or getaddrinfo) on a thread of its own, given up at `by`
   // or a stop. A resolver that hangs would otherwise hold the request, and
@@ -275,12 +283,9 @@ struct client::impl {
     // resolver hangs for all of them, and another thread would not help.
     constexpr int max_abandoned = 64;
     if (abandoned_lookups.load() >= max_abandoned)
-      throw error(errc::provider_error,
-                  fmt::format("http {}://{}:{}: resolve failed: {} name "
-                              "lookups given up are still running (the "
-                              "resolver does not answer)",
-                              u.tls ? "https" : "http", u.host, u.port,
-                              max_abandoned));
+      resolve_failed(u, fmt::format("{} name lookups given up are still "
+                                    "running (the resolver does not answer)",
+                                    max_abandoned));
     try {
       std::thread{[st, fn = opts.lookup, host = u.host] {
         std::vector<std::string> found;
@@ -303,11 +308,7 @@ struct client::impl {
         st->cv.notify_all();
       }}.detach();
     } catch (const std::system_error& e) {
-      throw error(errc::provider_error,
-                  fmt::format("http {}://{}:{}: resolve failed: no thread for "
-                              "the lookup: {}",
-                              u.tls ? "https" : "http", u.host, u.port,
-                              e.what()));
+      resolve_failed(u, fmt::format("no thread for the lookup: {}", e.what()));
     }
     {
       // (Registered before the lock: a stop already requested runs it
@@ -322,27 +323,22 @@ struct client::impl {
       if (!st->done) {
         st->abandoned = true;
         ++abandoned_lookups;
-      }
-      if (!st->done)
         fail(u, "resolve",
              stop.stop_requested()
                ? beast::error_code{net::error::operation_aborted}
                : beast::error_code{beast::error::timeout});
+      }
     }
     if (!st->failure.empty())
-      throw error(errc::provider_error,
-                  fmt::format("http {}://{}:{}: resolve failed: {}",
-                              u.tls ? "https" : "http", u.host, u.port,
-                              st->failure));
+      resolve_failed(u, st->failure);
     std::vector<tcp::endpoint> out;
     for (auto& a : st->found) {
       beast::error_code bad;
       auto addr = net::ip::make_address(a, bad);
       if (bad)
-        throw error(errc::provider_error,
-                    fmt::format("http {}://{}:{}: resolve failed: the lookup "
-                                "gave {:?}, which is no IP address",
-                                u.tls ? "https" : "http", u.host, u.port, a));
+        resolve_failed(u, fmt::format("the lookup gave {:?}, which is no IP "
+                                      "address",
+                                      a));
       out.emplace_back(addr, u.port);
     }
     return out;
