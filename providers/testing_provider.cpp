@@ -79,7 +79,7 @@ void testing_provider::stop() {
 
 void testing_provider::send(const outgoing_message& msg) {
   std::lock_guard guard{impl_->mtx};
-  if (impl_->state != provider_state::open)
+  if (impl_->state != provider_state::open && !impl_->opts.sends_while_closed)
     throw error(errc::provider_error,
                 fmt::format("testing provider {}: transport is {}",
                             impl_->opts.id, to_string(impl_->state)));

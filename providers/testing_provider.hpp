@@ -24,6 +24,10 @@ class testing_provider final : public provider {
     /// slow them down or record when they run.
     std::function<void()> on_start{};
     std::function<void()> on_stop{};
+    /// Sends succeed while the transport is closed, as on a platform whose
+    /// send is a plain API call (Telegram's Bot API while getUpdates is
+    /// stopped).
+    bool sends_while_closed = false;
   };
 
   testing_provider();
@@ -37,7 +41,8 @@ class testing_provider final : public provider {
   void start(provider_host& host) override;
   void stop() override;
   /// Records the message; throws `errc::provider_error` when the transport
-  /// is closed or `fail_sends(true)` was called.
+  /// is closed (unless `sends_while_closed`) or `fail_sends(true)` was
+  /// called.
   void send(const outgoing_message& msg) override;
 
   /// Delivers `msg` to the bot as if the platform had sent it; fills

@@ -1186,7 +1186,11 @@ struct bot::impl final : chat_services,
     if (msg.chat.empty())
       throw invalid_argument_error("chat", "send: the chat must not be empty");
     msg.provider = provider_id;
-    if (exclusive() && !leads_now())
+    // Outside a turn only the leader of an exclusive transport sends. A
+    // turn's reply is fenced by its chat's turn instead: a replica that
+    // yielded the transport (a 409) still holds the chats it is answering,
+    // and a platform whose send is a plain API call takes it.
+    if (!turn && exclusive() && !leads_now())
       throw provider_not_leader_error(provider_id);
     // Fencing: a step whose turn was lost (or ran past settle) must not
     // answer out of order.

@@ -66,7 +66,10 @@ class context {
   /// Sends `text` to this message's chat. Throws `botmesh::error`
   /// (`errc::provider_error`) when the provider fails, and
   /// `lease_lost_error` when, with coordination, this turn no longer holds
-  /// (lost, or past `settle`): nothing is sent then.
+  /// (lost, or past `settle`): nothing is sent then. The turn, not the
+  /// transport's leadership, fences a reply: a replica that yielded an
+  /// exclusive transport still answers the turns it holds (a provider that
+  /// cannot send while closed throws `errc::provider_error`).
   void reply(std::string_view text);
 
   botmesh::store& store() noexcept;

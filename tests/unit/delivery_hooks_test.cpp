@@ -202,6 +202,51 @@ TEST_CASE("an exclusive transport that sees another live connection yields "
   CHECK(bot.ready(10s));
 }
 
+TEST_CASE("a turn running when its replica yields an exclusive transport "
+          "still sends its reply") {
+  botmesh::memory_coordination_hub hub;
+  auto coord = std::make_shared<botmesh::memory_coordinator>(
+    hub, botmesh::memory_coordinator_options{.replica_id = "a", .lease = "1s"});
+  // Telegram's Bot API takes a send while getUpdates is stopped.
+  auto p = std::make_shared<botmesh::testing_provider>(
+    botmesh::testing_provider::options{
+      .id = "tg",
+      .capabilities = {.exclusive_session = true},
+      .sends_while_closed = true});
+  botmesh::coordination_options co;
+  co.coordinator = coord;
+  botmesh::bot bot{{.provider = p, .coordination = co}};
+  std::latch entered{1};
+  std::atomic<bool> go{false};
+  bot.on_message([&](botmesh::context& c) {
+    entered.count_down();
+    test::eventually([&] { return go.load(); }, 30s);
+    c.reply("answer");
+  });
+  // The handler goes on before the bot stops, also after a failed REQUIRE.
+  std::shared_ptr<void> thaw{nullptr, [&](void*) { go = true; }};
+  std::atomic<bool> follower{false};
+  bot.on<botmesh::events::follower>(
+    [&](const botmesh::events::follower&) { follower = true; });
+  bot.start();
+  REQUIRE(bot.ready(10s));
+  notices n;
+  p->inject(text("c1", "m1", "question"), n.callbacks());
+  entered.wait();
+  REQUIRE(p->ask_to_yield("conflict"));
+  REQUIRE(test::eventually([&] { return follower.load(); }));
+  REQUIRE(p->state() == botmesh::provider_state::closed);
+  go = true;
+  // The turn still holds its chat: its reply goes out, and it is handled.
+  REQUIRE(test::eventually([&] { return n.get().size() == 2; }));
+  CHECK(n.get()[1] == "ended:handled");
+  auto sent = p->sent_to("c1");
+  REQUIRE(sent.size() == 1);
+  CHECK(sent[0].text == "answer");
+  // Outside a turn the standby still refuses.
+  CHECK_THROWS_AS(bot.send("c1", "x"), botmesh::provider_not_leader_error);
+}
+
 TEST_CASE("without coordination a transport's request to yield is declined") {
   auto p = std::make_shared<botmesh::testing_provider>();
   botmesh::bot bot{{.provider = p}};
