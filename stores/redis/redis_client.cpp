@@ -653,11 +653,12 @@ class subscriber {
   using relocator =
     std::function<std::optional<std::pair<std::string, int>>(const std::string&, int)>;
 
-  subscriber(const void* owner, const endpoint_info& ep,
+  subscriber(std::uint64_t id, const void* owner, const endpoint_info& ep,
              const redis_options& opts, std::string channel,
              std::function<void(std::string_view)> fn,
              std::function<void()> on_subscribed, relocator relocate = {})
-    : owner_(owner),
+    : id_(id),
+      owner_(owner),
       ep_(ep),
       opts_(opts),
       channel_(std::move(channel)),
@@ -673,6 +674,19 @@ class subscriber {
   ~subscriber() {
     stop_ = true;
     thread_.join();
+  }
+
+  std::uint64_t id() const noexcept {
+    return id_;
+  }
+
+  // Ends the loop after what it runs now; the destructor joins it.
+  void stop() noexcept {
+    stop_ = true;
+  }
+
+  bool on_own_thread() const noexcept {
+    return std::this_thread::get_id() == thread_.get_id();
   }
 
  private:
@@ -780,6 +794,7 @@ class subscriber {
       redisFree(ctx);
   }
 
+  std::uint64_t id_;
   const void* owner_;
   endpoint_info ep_;
   redis_options opts_;
@@ -804,6 +819,25 @@ struct redis_client::impl {
   std::vector<std::unique_ptr<subscriber>> subscribers;
   std::mutex sub_mtx;
   std::atomic<std::size_t> next{0};
+
+  // Takes subscription `id` out, for the caller to destroy (join) outside
+  // any lock; nullptr when it is not here. From its own thread (an
+  // unsubscribe in its callback) it is only told to stop and stays until
+  // the client goes: a thread cannot join itself.
+  std::unique_ptr<subscriber> take_subscriber(std::uint64_t id) {
+    std::lock_guard guard{sub_mtx};
+    auto it = std::find_if(subscribers.begin(), subscribers.end(),
+                           [&](auto& s) { return s->id() == id; });
+    if (it == subscribers.end())
+      return nullptr;
+    if ((*it)->on_own_thread()) {
+      (*it)->stop();
+      return nullptr;
+    }
+    auto s = std::move(*it);
+    subscribers.erase(it);
+    return s;
+  }
 
   connection& pick() {
     return *conns[next.fetch_add(1, std::memory_order_relaxed) % conns.size()];
@@ -855,28 +889,60 @@ const std::string& redis_client::endpoint() const noexcept {
   return impl_->endpoint;
 }
 
-void redis_client::subscribe(std::string channel,
-                             std::function<void(std::string_view)> on_message,
-                             std::function<void()> on_subscribed) {
+namespace {
+
+// Subscription ids, unique in the process: a cluster's subscription may
+// live in any of its node clients.
+std::atomic<std::uint64_t> next_subscription{1};
+
+} // namespace
+
+std::uint64_t
+redis_client::subscribe(std::string channel,
+                        std::function<void(std::string_view)> on_message,
+                        std::function<void()> on_subscribed) {
+  auto id = next_subscription.fetch_add(1);
   if (cluster_) {
-    cluster_->subscribe(std::move(channel), std::move(on_message),
+    cluster_->subscribe(id, std::move(channel), std::move(on_message),
                         std::move(on_subscribed));
-    return;
+    return id;
   }
   std::lock_guard guard{impl_->sub_mtx};
   impl_->subscribers.push_back(std::make_unique<subscriber>(
-    impl_.get(), impl_->ep, impl_->opts, std::move(channel), std::move(on_message),
-    std::move(on_subscribed)));
+    id, impl_.get(), impl_->ep, impl_->opts, std::move(channel),
+    std::move(on_message), std::move(on_subscribed)));
+  return id;
+}
+
+void redis_client::unsubscribe(std::uint64_t id) {
+  if (cluster_) {
+    cluster_->unsubscribe(id);
+    return;
+  }
+  impl_->take_subscriber(id); // joined here, outside the lock
+}
+
+void redis_client::cluster::unsubscribe(std::uint64_t id) {
+  std::unique_ptr<subscriber> gone;
+  {
+    std::lock_guard guard{nodes_mtx_};
+    for (auto& [a, n] : nodes_)
+      if ((gone = n->client->impl_->take_subscriber(id)))
+        break;
+  }
+  // Joined outside the lock: a subscriber that is moving to another node
+  // takes it (next_node).
+  gone.reset();
 }
 
 void redis_client::cluster::subscribe_on(
-  node& n, std::string channel,
+  std::uint64_t id, node& n, std::string channel,
   std::function<void(std::string_view)> on_message,
   std::function<void()> on_subscribed) {
   auto& i = *n.client->impl_;
   std::lock_guard guard{i.sub_mtx};
   i.subscribers.push_back(std::make_unique<subscriber>(
-    &i, i.ep, i.opts, std::move(channel), std::move(on_message),
+    id, &i, i.ep, i.opts, std::move(channel), std::move(on_message),
     std::move(on_subscribed),
     [this](const std::string& host, int port)
       -> std::optional<std::pair<std::string, int>> {

@@ -221,11 +221,19 @@ class redis_client {
   /// answer within `command_timeout` more it is made anew;
   /// `on_subscribed` runs on that thread after each (re)subscription, so
   /// the owner knows when messages may have been missed. Ends with the
-  /// client. On a cluster it is made on the master serving the channel's
-  /// slot at that moment (PUBLISH reaches every node) and stays there.
-  void subscribe(std::string channel,
-                 std::function<void(std::string_view)> on_message,
-                 std::function<void()> on_subscribed = {});
+  /// client, or with `unsubscribe` of the id returned. On a cluster it is
+  /// made on the master serving the channel's slot at that moment (PUBLISH
+  /// reaches every node) and stays there.
+  std::uint64_t subscribe(std::string channel,
+                          std::function<void(std::string_view)> on_message,
+                          std::function<void()> on_subscribed = {});
+
+  /// Ends a subscription: its connection closes and its thread is joined,
+  /// so `on_message` is not running and will not run once this returns.
+  /// Called from that subscription's own callback, it ends once the
+  /// callback returns (its thread stays until the client goes). An unknown
+  /// id does nothing.
+  void unsubscribe(std::uint64_t id);
 
   /// "host:port", for messages ("cluster host:port,..." for a cluster).
   const std::string& endpoint() const noexcept;

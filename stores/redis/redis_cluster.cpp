@@ -863,7 +863,8 @@ void redis_client::cluster::preload(const redis_script& script) {
 }
 
 void redis_client::cluster::subscribe(
-  std::string channel, std::function<void(std::string_view)> on_message,
+  std::uint64_t id, std::string channel,
+  std::function<void(std::string_view)> on_message,
   std::function<void()> on_subscribed) {
   // PUBLISH reaches every node of a cluster: the channel's slot only
   // spreads subscriptions over the masters.
@@ -874,7 +875,7 @@ void redis_client::cluster::subscribe(
     throw error(errc::store_error,
                 fmt::format("redis {}: SUBSCRIBE {}: no master is known",
                             endpoint, channel));
-  subscribe_on(*n, std::move(channel), std::move(on_message),
+  subscribe_on(id, *n, std::move(channel), std::move(on_message),
                std::move(on_subscribed));
 }
 

@@ -228,6 +228,9 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
     std::atomic<std::uint64_t> epoch{0};
   };
   std::shared_ptr<push_state> push = std::make_shared<push_state>();
+  // Ended with the coordinator: a client shared with others (a store's)
+  // outlives it, and would keep the thread and connection.
+  std::uint64_t subscription = 0;
 
   bool failed_crashed(std::exception_ptr& e) const {
     if (!crashed)
@@ -534,7 +537,7 @@ redis_coordinator::redis_coordinator(redis_coordinator_options opts)
                        &s.co_skip, &s.co_renew, &s.co_lead, &s.co_unlead,
                        &s.co_batch})
     i.client->preload(*script);
-  i.client->subscribe(
+  i.subscription = i.client->subscribe(
     i.channel_prefix + i.incarnation,
     [p = i.push](std::string_view payload) {
       auto g = parse_grant(payload);
@@ -553,6 +556,7 @@ redis_coordinator::redis_coordinator(redis_coordinator_options opts)
     i.client->call({"SET", i.layout->heartbeat(i.incarnation), i.replica, "PX",
                     i.lease_arg});
   } catch (const error& e) {
+    i.client->unsubscribe(i.subscription); // no destructor runs
     throw coordination_unavailable_error(
       fmt::format("coordinator {}: first heartbeat failed: {}", i.replica,
                   e.what()));
@@ -560,8 +564,11 @@ redis_coordinator::redis_coordinator(redis_coordinator_options opts)
 }
 
 redis_coordinator::~redis_coordinator() {
-  std::lock_guard guard{impl_->push->mtx};
-  impl_->push->listener.reset();
+  {
+    std::lock_guard guard{impl_->push->mtx};
+    impl_->push->listener.reset();
+  }
+  impl_->client->unsubscribe(impl_->subscription);
 }
 
 void redis_coordinator::crash() {

@@ -186,6 +186,27 @@ TEST_CASE("cluster: a script meeting NOSCRIPT is sent again with its body") {
   c->call({"DEL", key});
 }
 
+TEST_CASE("cluster: unsubscribe ends a subscription on the node it lives on") {
+  auto channel = test::unique_prefix("unsub");
+  auto master = test::master_of(redis_client::key_slot(channel));
+  std::atomic<int> subscribed{0};
+  auto c = cluster_client();
+  auto id = c->subscribe(channel, [](std::string_view) {}, [&] { ++subscribed; });
+  auto numsub = [&] {
+    return test::node_client(master.address)
+      ->call({"PUBSUB", "NUMSUB", channel})
+      .elements.at(1)
+      .integer;
+  };
+  REQUIRE(test::eventually([&] { return subscribed.load() == 1; },
+                           std::chrono::seconds(10)));
+  REQUIRE(numsub() == 1); // on its slot's master
+  c->unsubscribe(id);
+  CHECK(test::eventually([&] { return numsub() == 0; }, std::chrono::seconds(5)));
+  // The client goes on serving.
+  CHECK(c->call({"PING"}).str == "PONG");
+}
+
 TEST_CASE("cluster: the first discovery skips root nodes it cannot reach and names "
           "each one when none answers") {
   auto dead = "127.0.0.1:" + std::to_string(test::free_port());

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <thread>
 
 #include <conformance/coordinator_conformance.hpp>
@@ -484,6 +485,39 @@ TEST_CASE("store.coordinator() shares the store's client and prefix") {
   auto keys = store.client().call(
     {"KEYS", store.prefix() + ":co:*"});
   CHECK_FALSE(keys.elements.empty());
+}
+
+TEST_CASE("a coordinator made on a shared client ends its grant "
+          "subscription when it goes") {
+  botmesh::redis_store store{{.url = test::redis_url(),
+                              .prefix = test::unique_prefix("bmstore")}};
+  // The coordinator's grant channel ends with its incarnation.
+  auto numsub = [&](const std::string& incarnation) {
+    return store.client()
+      .call({"PUBSUB", "CHANNELS", "*" + incarnation})
+      .elements.size();
+  };
+  auto eventually = [](const std::function<bool()>& pred) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!pred()) {
+      if (std::chrono::steady_clock::now() > deadline)
+        return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  };
+  for (int round = 0; round < 3; ++round) {
+    auto c = store.coordinator("a");
+    auto incarnation = c->incarnation();
+    // Its subscription connects on a thread of its own.
+    REQUIRE(eventually([&] { return numsub(incarnation) == 1; }));
+    c.reset();
+    // Before, each one left its subscriber (a thread and a connection)
+    // with the store's client until the client went.
+    CHECK(eventually([&] { return numsub(incarnation) == 0; }));
+  }
+  // The store's client goes on serving.
+  CHECK(store.client().call({"PING"}).str == "PONG");
 }
 
 #include <botmesh/runtime/botmesh.hpp>

@@ -618,6 +618,59 @@ TEST_CASE("a subscription on a server that stops answering is made anew "
   CHECK(heard.front() == "hola");
 }
 
+TEST_CASE("unsubscribe ends one subscription of a client, also from its own "
+          "callback, and leaves the others") {
+  test::redis_process server;
+  // Before the client: its subscriptions' threads write them until the
+  // client is gone.
+  std::mutex mtx;
+  std::vector<std::string> heard;
+  std::atomic<int> subscribed{0};
+  std::atomic<std::uint64_t> self_id{0};
+  botmesh::redis_client c{{.url = server.url()}};
+  auto hear = [&](std::string what) {
+    std::lock_guard guard{mtx};
+    heard.push_back(std::move(what));
+  };
+  auto gone = c.subscribe(
+    "bm-gone", [&](std::string_view m) { hear("gone " + std::string{m}); },
+    [&] { ++subscribed; });
+  c.subscribe(
+    "bm-kept", [&](std::string_view m) { hear("kept " + std::string{m}); },
+    [&] { ++subscribed; });
+  self_id = c.subscribe(
+    "bm-self",
+    [&](std::string_view m) {
+      hear("self " + std::string{m});
+      c.unsubscribe(self_id.load()); // its own thread: ends after this
+    },
+    [&] { ++subscribed; });
+  REQUIRE(until([&] { return subscribed.load() == 3; }, 5s));
+  botmesh::redis_client pub{{.url = server.url()}};
+  auto numsub = [&](const char* channel) {
+    return pub.call({"PUBSUB", "NUMSUB", channel}).elements.at(1).integer;
+  };
+  CHECK(numsub("bm-gone") == 1);
+  c.unsubscribe(gone);
+  // Its connection is closed once unsubscribe returns.
+  CHECK(until([&] { return numsub("bm-gone") == 0; }, 5s));
+  pub.call({"PUBLISH", "bm-self", "1"});
+  CHECK(until([&] { return numsub("bm-self") == 0; }, 5s));
+  pub.call({"PUBLISH", "bm-gone", "x"});
+  pub.call({"PUBLISH", "bm-self", "2"});
+  pub.call({"PUBLISH", "bm-kept", "y"});
+  REQUIRE(until(
+    [&] {
+      std::lock_guard guard{mtx};
+      return std::find(heard.begin(), heard.end(), "kept y") != heard.end();
+    },
+    5s));
+  c.unsubscribe(12345678); // unknown: nothing
+  CHECK(numsub("bm-kept") == 1);
+  std::lock_guard guard{mtx};
+  CHECK(heard == std::vector<std::string>{"self 1", "kept y"});
+}
+
 TEST_CASE("a client subscribed to a server that accepts and never answers "
           "is destroyed within its timeouts") {
   int lfd = ::socket(AF_INET, SOCK_STREAM, 0);

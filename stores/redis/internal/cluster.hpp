@@ -108,10 +108,13 @@ struct redis_client::cluster {
   void preload(const redis_script& script);
   /// Subscribes on the master of the channel's slot; when that node stops
   /// answering, the subscription moves on (next_node) and `on_subscribed`
-  /// runs again, as after any reconnection.
-  void subscribe(std::string channel,
+  /// runs again, as after any reconnection. `id` names it to unsubscribe.
+  void subscribe(std::uint64_t id, std::string channel,
                  std::function<void(std::string_view)> on_message,
                  std::function<void()> on_subscribed);
+
+  /// Ends subscription `id`, on whichever node it lives now.
+  void unsubscribe(std::uint64_t id);
 
   /// The node a subscription tries after the one at `failed` (host:port)
   /// could not be reached: the next known node after it, masters first,
@@ -146,7 +149,7 @@ struct redis_client::cluster {
   void finish(const std::shared_ptr<op>& o, redis_reply r,
               std::exception_ptr e);
   // Defined with the single-node client, whose subscriptions it extends.
-  void subscribe_on(node& n, std::string channel,
+  void subscribe_on(std::uint64_t id, node& n, std::string channel,
                     std::function<void(std::string_view)> on_message,
                     std::function<void()> on_subscribed);
   /// Throws when `address` cannot be made a client (nothing is kept then).
