@@ -138,7 +138,9 @@ struct waiting {
   milliseconds backoff{5};
   std::string blocker;
   clk::time_point blocked_since{};
-  bool skipping = false;
+  // When the tickets queued ahead were last looked at (or the wait began).
+  clk::time_point ahead_checked{};
+  int skipping = 0; // skip_if_dead calls outstanding
 };
 
 struct held {
@@ -580,25 +582,41 @@ void answer_waiting(lease_actor_t* self, std::uint64_t req, waiting& w,
       grant(self, s, valid_from_reply(self, sent, s.deadline_ms, s.now_ms));
       return;
     case turn_state::status::waiting: {
+      auto t = now(self);
+      if (!w.entered)
+        w.ahead_checked = t; // waiting from here
       w.entered = true;
       w.retry = false;
-      auto t = now(self);
+      auto skip = [&](const std::string& incarnation) {
+        ++w.skipping;
+        ++st.in_flight;
+        st.cfg.coordinator->skip_if_dead(
+          w.key, incarnation, [g = st.g, req](bool, std::exception_ptr e) {
+            g->send(skip_done{req, e ? what_of(e) : std::string{}});
+          });
+      };
       if (s.blocker != w.blocker) {
         w.blocker = s.blocker;
         w.blocked_since = t;
-      } else if (!w.skipping && !s.blocker.empty()
+      } else if (w.skipping == 0 && !s.blocker.empty()
                  && s.blocker != st.cfg.coordinator->incarnation()
                  && t - w.blocked_since >= st.lease / 2) {
         // The same blocker for half a lease: if its heartbeat is gone it is
         // dead, and skipping it drops its queued tickets (a turn it holds
         // still runs out its lease: it may be frozen, not dead).
-        w.skipping = true;
         flush(self);
-        ++st.in_flight;
-        st.cfg.coordinator->skip_if_dead(
-          w.key, s.blocker, [g = st.g, req](bool, std::exception_ptr e) {
-            g->send(skip_done{req, e ? what_of(e) : std::string{}});
-          });
+        skip(s.blocker);
+      }
+      if (w.skipping == 0 && !s.queued_ahead.empty()
+          && t - w.ahead_checked >= st.lease / 2) {
+        // Other replicas' tickets queued ahead (a poll names them), each
+        // looked at every half lease of waiting: a dead one would be
+        // granted the turn when it came first and keep it a whole lease
+        // before anyone skipped it; skipped while queued, it costs nothing.
+        w.ahead_checked = t;
+        flush(self);
+        for (auto& incarnation : s.queued_ahead)
+          skip(incarnation);
       }
       schedule(self, req, w, t + poll_interval(self, w));
       return;
@@ -1051,10 +1069,9 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
     [=](skip_done& d) {
       auto& st = self->state;
       --st.in_flight;
-      if (auto i = st.waits.find(d.req); i != st.waits.end()) {
-        i->second.skipping = false;
+      if (auto i = st.waits.find(d.req);
+          i != st.waits.end() && --i->second.skipping == 0)
         i->second.blocked_since = now(self); // look again in half a lease
-      }
       check_shutdown(self);
     },
     [=](renew_done& d) {

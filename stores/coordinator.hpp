@@ -52,6 +52,14 @@ struct turn_state {
   std::int64_t deadline_ms = 0;
   std::int64_t now_ms = 0;
   std::string blocker{};
+  /// Set by `poll` while waiting (an enter leaves it empty: it would cost
+  /// every queued enter a scan): the other incarnations whose tickets are
+  /// queued ahead of this one, neither this one nor the holder, in queue
+  /// order, at most `max_queued_ahead`. A dead one among them would be
+  /// granted the turn and keep it a whole lease (it may be frozen) before
+  /// it is skipped; named here, it can be skipped while still queued.
+  std::vector<std::string> queued_ahead{};
+  static constexpr std::size_t max_queued_ahead = 8;
   /// What the previous holder handed over with its release (see
   /// `coordinator::release`), or empty. Set only on a grant made by that
   /// release itself, in the same atomic step: nobody held the chat between

@@ -267,6 +267,21 @@ turn_state waiting(const std::string& key, const chat_state& c,
   return s;
 }
 
+// What poll says of the tickets ahead of `mine` (see turn_state).
+void queued_ahead(const chat_state& c, std::deque<ticket_entry>::const_iterator mine,
+                  turn_state& s) {
+  for (auto q = c.queue.begin(); q != mine; ++q) {
+    if (s.queued_ahead.size() == turn_state::max_queued_ahead)
+      return;
+    if (q->incarnation == mine->incarnation
+        || (c.owner && q->incarnation == c.owner->incarnation)
+        || std::find(s.queued_ahead.begin(), s.queued_ahead.end(),
+                     q->incarnation) != s.queued_ahead.end())
+      continue;
+    s.queued_ahead.push_back(q->incarnation);
+  }
+}
+
 turn_state gone(const std::string& key, std::uint64_t req, time_point now) {
   turn_state s;
   s.key = key;
@@ -338,8 +353,10 @@ void memory_coordinator::poll(std::string_view key, std::uint64_t req,
       if (c.owner && mine(*c.owner))
         out = h.granted(k, *c.owner, now);
       else if (auto q = std::find_if(c.queue.begin(), c.queue.end(), mine);
-               q != c.queue.end())
+               q != c.queue.end()) {
         out = waiting(k, c, *q, now);
+        queued_ahead(c, q, out);
+      }
       h.settle(k, c);
     }
   }

@@ -131,6 +131,11 @@ turn_state state_from(const redis_reply& r, std::string_view key,
     s.ticket = static_cast<std::uint64_t>(int_at(r, 1, what));
     s.now_ms = int_at(r, 2, what);
     s.blocker = str_at(r, 3, what);
+    // A poll's: the other incarnations queued ahead.
+    for (std::size_t i = 4; i < r.elements.size()
+                            && s.queued_ahead.size() < turn_state::max_queued_ahead;
+         ++i)
+      s.queued_ahead.push_back(str_at(r, i, what));
   } else {
     s.now_ms = int_at(r, 1, what);
   }

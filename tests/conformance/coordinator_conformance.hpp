@@ -405,6 +405,10 @@ TEST_CASE_TEMPLATE_DEFINE("a dead replica's queued ticket is skipped once its "
   REQUIRE(gb.granted());
   REQUIRE(a->sync().enter("chat", 2).state == cc::status::waiting);
   REQUIRE(c->sync().enter("chat", 3).state == cc::status::waiting);
+  // A poll names who else is queued ahead (not the holder, not itself), so
+  // that the waiter can skip it before it is granted.
+  CHECK(c->sync().poll("chat", 3).queued_ahead == std::vector<std::string>{a->inc()});
+  CHECK(a->sync().poll("chat", 2).queued_ahead.empty());
   CHECK_FALSE(c->sync().skip_if_dead("chat", a->inc())); // alive
   f.crash(*a->c);
   for (int i = 0; i < 4; ++i) { // b keeps its turn, c its heartbeat

@@ -966,6 +966,40 @@ TEST_CASE("a request blocked by the same holder for half a lease asks to "
   CHECK(f.coord->last(op::skip).incarnation == "dead-incarnation");
 }
 
+TEST_CASE("a request waiting half a lease asks to skip the other replicas "
+          "queued ahead of it, if they are dead, while their tickets are "
+          "still queued") {
+  lease_fixture f;
+  // A live holder that changes at every poll (a busy chat), and a replica
+  // queued ahead all along.
+  int polls = 0;
+  f.coord->set_policy(op::poll, [&](call& c) {
+    auto s = f.coord->waiting(c.key, c.req, "holder-" + std::to_string(++polls));
+    s.queued_ahead = {"dead-incarnation", "other-incarnation"};
+    sc::answer(c, s);
+  });
+  f.coord->set_policy(op::skip, [](call& c) { sc::answer(c, false); });
+  f.acquire(key_a, 1);
+  // An enter's answer names no ticket ahead.
+  sc::answer(f.coord->last(op::enter), f.coord->waiting(key_a, 1, "holder-0"));
+  f.vs.advance_to(1000);
+  CHECK(f.coord->count(op::skip) == 0); // a third of a lease: not yet
+  f.vs.advance_to(2100);
+  // Each named once; the holders, each new at its poll, are not.
+  REQUIRE(f.coord->count(op::skip) == 2);
+  std::vector<std::string> asked;
+  for (auto* c : f.coord->all(op::skip)) {
+    CHECK(c->key == key_a);
+    asked.push_back(c->incarnation);
+  }
+  CHECK(asked == std::vector<std::string>{"dead-incarnation", "other-incarnation"});
+  // Looked at again every half lease of waiting, not at every poll.
+  f.vs.advance_to(3200);
+  CHECK(f.coord->count(op::skip) == 2);
+  f.vs.advance_to(4200);
+  CHECK(f.coord->count(op::skip) == 4);
+}
+
 // -- 8. leaderships -----------------------------------------------------------------
 
 TEST_CASE("lead elects at once, not at the next renewal") {

@@ -7,7 +7,10 @@
 -- ARGV[1] incarnation  ARGV[2] request id  ARGV[3] ttl ms
 -- ARGV[4] grant channel prefix  ARGV[5] chat key
 -- Returns {1, ticket, fence, previous holder, deadline, now} when granted,
--- {0, ticket, now, blocker} when queued, {-1, now} when gone.
+-- {0, ticket, now, blocker, ahead...} when queued, {-1, now} when gone.
+-- `ahead`: the other incarnations queued ahead of this ticket (not this
+-- one, not the holder), in queue order, at most 8 (turn_state's
+-- queued_ahead), so that a dead one is skipped while still queued.
 -- Cost: O(queue length).
 local now = co_now()
 co_expire(now, ARGV[4], ARGV[5])
@@ -17,9 +20,18 @@ if o[1] == ARGV[1] and o[2] == ARGV[2] then
   co_keep(now, ARGV[3], o[7])
   return {1, tonumber(o[3]), tonumber(o[4]), o[5], tonumber(o[6]), now}
 end
-local e, tk = co_find(ARGV[1], ARGV[2])
-if e then
-  co_keep(now, ARGV[3], o[7])
-  return {0, tonumber(tk), now, co_blocker()}
+local ahead, seen = {}, {}
+for _, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+  local tk, i, r = co_parse(e)
+  if i == ARGV[1] and r == ARGV[2] then
+    co_keep(now, ARGV[3], o[7])
+    local out = {0, tonumber(tk), now, co_blocker()}
+    for _, a in ipairs(ahead) do out[#out + 1] = a end
+    return out
+  end
+  if i and i ~= ARGV[1] and i ~= o[1] and not seen[i] and #ahead < 8 then
+    seen[i] = true
+    ahead[#ahead + 1] = i
+  end
 end
 return {-1, now}
