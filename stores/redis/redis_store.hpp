@@ -118,6 +118,9 @@ class redis_store final : public store {
   std::vector<std::pair<std::string, std::string>>
   list_user_data(std::string_view user, std::string_view ns) override;
 
+  /// A call that fails (its reply lost to a timeout or a dropped
+  /// connection: it may have taken the lock) gives the lock back before it
+  /// throws: a release of the token it asked for, sent once.
   std::optional<fenced_lock>
   acquire_lock_fenced(std::string_view key,
                       std::chrono::milliseconds ttl) override;

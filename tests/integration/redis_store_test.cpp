@@ -671,6 +671,32 @@ TEST_CASE("unsubscribe ends one subscription of a client, also from its own "
   CHECK(heard == std::vector<std::string>{"self 1", "kept y"});
 }
 
+TEST_CASE("a lock whose acquire reply was lost is given back, not held by "
+          "a token nobody has until its ttl") {
+  test::redis_process server;
+  auto c = std::make_shared<botmesh::redis_client>(
+    botmesh::redis_options{.url = server.url(), .command_timeout = "200ms"});
+  botmesh::redis_store s{{.client = c, .prefix = "bmlk"}};
+  REQUIRE(s.acquire_lock_fenced("test:other", 60s)); // scripts loaded
+  // The server is busy for a second: the acquire is written, not answered
+  // in time, and runs when the server wakes up.
+  botmesh::redis_client admin{{.url = server.url()}};
+  REQUIRE(admin.call({"PING"}).str == "PONG");
+  std::thread sleeper{[&] { admin.call({"DEBUG", "SLEEP", "1"}); }};
+  std::this_thread::sleep_for(100ms);
+  CHECK(code_of([&] { s.acquire_lock_fenced("test:l", 60s); })
+        == botmesh::errc::timeout);
+  sleeper.join();
+  // It ran (it took fence 1), and the lock is free again well within its
+  // 60 s ttl. Before, it stayed taken for the whole minute.
+  CHECK(until([&] { return c->call({"EXISTS", "bmlk:lock:test:l"}).integer == 0; },
+              5s));
+  CHECK(c->call({"GET", "bmlk:fence:test:l"}).str == "1");
+  auto lock = s.acquire_lock_fenced("test:l", 60s);
+  REQUIRE(lock);
+  CHECK(lock->fence == 2);
+}
+
 TEST_CASE("a client subscribed to a server that accepts and never answers "
           "is destroyed within its timeouts") {
   int lfd = ::socket(AF_INET, SOCK_STREAM, 0);

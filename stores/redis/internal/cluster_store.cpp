@@ -300,15 +300,7 @@ class cluster_store final : public store {
                       std::chrono::milliseconds ttl) override {
     detail::check_key(key);
     detail::check_ttl(ttl);
-    auto token = detail::random_token();
-    auto fence = rev_or_nil("script lock_acquire",
-                            client_->eval(lua().lock_acquire,
-                                          {L_.lock(key), L_.fence(key)},
-                                          {token,
-                                           std::to_string(ttl.count())}));
-    if (!fence)
-      return std::nullopt;
-    return fenced_lock{std::move(token), *fence};
+    return acquire_lock(client_, L_.lock(key), L_.fence(key), ttl);
   }
 
   bool renew_lock(std::string_view key, std::string_view token,

@@ -343,14 +343,7 @@ legacy_store::acquire_lock_fenced(std::string_view key,
                                  std::chrono::milliseconds ttl) {
   detail::check_key(key);
   detail::check_ttl(ttl);
-  auto token = detail::random_token();
-  auto fence = rev_or_nil("script lock_acquire",
-                          client_->eval(lua().lock_acquire,
-                                        {layout_->lock(key), layout_->fence(key)},
-                                        {token, std::to_string(ttl.count())}));
-  if (!fence)
-    return std::nullopt;
-  return fenced_lock{std::move(token), *fence};
+  return acquire_lock(client_, layout_->lock(key), layout_->fence(key), ttl);
 }
 
 bool legacy_store::renew_lock(std::string_view key, std::string_view token,

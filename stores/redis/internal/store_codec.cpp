@@ -6,6 +6,7 @@
 
 #include <botmesh/runtime/core/internal/json_reader.hpp>
 #include <botmesh/runtime/core/json.hpp>
+#include <botmesh/stores/redis/internal/scripts.hpp>
 
 namespace botmesh::internal {
 
@@ -84,6 +85,55 @@ std::optional<std::uint64_t> rev_or_nil(std::string_view what,
                             "stored counter is damaged)",
                             what, r.integer));
   return static_cast<std::uint64_t>(r.integer);
+}
+
+namespace {
+
+// Sends lock_release for `token`: again once after its first answer, and
+// again after each failure (it may time out behind the same busy server as
+// the acquire), at most `failures` of them.
+void give_back_lock(const std::weak_ptr<redis_client>& client, std::string lock,
+                    std::string token, bool answered, int failures) {
+  auto c = client.lock();
+  if (!c)
+    return;
+  auto keys = std::vector<std::string>{lock};
+  auto args = std::vector<std::string>{token};
+  c->eval_async(lock, lua().lock_release, std::move(keys), std::move(args),
+                [client, lock, token, answered,
+                 failures](redis_reply, std::exception_ptr e) {
+                  if (e && failures > 0)
+                    give_back_lock(client, lock, token, answered, failures - 1);
+                  else if (!e && !answered)
+                    give_back_lock(client, lock, token, true, failures);
+                });
+}
+
+} // namespace
+
+std::optional<fenced_lock> acquire_lock(const std::shared_ptr<redis_client>& c,
+                                        const std::string& lock,
+                                        const std::string& fence,
+                                        std::chrono::milliseconds ttl) {
+  auto token = detail::random_token();
+  redis_reply r;
+  try {
+    r = c->eval(lua().lock_acquire, {lock, fence},
+                {token, std::to_string(ttl.count())});
+  } catch (...) {
+    // The release deletes the lock only while it holds this token, which
+    // nobody else has: harmless when the acquire did not run (or an error
+    // reply says the script left nothing taken). A server that was busy
+    // runs what waited on the lost call's connection and on the release's
+    // in the order it reads them, so the release may run first: it is sent
+    // again once its answer came, when the server has read what waited.
+    give_back_lock(c, lock, token, false, 8);
+    throw;
+  }
+  auto f = rev_or_nil("script lock_acquire", r);
+  if (!f)
+    return std::nullopt;
+  return fenced_lock{std::move(token), *f};
 }
 
 bool flag(std::string_view what, const redis_reply& r) {

@@ -5,9 +5,11 @@
 // migration copies them unchanged.
 
 #include <charconv>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -46,6 +48,19 @@ std::optional<std::uint64_t> rev_or_nil(std::string_view what,
                                         const redis_reply& r);
 /// An integer reply as a yes/no.
 bool flag(std::string_view what, const redis_reply& r);
+
+/// `store::acquire_lock_fenced` on the lock key `lock` and fence counter
+/// `fence` (each layout names them). When the call fails (its reply lost
+/// to a timeout or a dropped connection, it may still have taken the
+/// lock), a release of the token it asked for is sent at once, on a
+/// connection that works, before the error is thrown, and once more after
+/// its answer: a lock taken by the lost call would otherwise stay held, by
+/// a token nobody has, until its ttl. If the give-back fails too, the ttl
+/// ends it.
+std::optional<fenced_lock> acquire_lock(const std::shared_ptr<redis_client>& c,
+                                        const std::string& lock,
+                                        const std::string& fence,
+                                        std::chrono::milliseconds ttl);
 
 /// The values of the user-data entries `names` (sorted here), read with
 /// one MGET of `key_of(name)`; a name whose key is gone is left out.
