@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <chrono>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -62,6 +65,9 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     n_statuses{0}, n_unauthorized{0}, n_malformed{0}, n_unknown{0},
     n_duplicates{0}, n_verifications{0}, n_sent{0}, n_retried{0},
     n_platform_errors{0};
+  // When a refused signature was last logged (steady clock).
+  std::atomic<std::chrono::steady_clock::rep> last_unauthorized_log{
+    std::numeric_limits<std::chrono::steady_clock::rep>::min() / 2};
 
   explicit impl(webhook_options o)
     : opts(std::move(o)), api(opts.http), flood(opts.flood),
@@ -120,12 +126,40 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     r.respond(403);
   }
 
+  // Why a POST's signature is refused; empty when it is right.
+  std::string signature_problem(const http::request& req) const {
+    auto* sig = req.header("x-hub-signature-256");
+    if (!sig)
+      return "no X-Hub-Signature-256 header";
+    if (http::verify_hub_signature(*sig, opts.app_secret, req.body))
+      return {};
+    std::string_view v = *sig;
+    bool shaped = v.starts_with("sha256=") && v.size() == 7 + 64
+                  && std::all_of(v.begin() + 7, v.end(), [](char c) {
+                       return std::isxdigit(static_cast<unsigned char>(c)) != 0;
+                     });
+    if (!shaped)
+      return "X-Hub-Signature-256 is not sha256=<64 hex digits>";
+    return "X-Hub-Signature-256 does not match the body (another app "
+           "secret?)";
+  }
+
   void on_post(http::request& req, http::responder r) {
-    if (!opts.allow_unauthenticated) {
-      auto* sig = req.header("x-hub-signature-256");
-      if (!sig || !http::verify_hub_signature(*sig, opts.app_secret, req.body)) {
+    // A configured secret is always checked: allow_unauthenticated only
+    // excuses its absence (a flag left on would otherwise let any POST
+    // deliver a forged message).
+    if (!opts.app_secret.empty() || !opts.allow_unauthenticated) {
+      if (auto why = signature_problem(req); !why.empty()) {
         ++n_unauthorized;
-        r.respond(401);
+        // Said once a minute at most: a rotated secret refuses every POST.
+        auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+        auto last = last_unauthorized_log.load();
+        if (now - last >= std::chrono::nanoseconds{std::chrono::minutes{1}}.count()
+            && last_unauthorized_log.compare_exchange_strong(last, now))
+          log::warn(opts.id, fmt::format("{}: refusing a webhook POST: {} ({} "
+                                         "refused so far)",
+                                         opts.id, why, n_unauthorized.load()));
+        r.respond({.status = 401, .body = why});
         return;
       }
     }

@@ -46,8 +46,11 @@ struct webhook_options {
   std::string access_token{};
   /// The app secret: every POST must carry X-Hub-Signature-256, the
   /// HMAC-SHA256 of its raw body with it (checked in constant time; wrong
-  /// or missing -> 401). Required unless `allow_unauthenticated`.
+  /// or missing -> 401, whose body says which, and a warning logged at
+  /// most once a minute). Required unless `allow_unauthenticated`.
   std::string app_secret{};
+  /// Excuses a missing `app_secret` (tests, a proxy that checks it): POSTs
+  /// are then taken unsigned. A configured secret is checked regardless.
   bool allow_unauthenticated = false;
   /// Compared with hub.verify_token on the GET verification. Required.
   std::string verify_token{};

@@ -480,6 +480,35 @@ TEST_CASE("a signed WhatsApp message is answered 200 and the reply reaches "
   CHECK(statuses == std::vector<std::string>{"delivered"});
 }
 
+TEST_CASE("a WhatsApp webhook with an app secret checks it even when "
+          "allow_unauthenticated is set, and its 401 says what was wrong") {
+  auto api = fake_graph();
+  auto o = wa_options(*api);
+  o.allow_unauthenticated = true; // excuses a missing secret, no more
+  auto p = std::make_shared<meta::webhook_provider>(o);
+  botmesh::bot bot{{.provider = p}};
+  std::atomic<int> handled{0};
+  bot.on_message([&](botmesh::context&) { ++handled; });
+  bot.start();
+  signed_poster post{p->server().url() + "/whatsapp"};
+  auto body = wa_payload("[" + wa_text("w1", "346", "hola") + "]");
+  auto none = post.post(body, "none");
+  CHECK(none.status == 401);
+  CHECK(none.body.find("no X-Hub-Signature-256") != std::string::npos);
+  auto shape = post.post(body, "sha256=zz");
+  CHECK(shape.status == 401);
+  CHECK(shape.body.find("not sha256=<64 hex digits>") != std::string::npos);
+  auto wrong = post.post(body, "sha256=" + std::string(64, '0'));
+  CHECK(wrong.status == 401);
+  CHECK(wrong.body.find("does not match") != std::string::npos);
+  CHECK(p->stats().unauthorized == 3);
+  CHECK(bot.stats().received == 0);
+  CHECK(post.post(body).status == 200);
+  CHECK(test::eventually([&] { return handled.load() == 1; }));
+  bot.stop();
+  CHECK(handled.load() == 1);
+}
+
 TEST_CASE("a WhatsApp user writing to two business numbers has two "
           "conversations, each answered from its number, by any replica") {
   auto api = fake_graph();
