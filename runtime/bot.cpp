@@ -1421,6 +1421,7 @@ struct bot::impl final : chat_services,
   // backend's start; undo_start() gives back what a failed one made.
   void spawn_all();
   void undo_start();
+  void stop_provider() noexcept;
   scheduler_options pending_sched_opts;
   std::unique_ptr<botmesh::scheduler> tasks;
   std::stop_source stop_source;
@@ -1822,11 +1823,33 @@ void bot::start() {
   }
   impl_->started = true;
   impl_->accepting = true;
-  if (impl_->exclusive())
-    impl_->start_session();
-  else
-    impl_->opts.provider->start(*impl_);
+  try {
+    if (impl_->exclusive())
+      impl_->start_session();
+    else
+      impl_->opts.provider->start(*impl_);
+  } catch (...) {
+    // A transport that cannot start (a webhook's port in use): the bot is
+    // not started, so nothing it accepted meanwhile runs without it, and a
+    // later start() tries again instead of returning at once.
+    impl_->accepting = false;
+    impl_->started = false;
+    impl_->stop_provider(); // what the failed start left behind
+    impl_->undo_start();
+    throw;
+  }
   impl_->tasks->start();
+}
+
+void bot::impl::stop_provider() noexcept {
+  try {
+    opts.provider->stop();
+  } catch (const std::exception& e) {
+    log::error("bot", fmt::format("stopping the transport failed: {}", e.what()),
+               {.bot = opts.bot_id});
+  } catch (...) {
+    log::error("bot", "stopping the transport failed", {.bot = opts.bot_id});
+  }
 }
 
 void bot::impl::undo_start() {
@@ -1973,7 +1996,9 @@ void bot::impl::stop_now() {
   pool->shutdown();
   if (durable)
     durable->wait_idle(std::chrono::seconds(10));
-  opts.provider->stop();
+  // Guarded: a throw here would leave the router running, with the bot
+  // stopped for good (an owned actor system then waits for it forever).
+  stop_provider();
   session_handle = nullptr;
   journal_handle = nullptr; // the transport reports nothing more
   caf::anon_send_exit(router_handle, caf::exit_reason::user_shutdown);

@@ -525,3 +525,53 @@ TEST_CASE("a scheduled task that stops its own bot ends the stop") {
   b.stop(); // waits for the stop the task began
   CHECK_THROWS_AS(p->inject("x", "hola"), botmesh::error);
 }
+
+TEST_CASE("a start() whose transport cannot start leaves the bot not "
+          "started, and start() again tries again") {
+  std::atomic<int> attempts{0};
+  auto p = std::make_shared<botmesh::testing_provider>(
+    botmesh::testing_provider::options{.on_start = [&] {
+      if (attempts++ == 0)
+        throw botmesh::error(errc::provider_error, "port 8443 is in use");
+    }});
+  botmesh::bot b{{.provider = p}};
+  std::atomic<int> handled{0};
+  b.on_message([&](botmesh::context&) { ++handled; });
+  CHECK_THROWS_WITH(b.start(), doctest::Contains("port 8443 is in use"));
+  CHECK_FALSE(b.ready(0ms));
+  // Before, the first start() had marked the bot started: this one
+  // returned at once, and the transport never started.
+  b.start();
+  CHECK(attempts.load() == 2);
+  REQUIRE(b.ready(5s));
+  p->inject("c", "hola");
+  CHECK(test::eventually([&] { return handled.load() == 1; }));
+  b.stop();
+}
+
+TEST_CASE("a transport whose stop() throws does not keep the bot from "
+          "stopping and going") {
+  std::atomic<bool> thrown{false};
+  auto p = std::make_shared<botmesh::testing_provider>(
+    botmesh::testing_provider::options{.on_stop = [&] {
+      if (!thrown.exchange(true))
+        throw std::runtime_error("the socket is gone already");
+    }});
+  auto b = std::make_unique<botmesh::bot>(botmesh::bot_options{.provider = p});
+  b->start();
+  REQUIRE(b->ready(5s));
+  // Before, the throw left the router running and the bot stopped for
+  // good: its own actor system waited for the router in the destructor.
+  CHECK_NOTHROW(b->stop());
+  CHECK(thrown.load());
+  std::atomic<bool> gone{false};
+  std::thread watchdog{[&] {
+    if (!test::eventually([&] { return gone.load(); }, 20s)) {
+      std::fputs("the bot's destructor hangs after a throwing stop()\n", stderr);
+      std::abort();
+    }
+  }};
+  b.reset();
+  gone = true;
+  watchdog.join();
+}
