@@ -745,6 +745,24 @@ struct bot::impl final : chat_services,
     });
   }
 
+  // A refusal of what an application's actor delivered, made on the bot
+  // actor's CAF worker, where listeners (user code, which may block) never
+  // run. While the bot accepts, they run on the handler pool, as
+  // raise_later's do. Before start() and once it stops there is no pool
+  // to take them (and listeners may still be being registered before
+  // start): the event goes to the subscribed actors and the log only; the
+  // sender has the refusal as its answer.
+  void raise_from_actor(errc code, std::string what, std::string key,
+                        std::optional<inbound_message> msg) {
+    if (accepting.load()) {
+      raise_later(code, std::move(what), std::move(key), std::move(msg));
+      return;
+    }
+    if (actor_link)
+      actor_link->error(code, what, key, msg);
+    log_error_event(code, what, key, msg ? &*msg : nullptr, 0);
+  }
+
   std::mutex later_mtx;
   std::deque<std::function<void()>> later; // raise_later's, in order
   bool later_draining = false;
@@ -811,7 +829,10 @@ struct bot::impl final : chat_services,
   void intake(inbound_message& msg, delivery_callbacks& cb) {
     // Raised as an error event, with the message, and answered.
     auto refuse = [&](errc code, const std::string& why, std::string key) {
-      raise(code, why, std::move(key), std::move(msg));
+      if (internal::receipt_of(cb))
+        raise_from_actor(code, why, std::move(key), std::move(msg));
+      else
+        raise(code, why, std::move(key), std::move(msg));
       if (auto* note = internal::receipt_of(cb))
         note->why = why; // the bot's actor answers with it
       if (cb.accepted)

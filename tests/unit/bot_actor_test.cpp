@@ -197,8 +197,8 @@ TEST_CASE("a refused message comes back as a botmesh error naming the field, "
   CHECK(botmesh::code_of(too_long.error()) == errc::invalid_argument);
   CHECK(botmesh::what_of(too_long.error()).find("text is 101 bytes")
         != std::string::npos);
-  // The same refusals raised their error events.
-  CHECK(errors.count(errc::invalid_argument) == 2);
+  // The same refusals raised their error events (on the handler pool).
+  CHECK(test::eventually([&] { return errors.count(errc::invalid_argument) == 2; }));
   auto ok = deliver(self, b, msg("ana", "uno"));
   REQUIRE(ok);
   REQUIRE(p->wait_for_sent(1, 5s));
@@ -410,6 +410,43 @@ TEST_CASE("subscribing needs an actor and a topic, unsubscribing stops the "
   sub->receive([&](const botmesh::outgoing_message&) { got = true; },
                caf::after(0s) >> [] {});
   CHECK_FALSE(got);
+}
+
+TEST_CASE("the listeners of a refusal of what an application's actor "
+          "delivered never run on a CAF worker") {
+  // One worker: a listener that blocked it would hold every actor.
+  caf::actor_system_config cfg;
+  botmesh::configure_actor_system(cfg);
+  cfg.set("scheduler.max-threads", 1);
+  caf::actor_system sys{cfg};
+  auto p = std::make_shared<botmesh::testing_provider>();
+  std::atomic<int> handled{0};
+  std::atomic<bool> listener_ran{false}, go{false};
+  botmesh::bot b{sys, {.provider = p}};
+  b.on_message([&](botmesh::context&) { ++handled; });
+  b.on<botmesh::events::error>([&](const botmesh::events::error&) {
+    listener_ran = true;
+    test::eventually([&] { return go.load(); }, 30s); // a slow listener
+  });
+  // The listener goes on before the bot stops, also after a failed REQUIRE.
+  std::shared_ptr<void> release{nullptr, [&](void*) { go = true; }};
+  caf::scoped_actor self{sys};
+  // Before start(): refused, and no listener runs (it would have run on
+  // the bot actor's worker, while listeners may still be registered).
+  auto early = deliver(self, b, msg("ana", "antes"));
+  REQUIRE_FALSE(early);
+  CHECK(botmesh::code_of(early.error()) == errc::stopped);
+  CHECK_FALSE(listener_ran.load());
+  b.start();
+  auto refused = deliver(self, b, msg("", "sin chat"));
+  REQUIRE_FALSE(refused);
+  REQUIRE(test::eventually([&] { return listener_ran.load(); }));
+  // The listener still runs: the only CAF worker is free all the same, so
+  // the next message gets through the router and its chat actor.
+  REQUIRE(deliver(self, b, msg("ana", "uno")));
+  CHECK(test::eventually([&] { return handled.load() == 1; }, 5s));
+  go = true;
+  b.stop();
 }
 
 TEST_CASE("requests before start() and after stop() are refused as stopped, "
