@@ -107,7 +107,10 @@ inline constexpr std::uint32_t all = 15;
 ///   being destroyed), and with durability `errc::store_error` /
 ///   `errc::timeout` (the journal write failed: retry later). Once the bot
 ///   is destroyed the actor is gone: requests fail with CAF's
-///   `sec::request_receiver_down`.
+///   `sec::request_receiver_down`. The `events::error` of a refusal reaches
+///   the bot's listeners on its handler pool, never on this actor's CAF
+///   worker; before `start()` and once the bot stops, only subscribers and
+///   the log get it (the sender has the refusal as its answer).
 /// - `(subscribe_atom, caf::actor who)` -> bool: `who` gets every topic;
 ///   `(subscribe_atom, caf::actor who, std::uint32_t topics)` only those
 ///   (`topics::outgoing | topics::errors`...). True when `who` was not
