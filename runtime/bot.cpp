@@ -690,9 +690,15 @@ struct bot::impl final : chat_services,
     // block) run on the handler pool, or a burst of failed turns while
     // Redis is down would hold the CAF workers the lease actor needs.
     if (ev.is_timer()) {
+      // Tried again a second later while its conversation still waits on
+      // it: dropped, the wait would never end (until the user wrote).
+      bool again = !stopped.load() && flows.timer_live(ev.timer);
       raise_later(errc::coordination_unavailable,
-                  fmt::format("chat {}: a flow timer got no turn {}", key, why),
+                  fmt::format("chat {}: a flow timer got no turn {}{}", key, why,
+                              again ? " (tried again in 1s)" : ""),
                   key, std::nullopt);
+      if (again)
+        arm_timer(key, std::chrono::seconds{1}, ev.timer);
       return;
     }
     settle_record(key, ev, false);

@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include <botmesh/runtime/botmesh.hpp>
+#include <botmesh/stores/forwarding_coordinator.hpp>
+#include <botmesh/stores/memory_coordinator.hpp>
 
 #include "test_util.hpp"
 
@@ -178,6 +180,59 @@ TEST_CASE("a wait timeout and an idle watcher act in the chat's order") {
   p->inject("luis", "hola");
   std::this_thread::sleep_for(150ms);
   CHECK(idles.load() == 1);
+}
+
+namespace {
+
+// Fails every enter while `down` (the coordinator's backend unreachable).
+class failing_enters final : public botmesh::forwarding_coordinator {
+ public:
+  using forwarding_coordinator::forwarding_coordinator;
+  std::atomic<bool> down{false};
+
+  void enter(std::string_view key, std::uint64_t req, bool retry,
+             completion<botmesh::turn_state> done) override {
+    if (down.load())
+      return done({}, std::make_exception_ptr(botmesh::coordination_unavailable_error(
+                        "the backend is down (simulated)")));
+    c_->enter(key, req, retry, std::move(done));
+  }
+};
+
+} // namespace
+
+TEST_CASE("a wait timeout whose turn could not be had fires once a turn "
+          "can be had again") {
+  botmesh::memory_coordination_hub hub;
+  auto coord = std::make_shared<failing_enters>(
+    std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = "a", .lease = "2s"}));
+  botmesh::coordination_options co;
+  co.coordinator = coord;
+  co.turn_wait = "300ms";
+  auto p = std::make_shared<botmesh::testing_provider>();
+  flow f{"lento"};
+  f.hears({"empezar"}).ask("nombre", "¿Nombre?", nullptr, {.timeout = "200ms"});
+  botmesh::bot b{{.provider = p, .coordination = co, .lang = "es"}};
+  std::atomic<int> no_turn{0};
+  b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
+    if (e.what.find("a flow timer got no turn") != std::string::npos)
+      ++no_turn;
+  });
+  b.add_flow(f);
+  b.start();
+  p->inject("ana", "empezar");
+  REQUIRE(p->wait_for_sent(1, 5s));
+  coord->down = true; // the timeout comes while no turn can be had
+  REQUIRE(test::eventually([&] { return no_turn.load() >= 1; }));
+  coord->down = false;
+  // Before, the timer was dropped with its failed turn: the conversation
+  // waited for good.
+  REQUIRE(p->wait_for_sent(2, 10s));
+  CHECK(texts(*p, "ana")
+        == std::vector<std::string>{"¿Nombre?",
+                                    "Se acabó el tiempo para responder."});
+  b.stop();
 }
 
 TEST_CASE("an idle watcher registered again on each pass of a loop fires "
