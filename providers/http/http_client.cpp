@@ -500,6 +500,10 @@ struct client::impl {
     out.keep_alive(true);
     out.prepare_payload();
     c.lowest().expires_at(deadline);
+    if (req.cancel_before_write.stop_requested()) {
+      ec = net::error::operation_aborted; // nothing was written
+      return {};
+    }
     cancel_on_stop on_stop;
     arm_cancel(on_stop, c, req.stop);
     ec = run(c, [&](auto h) { bhttp::async_write(stream, out, h); });
@@ -565,6 +569,12 @@ bool idempotent(const client_request& req) {
 
 } // namespace
 
+joined_stop::joined_stop(const std::stop_token& a, const std::stop_token& b) {
+  std::function<void()> cut = [this] { src_.request_stop(); };
+  a_.emplace(a, cut);
+  b_.emplace(b, cut);
+}
+
 client::client(client_options opts) : impl_(std::make_unique<impl>()) {
   if (opts.max_connections_per_host == 0)
     throw invalid_argument_error(
@@ -601,9 +611,12 @@ client_response client::request(const client_request& req) {
   auto timeout = req.timeout.count() > 0 ? req.timeout : i.opts.request_timeout.ms();
   auto deadline = steady::now() + timeout;
   auto key = fmt::format("{}://{}:{}", u.tls ? "https" : "http", u.host, u.port);
+  // Until the request is written, either token cuts its waits.
+  joined_stop early{req.stop, req.cancel_before_write};
+  auto before_write = early.token();
   for (int attempt = 0;; ++attempt) {
     bool reused = false;
-    auto c = i.acquire(key, u, deadline, req.stop, reused);
+    auto c = i.acquire(key, u, deadline, before_write, reused);
     if (reused)
       ++i.n_reused;
     bool answer_started = false;

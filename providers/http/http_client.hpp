@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -35,10 +36,34 @@ struct client_request {
   /// It cuts the wait for a free connection, the connect, the TLS
   /// handshake, the write and the read; not a name lookup in progress.
   std::stop_token stop{};
+  /// Cancels the request only before it is written: the wait for a free
+  /// connection, the connect and the TLS handshake (as `stop`), then
+  /// nothing. For a send that must not go out once its turn ended, yet
+  /// must not be cut while written or answered (it may have been
+  /// delivered, and a failure would be reported). `errc::stopped` too.
+  std::stop_token cancel_before_write{};
   /// Whether sending it twice does no harm (a long poll, a read). A request
   /// that failed on a pooled connection after it was written is resent
   /// only then; GET, HEAD, OPTIONS, PUT and DELETE always are.
   bool idempotent = false;
+};
+
+/// A stop token that fires when either of two does (a send given up when
+/// its turn ends or when its provider stops). Not movable: its callbacks
+/// refer to it.
+class joined_stop {
+ public:
+  joined_stop(const std::stop_token& a, const std::stop_token& b);
+  joined_stop(const joined_stop&) = delete;
+  joined_stop& operator=(const joined_stop&) = delete;
+
+  std::stop_token token() const noexcept {
+    return src_.get_token();
+  }
+
+ private:
+  std::stop_source src_;
+  std::optional<std::stop_callback<std::function<void()>>> a_, b_;
 };
 
 struct client_response {

@@ -402,11 +402,15 @@ void webhook_provider::send(const outgoing_message& msg,
   req.url = i.url_for(msg);
   req.body = internal::to_graph_body(msg, i.opts.kind);
   req.headers.emplace_back("Authorization", i.auth);
-  // Only the flood-control wait gives up on it: a request already written
-  // may have been delivered, and cutting it off would report a failure.
+  // The flood-control wait gives up on the turn's end or the host's stop,
+  // and so does the request until it is written (the wait for a pooled
+  // connection, the connect): one already written may have been
+  // delivered, and cutting it off would report a failure.
   std::stop_token stopping;
   if (botmesh::internal::host_slot::use h{i.hosts}; h)
     stopping = h->stopping();
+  http::joined_stop given_up{stopping, cancel};
+  req.cancel_before_write = given_up.token();
   http::send_with_retry(
     i.flood, msg.chat, false,
     [&] {

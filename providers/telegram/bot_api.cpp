@@ -58,12 +58,14 @@ bot_api::~bot_api() {
 
 std::string bot_api::call(std::string_view method, std::string_view json_body,
                           std::chrono::milliseconds timeout,
-                          std::stop_token stop) {
+                          std::stop_token stop,
+                          std::stop_token cancel_before_write) {
   http::client_request req;
   req.url = impl_->base + std::string{method};
   req.body = std::string{json_body};
   req.timeout = timeout;
   req.stop = std::move(stop);
+  req.cancel_before_write = std::move(cancel_before_write);
   // Reads and settings may be sent twice; a send may not.
   req.idempotent = method.starts_with("get") || method == "setWebhook"
                    || method == "deleteWebhook";
@@ -71,9 +73,9 @@ std::string bot_api::call(std::string_view method, std::string_view json_body,
   return internal::check_answer(method, res.status, res.body);
 }
 
-std::string bot_api::send(const outgoing_message& msg) {
+std::string bot_api::send(const outgoing_message& msg, std::stop_token cancel) {
   auto c = internal::to_method_call(msg);
-  auto result = call(c.method, c.body);
+  auto result = call(c.method, c.body, {}, {}, std::move(cancel));
   // The sent Message's id, without a full parse.
   auto pos = result.find("\"message_id\":");
   if (pos == std::string::npos)

@@ -63,13 +63,17 @@ class bot_api {
   ~bot_api();
 
   /// Calls `method` with a JSON body; returns the raw JSON of `result`.
+  /// `cancel_before_write` gives up only until the request is written
+  /// (see `http::client_request`).
   std::string call(std::string_view method, std::string_view json_body,
                    std::chrono::milliseconds timeout = {},
-                   std::stop_token stop = {});
+                   std::stop_token stop = {},
+                   std::stop_token cancel_before_write = {});
 
   /// Sends an outgoing message (sendMessage, sendPhoto...); returns the
-  /// sent message's id.
-  std::string send(const outgoing_message& msg);
+  /// sent message's id. `cancel` gives it up (`errc::stopped`) until the
+  /// request is written: the wait for a pooled connection, the connect.
+  std::string send(const outgoing_message& msg, std::stop_token cancel = {});
 
   void answer_callback_query(std::string_view id);
 

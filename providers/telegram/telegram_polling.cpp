@@ -484,8 +484,12 @@ void polling_provider::send(const outgoing_message& msg,
     if (i.host)
       stopping = i.host->stopping();
   }
+  // Until it is written, the request gives up with the wait (see
+  // http::client_request::cancel_before_write).
+  http::joined_stop given_up{stopping, cancel};
   http::send_with_retry(i.flood, to.chat_id, to.group(),
-                        [&] { i.api->send(msg); }, stopping, cancel);
+                        [&] { i.api->send(msg, given_up.token()); }, stopping,
+                        cancel);
   ++i.n_sent;
   if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
     i.callbacks->replied(*i.api, msg.reply_to);

@@ -343,6 +343,55 @@ TEST_CASE("a stop cuts a request that waits for a free connection to its "
   first.get();
 }
 
+TEST_CASE("cancel_before_write gives up a request that waits for a free "
+          "connection, and not one already written") {
+  http::server s;
+  std::atomic<int> arrived{0};
+  std::mutex mtx;
+  std::vector<http::responder> held;
+  s.route("POST", "/held", [&](http::request&, http::responder r) {
+    std::lock_guard guard{mtx};
+    held.push_back(r);
+    ++arrived;
+  });
+  s.start();
+  // Answered before the test ends, also after a failed REQUIRE.
+  std::shared_ptr<void> answer_all{nullptr, [&](void*) {
+                                     std::lock_guard guard{mtx};
+                                     for (auto& r : held)
+                                       r.respond(200);
+                                     held.clear();
+                                   }};
+  http::client c{{.max_connections_per_host = 1}};
+  std::stop_source first_cancel;
+  auto first = std::async(std::launch::async, [&] {
+    return outcome(c, {.url = s.url() + "/held", .body = "{}", .timeout = 20s,
+                       .cancel_before_write = first_cancel.get_token()});
+  });
+  REQUIRE(test::eventually([&] { return arrived.load() == 1; }));
+  first_cancel.request_stop(); // written already: it goes on
+  std::stop_source cancel;
+  auto second = std::async(std::launch::async, [&] {
+    return outcome(c, {.url = s.url() + "/held", .body = "{}", .timeout = 20s,
+                       .cancel_before_write = cancel.get_token()});
+  });
+  std::this_thread::sleep_for(100ms); // waits for the only connection
+  cancel.request_stop();
+  REQUIRE(second.wait_for(10s) == std::future_status::ready);
+  CHECK(second.get() == "stopped");
+  {
+    std::lock_guard guard{mtx};
+    for (auto& r : held)
+      r.respond(200);
+    held.clear();
+  }
+  CHECK(first.get() == "answered");
+  // The given-up one never reached the server, not even once the
+  // connection came free.
+  std::this_thread::sleep_for(100ms);
+  CHECK(arrived.load() == 1);
+}
+
 TEST_CASE("a stop cuts a TLS handshake the server never answers") {
   // A listener that never accepts: the kernel completes the TCP handshake,
   // nobody speaks TLS.
