@@ -207,10 +207,15 @@ struct lease_state {
   // backend now names this replica as the chat's last holder, yet the
   // conversation may have moved on elsewhere: the next grant here says the
   // previous holder is unknown, so the bot reads the store rather than
-  // resume what it has in memory. With when it was noted: forgotten after
-  // 40 leases, by when the backend has forgotten an idle chat's holder too
-  // (its keys expire far above the lease) and says unknown itself.
+  // resume what it has in memory. With when it was noted. Kept until the
+  // chat's next grant here, not for a time: the backend may name this
+  // replica for as long as it remembers the chat (Redis keeps an idle
+  // chat's keys 10 minutes or more, the memory hub until it evicts it),
+  // and one entry too many costs only a store read. Bounded in count
+  // (max_passed, oldest first out): such grants are rare (a freeze, a
+  // turn_wait that ran out).
   std::unordered_map<std::string, clk::time_point> passed;
+  static constexpr std::size_t max_passed = 65'536;
   // When waiting requests are due, earliest first (stale entries skipped).
   std::priority_queue<std::pair<clk::time_point, std::uint64_t>,
                       std::vector<std::pair<clk::time_point, std::uint64_t>>,
@@ -455,8 +460,14 @@ void add_repair(lease_actor_t* self, repair::kind_t kind, std::string key,
 void passed_over(lease_actor_t* self, const std::string& key,
                  const std::optional<std::string>& previous_holder) {
   auto& st = self->state;
-  if (!previous_holder || *previous_holder != st.cfg.coordinator->replica_id())
-    st.passed[key] = now(self);
+  if (previous_holder && *previous_holder == st.cfg.coordinator->replica_id())
+    return;
+  st.passed[key] = now(self);
+  if (st.passed.size() > lease_state::max_passed)
+    st.passed.erase(std::min_element(st.passed.begin(), st.passed.end(),
+                                     [](const auto& a, const auto& b) {
+                                       return a.second < b.second;
+                                     }));
 }
 
 // A held turn that ends: noted when its step never started.
@@ -806,9 +817,6 @@ void wake(lease_actor_t* self) {
     }
   }
   std::erase_if(st.resent, [t](const auto& e) { return e.second <= t; });
-  std::erase_if(st.passed, [&](const auto& e) {
-    return e.second + st.lease * 40 <= t;
-  });
   auto repairs = std::move(st.repairs);
   st.repairs.clear();
   for (auto& r : repairs) {

@@ -570,6 +570,23 @@ TEST_CASE("a grant given up before its step started, after another replica "
   CHECK(granted_after(f, key_a, 2, 7, me)->previous_holder() == me);
 }
 
+TEST_CASE("a grant given up before its step started is remembered for as "
+          "long as the backend may name this replica, not 40 leases") {
+  lease_fixture f;
+  auto passed = f.coord->granted(key_a, 99, 5);
+  passed.previous_holder = "b";
+  f.coord->push(passed);
+  f.vs.run();
+  REQUIRE(f.releases(key_a, 5) == 1);
+  // Another chat's turn keeps the actor busy (its wake-ups) while this
+  // chat is idle past 40 leases of 3 s: the backend still names this
+  // replica (the memory hub never forgets a chat it keeps; Redis keeps an
+  // idle chat's keys ten minutes or more).
+  f.hold(key_b, 50, 9);
+  f.vs.advance(130'000ms);
+  CHECK_FALSE(granted_after(f, key_a, 1, 6, me)->previous_holder());
+}
+
 TEST_CASE("a held turn released by its chat before its step started makes "
           "the chat's next grant here say the previous holder is unknown") {
   lease_fixture f;
