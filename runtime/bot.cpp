@@ -2012,17 +2012,39 @@ void bot::impl::stop_now() {
   // 5. Durable processing: the last beat ends, the heartbeat is retired
   //    (what this replica still holds is claimable at once), and every
   //    journal operation in flight completes before the bot can go away.
+  //    Without a bound: the backend's callbacks and the journal actor
+  //    refer to this bot, which must not go while one may still run (each
+  //    backend call completes, at worst with its own timeout). A backend
+  //    that keeps it waiting is named every 10 s.
+  auto still_waiting = [this](int rounds, std::string_view what) {
+    log::warn("bot",
+              fmt::format("stopping: {} for {} s (the bot goes once it "
+                          "answers)",
+                          what, rounds * 10),
+              {.bot = opts.bot_id});
+  };
   if (journal_handle) {
     caf::scoped_actor self{*sys};
-    self->request(journal_handle, std::chrono::seconds(10),
-                  shutdown_atom::value)
-      .receive([](bool) {}, [](caf::error&) {});
+    for (int rounds = 1;; ++rounds) {
+      bool timed_out = false;
+      self->request(journal_handle, std::chrono::seconds(10),
+                    shutdown_atom::value)
+        .receive([](bool) {},
+                 [&](caf::error& e) {
+                   timed_out = e == caf::sec::request_timeout;
+                 });
+      if (!timed_out)
+        break;
+      still_waiting(rounds, "the durable backend's last beat and retire "
+                            "have not completed");
+    }
   }
   if (transport_pool)
     transport_pool->shutdown(); // (its stop ran, or the bound passed)
   pool->shutdown();
   if (durable)
-    durable->wait_idle(std::chrono::seconds(10));
+    for (int rounds = 1; !durable->wait_idle(std::chrono::seconds(10)); ++rounds)
+      still_waiting(rounds, "journal operations are still in flight");
   // Guarded: a throw here would leave the router running, with the bot
   // stopped for good (an owned actor system then waits for it forever).
   stop_provider();

@@ -574,14 +574,20 @@ class bot {
 
   /// Starts the store, the actors and the provider. Idempotent. After a
   /// `stop()` that came first (a bot runs once) it throws `botmesh::error`
-  /// (`errc::stopped`).
+  /// (`errc::stopped`). A start that throws (the provider's, a durable
+  /// backend's) gives back what it made: the bot is not started, and
+  /// start() may be called again.
   void start();
 
   /// Graceful stop: stops intake (later messages are refused as
   /// `errc::stopped`), waits up to `stop_timeout` for queued and running
   /// turns (the transport stays up so they can answer), then refuses what
   /// is still queued, fires the handlers' stop token, waits for running
-  /// handlers to return and stops the provider. Idempotent.
+  /// handlers to return and stops the provider. Idempotent. With
+  /// durability it also waits, without a bound, for the journal operations
+  /// in flight (each completes, at worst with its backend's timeout; a
+  /// warning names a backend that keeps it waiting, every 10 s): their
+  /// callbacks refer to the bot.
   ///
   /// Called from one of this bot's own handlers (a message handler, a
   /// scheduled task: an admin command that shuts the bot down), it would

@@ -80,9 +80,9 @@ void durable_intake::op(std::function<void(std::function<void()>)> run) {
   });
 }
 
-void durable_intake::wait_idle(std::chrono::milliseconds bound) {
+bool durable_intake::wait_idle(std::chrono::milliseconds bound) {
   std::unique_lock guard{mtx_};
-  cv_.wait_for(guard, bound, [this] { return inflight_ == 0; });
+  return cv_.wait_for(guard, bound, [this] { return inflight_ == 0; });
 }
 
 durable_counters durable_intake::stats() const noexcept {

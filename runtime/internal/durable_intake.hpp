@@ -171,8 +171,9 @@ class durable_intake {
   /// reached the platform (a timeout) is then sent again: at least once.
   void send_failed();
 
-  /// Waits up to `bound` until every backend operation issued completed.
-  void wait_idle(std::chrono::milliseconds bound);
+  /// Waits up to `bound` until every backend operation issued completed;
+  /// false when some still had not.
+  bool wait_idle(std::chrono::milliseconds bound);
 
   std::chrono::milliseconds lease() const noexcept {
     return lease_;

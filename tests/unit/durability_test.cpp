@@ -13,6 +13,8 @@
 #include <mutex>
 #include <thread>
 
+#include <caf/all.hpp>
+
 #include <botmesh/runtime/botmesh.hpp>
 #include <botmesh/stores/memory_coordinator.hpp>
 #include <botmesh/stores/memory_durable_backend.hpp>
@@ -1982,4 +1984,44 @@ TEST_CASE("with durability an answer too large to save, cut with its step, "
         == std::vector<std::string>{"¿Producto?", "¿Cantidad?"});
   CHECK(b.stats().reprocessed == 1);
   b.stop();
+}
+
+TEST_CASE("a bot that goes waits for a journal write still in flight, "
+          "however long the backend takes") {
+  // The application's actor system: the bot's own would wait for the
+  // journal actor in the bot's destructor anyway.
+  caf::actor_system_config cfg;
+  botmesh::configure_actor_system(cfg);
+  caf::actor_system sys{cfg};
+  auto g = std::make_shared<test::gated_backend>(); // record() waits
+  auto p = std::make_shared<botmesh::testing_provider>();
+  auto b = std::make_unique<botmesh::bot>(
+    sys, botmesh::bot_options{.provider = p, .durability = test::durable_over(g)});
+  b->start();
+  p->inject("ana", "hola"); // its journal write waits for the gate
+  using clk = std::chrono::steady_clock;
+  std::atomic<clk::rep> opened_at{0};
+  // Past the 20 s the stop used to wait at most: the write's callback
+  // then ran into a bot already gone.
+  std::thread opener{[&] {
+    std::this_thread::sleep_for(22s);
+    opened_at = clk::now().time_since_epoch().count();
+    g->open();
+  }};
+  std::atomic<bool> gone{false};
+  std::thread watchdog{[&] {
+    if (!test::eventually([&] { return gone.load(); }, 90s)) {
+      std::fputs("the bot's destructor hangs after its journal write came\n",
+                 stderr);
+      std::abort();
+    }
+  }};
+  b.reset();
+  auto gone_at = clk::now().time_since_epoch().count();
+  gone = true;
+  opener.join();
+  watchdog.join();
+  // It went only once the write's callback had run.
+  CHECK(opened_at.load() != 0);
+  CHECK(gone_at >= opened_at.load());
 }
