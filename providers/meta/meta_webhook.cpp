@@ -182,21 +182,33 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       log::error(opts.id, fmt::format("{}: the webhook reports an error: {}",
                                       opts.id, e));
     n_statuses += p.statuses.size();
-    if (opts.on_status)
-      for (auto& s : p.statuses) {
-        // Meta redelivers a whole POST when it is not answered 200 (and
-        // this one may be, for its messages): each status is reported once.
-        if (!remember(fmt::format("status:{}:{}:{}:{}", s.message_id,
-                                  s.recipient, s.status, to_unix_ms(s.at)))) {
-          ++n_duplicates;
-          continue;
-        }
-        try {
-          opts.on_status(s);
-        } catch (const std::exception&) {
-          // nop: a listener's failure is not the platform's
-        }
+    for (auto& s : p.statuses) {
+      if (!opts.on_status && s.status != "failed")
+        continue;
+      // Meta redelivers a whole POST when it is not answered 200 (and
+      // this one may be, for its messages): each status is reported once.
+      if (!remember(fmt::format("status:{}:{}:{}:{}", s.message_id,
+                                s.recipient, s.status, to_unix_ms(s.at)))) {
+        ++n_duplicates;
+        continue;
       }
+      if (!opts.on_status) {
+        // A reply the platform did not deliver (outside the 24-hour
+        // window, a blocked number...): with no listener, logged, so it
+        // is not lost unsaid.
+        log::warn(opts.id, fmt::format("{}: message {} to {} was not delivered: "
+                                       "{}",
+                                       opts.id, s.message_id, s.recipient,
+                                       s.error.empty() ? "no reason given"
+                                                       : s.error));
+        continue;
+      }
+      try {
+        opts.on_status(s);
+      } catch (const std::exception&) {
+        // nop: a listener's failure is not the platform's
+      }
+    }
     // Held while the messages are delivered: stop() waits for it (taken
     // after the status listener, user code that may stop the bot).
     botmesh::internal::host_slot::use h{hosts};

@@ -80,6 +80,8 @@ struct webhook_options {
   http::client_options http{};
   /// Receives delivery receipts, on an I/O thread (keep it short). Each
   /// once: the same receipt in a redelivered POST counts as a duplicate.
+  /// Without it, a "failed" receipt (a reply the platform did not deliver)
+  /// is logged as a warning with its error, once.
   std::function<void(const status_event&)> on_status{};
 };
 

@@ -231,6 +231,29 @@ TEST_CASE("WhatsApp errors carry their code and details: a failed status's, "
   CHECK(logs.count("whatsapp", "131000 Something went wrong: Unknown error") == 1);
 }
 
+TEST_CASE("a failed delivery receipt with no status listener is logged "
+          "with its error, once") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  botmesh::bot bot{{.provider = p}};
+  bot.start();
+  test::log_capture logs;
+  signed_poster post{p->server().url() + "/whatsapp"};
+  auto failed = wa_payload(
+    "[]", R"([{"id":"wamid.out","status":"failed","timestamp":"1","recipient_id":"346","errors":[{"code":131047,"title":"Re-engagement message"}]}])");
+  auto read = wa_payload(
+    "[]", R"([{"id":"wamid.out","status":"read","timestamp":"2","recipient_id":"346"}])");
+  CHECK(post.post(failed).status == 200);
+  CHECK(post.post(failed).status == 200); // redelivered: said once
+  CHECK(post.post(read).status == 200);
+  bot.stop();
+  CHECK(logs.count("whatsapp", "message wamid.out to 346 was not delivered: "
+                               "131047 Re-engagement message")
+        == 1);
+  CHECK(logs.count("whatsapp", "wamid.out") == 1); // the read receipt: not
+  CHECK(p->stats().statuses == 3);
+}
+
 TEST_CASE("a Meta credential with a control character or an outer space is "
           "refused, naming the option") {
   auto api = fake_graph();
