@@ -564,14 +564,5 @@ TEST_CASE("a transport whose stop() throws does not keep the bot from "
   // good: its own actor system waited for the router in the destructor.
   CHECK_NOTHROW(b->stop());
   CHECK(thrown.load());
-  std::atomic<bool> gone{false};
-  std::thread watchdog{[&] {
-    if (!test::eventually([&] { return gone.load(); }, 20s)) {
-      std::fputs("the bot's destructor hangs after a throwing stop()\n", stderr);
-      std::abort();
-    }
-  }};
-  b.reset();
-  gone = true;
-  watchdog.join();
+  test::reset_or_abort(b, 20s, "the bot's destructor hangs after a throwing stop()");
 }

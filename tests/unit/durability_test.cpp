@@ -980,17 +980,7 @@ TEST_CASE("a start() that fails after it spawned its actors gives them "
   // its heartbeat for good), and the bot's own actor system waited for
   // them in the destructor: the process hung. (Destroyed on this thread: a
   // watchdog ends the process if it hangs.)
-  std::atomic<bool> gone{false};
-  std::thread watchdog{[&] {
-    if (!test::eventually([&] { return gone.load(); }, 20s)) {
-      std::fputs("the bot's destructor hangs after a failed start()\n",
-                 stderr);
-      std::abort();
-    }
-  }};
-  b.reset();
-  gone = true;
-  watchdog.join();
+  test::reset_or_abort(b, 20s, "the bot's destructor hangs after a failed start()");
 }
 
 TEST_CASE("a bot, or a scheduler, made on one thread is destroyed on "
@@ -2008,19 +1998,10 @@ TEST_CASE("a bot that goes waits for a journal write still in flight, "
     opened_at = clk::now().time_since_epoch().count();
     g->open();
   }};
-  std::atomic<bool> gone{false};
-  std::thread watchdog{[&] {
-    if (!test::eventually([&] { return gone.load(); }, 90s)) {
-      std::fputs("the bot's destructor hangs after its journal write came\n",
-                 stderr);
-      std::abort();
-    }
-  }};
-  b.reset();
+  test::reset_or_abort(b, 90s,
+                       "the bot's destructor hangs after its journal write came");
   auto gone_at = clk::now().time_since_epoch().count();
-  gone = true;
   opener.join();
-  watchdog.join();
   // It went only once the write's callback had run.
   CHECK(opened_at.load() != 0);
   CHECK(gone_at >= opened_at.load());

@@ -1,8 +1,12 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -24,6 +28,24 @@ inline bool eventually(const std::function<bool()>& pred,
     std::this_thread::sleep_for(1ms);
   }
   return true;
+}
+
+/// Resets `p` on this thread. A destructor that hangs longer than `limit`
+/// would hold the whole run: the process then says `what` and aborts.
+template <class T>
+void reset_or_abort(std::unique_ptr<T>& p, std::chrono::seconds limit,
+                    const char* what) {
+  std::atomic<bool> gone{false};
+  std::thread watchdog{[&] {
+    if (!eventually([&] { return gone.load(); }, limit)) {
+      std::fputs(what, stderr);
+      std::fputs("\n", stderr);
+      std::abort();
+    }
+  }};
+  p.reset();
+  gone = true;
+  watchdog.join();
 }
 
 /// Sets `p` when opened or when it goes out of scope, whichever comes
