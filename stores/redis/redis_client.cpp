@@ -778,7 +778,8 @@ class subscriber {
       heard_ = t; // anything read shows the connection alive
       ping_sent_.reset();
       void* raw = nullptr;
-      while (redisGetReplyFromReader(ctx, &raw) == REDIS_OK && raw) {
+      // (Not once stopped: an unsubscribe from the callback ends it then.)
+      while (!stop_ && redisGetReplyFromReader(ctx, &raw) == REDIS_OK && raw) {
         auto r = static_cast<redisReply*>(raw);
         // ["message", channel, payload]
         if (r->type == REDIS_REPLY_ARRAY && r->elements == 3

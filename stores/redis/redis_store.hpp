@@ -120,7 +120,8 @@ class redis_store final : public store {
 
   /// A call that fails (its reply lost to a timeout or a dropped
   /// connection: it may have taken the lock) gives the lock back before it
-  /// throws: a release of the token it asked for, sent once.
+  /// throws: a release of the token it asked for, sent again once it was
+  /// answered and after each failure (at most ten in all).
   std::optional<fenced_lock>
   acquire_lock_fenced(std::string_view key,
                       std::chrono::milliseconds ttl) override;

@@ -675,22 +675,23 @@ TEST_CASE("a lock whose acquire reply was lost is given back, not held by "
           "a token nobody has until its ttl") {
   test::redis_process server;
   auto c = std::make_shared<botmesh::redis_client>(
-    botmesh::redis_options{.url = server.url(), .command_timeout = "200ms"});
+    botmesh::redis_options{.url = server.url(), .command_timeout = "500ms"});
   botmesh::redis_store s{{.client = c, .prefix = "bmlk"}};
   REQUIRE(s.acquire_lock_fenced("test:other", 60s)); // scripts loaded
-  // The server is busy for a second: the acquire is written, not answered
-  // in time, and runs when the server wakes up.
-  botmesh::redis_client admin{{.url = server.url()}};
+  // The server is busy for three seconds: the acquire is written, not
+  // answered in time, and runs when the server wakes up. (Three, so that
+  // a late sleeper thread still leaves the acquire inside the sleep.)
+  botmesh::redis_client admin{{.url = server.url(), .command_timeout = "10s"}};
   REQUIRE(admin.call({"PING"}).str == "PONG");
-  std::thread sleeper{[&] { admin.call({"DEBUG", "SLEEP", "1"}); }};
-  std::this_thread::sleep_for(100ms);
+  std::thread sleeper{[&] { admin.call({"DEBUG", "SLEEP", "3"}); }};
+  std::this_thread::sleep_for(500ms);
   CHECK(code_of([&] { s.acquire_lock_fenced("test:l", 60s); })
         == botmesh::errc::timeout);
   sleeper.join();
   // It ran (it took fence 1), and the lock is free again well within its
   // 60 s ttl. Before, it stayed taken for the whole minute.
   CHECK(until([&] { return c->call({"EXISTS", "bmlk:lock:test:l"}).integer == 0; },
-              5s));
+              10s));
   CHECK(c->call({"GET", "bmlk:fence:test:l"}).str == "1");
   auto lock = s.acquire_lock_fenced("test:l", 60s);
   REQUIRE(lock);

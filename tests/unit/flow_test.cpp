@@ -212,7 +212,8 @@ TEST_CASE("a wait timeout whose turn could not be had fires once a turn "
   co.turn_wait = "300ms";
   auto p = std::make_shared<botmesh::testing_provider>();
   flow f{"lento"};
-  f.hears({"empezar"}).ask("nombre", "¿Nombre?", nullptr, {.timeout = "200ms"});
+  // Long enough for the test to take the backend down first, under load.
+  f.hears({"empezar"}).ask("nombre", "¿Nombre?", nullptr, {.timeout = "2s"});
   botmesh::bot b{{.provider = p, .coordination = co, .lang = "es"}};
   std::atomic<int> no_turn{0};
   b.on<botmesh::events::error>([&](const botmesh::events::error& e) {

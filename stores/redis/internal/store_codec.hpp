@@ -53,10 +53,10 @@ bool flag(std::string_view what, const redis_reply& r);
 /// `fence` (each layout names them). When the call fails (its reply lost
 /// to a timeout or a dropped connection, it may still have taken the
 /// lock), a release of the token it asked for is sent at once, on a
-/// connection that works, before the error is thrown, and once more after
-/// its answer: a lock taken by the lost call would otherwise stay held, by
-/// a token nobody has, until its ttl. If the give-back fails too, the ttl
-/// ends it.
+/// connection that works, before the error is thrown, once more after its
+/// answer, and again after each failure (at most eight): a lock taken by
+/// the lost call would otherwise stay held, by a token nobody has, until
+/// its ttl. If every give-back fails, the ttl ends it.
 std::optional<fenced_lock> acquire_lock(const std::shared_ptr<redis_client>& c,
                                         const std::string& lock,
                                         const std::string& fence,
