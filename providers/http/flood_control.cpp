@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <botmesh/providers/internal/joined_stop.hpp>
 #include <botmesh/runtime/core/error.hpp>
 
 namespace botmesh::http {
@@ -184,14 +185,13 @@ void flood_control::pause_chat(std::string_view chat,
 }
 
 void send_with_retry(flood_control& flood, std::string_view chat, bool group,
-                     const std::function<void()>& send, std::stop_token stop,
-                     std::stop_token cancel, int max_attempts) {
+                     const std::function<void(std::stop_token)>& send,
+                     std::stop_token stop, std::stop_token cancel,
+                     int max_attempts) {
   // One token for the waits: either stop ends them.
-  std::stop_source either;
-  std::stop_callback on_stop{stop, [&either] { either.request_stop(); }};
-  std::stop_callback on_cancel{cancel, [&either] { either.request_stop(); }};
+  botmesh::internal::joined_stop either{stop, cancel};
   for (int attempt = 1;; ++attempt) {
-    if (!flood.acquire(chat, group, either.get_token()))
+    if (!flood.acquire(chat, group, either.token()))
       throw error(errc::stopped,
                   fmt::format("send to {}: {} while waiting for the flood "
                               "control",
@@ -199,7 +199,7 @@ void send_with_retry(flood_control& flood, std::string_view chat, bool group,
                               cancel.stop_requested() ? "its turn ended"
                                                       : "stopped"));
     try {
-      send();
+      send(either.token());
       return;
     } catch (const platform_error& e) {
       if (e.code() != errc::retry_after)

@@ -87,9 +87,11 @@ class flood_control {
 /// exception goes through at once. It blocks the calling thread, which is
 /// how a chat's order is kept: its next message waits for this one. A
 /// wait for the buckets gives up when `stop` (the host's) or `cancel` (the
-/// sending turn's end) fires, with `errc::stopped`.
+/// sending turn's end) fires, with `errc::stopped`. `send` gets a token
+/// that fires then too: a request it makes with it as
+/// `client_request::cancel_before_write` gives up until it is written.
 void send_with_retry(flood_control& flood, std::string_view chat, bool group,
-                     const std::function<void()>& send,
+                     const std::function<void(std::stop_token)>& send,
                      std::stop_token stop = {}, std::stop_token cancel = {},
                      int max_attempts = 5);
 

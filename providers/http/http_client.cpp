@@ -29,6 +29,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509_vfy.h>
 
+#include <botmesh/providers/internal/joined_stop.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/text.hpp>
 
@@ -569,12 +570,6 @@ bool idempotent(const client_request& req) {
 
 } // namespace
 
-joined_stop::joined_stop(const std::stop_token& a, const std::stop_token& b) {
-  std::function<void()> cut = [this] { src_.request_stop(); };
-  a_.emplace(a, cut);
-  b_.emplace(b, cut);
-}
-
 client::client(client_options opts) : impl_(std::make_unique<impl>()) {
   if (opts.max_connections_per_host == 0)
     throw invalid_argument_error(
@@ -612,7 +607,7 @@ client_response client::request(const client_request& req) {
   auto deadline = steady::now() + timeout;
   auto key = fmt::format("{}://{}:{}", u.tls ? "https" : "http", u.host, u.port);
   // Until the request is written, either token cuts its waits.
-  joined_stop early{req.stop, req.cancel_before_write};
+  botmesh::internal::joined_stop early{req.stop, req.cancel_before_write};
   auto before_write = early.token();
   for (int attempt = 0;; ++attempt) {
     bool reused = false;

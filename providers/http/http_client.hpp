@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -46,24 +45,6 @@ struct client_request {
   /// that failed on a pooled connection after it was written is resent
   /// only then; GET, HEAD, OPTIONS, PUT and DELETE always are.
   bool idempotent = false;
-};
-
-/// A stop token that fires when either of two does (a send given up when
-/// its turn ends or when its provider stops). Not movable: its callbacks
-/// refer to it.
-class joined_stop {
- public:
-  joined_stop(const std::stop_token& a, const std::stop_token& b);
-  joined_stop(const joined_stop&) = delete;
-  joined_stop& operator=(const joined_stop&) = delete;
-
-  std::stop_token token() const noexcept {
-    return src_.get_token();
-  }
-
- private:
-  std::stop_source src_;
-  std::optional<std::stop_callback<std::function<void()>>> a_, b_;
 };
 
 struct client_response {

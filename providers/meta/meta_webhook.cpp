@@ -421,11 +421,10 @@ void webhook_provider::send(const outgoing_message& msg,
   std::stop_token stopping;
   if (botmesh::internal::host_slot::use h{i.hosts}; h)
     stopping = h->stopping();
-  http::joined_stop given_up{stopping, cancel};
-  req.cancel_before_write = given_up.token();
   http::send_with_retry(
     i.flood, msg.chat, false,
-    [&] {
+    [&](std::stop_token given_up) {
+      req.cancel_before_write = std::move(given_up);
       auto res = i.api.request(req);
       try {
         internal::check_graph_answer(res.status, res.body);

@@ -484,12 +484,11 @@ void polling_provider::send(const outgoing_message& msg,
     if (i.host)
       stopping = i.host->stopping();
   }
-  // Until it is written, the request gives up with the wait (see
-  // http::client_request::cancel_before_write).
-  http::joined_stop given_up{stopping, cancel};
-  http::send_with_retry(i.flood, to.chat_id, to.group(),
-                        [&] { i.api->send(msg, given_up.token()); }, stopping,
-                        cancel);
+  // Until it is written, the request gives up with the wait.
+  http::send_with_retry(
+    i.flood, to.chat_id, to.group(),
+    [&](std::stop_token given_up) { i.api->send(msg, std::move(given_up)); },
+    stopping, cancel);
   ++i.n_sent;
   if (!msg.reply_to.empty() && i.opts.answer_callback_queries)
     i.callbacks->replied(*i.api, msg.reply_to);

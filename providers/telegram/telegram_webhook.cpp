@@ -377,14 +377,12 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     std::stop_token stopping;
     if (botmesh::internal::host_slot::use h{hosts}; h)
       stopping = h->stopping();
-    // Until it is written, the request gives up with the wait (see
-    // http::client_request::cancel_before_write).
-    http::joined_stop given_up{stopping, cancel};
+    // Until it is written, the request gives up with the wait.
     http::send_with_retry(
       flood, to.chat_id, to.group(),
-      [&] {
+      [&](std::stop_token given_up) {
         try {
-          api->send(msg, given_up.token());
+          api->send(msg, std::move(given_up));
         } catch (const platform_error& e) {
           if (e.code() == errc::retry_after)
             ++n_retried;

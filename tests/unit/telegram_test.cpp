@@ -364,7 +364,7 @@ using platform_error_scope = botmesh::platform_error::scope;
 TEST_CASE("a 429 on a send's last attempt still pauses the sends after it") {
   // One attempt to chat "7", refused with a 3 s wait of `scope`.
   auto refused_once = [](http::flood_control& f, platform_error_scope scope) {
-    auto refuse = [scope] {
+    auto refuse = [scope](std::stop_token) {
       throw botmesh::platform_error(botmesh::errc::retry_after, 429, "slow down",
                                     3s, "429", scope);
     };
