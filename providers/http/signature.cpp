@@ -30,22 +30,34 @@ std::string hmac_sha256_hex(std::string_view key, std::string_view data) {
   return out;
 }
 
-bool verify_hub_signature(std::string_view header, std::string_view app_secret,
-                          std::string_view body) {
+std::string_view hub_signature_problem(std::string_view header,
+                                       std::string_view app_secret,
+                                       std::string_view body) {
   constexpr std::string_view prefix = "sha256=";
-  if (!header.starts_with(prefix) || app_secret.empty())
-    return false;
+  constexpr std::string_view malformed =
+    "X-Hub-Signature-256 is not sha256=<64 hex digits>";
+  if (app_secret.empty())
+    return "no app secret to check X-Hub-Signature-256 with";
+  if (!header.starts_with(prefix))
+    return malformed;
   auto given = header.substr(prefix.size());
   if (given.size() != 64)
-    return false;
+    return malformed;
   std::string lower{given};
   for (auto& c : lower) {
     if (c >= 'A' && c <= 'F')
       c = static_cast<char>(c - 'A' + 'a');
     else if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
-      return false;
+      return malformed;
   }
-  return constant_time_equals(lower, hmac_sha256_hex(app_secret, body));
+  if (!constant_time_equals(lower, hmac_sha256_hex(app_secret, body)))
+    return "X-Hub-Signature-256 does not match the body (another app secret?)";
+  return {};
+}
+
+bool verify_hub_signature(std::string_view header, std::string_view app_secret,
+                          std::string_view body) {
+  return hub_signature_problem(header, app_secret, body).empty();
 }
 
 } // namespace botmesh::http

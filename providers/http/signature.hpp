@@ -21,4 +21,10 @@ std::string hmac_sha256_hex(std::string_view key, std::string_view data);
 bool verify_hub_signature(std::string_view header, std::string_view app_secret,
                           std::string_view body);
 
+/// Same check, saying what is wrong (a webhook's 401 tells it): empty when
+/// the signature is right.
+std::string_view hub_signature_problem(std::string_view header,
+                                       std::string_view app_secret,
+                                       std::string_view body);
+
 } // namespace botmesh::http
