@@ -634,7 +634,8 @@ void answer_waiting(lease_actor_t* self, std::uint64_t req, waiting& w,
         w.ahead_checked = t;
         flush(self);
         for (auto& incarnation : s.queued_ahead)
-          skip(incarnation);
+          if (incarnation != s.blocker) // (the rule above looks at it)
+            skip(incarnation);
       }
       schedule(self, req, w, t + poll_interval(self, w));
       return;

@@ -20,18 +20,12 @@ if o[1] == ARGV[1] and o[2] == ARGV[2] then
   co_keep(now, ARGV[3], o[7])
   return {1, tonumber(o[3]), tonumber(o[4]), o[5], tonumber(o[6]), now}
 end
-local ahead, seen = {}, {}
-for _, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
-  local tk, i, r = co_parse(e)
-  if i == ARGV[1] and r == ARGV[2] then
-    co_keep(now, ARGV[3], o[7])
-    local out = {0, tonumber(tk), now, co_blocker()}
-    for _, a in ipairs(ahead) do out[#out + 1] = a end
-    return out
-  end
-  if i and i ~= ARGV[1] and i ~= o[1] and not seen[i] and #ahead < 8 then
-    seen[i] = true
-    ahead[#ahead + 1] = i
-  end
+local ahead = {}
+local e, tk = co_find(ARGV[1], ARGV[2], ahead, o[1])
+if e then
+  co_keep(now, ARGV[3], o[7])
+  local out = {0, tonumber(tk), now, co_blocker()}
+  for _, a in ipairs(ahead) do out[#out + 1] = a end
+  return out
 end
 return {-1, now}

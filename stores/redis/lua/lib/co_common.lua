@@ -161,10 +161,19 @@ local function co_drop(inc)
 end
 
 -- Finds this request's queued entry: the entry and its ticket, or nil.
-local function co_find(inc, req)
+-- With `ahead` (a table), also lists there the other incarnations queued
+-- before it, neither `inc` nor `holder`, in queue order, at most 8 (a
+-- poll's turn_state::queued_ahead).
+local function co_find(inc, req, ahead, holder)
+  local seen = {}
   for _, e in ipairs(redis.call('LRANGE', Q, 0, -1)) do
     local tk, i, r = co_parse(e)
     if i == inc and r == req then return e, tk end
+    if ahead and i and i ~= inc and i ~= holder and not seen[i]
+       and #ahead < 8 then
+      seen[i] = true
+      ahead[#ahead + 1] = i
+    end
   end
   return nil
 end
