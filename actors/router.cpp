@@ -416,10 +416,6 @@ caf::actor spawn_router(caf::actor_system& sys, router_config cfg) {
   return a;
 }
 
-void internal::release_caf_logger() noexcept {
-  caf::logger::set_current_actor_system(nullptr);
-}
-
 void configure_scheduler(caf::actor_system_config& cfg, std::size_t threads,
                          std::size_t max_throughput) {
   if (threads == 0)
