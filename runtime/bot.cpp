@@ -835,12 +835,13 @@ struct bot::impl final : chat_services,
   void intake(inbound_message& msg, delivery_callbacks& cb) {
     // Raised as an error event, with the message, and answered.
     auto refuse = [&](errc code, const std::string& why, std::string key) {
-      if (internal::receipt_of(cb))
+      auto* note = internal::receipt_of(cb); // from the bot's actor
+      if (note) {
         raise_from_actor(code, why, std::move(key), std::move(msg));
-      else
-        raise(code, why, std::move(key), std::move(msg));
-      if (auto* note = internal::receipt_of(cb))
         note->why = why; // the bot's actor answers with it
+      } else {
+        raise(code, why, std::move(key), std::move(msg));
+      }
       if (cb.accepted)
         cb.accepted(code);
     };
