@@ -551,17 +551,22 @@ granted_after(lease_fixture& f, const std::string& key, std::uint64_t req,
   return t;
 }
 
+// Pushes a grant of `key` at `fence` that nobody waits for (released at
+// once, its step never started); its previous holder was "b".
+void passed_over(lease_fixture& f, const std::string& key, std::uint64_t fence) {
+  auto passed = f.coord->granted(key, 99, fence);
+  passed.previous_holder = "b";
+  f.coord->push(passed);
+  f.vs.run();
+  REQUIRE(f.releases(key, fence) == 1);
+}
+
 } // namespace
 
 TEST_CASE("a grant given up before its step started, after another replica "
           "held the chat, makes the next grant's previous holder unknown") {
   lease_fixture f;
-  // Nobody waits for it: released at once. Its previous holder was b.
-  auto passed = f.coord->granted(key_a, 99, 5);
-  passed.previous_holder = "b";
-  f.coord->push(passed);
-  f.vs.run();
-  REQUIRE(f.releases(key_a, 5) == 1);
+  passed_over(f, key_a, 5);
   // The backend names this replica as the last holder now; it is not.
   CHECK_FALSE(granted_after(f, key_a, 1, 6, me)->previous_holder());
   // Only once: a grant after a turn this replica ran keeps its holder.
@@ -573,11 +578,7 @@ TEST_CASE("a grant given up before its step started, after another replica "
 TEST_CASE("a grant given up before its step started is remembered for as "
           "long as the backend may name this replica, not 40 leases") {
   lease_fixture f;
-  auto passed = f.coord->granted(key_a, 99, 5);
-  passed.previous_holder = "b";
-  f.coord->push(passed);
-  f.vs.run();
-  REQUIRE(f.releases(key_a, 5) == 1);
+  passed_over(f, key_a, 5);
   // Another chat's turn keeps the actor busy (its wake-ups) while this
   // chat is idle past 40 leases of 3 s: the backend still names this
   // replica (the memory hub never forgets a chat it keeps; Redis keeps an
