@@ -7,6 +7,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -128,6 +129,12 @@ struct router_state {
   // entry costs no more for them.
   std::unordered_map<std::string, ending_chat> ending;
   bool draining = false;
+  // Chat actors that may still run though no entry names them: passivated
+  // ones until their end, and (once the router's exit came) every chat it
+  // passed that exit to. The router ends only after all of them, since
+  // they refer to the bot (chat_services), which may go once it ended.
+  std::unordered_set<caf::actor_addr> leaving;
+  std::optional<caf::error> closing; // the exit's reason, once it came
 
   static inline const char* name = "botmesh.router";
 };
@@ -140,8 +147,15 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
   // the router forwards its own exit to every live chat instead.
   self->set_exit_handler([=](caf::exit_msg& msg) {
     auto& st = self->state;
-    for (auto& [key, entry] : st.chats)
+    if (st.closing)
+      return;
+    st.closing = msg.reason;
+    st.draining = true; // what still comes is refused
+    for (auto& [key, entry] : st.chats) {
+      self->monitor(entry.handle);
+      st.leaving.insert(entry.handle.address());
       self->send_exit(entry.handle, msg.reason);
+    }
     st.chats.clear();
     // What waits for an ending chat is refused as a live chat's queue is.
     for (auto& [key, ending] : st.ending)
@@ -152,8 +166,12 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
                            "turn",
                            key));
       });
+    for (auto& [key, ending] : st.ending)
+      if (!ending.down) // (monitored since its chat_gone)
+        st.leaving.insert(ending.actor);
     st.ending.clear();
-    self->quit(msg.reason);
+    if (st.leaving.empty())
+      self->quit(msg.reason);
   });
   // Where what comes for chat `key` goes: while its actor ends, that ending
   // chat's holding; otherwise its actor's entry (the actor spawned on first
@@ -259,6 +277,12 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       forward(ev);
   };
   self->set_down_handler([=](caf::down_msg& down) {
+    auto& st = self->state;
+    if (st.leaving.erase(down.source) > 0) {
+      if (st.closing && st.leaving.empty())
+        self->quit(*st.closing);
+      return;
+    }
     auto i = ending_of(down.source);
     if (i == self->state.ending.end())
       return;
@@ -314,6 +338,9 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       if (i == st.chats.end() || i->second.forwarded != received
           || i->second.handle != self->current_sender())
         return false;
+      // Until it ended: the router's exit waits for it.
+      self->monitor(i->second.handle);
+      st.leaving.insert(i->second.handle.address());
       st.chats.erase(i);
       st.cfg->services->chat_passivated(key);
       return true;

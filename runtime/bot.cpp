@@ -2051,7 +2051,23 @@ void bot::impl::stop_now() {
   stop_provider();
   session_handle = nullptr;
   journal_handle = nullptr; // the transport reports nothing more
-  caf::anon_send_exit(router_handle, caf::exit_reason::user_shutdown);
+  // The router ends after its chat actors, and both refer to this bot: in
+  // an application's actor system (which outlives the bot) the bot may go
+  // only once they ended. Without a bound, as the journal above: what is
+  // left in their mailboxes is a few refusals and give-backs.
+  {
+    caf::scoped_actor self{*sys};
+    self->monitor(router_handle);
+    self->send_exit(router_handle, caf::exit_reason::user_shutdown);
+    for (int rounds = 1;; ++rounds) {
+      bool ended = false;
+      self->receive([&](caf::down_msg&) { ended = true; },
+                    caf::after(std::chrono::seconds(10)) >> [] {});
+      if (ended)
+        break;
+      still_waiting(rounds, "the chat actors have not ended");
+    }
+  }
   // (The scoped actors above: a stop on one thread, the bot destroyed on
   // another.)
   internal::release_caf_logger();

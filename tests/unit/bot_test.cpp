@@ -12,6 +12,8 @@
 
 #include <botmesh/runtime/botmesh.hpp>
 #include <botmesh/runtime/core/caf_error.hpp>
+#include <botmesh/stores/memory_coordinator.hpp>
+#include <botmesh/stores/memory_durable_backend.hpp>
 
 #include "test_util.hpp"
 
@@ -330,6 +332,47 @@ TEST_CASE("a bot embeds in an application's actor system and takes messages "
   self->request(inc, 5s, 41).receive([&](int r) { result = r; },
                                      [&](caf::error&) { result = -1; });
   CHECK(result == 42);
+}
+
+TEST_CASE("a bot destroyed in an application's actor system leaves none "
+          "of its actors behind") {
+  // Its router and chat actors refer to the bot: one still running once
+  // the destructor returned (a timer or a sweep queued ahead of its exit)
+  // would run into freed memory.
+  caf::actor_system_config cfg;
+  botmesh::configure_actor_system(cfg);
+  caf::actor_system sys{cfg};
+  auto before = sys.registry().running();
+  botmesh::memory_coordination_hub hub;
+  // Plain, then coordinated (a lease actor), then also durable (a journal
+  // actor) with a scheduled task (its actors).
+  for (int round = 0; round < 3; ++round) {
+    auto p = make_provider();
+    botmesh::bot_options o{.provider = p, .passivate_after = "10ms"};
+    if (round >= 1) {
+      botmesh::coordination_options co;
+      co.coordinator = std::make_shared<botmesh::memory_coordinator>(
+        hub, botmesh::memory_coordinator_options{.replica_id = "a",
+                                                 .lease = "1s"});
+      o.coordination = co;
+    }
+    if (round == 2)
+      o.durability = botmesh::durability_options{
+        .backend = std::make_shared<botmesh::memory_durable_backend>(),
+        .instance_id = "r1",
+        .lease = "300ms"};
+    {
+      botmesh::bot b{sys, std::move(o)};
+      if (round == 2)
+        b.every(5ms, [] {});
+      b.on_message([](botmesh::context& c) { c.reply("ok"); });
+      b.start();
+      for (int i = 0; i < 200; ++i)
+        p->inject("chat-" + std::to_string(i), "hola");
+      REQUIRE(p->wait_for_sent(200, 10s));
+    }
+    CHECK(sys.registry().running() == before);
+  }
 }
 
 TEST_CASE("bot options are checked when the bot is created") {
