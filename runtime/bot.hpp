@@ -587,11 +587,11 @@ class bot {
   /// durability it also waits, without a bound, for the journal operations
   /// in flight (each completes, at worst with its backend's timeout; a
   /// warning names a backend that keeps it waiting, every 10 s): their
-  /// callbacks refer to the bot. It returns once every actor of the bot
-  /// (router, chat actors, lease and journal actors) has ended, so in an
-  /// application's actor system none is left behind. These waits need a
-  /// CAF worker: with a system of one worker, do not stop or destroy a
-  /// bot from inside an actor.
+  /// callbacks refer to the bot. It returns once the router and the chat
+  /// actors have ended, and the destructor once every actor of the bot
+  /// has, so an application's actor system keeps none of them. These waits
+  /// need a CAF worker: with a system of one worker, do not stop or
+  /// destroy a bot from inside an actor.
   ///
   /// Called from one of this bot's own handlers (a message handler, a
   /// scheduled task: an admin command that shuts the bot down), it would
