@@ -36,6 +36,13 @@ void start_run(task_actor* self) {
       // later (a catch-up's next slot must not run after a cancel).
       if (ctx.stop.stop_requested() || !t.st->active.load())
         break;
+      if (eng.now().time_since_epoch().count() >= ctx.held_until.load()) {
+        eng.log(fmt::format("{} (token {}): its lease ran out before slot {} "
+                            "(the process stood still?): not run here",
+                            t.stored_id, ctx.token,
+                            format_iso8601(slot, "UTC")));
+        break;
+      }
       scheduled_run run;
       run.task_id = t.opts.id;
       run.occurrence_key = occurrence_key(t.opts.id, slot);
@@ -269,6 +276,7 @@ void run_claimed(task_actor* self, schedule_claim claim, time_point claimed_at,
   st.ph = phase::running;
   st.next_renew = held_from + lease / 3;
   st.held_until = holds_until(held_from, lease);
+  st.run->held_until.store(st.held_until.time_since_epoch().count());
   arm_renewal(self);
   start_run(self);
 }

@@ -42,6 +42,12 @@ struct run_ctx {
   std::uint64_t token = 0;
   // Slots whose handler returned, counted by the job.
   std::atomic<std::size_t> completed{0};
+  // The actor's view of until when the claim surely holds (held_until, as
+  // time since the epoch), published for the job: a catch-up starts each
+  // slot only before it, on its own clock. After a stand-still (a frozen
+  // process) the actor's renewal may not have run yet, and another replica
+  // may already run the slot the job would start next.
+  std::atomic<time_point::rep> held_until{time_point::max().time_since_epoch().count()};
   // The actor's: set when the lease was lost or surely ran out while it
   // ran, to how many slots had completed then (see run_ended).
   std::optional<std::size_t> completed_before_loss;

@@ -8,6 +8,7 @@
 #include <latch>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -492,6 +493,39 @@ TEST_CASE("a log callback that throws costs its line, not the task holding "
   auto stopped = std::async(std::launch::async, [&] { s->stop(); });
   REQUIRE(stopped.wait_for(std::chrono::seconds{20}) == std::future_status::ready);
   s.reset();
+}
+
+TEST_CASE("a catch-up whose lease ran out on its own clock runs no further "
+          "slot") {
+  botmesh::manual_clock clk{t0()};
+  auto store = std::make_shared<botmesh::memory_schedule_store>();
+  recorder rec;
+  botmesh::scheduler s{{.store = store, .clock = &clk, .log = rec.logger()}};
+  s.every("1m", {.id = "job", .missed = missed_policy::catch_up,
+                 .max_catch_up = 4, .lease = "10s"},
+          [&](const scheduled_run& r) {
+            rec.handler()(r);
+            // The process stood still within the first slot for longer
+            // than the lease, and no renewal ran meanwhile: another
+            // replica may hold the claim now.
+            if (rec.count() == 1)
+              clk.advance(30s);
+          });
+  clk.advance(10min + 30s);
+  s.poll();
+  // Only the first slot ran on the first claim; the next ones ran on a
+  // claim made afresh (here this replica's own: its old claim was given
+  // up), each once.
+  REQUIRE(rec.count() >= 2);
+  CHECK(rec.runs[0].scheduled_at == t0() + 1min);
+  CHECK(rec.logs_containing("its lease ran out before slot "
+                            "2026-06-01T10:02:00Z") == 1);
+  std::set<botmesh::time_point> slots;
+  for (std::size_t i = 1; i < rec.count(); ++i) {
+    CHECK(rec.runs[i].fencing_token > rec.runs[0].fencing_token);
+    CHECK(slots.insert(rec.runs[i].scheduled_at).second);
+  }
+  CHECK(rec.runs[1].scheduled_at == t0() + 2min);
 }
 
 TEST_CASE("a catch-up cancelled by its own handler runs no further slot") {
