@@ -1449,6 +1449,7 @@ struct bot::impl final : chat_services,
   // backend's start; undo_start() gives back what a failed one made.
   void spawn_all();
   void undo_start();
+  void end_router(); // ends the router and its chats, and waits for them
   void stop_provider() noexcept;
   scheduler_options pending_sched_opts;
   std::unique_ptr<botmesh::scheduler> tasks;
@@ -1880,12 +1881,41 @@ void bot::impl::stop_provider() noexcept {
   }
 }
 
+// The router ends after its chat actors, and both refer to this bot: in an
+// application's actor system (which outlives the bot) the bot may go only
+// once they ended, and a start() made again must not meet them. Without a
+// bound, as the journal's last operations: what is left in their mailboxes
+// is a few refusals and give-backs.
+void bot::impl::end_router() {
+  if (!router_handle)
+    return;
+  caf::scoped_actor self{*sys};
+  self->monitor(router_handle);
+  self->send_exit(router_handle, caf::exit_reason::user_shutdown);
+  for (int rounds = 1;; ++rounds) {
+    bool ended = false;
+    self->receive([&](caf::down_msg&) { ended = true; },
+                  caf::after(std::chrono::seconds(10)) >> [] {});
+    if (ended)
+      break;
+    log::warn("bot",
+              fmt::format("stopping: the chat actors have not ended for {} s "
+                          "(the bot goes once they have)",
+                          rounds * 10),
+              {.bot = opts.bot_id});
+  }
+}
+
 void bot::impl::undo_start() {
   // (The leadership refers to the lease actor, whose detached thread ends
   // only once nothing does.)
   if (sched_leadership)
     sched_leadership->close();
-  for (auto* h : {&journal_handle, &router_handle, &lease_handle})
+  // The router first, while the pools its chats may refuse through still
+  // run.
+  end_router();
+  router_handle = nullptr;
+  for (auto* h : {&journal_handle, &lease_handle})
     if (*h) {
       caf::anon_send_exit(*h, caf::exit_reason::user_shutdown);
       *h = nullptr;
@@ -2051,23 +2081,7 @@ void bot::impl::stop_now() {
   stop_provider();
   session_handle = nullptr;
   journal_handle = nullptr; // the transport reports nothing more
-  // The router ends after its chat actors, and both refer to this bot: in
-  // an application's actor system (which outlives the bot) the bot may go
-  // only once they ended. Without a bound, as the journal above: what is
-  // left in their mailboxes is a few refusals and give-backs.
-  {
-    caf::scoped_actor self{*sys};
-    self->monitor(router_handle);
-    self->send_exit(router_handle, caf::exit_reason::user_shutdown);
-    for (int rounds = 1;; ++rounds) {
-      bool ended = false;
-      self->receive([&](caf::down_msg&) { ended = true; },
-                    caf::after(std::chrono::seconds(10)) >> [] {});
-      if (ended)
-        break;
-      still_waiting(rounds, "the chat actors have not ended");
-    }
-  }
+  end_router();
   // (The scoped actors above: a stop on one thread, the bot destroyed on
   // another.)
   internal::release_caf_logger();

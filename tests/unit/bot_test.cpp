@@ -592,6 +592,31 @@ TEST_CASE("a start() whose transport cannot start leaves the bot not "
   b.stop();
 }
 
+TEST_CASE("a start() that fails in an application's actor system leaves "
+          "none of the actors it spawned behind") {
+  caf::actor_system_config cfg;
+  botmesh::configure_actor_system(cfg);
+  caf::actor_system sys{cfg};
+  std::atomic<int> attempts{0};
+  auto p = std::make_shared<botmesh::testing_provider>(
+    botmesh::testing_provider::options{.on_start = [&] {
+      if (attempts++ == 0)
+        throw botmesh::error(errc::provider_error, "port 8443 is in use");
+    }});
+  botmesh::bot b{sys, {.provider = p}};
+  std::atomic<int> handled{0};
+  b.on_message([&](botmesh::context&) { ++handled; });
+  auto before = sys.registry().running();
+  CHECK_THROWS(b.start());
+  // Before, the router was only told to exit: a start() made again at once
+  // met it still running, beside the new one.
+  CHECK(sys.registry().running() == before);
+  b.start();
+  p->inject("c", "hola");
+  CHECK(test::eventually([&] { return handled.load() == 1; }));
+  b.stop();
+}
+
 TEST_CASE("a transport whose stop() throws does not keep the bot from "
           "stopping and going") {
   std::atomic<bool> thrown{false};
