@@ -147,7 +147,10 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
   // the router forwards its own exit to every live chat instead.
   self->set_exit_handler([=](caf::exit_msg& msg) {
     auto& st = self->state;
-    if (st.closing)
+    // As CAF's default: a normal exit (a linked actor that ended) ends
+    // nothing. Passed on, the chats would ignore it, and the router would
+    // wait for them for good.
+    if (!msg.reason || st.closing)
       return;
     st.closing = msg.reason;
     st.draining = true; // what still comes is refused

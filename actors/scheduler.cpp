@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
 #include <fmt/format.h>
 
 #include <botmesh/actors/internal/scheduler_engine.hpp>
@@ -159,10 +160,36 @@ struct scheduler::impl final : task_owner,
         all.push_back(d.actor);
       durable.clear();
     }
-    for (auto& a : all)
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(timers, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(eng->io, caf::exit_reason::user_shutdown);
+    all.push_back(timers);
+    all.push_back(eng->io);
+    // On CAF's deterministic scheduler nothing runs while this thread
+    // waits (the test that drives it runs what is left).
+    bool driven = dynamic_cast<caf::scheduler::test_coordinator*>(
+                    &sys->scheduler())
+                  != nullptr;
+    if (own_sys || driven) {
+      for (auto& a : all)
+        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    } else {
+      // An application's system outlives the scheduler: its actors end
+      // before the scheduler goes, so none is left behind in it. (The I/O
+      // actor may first finish a store call in flight; a system of our own
+      // waits for it the same way.)
+      caf::scoped_actor self{*sys};
+      for (auto& a : all) {
+        self->monitor(a);
+        self->send_exit(a, caf::exit_reason::user_shutdown);
+      }
+      for (std::size_t left = all.size(), rounds = 1; left > 0;) {
+        self->receive([&](caf::down_msg&) { --left; },
+                      caf::after(std::chrono::seconds(10)) >> [&] {
+                        eng->log(fmt::format("stopping: {} scheduler actors "
+                                             "have not ended for {} s",
+                                             left, 10 * rounds++));
+                      });
+      }
+    }
+    all.clear();
     timers = nullptr;
     eng->timers.actor = nullptr; // stop() waited for every run: none sends
     // The timer and task actors hold their own copy of the handle: clearing

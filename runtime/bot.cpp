@@ -2072,16 +2072,27 @@ void bot::impl::stop_now() {
   }
   if (transport_pool)
     transport_pool->shutdown(); // (its stop ran, or the bound passed)
+  auto journal_ops_done = [&] {
+    if (durable)
+      for (int rounds = 1; !durable->wait_idle(std::chrono::seconds(10));
+           ++rounds)
+        still_waiting(rounds, "journal operations are still in flight");
+  };
+  // Journal writes that land now go to the router, which refuses them (it
+  // drains), releasing their records.
+  journal_ops_done();
+  // While the handler pool still runs: the refusals and give-backs of the
+  // ending chats raise their events there (a listener that calls stop()
+  // there is known as one of this bot's), and the journal operations they
+  // start are waited for below.
+  end_router();
   pool->shutdown();
-  if (durable)
-    for (int rounds = 1; !durable->wait_idle(std::chrono::seconds(10)); ++rounds)
-      still_waiting(rounds, "journal operations are still in flight");
-  // Guarded: a throw here would leave the router running, with the bot
-  // stopped for good (an owned actor system then waits for it forever).
+  journal_ops_done();
+  // Guarded: a throw here would leave the bot stopped for good with its
+  // transport running.
   stop_provider();
   session_handle = nullptr;
   journal_handle = nullptr; // the transport reports nothing more
-  end_router();
   // (The scoped actors above: a stop on one thread, the bot destroyed on
   // another.)
   internal::release_caf_logger();

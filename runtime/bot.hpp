@@ -588,10 +588,11 @@ class bot {
   /// in flight (each completes, at worst with its backend's timeout; a
   /// warning names a backend that keeps it waiting, every 10 s): their
   /// callbacks refer to the bot. It returns once the router and the chat
-  /// actors have ended, and the destructor once every actor of the bot
-  /// has, so an application's actor system keeps none of them. These waits
-  /// need a CAF worker: with a system of one worker, do not stop or
-  /// destroy a bot from inside an actor.
+  /// actors (which refer to the bot) have ended, and the destructor once
+  /// the scheduler's actors have too; the bot's other actors end as they
+  /// give their last answer. So an application's actor system keeps none
+  /// of them. These waits need a CAF worker: with a system of one worker,
+  /// do not stop or destroy a bot from inside an actor.
   ///
   /// Called from one of this bot's own handlers (a message handler, a
   /// scheduled task: an admin command that shuts the bot down), it would

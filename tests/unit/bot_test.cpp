@@ -371,8 +371,31 @@ TEST_CASE("a bot destroyed in an application's actor system leaves none "
         p->inject("chat-" + std::to_string(i), "hola");
       REQUIRE(p->wait_for_sent(200, 10s));
     }
+    CAPTURE(round);
     CHECK(sys.registry().running() == before);
   }
+}
+
+TEST_CASE("a normal exit sent to the router ends nothing, and the bot "
+          "still stops") {
+  auto p = make_provider();
+  std::atomic<int> handled{0};
+  auto b = std::make_unique<botmesh::bot>(botmesh::bot_options{.provider = p});
+  b->on_message([&](botmesh::context&) { ++handled; });
+  b->start();
+  p->inject("ana", "uno");
+  REQUIRE(test::eventually([&] { return handled.load() == 1; }));
+  // What an actor linked to the router sends when it ends normally. Before,
+  // the router passed it on to its chats (which ignore it) and waited for
+  // them for good: later messages were refused and the stop hung.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  caf::anon_send_exit(b->router(), caf::exit_reason::normal);
+#pragma GCC diagnostic pop
+  p->inject("ana", "dos");
+  CHECK(test::eventually([&] { return handled.load() == 2; }));
+  test::reset_or_abort(b, 30s, "the bot's destructor hangs after a normal "
+                               "exit sent to its router");
 }
 
 TEST_CASE("bot options are checked when the bot is created") {
