@@ -48,7 +48,10 @@ std::string_view to_string(journal_put p) noexcept;
 std::string_view to_string(outbox_verdict v) noexcept;
 
 /// The journal id of a platform message: `<chat key>#<platform id>` (the
-/// chat key already names the provider).
+/// chat key already names the provider). When either part holds a '#' or
+/// a backslash, both parts have each of these preceded by a backslash, so
+/// two different pairs never make one id (the built-in providers' ids hold
+/// neither: theirs keep the plain form).
 std::string journal_id(std::string_view chat_key, std::string_view message_id);
 
 /// The storage of durable processing: the inbound journal (every message

@@ -398,6 +398,33 @@ TEST_CASE("a normal exit sent to the router ends nothing, and the bot "
                                "exit sent to its router");
 }
 
+TEST_CASE("two messages whose chat and id join alike are both handled, not "
+          "one taken for the other's duplicate") {
+  auto p = make_provider();
+  std::atomic<int> handled{0};
+  botmesh::bot b{{.provider = p}};
+  b.on_message([&](botmesh::context&) { ++handled; });
+  b.start();
+  // A custom provider's chat ids and message ids may hold the separator:
+  // "a#b" + "c" and "a" + "b#c" joined as one journal id before.
+  botmesh::inbound_message m1;
+  m1.chat = "a#b";
+  m1.id = "c";
+  m1.text = "uno";
+  botmesh::inbound_message m2;
+  m2.chat = "a";
+  m2.id = "b#c";
+  m2.text = "dos";
+  p->inject(m1);
+  p->inject(m2);
+  CHECK(test::eventually([&] { return handled.load() == 2; }));
+  CHECK(b.stats().duplicates == 0);
+  p->inject(m2); // a true duplicate still is one
+  CHECK(test::eventually([&] { return b.stats().duplicates == 1; }));
+  CHECK(handled.load() == 2);
+  b.stop();
+}
+
 TEST_CASE("bot options are checked when the bot is created") {
   try {
     botmesh::bot b{botmesh::bot_options{}};

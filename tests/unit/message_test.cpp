@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <set>
+
 #include <cmath>
 
 #include <caf/binary_deserializer.hpp>
@@ -447,4 +449,14 @@ TEST_CASE("join puts the separator between the parts, empty ones too") {
   CHECK(botmesh::journal_id("test:ana", delivery_id(m)) == "test:ana#m1");
   m.edit_id = "731";
   CHECK(botmesh::journal_id("test:ana", delivery_id(m)) == "test:ana#m1~731");
+  // Parts that hold the separator (a custom provider's) are escaped: two
+  // pairs never make one id, and a plain id is never an escaped one.
+  CHECK(botmesh::journal_id("x:a#b", "c") == "x:a\\#b#c");
+  CHECK(botmesh::journal_id("x:a", "b#c") == "x:a#b\\#c");
+  CHECK(botmesh::journal_id("x:a\\", "#c") == "x:a\\\\#\\#c");
+  CHECK(botmesh::journal_id("x:a\\#", "c") == "x:a\\\\\\##c");
+  std::set<std::string> ids;
+  for (auto key : {"x:a#b", "x:a", "x:a#", "x:a\\", "x:a\\#"})
+    for (auto id : {"c", "b#c", "#c", "\\#c", "b\\#c", "c\\"})
+      CHECK(ids.insert(botmesh::journal_id(key, id)).second);
 }
