@@ -68,6 +68,37 @@ class delivering {
 
 thread_local const void* delivering::current_ = nullptr;
 
+// While a bot reports an acceptance to its provider on this thread: the
+// events it accepts meanwhile (handed over from that report) wait here, to
+// be sent after the one being reported.
+class accepting_scope {
+ public:
+  accepting_scope(const void* bot, std::vector<event_ptr>& after)
+    : previous_bot_(bot_), previous_(after_) {
+    bot_ = bot;
+    after_ = &after;
+  }
+  ~accepting_scope() {
+    bot_ = previous_bot_;
+    after_ = previous_;
+  }
+  accepting_scope(const accepting_scope&) = delete;
+  accepting_scope& operator=(const accepting_scope&) = delete;
+
+  static std::vector<event_ptr>* of(const void* bot) {
+    return bot_ == bot ? after_ : nullptr;
+  }
+
+ private:
+  static thread_local const void* bot_;
+  static thread_local std::vector<event_ptr>* after_;
+  const void* previous_bot_;
+  std::vector<event_ptr>* previous_;
+};
+
+thread_local const void* accepting_scope::bot_ = nullptr;
+thread_local std::vector<event_ptr>* accepting_scope::after_ = nullptr;
+
 struct route {
   enum kind_t { any, keywords, regex, command, filtered } kind;
   std::vector<std::string> words; // the keywords, or the command's name
@@ -911,17 +942,42 @@ struct bot::impl final : chat_services,
 
   // Counts an accepted event and hands it to the router. The turn-end
   // notice travels with it, through the chat actor to the end of its turn.
+  // The provider hears of the acceptance before the turn can start (a reply
+  // in a webhook's answer is held from then on). A message the provider
+  // hands over from that very report (a WhatsApp POST's next message of
+  // the chat), and accepted at once on this thread, is sent after this
+  // one: sent at its own acceptance, it would overtake it.
   void accept(event_ptr box, delivery_callbacks& cb) {
     ++received;
     auto& ev = box->ev;
     if (auto* note = internal::receipt_of(cb))
       note->id = ev.message.id; // stamped when it came without one
-    if (cb.accepted)
-      cb.accepted(errc::none);
     enqueued(ev);
     ev.on_end = std::move(cb.turn_ended);
+    if (auto* outer = accepting_scope::of(this)) {
+      outer->push_back(std::move(box));
+      if (cb.accepted)
+        cb.accepted(errc::none);
+      return;
+    }
+    std::vector<event_ptr> after;
+    {
+      accepting_scope scope{this, after};
+      if (cb.accepted) {
+        try {
+          cb.accepted(errc::none);
+        } catch (...) {
+          // (The event is accepted all the same: its record is written.)
+          log::error("bot", fmt::format("an acceptance report threw: {}",
+                                        internal::what_of(std::current_exception())),
+                     {.bot = opts.bot_id});
+        }
+      }
+    }
     // The whole event: its queue time travels with it too.
     caf::anon_send(router_handle, std::move(box));
+    for (auto& b : after)
+      caf::anon_send(router_handle, std::move(b));
   }
 
   void duplicate(delivery_callbacks cb) override {

@@ -209,50 +209,162 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     // one over fails, the ones after it were never remembered and Meta's
     // retry brings them again.
     auto answer = std::make_shared<payload_answer>(std::move(r));
-    auto self = shared_from_this();
-    for (std::size_t i = 0; i < p.messages.size(); ++i) {
-      auto& msg = p.messages[i];
-      auto id = botmesh::internal::delivery_id(msg);
-      if (!admit(id, answer)) {
-        ++n_duplicates;
-        continue;
+    // A chat's messages of this POST are handed over one after the other,
+    // each once the one before was accepted: one refused for a retry (its
+    // journal write failed) must not let the next one run first. The ones
+    // after it are forgotten with it, and Meta's retry brings them again,
+    // in order.
+    std::unordered_map<std::string, std::shared_ptr<chat_chain>> chains;
+    try {
+      for (std::size_t i = 0; i < p.messages.size(); ++i) {
+        auto& msg = p.messages[i];
+        auto id = botmesh::internal::delivery_id(msg);
+        if (!admit(id, answer)) {
+          ++n_duplicates;
+          continue;
+        }
+        // The chat names the number it came to unless that is the
+        // configured one: any replica, at any later time, replies from the
+        // right number.
+        if (auto& phone = p.phone_number_ids[i];
+            !phone.empty() && phone != opts.phone_number_id) {
+          msg.chat += '@';
+          msg.chat += phone;
+        }
+        ++n_messages;
+        ++answer->pending;
+        auto& chain = chains[msg.chat];
+        if (!chain)
+          chain = std::make_shared<chat_chain>();
+        {
+          std::lock_guard guard{chain->mtx};
+          if (chain->failed) { // (an earlier one was refused at once)
+            forget(id, *answer);
+            continue;
+          }
+          if (chain->busy) {
+            chain->queued.push_back({std::move(msg), std::move(id)});
+            continue;
+          }
+          chain->busy = true;
+        }
+        hand_over(*h.get(), chain, std::move(msg), std::move(id), answer);
       }
-      // The chat names the number it came to unless that is the configured
-      // one: any replica, at any later time, replies from the right number.
-      if (auto& phone = p.phone_number_ids[i];
-          !phone.empty() && phone != opts.phone_number_id) {
-        msg.chat += '@';
-        msg.chat += phone;
-      }
-      ++n_messages;
-      ++answer->pending;
-      auto reported = std::make_shared<std::atomic<bool>>(false);
-      delivery_callbacks cb;
-      cb.accepted = [self, answer, reported, id](errc code) {
-        if (reported->exchange(true))
-          return;
-        bool again = code != errc::none && retry_later(code);
-        if (code == errc::none)
-          ++self->n_accepted;
-        self->decided(id, again);
-        if (again)
-          answer->retry = true;
-        answer->one_done();
-      };
-      try {
-        h->deliver(std::move(msg), std::move(cb));
-      } catch (...) {
-        // Not handed over: forgotten, and the answer asks for the retry
-        // once the ones handed over are done.
-        answer->retry = true;
-        decided(id, true);
-        if (!reported->exchange(true))
-          answer->one_done();
-        answer->one_done(); // the POST's own part
-        throw;
-      }
+    } catch (...) {
+      // Not handed over: the one that threw is forgotten (hand_over), the
+      // rest of the POST was never remembered. The answer asks for the
+      // retry once the ones handed over are done.
+      answer->retry = true;
+      answer->one_done(); // the POST's own part
+      throw;
     }
     answer->one_done(); // the POST's own part
+  }
+
+  // Messages of one chat within one POST, handed over in order.
+  struct queued_message {
+    inbound_message msg;
+    std::string id;
+  };
+  struct chat_chain {
+    std::mutex mtx;
+    bool busy = false;   // one is being handed over or awaits acceptance
+    bool failed = false; // one was refused for a retry: the rest is forgotten
+    std::deque<queued_message> queued;
+  };
+
+  // Message `id` is not taken: forgotten (Meta's retry brings it again) and
+  // its part of the answer done, which asks for that retry.
+  void forget(const std::string& id, payload_answer& answer) {
+    answer.retry = true;
+    decided(id, true);
+    answer.one_done();
+  }
+
+  // Hands `msg` over; once it is accepted, the chat's next message of the
+  // POST follows (on the thread that accepted it, with a use of the host
+  // of its own). Throws what `deliver` throws on the caller's thread; a
+  // later one is caught, as a refusal for a retry.
+  void hand_over(provider_host& host, std::shared_ptr<chat_chain> chain,
+                 inbound_message msg, std::string id,
+                 std::shared_ptr<payload_answer> answer) {
+    auto reported = std::make_shared<std::atomic<bool>>(false);
+    delivery_callbacks cb;
+    cb.accepted = [self = shared_from_this(), chain, answer, reported,
+                   id](errc code) {
+      if (reported->exchange(true))
+        return;
+      bool again = code != errc::none && retry_later(code);
+      if (code == errc::none)
+        ++self->n_accepted;
+      self->decided(id, again);
+      if (again)
+        answer->retry = true;
+      self->next_of(chain, again, answer);
+      answer->one_done();
+    };
+    try {
+      host.deliver(std::move(msg), std::move(cb));
+    } catch (...) {
+      if (!reported->exchange(true)) {
+        decided(id, true);
+        answer->retry = true;
+        {
+          std::lock_guard guard{chain->mtx};
+          chain->failed = true;
+        }
+        next_of(chain, true, answer);
+        answer->one_done();
+      }
+      throw;
+    }
+  }
+
+  // The chat's message before was decided (`failed`: refused for a retry,
+  // or not handed over): the next one goes, or, after a failure, every one
+  // left is forgotten.
+  void next_of(const std::shared_ptr<chat_chain>& chain, bool failed,
+               const std::shared_ptr<payload_answer>& answer) {
+    for (;;) {
+      std::optional<queued_message> next;
+      std::deque<queued_message> dropped;
+      {
+        std::lock_guard guard{chain->mtx};
+        if (failed)
+          chain->failed = true;
+        if (chain->failed) {
+          dropped.swap(chain->queued);
+          chain->busy = false;
+        } else if (chain->queued.empty()) {
+          chain->busy = false;
+        } else {
+          next = std::move(chain->queued.front());
+          chain->queued.pop_front();
+        }
+      }
+      for (auto& q : dropped)
+        forget(q.id, *answer);
+      if (!next)
+        return;
+      botmesh::internal::host_slot::use h{hosts};
+      if (!h) { // stopped meanwhile
+        forget(next->id, *answer);
+        failed = true;
+        continue;
+      }
+      try {
+        hand_over(*h.get(), chain, std::move(next->msg), next->id, answer);
+        return;
+      } catch (const std::exception& e) {
+        // (hand_over decided it and went on with the rest.)
+        log::error(opts.id, fmt::format("{}: handing message {} over failed: "
+                                        "{} (Meta's retry brings it again)",
+                                        opts.id, next->id, e.what()));
+        return;
+      } catch (...) {
+        return;
+      }
+    }
   }
 
   std::string url_for(const outgoing_message& msg) {

@@ -24,6 +24,7 @@ class gated_backend final : public botmesh::durable_backend {
   std::vector<std::function<void()>> held;
   bool gate_open = false;
   std::atomic<bool> fail_records{false};
+  std::atomic<int> fail_next_records{0}; // this many journal writes fail
   std::atomic<bool> lose_record_replies{false}; // the write lands, its reply is lost
   std::atomic<bool> fail_beats{false}; // the heartbeat is not renewed
   std::atomic<int> fail_settles{0}; // this many confirms/releases fail, unrun
@@ -62,7 +63,7 @@ class gated_backend final : public botmesh::durable_backend {
                   std::make_exception_ptr(botmesh::error(
                     botmesh::errc::timeout, "simulated lost reply")));
     }
-    if (fail_records)
+    if (fail_records || take(fail_next_records))
       return done(botmesh::journal_put::duplicate,
                   std::make_exception_ptr(botmesh::error(
                     botmesh::errc::store_error, "simulated journal failure")));

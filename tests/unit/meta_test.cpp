@@ -694,6 +694,103 @@ TEST_CASE("when handing over one message of a WhatsApp payload fails, it and "
   CHECK(p->stats().duplicates == 1); // w1, on the retry
 }
 
+TEST_CASE("a WhatsApp POST hands a chat's messages over one after the "
+          "other: one refused for a retry holds back the next, not other "
+          "chats") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  holding_host host;
+  p->start(host);
+  signed_poster post{p->server().url() + "/whatsapp"};
+  auto body = wa_payload("[" + wa_text("w1", "346", "uno") + ","
+                         + wa_text("w2", "346", "dos") + ","
+                         + wa_text("w3", "347", "otro chat") + "]");
+  auto first = std::async(std::launch::async, [&] { return post.post(body).status; });
+  REQUIRE(test::eventually([&] { return host.delivered() == 2; }));
+  {
+    std::lock_guard guard{host.mtx};
+    // w2 waits for w1's acceptance; the other chat's w3 does not.
+    CHECK(host.ids == std::vector<std::string>{"w1", "w3"});
+  }
+  // w1's journal write failed: w2 must not run before Meta's retry of w1,
+  // so it is not handed over, and that retry brings it again.
+  host.accept(0, botmesh::errc::store_error);
+  host.accept(1, botmesh::errc::none);
+  CHECK(first.get() == 503);
+  CHECK(host.delivered() == 2);
+  signed_poster again{p->server().url() + "/whatsapp"};
+  auto second = std::async(std::launch::async, [&] { return again.post(body).status; });
+  REQUIRE(test::eventually([&] { return host.delivered() == 3; }));
+  host.accept(2, botmesh::errc::none);
+  REQUIRE(test::eventually([&] { return host.delivered() == 4; }));
+  host.accept(3, botmesh::errc::none);
+  CHECK(second.get() == 200);
+  {
+    std::lock_guard guard{host.mtx};
+    CHECK(host.ids == std::vector<std::string>{"w1", "w3", "w1", "w2"});
+  }
+  CHECK(p->stats().duplicates == 1); // w3, on the retry
+  p->stop();
+}
+
+TEST_CASE("with durability a WhatsApp chat's message whose journal write "
+          "failed still runs before the next one of its POST") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  backend->fail_next_records = 1; // w1's write fails, w2's would land
+  botmesh::bot bot{{.provider = p, .durability = test::durable_over(backend)}};
+  std::mutex mtx;
+  std::vector<std::string> texts;
+  bot.on_message([&](botmesh::context& c) {
+    std::lock_guard guard{mtx};
+    texts.push_back(c.text());
+  });
+  bot.start();
+  signed_poster post{p->server().url() + "/whatsapp"};
+  auto body = wa_payload("[" + wa_text("w1", "346", "uno") + ","
+                         + wa_text("w2", "346", "dos") + "]");
+  CHECK(post.post(body).status == 503);
+  CHECK(post.post(body).status == 200); // Meta's retry
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
+  bot.stop();
+  // Before, w2 was journaled and ran at once; w1 came after it.
+  CHECK(texts == std::vector<std::string>{"uno", "dos"});
+  CHECK(p->stats().duplicates == 0);
+}
+
+TEST_CASE("with durability a WhatsApp chat's next message of a POST, handed "
+          "over once the one before was accepted, runs after it") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  auto backend = std::make_shared<test::gated_backend>(); // writes wait
+  botmesh::bot bot{{.provider = p, .durability = test::durable_over(backend)}};
+  std::mutex mtx;
+  std::vector<std::string> texts;
+  bot.on_message([&](botmesh::context& c) {
+    std::lock_guard guard{mtx};
+    texts.push_back(c.text());
+  });
+  bot.start();
+  signed_poster post{p->server().url() + "/whatsapp"};
+  auto body = wa_payload("[" + wa_text("w1", "346", "uno") + ","
+                         + wa_text("w2", "346", "dos") + "]");
+  auto answer = std::async(std::launch::async, [&] { return post.post(body).status; });
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{backend->mtx};
+    return backend->held.size() == 1; // w1's write; w2 waits for it
+  }));
+  // w1's write lands here; its acceptance hands w2 over, whose write now
+  // lands at once. Before, the acceptance came before w1 was on its way
+  // to its chat, and w2 overtook it.
+  backend->open();
+  CHECK(answer.get() == 200);
+  REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
+  bot.stop();
+  CHECK(texts == std::vector<std::string>{"uno", "dos"});
+}
+
 TEST_CASE("a WhatsApp provider stopped and started again (a leadership lost "
           "and won back) listens again, on the same port") {
   auto api = fake_graph();
@@ -736,10 +833,13 @@ TEST_CASE("a WhatsApp payload of 2 MiB (Meta sends up to 3 MB) is taken "
   auto body = wa_payload("[" + texts + "]");
   REQUIRE(body.size() > 2 * 1024 * 1024);
   auto answer = std::async(std::launch::async, [&] { return post.post(body).status; });
-  REQUIRE(test::eventually([&] { return host.delivered() == 512; }));
-  for (std::size_t i = 0; i < 512; ++i)
+  // One chat's: each is handed over once the one before was accepted.
+  for (std::size_t i = 0; i < 512; ++i) {
+    REQUIRE(test::eventually([&] { return host.delivered() == i + 1; }));
     host.accept(i, botmesh::errc::none);
+  }
   CHECK(answer.get() == 200);
+  CHECK(host.delivered() == 512);
   p->stop();
 }
 
