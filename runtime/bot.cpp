@@ -870,6 +870,11 @@ struct bot::impl final : chat_services,
       if (note) {
         raise_from_actor(code, why, std::move(key), std::move(msg));
         note->why = why; // the bot's actor answers with it
+      } else if (accepting_scope::of(this)) {
+        // Handed over from an acceptance report, which runs on a journal
+        // backend's thread: no listener (user code, which may block) runs
+        // there.
+        raise_later(code, why, std::move(key), std::move(msg));
       } else {
         raise(code, why, std::move(key), std::move(msg));
       }
@@ -956,23 +961,13 @@ struct bot::impl final : chat_services,
     ev.on_end = std::move(cb.turn_ended);
     if (auto* outer = accepting_scope::of(this)) {
       outer->push_back(std::move(box));
-      if (cb.accepted)
-        cb.accepted(errc::none);
+      report_acceptance(cb, errc::none);
       return;
     }
     std::vector<event_ptr> after;
     {
       accepting_scope scope{this, after};
-      if (cb.accepted) {
-        try {
-          cb.accepted(errc::none);
-        } catch (...) {
-          // (The event is accepted all the same: its record is written.)
-          log::error("bot", fmt::format("an acceptance report threw: {}",
-                                        internal::what_of(std::current_exception())),
-                     {.bot = opts.bot_id});
-        }
-      }
+      report_acceptance(cb, errc::none);
     }
     // The whole event: its queue time travels with it too.
     caf::anon_send(router_handle, std::move(box));
@@ -980,12 +975,35 @@ struct bot::impl final : chat_services,
       caf::anon_send(router_handle, std::move(b));
   }
 
+  // Tells the provider. What it throws is logged: the caller (a journal
+  // write's completion) must go on, and the event is accepted all the same.
+  void report_acceptance(delivery_callbacks& cb, errc code) noexcept {
+    if (!cb.accepted)
+      return;
+    try {
+      cb.accepted(code);
+    } catch (...) {
+      log::error("bot", fmt::format("an acceptance report threw: {}",
+                                    internal::what_of(std::current_exception())),
+                 {.bot = opts.bot_id});
+    }
+  }
+
   void duplicate(delivery_callbacks cb) override {
     ++duplicates;
     if (auto* note = internal::receipt_of(cb))
       note->duplicate = true;
-    if (cb.accepted)
-      cb.accepted(errc::none);
+    if (cb.accepted) {
+      // (A scope too: what the provider hands over from this report is
+      // known to come from one, see intake's refuse.)
+      std::vector<event_ptr> after;
+      {
+        accepting_scope scope{this, after};
+        report_acceptance(cb, errc::none);
+      }
+      for (auto& b : after)
+        caf::anon_send(router_handle, std::move(b));
+    }
     if (cb.turn_ended)
       cb.turn_ended(turn_outcome::duplicate);
   }

@@ -82,16 +82,16 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   // waits for the original when that is still pending (counted first: the
   // original may be decided at once, and the POST's own part keeps the
   // count above zero meanwhile).
-  bool admit(const std::string& id,
-             const std::shared_ptr<payload_answer>& answer) {
+  ids_t::admission admit(const std::string& id,
+                         const std::shared_ptr<payload_answer>& answer) {
     if (id.empty())
-      return true;
+      return ids_t::admission::fresh;
     ++answer->pending;
     auto w = answer;
     auto a = seen.admit(id, w);
     if (a != ids_t::admission::parked)
       --answer->pending;
-    return a == ids_t::admission::fresh;
+    return a;
   }
 
   // Message `id`'s acceptance is known: the answers waiting for it get its
@@ -215,48 +215,60 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     // after it are forgotten with it, and Meta's retry brings them again,
     // in order.
     std::unordered_map<std::string, std::shared_ptr<chat_chain>> chains;
-    try {
-      for (std::size_t i = 0; i < p.messages.size(); ++i) {
-        auto& msg = p.messages[i];
-        auto id = botmesh::internal::delivery_id(msg);
-        if (!admit(id, answer)) {
-          ++n_duplicates;
+    for (std::size_t i = 0; i < p.messages.size(); ++i) {
+      auto& msg = p.messages[i];
+      // The chat names the number it came to unless that is the
+      // configured one: any replica, at any later time, replies from the
+      // right number.
+      if (auto& phone = p.phone_number_ids[i];
+          !phone.empty() && phone != opts.phone_number_id) {
+        msg.chat += '@';
+        msg.chat += phone;
+      }
+      auto& chain = chains[msg.chat];
+      if (!chain)
+        chain = std::make_shared<chat_chain>();
+      auto id = botmesh::internal::delivery_id(msg);
+      auto a = admit(id, answer);
+      if (a != ids_t::admission::fresh) {
+        ++n_duplicates;
+        // Still pending from an earlier POST (whose answer Meta gave up
+        // on): the chat's later messages here must not run before it.
+        // They are forgotten, and this POST's retry brings them again.
+        if (a == ids_t::admission::parked) {
+          std::lock_guard guard{chain->mtx};
+          chain->failed = true;
+        }
+        continue;
+      }
+      ++n_messages;
+      ++answer->pending;
+      {
+        std::lock_guard guard{chain->mtx};
+        if (chain->failed) { // (one before was refused, or is pending)
+          forget(id, *answer);
           continue;
         }
-        // The chat names the number it came to unless that is the
-        // configured one: any replica, at any later time, replies from the
-        // right number.
-        if (auto& phone = p.phone_number_ids[i];
-            !phone.empty() && phone != opts.phone_number_id) {
-          msg.chat += '@';
-          msg.chat += phone;
+        if (chain->busy) {
+          chain->queued.push_back({std::move(msg), std::move(id)});
+          continue;
         }
-        ++n_messages;
-        ++answer->pending;
-        auto& chain = chains[msg.chat];
-        if (!chain)
-          chain = std::make_shared<chat_chain>();
-        {
-          std::lock_guard guard{chain->mtx};
-          if (chain->failed) { // (an earlier one was refused at once)
-            forget(id, *answer);
-            continue;
-          }
-          if (chain->busy) {
-            chain->queued.push_back({std::move(msg), std::move(id)});
-            continue;
-          }
-          chain->busy = true;
-        }
-        hand_over(*h.get(), chain, std::move(msg), std::move(id), answer);
+        chain->busy = true;
       }
-    } catch (...) {
-      // Not handed over: the one that threw is forgotten (hand_over), the
-      // rest of the POST was never remembered. The answer asks for the
-      // retry once the ones handed over are done.
-      answer->retry = true;
-      answer->one_done(); // the POST's own part
-      throw;
+      try {
+        hand_over(*h.get(), chain, std::move(msg), id, answer);
+      } catch (const std::exception& e) {
+        // (hand_over forgot it and the rest of its chat.) Answered 503 once
+        // the others are decided: an answer now would have Meta retry
+        // while this POST's other messages are still pending.
+        log::error(opts.id, fmt::format("{}: handing message {} over failed: "
+                                        "{} (Meta's retry brings it again)",
+                                        opts.id, id, e.what()));
+      } catch (...) {
+        log::error(opts.id, fmt::format("{}: handing message {} over failed "
+                                        "(Meta's retry brings it again)",
+                                        opts.id, id));
+      }
     }
     answer->one_done(); // the POST's own part
   }

@@ -733,6 +733,41 @@ TEST_CASE("a WhatsApp POST hands a chat's messages over one after the "
   p->stop();
 }
 
+TEST_CASE("a WhatsApp retry whose earlier message is still pending holds "
+          "back that chat's later messages") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  holding_host host;
+  p->start(host);
+  auto url = p->server().url() + "/whatsapp";
+  signed_poster post1{url}, post2{url}, post3{url};
+  auto only_a1 = wa_payload("[" + wa_text("a1", "346", "uno") + "]");
+  auto both = wa_payload("[" + wa_text("a1", "346", "uno") + ","
+                         + wa_text("a2", "346", "dos") + "]");
+  auto first = std::async(std::launch::async, [&] { return post1.post(only_a1).status; });
+  REQUIRE(test::eventually([&] { return host.delivered() == 1; }));
+  // Meta gave up on the first POST's answer and sends a batch with a1 (still
+  // pending) and a2: a2 must not be handed over before a1 is decided.
+  auto second = std::async(std::launch::async, [&] { return post2.post(both).status; });
+  REQUIRE(test::eventually([&] { return p->stats().duplicates == 1; }));
+  CHECK(second.wait_for(200ms) == std::future_status::timeout);
+  CHECK(host.delivered() == 1);
+  host.accept(0, botmesh::errc::store_error); // a1's journal write failed
+  CHECK(first.get() == 503);
+  CHECK(second.get() == 503);
+  auto third = std::async(std::launch::async, [&] { return post3.post(both).status; });
+  REQUIRE(test::eventually([&] { return host.delivered() == 2; }));
+  host.accept(1, botmesh::errc::none);
+  REQUIRE(test::eventually([&] { return host.delivered() == 3; }));
+  host.accept(2, botmesh::errc::none);
+  CHECK(third.get() == 200);
+  {
+    std::lock_guard guard{host.mtx};
+    CHECK(host.ids == std::vector<std::string>{"a1", "a1", "a2"});
+  }
+  p->stop();
+}
+
 TEST_CASE("with durability a WhatsApp chat's message whose journal write "
           "failed still runs before the next one of its POST") {
   auto api = fake_graph();
