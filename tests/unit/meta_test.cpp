@@ -768,6 +768,33 @@ TEST_CASE("a WhatsApp retry whose earlier message is still pending holds "
   p->stop();
 }
 
+namespace {
+
+// A started durable bot on `p` and `backend` that keeps its messages' texts.
+struct durable_texts_bot {
+  botmesh::bot bot;
+  std::mutex mtx;
+  std::vector<std::string> seen;
+
+  durable_texts_bot(std::shared_ptr<meta::webhook_provider> p,
+                    std::shared_ptr<test::gated_backend> backend)
+    : bot{{.provider = std::move(p),
+           .durability = test::durable_over(std::move(backend))}} {
+    bot.on_message([this](botmesh::context& c) {
+      std::lock_guard guard{mtx};
+      seen.push_back(c.text());
+    });
+    bot.start();
+  }
+
+  std::vector<std::string> texts() {
+    std::lock_guard guard{mtx};
+    return seen;
+  }
+};
+
+} // namespace
+
 TEST_CASE("with durability a WhatsApp chat's message whose journal write "
           "failed still runs before the next one of its POST") {
   auto api = fake_graph();
@@ -775,14 +802,8 @@ TEST_CASE("with durability a WhatsApp chat's message whose journal write "
   auto backend = std::make_shared<test::gated_backend>();
   backend->open();
   backend->fail_next_records = 1; // w1's write fails, w2's would land
-  botmesh::bot bot{{.provider = p, .durability = test::durable_over(backend)}};
-  std::mutex mtx;
-  std::vector<std::string> texts;
-  bot.on_message([&](botmesh::context& c) {
-    std::lock_guard guard{mtx};
-    texts.push_back(c.text());
-  });
-  bot.start();
+  durable_texts_bot b{p, backend};
+  auto& bot = b.bot;
   signed_poster post{p->server().url() + "/whatsapp"};
   auto body = wa_payload("[" + wa_text("w1", "346", "uno") + ","
                          + wa_text("w2", "346", "dos") + "]");
@@ -791,7 +812,7 @@ TEST_CASE("with durability a WhatsApp chat's message whose journal write "
   REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
   bot.stop();
   // Before, w2 was journaled and ran at once; w1 came after it.
-  CHECK(texts == std::vector<std::string>{"uno", "dos"});
+  CHECK(b.texts() == std::vector<std::string>{"uno", "dos"});
   CHECK(p->stats().duplicates == 0);
 }
 
@@ -800,14 +821,8 @@ TEST_CASE("with durability a WhatsApp chat's next message of a POST, handed "
   auto api = fake_graph();
   auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
   auto backend = std::make_shared<test::gated_backend>(); // writes wait
-  botmesh::bot bot{{.provider = p, .durability = test::durable_over(backend)}};
-  std::mutex mtx;
-  std::vector<std::string> texts;
-  bot.on_message([&](botmesh::context& c) {
-    std::lock_guard guard{mtx};
-    texts.push_back(c.text());
-  });
-  bot.start();
+  durable_texts_bot b{p, backend};
+  auto& bot = b.bot;
   signed_poster post{p->server().url() + "/whatsapp"};
   auto body = wa_payload("[" + wa_text("w1", "346", "uno") + ","
                          + wa_text("w2", "346", "dos") + "]");
@@ -823,7 +838,7 @@ TEST_CASE("with durability a WhatsApp chat's next message of a POST, handed "
   CHECK(answer.get() == 200);
   REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
   bot.stop();
-  CHECK(texts == std::vector<std::string>{"uno", "dos"});
+  CHECK(b.texts() == std::vector<std::string>{"uno", "dos"});
 }
 
 TEST_CASE("a WhatsApp provider stopped and started again (a leadership lost "
