@@ -993,7 +993,11 @@ struct bot::impl final : chat_services,
     ++duplicates;
     if (auto* note = internal::receipt_of(cb))
       note->duplicate = true;
-    if (cb.accepted) {
+    if (cb.accepted && accepting_scope::of(this)) {
+      // Within another acceptance report on this thread: what the provider
+      // hands over from this one waits with that report's events.
+      report_acceptance(cb, errc::none);
+    } else if (cb.accepted) {
       // (A scope too: what the provider hands over from this report is
       // known to come from one, see intake's refuse.)
       std::vector<event_ptr> after;

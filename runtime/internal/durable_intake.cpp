@@ -8,6 +8,8 @@
 
 #include <botmesh/runtime/bot.hpp>
 #include <botmesh/runtime/core/internal/delivery_id.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
+#include <botmesh/runtime/core/log.hpp>
 
 namespace botmesh::internal {
 
@@ -163,8 +165,19 @@ void durable_intake::journal(std::string key, inbound_message msg,
           } catch (...) {
             // store_error
           }
-          if (cb.accepted)
-            cb.accepted(code);
+          if (cb.accepted) {
+            // Guarded: what follows (and finished()) must run, or stop()
+            // would wait for this operation for good.
+            try {
+              cb.accepted(code);
+            } catch (...) {
+              log::error("durable",
+                         fmt::format("chat {}: reporting message {}'s refusal "
+                                     "to its provider threw: {}",
+                                     key, msg.id,
+                                     internal::what_of(std::current_exception())));
+            }
+          }
           // The write may have landed with its reply lost (a timeout, a
           // dropped connection), leaving a record held here that nothing
           // handles while the platform's retry is dropped as a duplicate.

@@ -42,6 +42,11 @@ class gated_backend final : public botmesh::durable_backend {
                                            // their replies lost
   std::atomic<bool> fail_held{false}; // held writes fail when the gate opens
 
+  void close() { // later writes wait again
+    std::lock_guard guard{mtx};
+    gate_open = false;
+  }
+
   void open() {
     std::vector<std::function<void()>> run;
     {

@@ -841,6 +841,40 @@ TEST_CASE("with durability a WhatsApp chat's next message of a POST, handed "
   CHECK(b.texts() == std::vector<std::string>{"uno", "dos"});
 }
 
+TEST_CASE("with durability a WhatsApp chat's message found a duplicate by the "
+          "journal does not let the next one overtake the one before") {
+  auto api = fake_graph();
+  auto o = wa_options(*api);
+  o.dedup_window = 1; // the provider forgets b1 after one more id
+  auto p = std::make_shared<meta::webhook_provider>(o);
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  durable_texts_bot b{p, backend};
+  signed_poster post{p->server().url() + "/whatsapp"};
+  CHECK(post.post(wa_payload("[" + wa_text("b1", "346", "antes") + "]")).status
+        == 200);
+  CHECK(post.post(wa_payload("[" + wa_text("x1", "999", "otro") + "]")).status
+        == 200);
+  REQUIRE(test::eventually([&] { return b.bot.stats().handled == 2; }));
+  backend->close(); // a1's write waits; b1 and c1 wait for it
+  auto body = wa_payload("[" + wa_text("a1", "346", "uno") + ","
+                         + wa_text("b1", "346", "antes") + ","
+                         + wa_text("c1", "346", "dos") + "]");
+  auto answer = std::async(std::launch::async, [&] { return post.post(body).status; });
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{backend->mtx};
+    return backend->held.size() == 1;
+  }));
+  // a1 lands; its acceptance hands b1 over, a duplicate for the journal,
+  // whose acceptance hands c1 over, which lands at once. Before, c1 went
+  // to its chat when b1's report ended, ahead of a1.
+  backend->open();
+  CHECK(answer.get() == 200);
+  REQUIRE(test::eventually([&] { return b.bot.stats().handled == 4; }));
+  b.bot.stop();
+  CHECK(b.texts() == std::vector<std::string>{"antes", "otro", "uno", "dos"});
+}
+
 TEST_CASE("a WhatsApp provider stopped and started again (a leadership lost "
           "and won back) listens again, on the same port") {
   auto api = fake_graph();
