@@ -270,8 +270,13 @@ TEST_CASE("an update that does not parse is skipped, logged and counted, "
   REQUIRE(test::eventually([&] { return t.bot->stats().handled == 2; }));
   // An item without a readable id later on (read as id 0) is no restart
   // of Telegram's ids: the offset goes on from where it was.
-  t.feed.push_raw(14, R"({"message":{"message_id":2}})");
-  t.feed.push(15, 42, "luego");
+  // Both in one answer: pushed apart, a poll between them sees the item
+  // alone, and it is counted once per answer that brings it.
+  {
+    std::lock_guard guard{t.feed.mtx};
+    t.feed.updates.emplace_back(14, R"({"message":{"message_id":2}})");
+    t.feed.updates.emplace_back(15, test::tg_text_update(15, 42, "luego"));
+  }
   REQUIRE(test::eventually([&] { return t.p->stats().offset == 16; }));
   REQUIRE(test::eventually([&] { return t.bot->stats().handled == 3; }));
   t.bot->stop();
