@@ -282,8 +282,16 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
   self->set_down_handler([=](caf::down_msg& down) {
     auto& st = self->state;
     if (st.leaving.erase(down.source) > 0) {
-      if (st.closing && st.leaving.empty())
-        self->quit(*st.closing);
+      if (st.leaving.empty()) {
+        if (st.closing) {
+          self->quit(*st.closing);
+          return;
+        }
+        // Its buckets stay when it empties: after a wave of passivations
+        // they would cost every router a word per chat of that wave.
+        if (st.leaving.bucket_count() > 64)
+          std::unordered_set<caf::actor_addr>{}.swap(st.leaving);
+      }
       return;
     }
     auto i = ending_of(down.source);
