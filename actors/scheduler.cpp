@@ -5,6 +5,7 @@
 
 #include <botmesh/actors/scheduler.hpp>
 #include <botmesh/actors/internal/caf_logger.hpp>
+#include <botmesh/actors/internal/end_actors.hpp>
 
 #include <algorithm>
 #include <map>
@@ -175,19 +176,11 @@ struct scheduler::impl final : task_owner,
       // before the scheduler goes, so none is left behind in it. (The I/O
       // actor may first finish a store call in flight; a system of our own
       // waits for it the same way.)
-      caf::scoped_actor self{*sys};
-      for (auto& a : all) {
-        self->monitor(a);
-        self->send_exit(a, caf::exit_reason::user_shutdown);
-      }
-      for (std::size_t left = all.size(), rounds = 1; left > 0;) {
-        self->receive([&](caf::down_msg&) { --left; },
-                      caf::after(std::chrono::seconds(10)) >> [&] {
-                        eng->log(fmt::format("stopping: {} scheduler actors "
-                                             "have not ended for {} s",
-                                             left, 10 * rounds++));
-                      });
-      }
+      internal::end_and_wait(*sys, all, [this](std::size_t left, int seconds) {
+        eng->log(fmt::format("stopping: {} scheduler actors have not ended "
+                             "for {} s",
+                             left, seconds));
+      });
     }
     all.clear();
     timers = nullptr;

@@ -275,8 +275,7 @@ void run_claimed(task_actor* self, schedule_claim claim, time_point claimed_at,
                          t.stored_id, plan.slots.size(), skipped));
   st.ph = phase::running;
   st.next_renew = held_from + lease / 3;
-  st.held_until = holds_until(held_from, lease);
-  st.run->held_until.store(st.held_until.time_since_epoch().count());
+  claim_holds_until(st, holds_until(held_from, lease));
   arm_renewal(self);
   start_run(self);
 }

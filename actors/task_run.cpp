@@ -131,8 +131,7 @@ void renew(task_actor* self) {
         eng->log_failure(fmt::format("renewing the lease of {} failed: {}", id, failure));
         st.next_renew = std::min(now + eng->opts.tick.ms(), st.held_until);
       } else if (ok) {
-        st.held_until = holds_until(now, lease);
-        st.run->held_until.store(st.held_until.time_since_epoch().count());
+        claim_holds_until(st, holds_until(now, lease));
         st.next_renew = now + lease / 3;
       } else {
         eng->log(fmt::format("lease of {} (token {}) lost: its run is asked to "

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <botmesh/actors/internal/caf_logger.hpp>
+#include <botmesh/actors/internal/end_actors.hpp>
 #include <botmesh/actors/journal_actor.hpp>
 #include <botmesh/actors/lease_actor.hpp>
 #include <botmesh/actors/messages.hpp>
@@ -959,18 +960,27 @@ struct bot::impl final : chat_services,
       note->id = ev.message.id; // stamped when it came without one
     enqueued(ev);
     ev.on_end = std::move(cb.turn_ended);
+    // The whole event: its queue time travels with it too.
+    report_then_send(cb, std::move(box));
+  }
+
+  // Reports an acceptance (or a duplicate's, with no `box`), then sends
+  // `box` and what was accepted during the report, in that order. Inside
+  // another report on this thread, `box` waits with that one's events.
+  void report_then_send(delivery_callbacks& cb, event_ptr box) {
     if (auto* outer = accepting_scope::of(this)) {
-      outer->push_back(std::move(box));
+      if (box)
+        outer->push_back(std::move(box));
       report_acceptance(cb, errc::none);
       return;
     }
     std::vector<event_ptr> after;
-    {
+    if (cb.accepted) { // (nothing is handed over from no report)
       accepting_scope scope{this, after};
       report_acceptance(cb, errc::none);
     }
-    // The whole event: its queue time travels with it too.
-    caf::anon_send(router_handle, std::move(box));
+    if (box)
+      caf::anon_send(router_handle, std::move(box));
     for (auto& b : after)
       caf::anon_send(router_handle, std::move(b));
   }
@@ -993,21 +1003,7 @@ struct bot::impl final : chat_services,
     ++duplicates;
     if (auto* note = internal::receipt_of(cb))
       note->duplicate = true;
-    if (cb.accepted && accepting_scope::of(this)) {
-      // Within another acceptance report on this thread: what the provider
-      // hands over from this one waits with that report's events.
-      report_acceptance(cb, errc::none);
-    } else if (cb.accepted) {
-      // (A scope too: what the provider hands over from this report is
-      // known to come from one, see intake's refuse.)
-      std::vector<event_ptr> after;
-      {
-        accepting_scope scope{this, after};
-        report_acceptance(cb, errc::none);
-      }
-      for (auto& b : after)
-        caf::anon_send(router_handle, std::move(b));
-    }
+    report_then_send(cb, nullptr);
     if (cb.turn_ended)
       cb.turn_ended(turn_outcome::duplicate);
   }
@@ -1967,21 +1963,13 @@ void bot::impl::stop_provider() noexcept {
 void bot::impl::end_router() {
   if (!router_handle)
     return;
-  caf::scoped_actor self{*sys};
-  self->monitor(router_handle);
-  self->send_exit(router_handle, caf::exit_reason::user_shutdown);
-  for (int rounds = 1;; ++rounds) {
-    bool ended = false;
-    self->receive([&](caf::down_msg&) { ended = true; },
-                  caf::after(std::chrono::seconds(10)) >> [] {});
-    if (ended)
-      break;
+  internal::end_and_wait(*sys, {router_handle}, [this](std::size_t, int seconds) {
     log::warn("bot",
               fmt::format("stopping: the chat actors have not ended for {} s "
                           "(the bot goes once they have)",
-                          rounds * 10),
+                          seconds),
               {.bot = opts.bot_id});
-  }
+  });
 }
 
 void bot::impl::undo_start() {

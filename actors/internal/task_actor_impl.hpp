@@ -109,6 +109,13 @@ struct task_state {
 
 using task_actor = caf::stateful_actor<task_state>;
 
+// The running claim surely holds until `t` (a claim or renewal answered in
+// time): kept by the actor and published for the run's job.
+inline void claim_holds_until(task_state& st, time_point t) {
+  st.held_until = t;
+  st.run->held_until.store(t.time_since_epoch().count());
+}
+
 // Every change of task_state::lost_claims goes through here: the engine
 // counts the actors that have one.
 inline void set_lost(task_state& st,

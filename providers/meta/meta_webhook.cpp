@@ -16,6 +16,7 @@
 #include <botmesh/providers/meta/internal/payload.hpp>
 #include <botmesh/runtime/core/error.hpp>
 #include <botmesh/runtime/core/internal/delivery_id.hpp>
+#include <botmesh/runtime/core/internal/text.hpp>
 #include <botmesh/runtime/core/log.hpp>
 
 namespace botmesh::meta {
@@ -255,20 +256,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         }
         chain->busy = true;
       }
-      try {
-        hand_over(*h.get(), chain, std::move(msg), id, answer);
-      } catch (const std::exception& e) {
-        // (hand_over forgot it and the rest of its chat.) Answered 503 once
-        // the others are decided: an answer now would have Meta retry
-        // while this POST's other messages are still pending.
-        log::error(opts.id, fmt::format("{}: handing message {} over failed: "
-                                        "{} (Meta's retry brings it again)",
-                                        opts.id, id, e.what()));
-      } catch (...) {
-        log::error(opts.id, fmt::format("{}: handing message {} over failed "
-                                        "(Meta's retry brings it again)",
-                                        opts.id, id));
-      }
+      hand_over(*h.get(), chain, std::move(msg), std::move(id), answer);
     }
     answer->one_done(); // the POST's own part
   }
@@ -295,8 +283,10 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
 
   // Hands `msg` over; once it is accepted, the chat's next message of the
   // POST follows (on the thread that accepted it, with a use of the host
-  // of its own). Throws what `deliver` throws on the caller's thread; a
-  // later one is caught, as a refusal for a retry.
+  // of its own). A `deliver` that throws is logged and taken as a refusal
+  // for a retry: it and the rest of its chat are forgotten, and the POST
+  // is answered 503 once its other messages are decided (an answer now
+  // would have Meta retry while they are still pending).
   void hand_over(provider_host& host, std::shared_ptr<chat_chain> chain,
                  inbound_message msg, std::string id,
                  std::shared_ptr<payload_answer> answer) {
@@ -318,17 +308,17 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     try {
       host.deliver(std::move(msg), std::move(cb));
     } catch (...) {
+      log::error(opts.id, fmt::format("{}: handing message {} over failed: {} "
+                                      "(Meta's retry brings it again)",
+                                      opts.id, id,
+                                      botmesh::internal::what_of(
+                                        std::current_exception())));
       if (!reported->exchange(true)) {
         decided(id, true);
         answer->retry = true;
-        {
-          std::lock_guard guard{chain->mtx};
-          chain->failed = true;
-        }
         next_of(chain, true, answer);
         answer->one_done();
       }
-      throw;
     }
   }
 
@@ -364,18 +354,9 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         failed = true;
         continue;
       }
-      try {
-        hand_over(*h.get(), chain, std::move(next->msg), next->id, answer);
-        return;
-      } catch (const std::exception& e) {
-        // (hand_over decided it and went on with the rest.)
-        log::error(opts.id, fmt::format("{}: handing message {} over failed: "
-                                        "{} (Meta's retry brings it again)",
-                                        opts.id, next->id, e.what()));
-        return;
-      } catch (...) {
-        return;
-      }
+      hand_over(*h.get(), chain, std::move(next->msg), std::move(next->id),
+                answer);
+      return;
     }
   }
 
