@@ -123,6 +123,14 @@ struct holding_host final : botmesh::provider_host {
     std::lock_guard guard{mtx};
     return ids.size();
   }
+  // Accepts delivery `i` once it came as the last one so far; false when
+  // that did not happen.
+  bool accept_when_delivered(std::size_t i, botmesh::errc code) {
+    if (!test::eventually([&] { return delivered() == i + 1; }))
+      return false;
+    accept(i, code);
+    return true;
+  }
   void state_changed(botmesh::provider_state) override {}
   void input_closed() override {}
 };
@@ -720,10 +728,8 @@ TEST_CASE("a WhatsApp POST hands a chat's messages over one after the "
   CHECK(host.delivered() == 2);
   signed_poster again{p->server().url() + "/whatsapp"};
   auto second = std::async(std::launch::async, [&] { return again.post(body).status; });
-  REQUIRE(test::eventually([&] { return host.delivered() == 3; }));
-  host.accept(2, botmesh::errc::none);
-  REQUIRE(test::eventually([&] { return host.delivered() == 4; }));
-  host.accept(3, botmesh::errc::none);
+  REQUIRE(host.accept_when_delivered(2, botmesh::errc::none));
+  REQUIRE(host.accept_when_delivered(3, botmesh::errc::none));
   CHECK(second.get() == 200);
   {
     std::lock_guard guard{host.mtx};
@@ -756,10 +762,8 @@ TEST_CASE("a WhatsApp retry whose earlier message is still pending holds "
   CHECK(first.get() == 503);
   CHECK(second.get() == 503);
   auto third = std::async(std::launch::async, [&] { return post3.post(both).status; });
-  REQUIRE(test::eventually([&] { return host.delivered() == 2; }));
-  host.accept(1, botmesh::errc::none);
-  REQUIRE(test::eventually([&] { return host.delivered() == 3; }));
-  host.accept(2, botmesh::errc::none);
+  REQUIRE(host.accept_when_delivered(1, botmesh::errc::none));
+  REQUIRE(host.accept_when_delivered(2, botmesh::errc::none));
   CHECK(third.get() == 200);
   {
     std::lock_guard guard{host.mtx};
@@ -918,10 +922,8 @@ TEST_CASE("a WhatsApp payload of 2 MiB (Meta sends up to 3 MB) is taken "
   REQUIRE(body.size() > 2 * 1024 * 1024);
   auto answer = std::async(std::launch::async, [&] { return post.post(body).status; });
   // One chat's: each is handed over once the one before was accepted.
-  for (std::size_t i = 0; i < 512; ++i) {
-    REQUIRE(test::eventually([&] { return host.delivered() == i + 1; }));
-    host.accept(i, botmesh::errc::none);
-  }
+  for (std::size_t i = 0; i < 512; ++i)
+    REQUIRE(host.accept_when_delivered(i, botmesh::errc::none));
   CHECK(answer.get() == 200);
   CHECK(host.delivered() == 512);
   p->stop();
@@ -958,8 +960,7 @@ TEST_CASE("a WhatsApp message whose acceptance is still coming when the "
   host.accept(0, botmesh::errc::store_error);
   CHECK(second.get() == 503);
   auto third = std::async(std::launch::async, [&] { return again.post(m1).status; });
-  REQUIRE(test::eventually([&] { return host.delivered() == 2; }));
-  host.accept(1, botmesh::errc::none);
+  REQUIRE(host.accept_when_delivered(1, botmesh::errc::none));
   CHECK(third.get() == 200);
   p->stop();
 }
