@@ -17,6 +17,25 @@ namespace {
 
 thread_local durable_turn* current = nullptr;
 
+// The head of a record's outbox ids: its journal id, with a '/' or a
+// backslash in it preceded by a backslash when it holds one. The head ends
+// at the first plain '/', so a message whose id spells another's send
+// ("m/3:f\x1fs", a custom provider's) never makes one of that message's
+// send ids (the second send would be skipped as a duplicate). The
+// built-in providers' ids hold neither and keep the plain form.
+std::string outbox_head(const std::string& record) {
+  if (record.find_first_of("/\\") == std::string::npos)
+    return record;
+  std::string out;
+  out.reserve(record.size() + 8);
+  for (char c : record) {
+    if (c == '/' || c == '\\')
+      out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 } // namespace
 
 durable_turn* current_durable_turn() noexcept {
@@ -671,15 +690,15 @@ bool durable_intake::outbox_allows(const std::string& chat_key) {
     return true;
   std::string send_id;
   if (t->scope.empty()) {
-    send_id = fmt::format("{}/{}", *t->record, t->sends++);
+    send_id = fmt::format("{}/{}", outbox_head(*t->record), t->sends++);
   } else {
     auto i = std::find_if(t->scoped_sends.begin(), t->scoped_sends.end(),
                           [&](auto& s) { return s.first == t->scope; });
     if (i == t->scoped_sends.end())
       i = t->scoped_sends.emplace(t->scoped_sends.end(), t->scope, 0);
     // (The scope's length first: no two scopes make one id.)
-    send_id = fmt::format("{}/{}:{}/{}", *t->record, t->scope.size(), t->scope,
-                          i->second++);
+    send_id = fmt::format("{}/{}:{}/{}", outbox_head(*t->record),
+                          t->scope.size(), t->scope, i->second++);
   }
   t->taken.clear();
   if (t->writer.empty())

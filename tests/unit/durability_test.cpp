@@ -161,6 +161,29 @@ TEST_CASE("without durability the same id in two chats is not a duplicate, "
   CHECK(b.stats().duplicates == 0);
 }
 
+TEST_CASE("without durability an edit is not taken for a message whose id "
+          "spells the edit's delivery, and its redelivery still is") {
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p}};
+  b.on_message([&](botmesh::context& c) { c.reply(c.text()); });
+  b.start();
+  // A custom provider's id holding the edit separator: message "a~b", and
+  // message "a" edited as "b". Each is a delivery of its own.
+  p->inject(msg("ana", "a~b", "one"));
+  auto edit = msg("ana", "a", "two");
+  edit.edited = true;
+  edit.edit_id = "b";
+  p->inject(edit);
+  REQUIRE(p->wait_for_sent(2, 5s));
+  p->inject(edit); // a redelivery of the edit is still one
+  p->inject(msg("ana", "a~b", "one"));
+  p->inject(msg("ana", "end", "end"));
+  REQUIRE(p->wait_for_sent(3, 5s));
+  b.stop();
+  CHECK(texts(*p) == std::vector<std::string>{"one", "two", "end"});
+  CHECK(b.stats().duplicates == 2);
+}
+
 TEST_CASE("a bot_id that is not UTF-8 is refused, naming it (it would make "
           "every metrics scrape invalid)") {
   auto p = std::make_shared<botmesh::testing_provider>();
@@ -899,6 +922,31 @@ TEST_CASE("with durability a first attempt writes its outbox entries ahead "
   b.stop();
   CHECK(outbox_verdict_of(*backend, botmesh::journal_id("test:ana", "m1") + "/0",
                           "test:ana")
+        == botmesh::outbox_verdict::duplicate);
+}
+
+TEST_CASE("with durability a replayed message whose id spells another "
+          "message's flow send is not skipped as that send's duplicate") {
+  auto backend = std::make_shared<botmesh::memory_durable_backend>();
+  // Message "m" of the chat made the first send of step "s" of flow "f",
+  // kept in the outbox.
+  auto flow_send = botmesh::journal_id("test:ana", "m") + "/3:f\x1fs/0";
+  REQUIRE(outbox_verdict_of(*backend, flow_send, "test:ana")
+          == botmesh::outbox_verdict::send);
+  // A custom provider's message whose id spells that send as its own first
+  // one, left by a replica that died: taken over, its sends wait for the
+  // outbox's verdict.
+  orphan(*backend, msg("ana", "m/3:f\x1fs", "hola"));
+  auto p = std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  b.on_message([](botmesh::context& c) { c.reply("respuesta"); });
+  b.start();
+  REQUIRE(p->wait_for_sent(1, 5s));
+  b.stop();
+  CHECK(texts(*p) == std::vector<std::string>{"respuesta"});
+  CHECK(b.stats().outbox_skipped == 0);
+  // Kept under an id of its own.
+  CHECK(outbox_verdict_of(*backend, "test:ana#m\\/3:f\x1fs/0", "test:ana")
         == botmesh::outbox_verdict::duplicate);
 }
 

@@ -455,6 +455,23 @@ TEST_CASE("join puts the separator between the parts, empty ones too") {
   CHECK(botmesh::journal_id("x:a", "b#c") == "x:a#b\\#c");
   CHECK(botmesh::journal_id("x:a\\", "#c") == "x:a\\\\#\\#c");
   CHECK(botmesh::journal_id("x:a\\#", "c") == "x:a\\\\\\##c");
+  // So are ids that hold the edit separator: an edit and a message whose
+  // id spells it stay two deliveries, and a plain id never meets an escaped
+  // one.
+  std::set<std::string> deliveries;
+  for (auto id : {"a", "a~b", "a\\", "a\\~", "~", "b"})
+    for (auto edit : {"", "b", "~b", "\\", "b~"}) {
+      botmesh::inbound_message d;
+      d.id = id;
+      d.edited = *edit != 0;
+      d.edit_id = edit;
+      CHECK(deliveries.insert(delivery_id(d)).second);
+    }
+  m.id = "a~b";
+  m.edit_id = "c";
+  CHECK(delivery_id(m) == "a\\~b~c");
+  m.edited = false;
+  CHECK(delivery_id(m) == "a\\~b");
   std::set<std::string> ids;
   for (auto key : {"x:a#b", "x:a", "x:a#", "x:a\\", "x:a\\#"})
     for (auto id : {"c", "b#c", "#c", "\\#c", "b\\#c", "c\\"})
