@@ -980,9 +980,28 @@ struct bot::impl final : chat_services,
       report_acceptance(cb, errc::none);
     }
     if (box)
-      caf::anon_send(router_handle, std::move(box));
+      to_router(std::move(box));
     for (auto& b : after)
-      caf::anon_send(router_handle, std::move(b));
+      to_router(std::move(b));
+  }
+
+  // Hands an accepted event to the router, or, once end_router closed it
+  // (a delivery that passed the intake's check before stop() and reached
+  // here after), refuses it as the draining router would have: sent to
+  // the ended router, it would vanish unreported. The check and the send
+  // are one step for end_router, which waits for those in flight.
+  void to_router(event_ptr box) {
+    sending.fetch_add(1);
+    if (!router_closed.load()) {
+      caf::anon_send(router_handle, std::move(box));
+    } else {
+      auto& key = box->key;
+      refused(key, std::move(box->ev), errc::stopped,
+              fmt::format("chat {}: a message accepted as the bot stopped "
+                          "came after its chats had ended",
+                          key));
+    }
+    sending.fetch_sub(1);
   }
 
   // Tells the provider. What it throws is logged: the caller (a journal
@@ -1567,6 +1586,10 @@ struct bot::impl final : chat_services,
   std::atomic<bool> stopped{false};
   bool ran = false; // run() was called (it runs once)
   std::atomic<bool> accepting{false};
+  // Closed by end_router before the router ends; `sending` counts the
+  // to_router calls between their look at it and their send.
+  std::atomic<bool> router_closed{false};
+  std::atomic<int> sending{0};
 
   std::mutex run_mtx;
   std::condition_variable run_cv;
@@ -1963,6 +1986,11 @@ void bot::impl::stop_provider() noexcept {
 void bot::impl::end_router() {
   if (!router_handle)
     return;
+  // Later accepted events are refused; one that looked before is sent
+  // (a few instructions away) before the router ends, which refuses it.
+  router_closed = true;
+  while (sending.load() != 0)
+    std::this_thread::yield();
   internal::end_and_wait(*sys, {router_handle}, [this](std::size_t, int seconds) {
     log::warn("bot",
               fmt::format("stopping: the chat actors have not ended for {} s "
@@ -2011,6 +2039,7 @@ void bot::impl::spawn_all() {
     rc.turn_wait = co.turn_wait.ms();
   }
   router_handle = spawn_router(*sys, rc);
+  router_closed = false;
   if (auto* d = durable.get()) {
     d->start(); // the backend, and a first beat before anything is recorded
     journal_config jc;
@@ -2157,6 +2186,9 @@ void bot::impl::stop_now() {
   // Guarded: a throw here would leave the bot stopped for good with its
   // transport running.
   stop_provider();
+  // A delivery that came through while the transport stopped, refused
+  // after the router ended, gave its record back.
+  journal_ops_done();
   session_handle = nullptr;
   journal_handle = nullptr; // the transport reports nothing more
   // (The scoped actors above: a stop on one thread, the bot destroyed on

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <future>
 #include <latch>
 #include <mutex>
 #include <vector>
@@ -168,6 +169,56 @@ TEST_CASE("a bot that is stopping refuses a delivery at acceptance as stopped") 
   }));
   release.count_down();
   stopper.join();
+}
+
+TEST_CASE("a delivery whose acceptance report outlasts the bot's chats is "
+          "refused as stopped, not lost at the ended router") {
+  std::latch in_report{1};
+  std::latch go_on{1};
+  std::future<void> injector;
+  botmesh::testing_provider::options po;
+  // The transport stops after the router ended: the report still running
+  // goes on then, and the stop waits for its delivery to be done.
+  po.on_stop = [&] {
+    go_on.count_down();
+    injector.wait();
+  };
+  auto p = std::make_shared<botmesh::testing_provider>(po);
+  test::error_log errors;
+  botmesh::bot bot{{.provider = p}};
+  errors.attach(bot);
+  std::atomic<int> handled{0};
+  bot.on_message([&](botmesh::context&) { ++handled; });
+  bot.start();
+  std::mutex mtx;
+  std::vector<std::string> seen;
+  botmesh::delivery_callbacks cb{
+    [&](botmesh::errc e) {
+      {
+        std::lock_guard guard{mtx};
+        seen.push_back(std::string{"accepted:"} + std::string{to_string(e)});
+      }
+      in_report.count_down();
+      go_on.wait(); // accepted before the stop, reported on during it
+    },
+    [&](botmesh::turn_outcome o) {
+      std::lock_guard guard{mtx};
+      seen.push_back(std::string{"ended:"} + std::string{to_string(o)});
+    },
+  };
+  injector = std::async(std::launch::async, [&] {
+    p->inject(text("c1", "m1", "late"), std::move(cb));
+  });
+  in_report.wait();
+  bot.stop();
+  CHECK(handled == 0);
+  {
+    std::lock_guard guard{mtx};
+    CHECK(seen == std::vector<std::string>{"accepted:none", "ended:refused"});
+  }
+  CHECK(errors.count(botmesh::errc::stopped) == 1);
+  CHECK(bot.stats().refused_stopped == 1);
+  CHECK(bot.stats().received == 1);
 }
 
 TEST_CASE("an exclusive transport that sees another live connection yields "
