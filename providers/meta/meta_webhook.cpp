@@ -281,15 +281,53 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     answer.one_done();
   }
 
-  // Hands `msg` over; once it is accepted, the chat's next message of the
-  // POST follows (on the thread that accepted it, with a use of the host
-  // of its own). A `deliver` that throws is logged and taken as a refusal
-  // for a retry: it and the rest of its chat are forgotten, and the POST
-  // is answered 503 once its other messages are decided (an answer now
-  // would have Meta retry while they are still pending).
-  void hand_over(provider_host& host, std::shared_ptr<chat_chain> chain,
+  // A chain being handed over on this thread: an acceptance of its
+  // message reported on this same thread, from inside `deliver` (a bot
+  // that accepts at once), marks the next one due here instead of handing
+  // it over from within the report: one message after the other on the
+  // stack would overflow it for a POST of thousands of one chat's.
+  struct pump {
+    const chat_chain* chain;
+    bool due = false;
+    bool failed = false;
+  };
+  static inline thread_local pump* pumping = nullptr;
+
+  // Hands `msg` over, and then each next message of the chat accepted
+  // meanwhile on this thread; an acceptance reported later (on a store's
+  // thread) hands the next one over there (next_of). A `deliver` that
+  // throws is logged and taken as a refusal for a retry: it and the rest
+  // of its chat are forgotten, and the POST is answered 503 once its other
+  // messages are decided (an answer now would have Meta retry while they
+  // are still pending).
+  void hand_over(provider_host& host, const std::shared_ptr<chat_chain>& chain,
                  inbound_message msg, std::string id,
-                 std::shared_ptr<payload_answer> answer) {
+                 const std::shared_ptr<payload_answer>& answer) {
+    pump me{chain.get()};
+    auto* outer = std::exchange(pumping, &me);
+    struct restore {
+      pump* outer;
+      ~restore() {
+        pumping = outer;
+      }
+    } back{outer};
+    for (;;) {
+      me.due = false;
+      hand_over_one(host, chain, std::move(msg), std::move(id), answer);
+      if (!me.due)
+        return;
+      auto next = take_next(chain, me.failed, *answer);
+      if (!next)
+        return;
+      msg = std::move(next->msg);
+      id = std::move(next->id);
+    }
+  }
+
+  void hand_over_one(provider_host& host,
+                     const std::shared_ptr<chat_chain>& chain,
+                     inbound_message msg, std::string id,
+                     const std::shared_ptr<payload_answer>& answer) {
     auto reported = std::make_shared<std::atomic<bool>>(false);
     delivery_callbacks cb;
     cb.accepted = [self = shared_from_this(), chain, answer, reported,
@@ -302,7 +340,12 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       self->decided(id, again);
       if (again)
         answer->retry = true;
-      self->next_of(chain, again, answer);
+      if (auto* p = pumping; p && p->chain == chain.get() && !p->due) {
+        p->due = true; // handed over by the pump, once deliver returned
+        p->failed = again;
+      } else {
+        self->next_of(chain, again, answer);
+      }
       answer->one_done();
     };
     try {
@@ -316,7 +359,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       if (!reported->exchange(true)) {
         decided(id, true);
         answer->retry = true;
-        next_of(chain, true, answer);
+        next_of(chain, true, answer); // (hands nothing over: forgets)
         answer->one_done();
       }
     }
@@ -327,37 +370,48 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   // left is forgotten.
   void next_of(const std::shared_ptr<chat_chain>& chain, bool failed,
                const std::shared_ptr<payload_answer>& answer) {
-    for (;;) {
-      std::optional<queued_message> next;
-      std::deque<queued_message> dropped;
-      {
-        std::lock_guard guard{chain->mtx};
-        if (failed)
-          chain->failed = true;
-        if (chain->failed) {
-          dropped.swap(chain->queued);
-          chain->busy = false;
-        } else if (chain->queued.empty()) {
-          chain->busy = false;
-        } else {
-          next = std::move(chain->queued.front());
-          chain->queued.pop_front();
-        }
-      }
-      for (auto& q : dropped)
-        forget(q.id, *answer);
-      if (!next)
-        return;
-      botmesh::internal::host_slot::use h{hosts};
-      if (!h) { // stopped meanwhile
-        forget(next->id, *answer);
-        failed = true;
-        continue;
-      }
-      hand_over(*h.get(), chain, std::move(next->msg), std::move(next->id),
-                answer);
+    auto next = take_next(chain, failed, *answer);
+    if (!next)
+      return;
+    botmesh::internal::host_slot::use h{hosts};
+    if (!h) { // stopped meanwhile
+      forget(next->id, *answer);
+      next_of(chain, true, answer); // (forgets the rest)
       return;
     }
+    hand_over(*h.get(), chain, std::move(next->msg), std::move(next->id),
+              answer);
+  }
+
+  // The chat's next message to hand over, or none: the chain is done, or
+  // after a failure (or a stop) every one left was forgotten. A message
+  // taken is the chain's one in flight (busy stays set).
+  std::optional<queued_message> take_next(const std::shared_ptr<chat_chain>& chain,
+                                          bool failed, payload_answer& answer) {
+    std::optional<queued_message> next;
+    std::deque<queued_message> dropped;
+    {
+      std::lock_guard guard{chain->mtx};
+      if (failed)
+        chain->failed = true;
+      if (chain->failed) {
+        dropped.swap(chain->queued);
+        chain->busy = false;
+      } else if (chain->queued.empty()) {
+        chain->busy = false;
+      } else {
+        next = std::move(chain->queued.front());
+        chain->queued.pop_front();
+      }
+    }
+    for (auto& q : dropped)
+      forget(q.id, answer);
+    if (next && !botmesh::internal::host_slot::use{hosts}) {
+      // Stopped meanwhile: it and the rest are forgotten.
+      forget(next->id, answer);
+      return take_next(chain, true, answer);
+    }
+    return next;
   }
 
   std::string url_for(const outgoing_message& msg) {

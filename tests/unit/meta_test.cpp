@@ -929,6 +929,67 @@ TEST_CASE("a WhatsApp payload of 2 MiB (Meta sends up to 3 MB) is taken "
   p->stop();
 }
 
+TEST_CASE("a WhatsApp chat's messages accepted on the thread that hands "
+          "them over follow one another without growing the stack") {
+  auto api = fake_graph();
+  auto o = wa_options(*api);
+  o.listen.max_body_bytes = 16 * 1024 * 1024;
+  auto p = std::make_shared<meta::webhook_provider>(o);
+  // The first message's acceptance comes later (a journal write), once the
+  // POST queued the chat's others; each of those is accepted at once,
+  // inside deliver (a bot that needs no write).
+  struct inline_host final : botmesh::provider_host {
+    std::mutex mtx;
+    std::vector<std::string> ids;
+    botmesh::delivery_callbacks first;
+    void deliver(botmesh::inbound_message msg) override {
+      deliver(std::move(msg), {});
+    }
+    void deliver(botmesh::inbound_message msg,
+                 botmesh::delivery_callbacks cb) override {
+      {
+        std::lock_guard guard{mtx};
+        ids.push_back(msg.id);
+        if (ids.size() == 1) {
+          first = std::move(cb);
+          return;
+        }
+      }
+      cb.accepted(botmesh::errc::none);
+    }
+    std::size_t delivered() {
+      std::lock_guard guard{mtx};
+      return ids.size();
+    }
+    void state_changed(botmesh::provider_state) override {}
+    void input_closed() override {}
+  } host;
+  p->start(host);
+  signed_poster post{p->server().url() + "/whatsapp"};
+  constexpr int n = 60000;
+  std::string texts;
+  for (int i = 0; i < n; ++i)
+    texts += (i ? "," : "") + wa_text("w" + std::to_string(i), "346", "a");
+  auto answer = std::async(std::launch::async,
+                           [&] { return post.post(wa_payload("[" + texts + "]")).status; });
+  REQUIRE(test::eventually([&] { return host.delivered() == 1; }));
+  // Until the POST's loop is done, only the first is handed over (the
+  // others wait for it); then its acceptance hands the rest over here.
+  std::this_thread::sleep_for(200ms);
+  CHECK(host.delivered() == 1);
+  std::thread releaser{[&] { host.first.accepted(botmesh::errc::none); }};
+  releaser.join();
+  CHECK(answer.get() == 200);
+  REQUIRE(host.delivered() == n);
+  std::lock_guard guard{host.mtx};
+  for (int i = 0; i < n; ++i)
+    if (host.ids[i] != "w" + std::to_string(i)) {
+      FAIL_CHECK("message " << i << " came as " << host.ids[i]);
+      break;
+    }
+  p->stop();
+}
+
 TEST_CASE("a WhatsApp message whose acceptance is still coming when the "
           "provider stops gets that acceptance's answer on its redelivery "
           "after a restart") {
