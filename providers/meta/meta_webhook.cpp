@@ -6,6 +6,7 @@
 #include <limits>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <fmt/format.h>
@@ -216,6 +217,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     // after it are forgotten with it, and Meta's retry brings them again,
     // in order.
     std::unordered_map<std::string, std::shared_ptr<chat_chain>> chains;
+    std::unordered_set<std::string> own; // the ids this POST admitted
     for (std::size_t i = 0; i < p.messages.size(); ++i) {
       auto& msg = p.messages[i];
       // The chat names the number it came to unless that is the
@@ -236,12 +238,16 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         // Still pending from an earlier POST (whose answer Meta gave up
         // on): the chat's later messages here must not run before it.
         // They are forgotten, and this POST's retry brings them again.
-        if (a == ids_t::admission::parked) {
+        // (A copy of one of this POST's own, which its chain hands over
+        // in order, only waits for it.)
+        if (a == ids_t::admission::parked && !own.contains(id)) {
           std::lock_guard guard{chain->mtx};
           chain->failed = true;
         }
         continue;
       }
+      if (!id.empty())
+        own.insert(id);
       ++n_messages;
       ++answer->pending;
       {

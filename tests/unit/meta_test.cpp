@@ -772,6 +772,26 @@ TEST_CASE("a WhatsApp retry whose earlier message is still pending holds "
   p->stop();
 }
 
+TEST_CASE("a WhatsApp message repeated within one POST is handed over once "
+          "and holds nothing back: the POST is answered 200") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  holding_host host;
+  p->start(host);
+  signed_poster post{p->server().url() + "/whatsapp"};
+  auto body = wa_payload("[" + wa_text("a1", "346", "uno") + ","
+                         + wa_text("a1", "346", "uno") + ","
+                         + wa_text("a2", "346", "dos") + "]");
+  auto answer = std::async(std::launch::async, [&] { return post.post(body).status; });
+  REQUIRE(host.accept_when_delivered(0, botmesh::errc::none));
+  REQUIRE(host.accept_when_delivered(1, botmesh::errc::none));
+  CHECK(answer.get() == 200);
+  CHECK(p->stats().duplicates == 1);
+  std::lock_guard guard{host.mtx};
+  CHECK(host.ids == std::vector<std::string>{"a1", "a2"});
+  p->stop();
+}
+
 namespace {
 
 // A started durable bot on `p` and `backend` that keeps its messages' texts.
