@@ -810,7 +810,10 @@ caf::behavior chat_actor(chat_actor_t* self, std::string key,
       st.cut_wait = 0;
       if (st.coordinated() && !st.empty()) {
         auto& head = st.queue.front();
-        if (head.token)
+        if (head.token && head.token->untouched())
+          self->send(st.cfg().lease, pass_atom::value, st.key,
+                     head.token->fence());
+        else if (head.token)
           self->send(st.cfg().lease, release_atom::value, st.key,
                      head.token->fence(), head.token->take_handoff());
         st.queue.pop_front();

@@ -592,6 +592,29 @@ void end_turn(lease_actor_t* self, const std::string& key, std::uint64_t fence,
   send_release(self, turn_ref{key, fence}, handoff);
 }
 
+// A chat's turn is over and changed nothing (turn_token::changed_nothing):
+// given up as a grant that never ran, which leaves the chat's last holder
+// as it was before this turn. A lost reply repeats the leave (it names
+// this request only, never a later turn).
+void pass_turn(lease_actor_t* self, const std::string& key,
+               std::uint64_t fence) {
+  auto& st = self->state;
+  auto h = st.holds.find(key);
+  if (h == st.holds.end() || h->second.token->fence() != fence)
+    return; // lost and passed on already
+  auto t = now(self);
+  if (h->second.settle_at <= t || h->second.valid_until <= t) {
+    lose(self, key,
+         h->second.settle_at <= t ? turn_end::settle : turn_end::frozen);
+    return;
+  }
+  auto req = h->second.req;
+  passed_over(self, key, h->second);
+  h->second.token->end(turn_end::released);
+  st.holds.erase(h);
+  send_leave(self, key, req);
+}
+
 void answer_waiting(lease_actor_t* self, std::uint64_t req, waiting& w,
                     const turn_state& s, clk::time_point sent) {
   auto& st = self->state;
@@ -945,6 +968,9 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
     [=](release_atom, const std::string& key, std::uint64_t fence,
         const std::string& handoff) {
       end_turn(self, key, fence, handoff);
+    },
+    [=](pass_atom, const std::string& key, std::uint64_t fence) {
+      pass_turn(self, key, fence);
     },
     [=](leave_atom, const std::string& key, std::uint64_t req) {
       leave_request(self, key, req);

@@ -77,6 +77,11 @@ using start_atom = caf::atom_constant<caf::atom("bm_start")>;
 /// release makes (see coordinator::release).
 using release_atom = caf::atom_constant<caf::atom("bm_rel")>;
 
+/// chat -> lease: (key, fence): the turn is over and changed nothing
+/// (turn_token::changed_nothing): given up as a grant that never ran, the
+/// chat's last holder staying the one before it (see coordinator::leave).
+using pass_atom = caf::atom_constant<caf::atom("bm_pass")>;
+
 /// chat -> lease: (key, req): the request is given up (turn_wait passed,
 /// the bot stops, or it is entered again to keep the chat's order).
 using leave_atom = caf::atom_constant<caf::atom("bm_leave")>;

@@ -105,6 +105,22 @@ class turn_token {
     return std::move(handoff_);
   }
 
+  /// Called by whoever runs the step, on its thread, before the turn is
+  /// reported done, when the turn changed nothing of the chat (a timer
+  /// that found its conversation gone: this replica's copy was stale). The
+  /// turn is then given up as a grant that never ran (coordinator::leave)
+  /// instead of released: the chat's last holder stays the one before it,
+  /// so the replica holding the live conversation, granted next, does not
+  /// take itself for replaced and drop it. Nothing is handed over.
+  void changed_nothing() const noexcept {
+    untouched_ = true;
+  }
+
+  /// The chat actor's side of `changed_nothing`.
+  bool untouched() const noexcept {
+    return untouched_;
+  }
+
   /// Fires when the turn ends (settle, loss, bot stop).
   std::stop_token stop_token() const noexcept {
     return stop_.get_token();
@@ -165,6 +181,7 @@ class turn_token {
   std::function<void()> on_step_start_;
   std::string handed_;
   mutable std::string handoff_;
+  mutable bool untouched_ = false;
   std::atomic<std::int64_t> valid_until_;
   std::atomic<std::int64_t> settle_at_;
   std::atomic<std::uint8_t> end_{0};

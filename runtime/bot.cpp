@@ -560,7 +560,12 @@ struct bot::impl final : chat_services,
                                [t = token] { t->request_stop(); }};
     if (ev.is_timer()) {
       try {
-        flows.on_timer(key, ev.timer, token.get());
+        // A timer that found nothing to run (its conversation went on
+        // elsewhere, and this replica's copy was dropped above) changed
+        // nothing: its turn leaves the chat's last holder as it was, or
+        // the replica holding the live conversation would drop it.
+        if (!flows.on_timer(key, ev.timer, token.get()))
+          token->changed_nothing();
       } catch (...) {
         raise(errc::handler_failed,
               fmt::format("chat {}: a flow timer failed: {}", key,

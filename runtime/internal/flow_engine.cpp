@@ -1161,27 +1161,29 @@ bool flow_engine::offer(const std::string& key, const inbound_message& msg,
   return false;
 }
 
-void flow_engine::on_timer(const std::string& key, std::uint64_t id,
+bool flow_engine::on_timer(const std::string& key, std::uint64_t id,
                            const turn_token* turn) {
+  bool ran = false;
   try {
-    fire(key, id, turn);
+    ran = fire(key, id, turn);
   } catch (...) {
     // As in on_message: the conversation is at an unknown point.
     drop(key);
     throw;
   }
   note_handoff(key, turn);
+  return ran;
 }
 
-void flow_engine::fire(const std::string& key, std::uint64_t id,
+bool flow_engine::fire(const std::string& key, std::uint64_t id,
                        const turn_token* turn) {
   auto c = find(key);
   if (!c)
-    return; // the conversation ended: a stale timer
+    return false; // the conversation ended (or moved on elsewhere): stale
   c->turn = turn;
   if (c->waiting && c->wait_timer == id) {
     deliver(*c, answer{c->current, true});
-    return;
+    return true;
   }
   for (auto& w : c->idles) {
     if (w.timer == id) {
@@ -1199,7 +1201,7 @@ void flow_engine::fire(const std::string& key, std::uint64_t id,
                                       e.what()),
                           key, nullptr);
         finish(*c, false);
-        return;
+        return true;
       } catch (const std::exception& e) {
         host_.raise_error(errc::handler_failed,
                           fmt::format("chat {}: idle watcher failed: {}", key,
@@ -1216,10 +1218,11 @@ void flow_engine::fire(const std::string& key, std::uint64_t id,
         finish(*c, true);
       else if (c->pending == conversation::next::none)
         c->pending = set_by_step;
-      return;
+      return true;
     }
   }
   // Neither the current wait nor a live watcher: stale, discarded.
+  return false;
 }
 
 } // namespace internal

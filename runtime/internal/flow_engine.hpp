@@ -197,8 +197,9 @@ class flow_engine {
   /// on. Thread-safe (the router asks).
   bool timer_live(std::uint64_t id) const;
 
-  /// A timer of `key` fired; stale ones are discarded.
-  void on_timer(const std::string& key, std::uint64_t id,
+  /// A timer of `key` fired; stale ones are discarded. True when it ran
+  /// something (a wait's timeout, an idle watcher), false for a stale one.
+  bool on_timer(const std::string& key, std::uint64_t id,
                 const turn_token* turn = nullptr);
 
   /// Discards the chat's in-memory conversation (its checkpoint stays), so
@@ -279,7 +280,7 @@ class flow_engine {
   bool hands_over() const noexcept {
     return cfg_.coordinated && cfg_.hand_over;
   }
-  void fire(const std::string& key, std::uint64_t id, const turn_token* turn);
+  bool fire(const std::string& key, std::uint64_t id, const turn_token* turn);
   void fence(const conversation& c) const;
   void start(const flow::definition& def, const std::string& key,
              const inbound_message& msg, const turn_token* turn);

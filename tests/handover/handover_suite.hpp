@@ -1476,6 +1476,47 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a notice that could not be sent "
   CHECK(no_checkpoint(env));
 }
 
+TEST_CASE_TEMPLATE_DEFINE("handover: a stale flow timer's turn on the "
+                          "replica a conversation left keeps alive the "
+                          "conversation the new holder has only in memory",
+                          Env, handover_34) {
+  using namespace test::handover;
+  Env env;
+  replica a{env, "a"};
+  replica b{env, "b"};
+  for (auto* r : {&a, &b}) {
+    // The order, checkpointed, with a wait on a's side that outlives the
+    // steps below; and a flow that leaves no checkpoint (in memory only).
+    r->bot->add_flow(order_flow(true, nullptr, botmesh::duration{"2s"}));
+    botmesh::flow name{"nombre"};
+    name.hears({"nombre"}).ask(
+      "nombre", "¿Nombre?",
+      [](botmesh::flow_context& c, const botmesh::answer& ans) {
+        c.send("Hola " + ans.text());
+      });
+    r->bot->add_flow(std::move(name));
+    r->bot->start();
+  }
+  REQUIRE(a.say("pedido", 1));
+  REQUIRE(a.say("café", 2)); // a waits for the quantity, its timer armed
+  REQUIRE(waiting_at(env, "cantidad"));
+  REQUIRE(b.say("3", 1)); // the order moves on on b, and ends there
+  REQUIRE(b.say("Calle 1", 2));
+  CHECK(b.last() == "3 x café a Calle 1");
+  REQUIRE(b.say("nombre", 3));
+  CHECK(b.last() == "¿Nombre?");
+  // a's copy is still waiting; its timer's turn finds it stale, drops it
+  // and runs nothing.
+  REQUIRE(a.bot->stats().conversations == 1);
+  REQUIRE(eventually([&] { return a.bot->stats().conversations == 0; }));
+  // b, granted next, still holds its conversation: the answer lands in it.
+  REQUIRE(b.say("Ana", 4));
+  CHECK(b.last() == "Hola Ana");
+  CHECK(a.provider->sent().size() == 2);
+  CHECK(a.error_count() == 0);
+  CHECK(b.error_count() == 0);
+}
+
 #define BOTMESH_HANDOVER_SUITE(Env) \
   TEST_CASE_TEMPLATE_INVOKE(handover_1, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_2, Env); \
@@ -1508,4 +1549,5 @@ TEST_CASE_TEMPLATE_DEFINE("handover: a notice that could not be sent "
   TEST_CASE_TEMPLATE_INVOKE(handover_30, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_31, Env); \
   TEST_CASE_TEMPLATE_INVOKE(handover_32, Env); \
-  TEST_CASE_TEMPLATE_INVOKE(handover_33, Env);
+  TEST_CASE_TEMPLATE_INVOKE(handover_33, Env); \
+  TEST_CASE_TEMPLATE_INVOKE(handover_34, Env);

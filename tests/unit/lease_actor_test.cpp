@@ -662,6 +662,37 @@ TEST_CASE("a failed leave is repeated until the backend answers it") {
   CHECK(f.coord->count(op::poll) == 0);
 }
 
+TEST_CASE("a turn that changed nothing is given up as a grant that never "
+          "ran (a leave of its request), repeated when it fails, and ends "
+          "its token") {
+  lease_fixture f;
+  auto token = f.hold(key_a, 1, 7);
+  f.start(key_a, 7);
+  int failures = 2;
+  f.coord->set_policy(op::leave, [&](call& c) {
+    if (failures-- > 0)
+      sc::fail(c);
+    else
+      sc::answer(c, true);
+  });
+  f.pass(key_a, 6); // another fence of the chat: not this turn
+  CHECK(f.coord->count(op::leave, key_a, 1) == 0);
+  CHECK(token->valid());
+  f.pass(key_a, 7);
+  CHECK_FALSE(token->valid());
+  CHECK(f.releases(key_a, 7) == 0);
+  f.vs.advance(2000ms);
+  CHECK(f.coord->count(op::leave, key_a, 1) == 3);
+  f.vs.advance(5000ms);
+  CHECK(f.coord->count(op::leave, key_a, 1) == 3);
+  CHECK(f.releases(key_a, 7) == 0);
+  // Given up, it is no longer renewed.
+  f.vs.advance(1000ms);
+  auto& r = f.coord->last(op::renew);
+  CHECK(std::none_of(r.renewal.turns.begin(), r.renewal.turns.end(),
+                     [](auto& t) { return t.key == key_a; }));
+}
+
 TEST_CASE("a failed unlead is repeated until the backend answers it") {
   lease_fixture f;
   auto [session, session_log] = f.elected_session(lead_name);

@@ -631,6 +631,10 @@ struct lease_fixture {
     tell(chat, botmesh::leave_atom::value, key, req);
   }
 
+  void pass(const std::string& key, std::uint64_t fence) {
+    tell(chat, botmesh::pass_atom::value, key, fence);
+  }
+
   void start(const std::string& key, std::uint64_t fence) {
     tell(chat, botmesh::start_atom::value, key, fence);
   }
