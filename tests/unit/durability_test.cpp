@@ -1131,6 +1131,86 @@ TEST_CASE("with durability a journal write whose reply was lost is handled "
     [&] { backend->lose_record_replies = false; });
 }
 
+TEST_CASE("with durability a chat's next message does not run before one "
+          "whose journal write lost its reply: it is refused for a retry "
+          "until a beat took that record over") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .durability = durable(backend)}};
+  errors.attach(b);
+  std::mutex mtx;
+  std::vector<std::string> seen;
+  b.on_message([&](botmesh::context& c) {
+    std::lock_guard guard{mtx};
+    seen.push_back(c.text());
+  });
+  b.start();
+  backend->lose_record_replies = true;
+  CHECK(acceptance(*p, msg("ana", "m1", "uno")) == errc::timeout);
+  backend->lose_record_replies = false;
+  // The platform sends the chat's next message (and retries it while it
+  // is refused); another chat is not held back.
+  CHECK(acceptance(*p, msg("eva", "e1", "otra")) == errc::none);
+  int refusals = 0;
+  for (;;) {
+    auto code = acceptance(*p, msg("ana", "m2", "dos"));
+    if (code == errc::none)
+      break;
+    REQUIRE(code == errc::store_error);
+    REQUIRE(++refusals < 100);
+    std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{mtx};
+    return seen.size() == 3;
+  }));
+  b.stop();
+  std::lock_guard guard{mtx};
+  std::vector<std::string> ana;
+  for (auto& t : seen)
+    if (t != "otra")
+      ana.push_back(t);
+  CHECK(ana == std::vector<std::string>{"uno", "dos"});
+  CHECK(b.stats().reprocessed == 1);
+  CHECK(errors.count(errc::store_error) == static_cast<std::size_t>(refusals));
+}
+
+TEST_CASE("with durability a retry of a message whose journal write failed "
+          "that is written anew lets its chat's next message through at once") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  // A lease of 6 s: no beat takes the failed write's generation over
+  // while the test runs (the hold would end with it).
+  auto d = durable(backend);
+  d.lease = "6s";
+  botmesh::bot b{{.provider = p, .durability = d}};
+  std::mutex mtx;
+  std::vector<std::string> seen;
+  b.on_message([&](botmesh::context& c) {
+    std::lock_guard guard{mtx};
+    seen.push_back(c.text());
+  });
+  b.start();
+  backend->fail_next_records = 1;
+  CHECK(acceptance(*p, msg("ana", "m1", "uno")) == errc::store_error);
+  // Until the retry shows whether the write had landed, the chat waits.
+  CHECK(acceptance(*p, msg("ana", "m2", "dos")) == errc::store_error);
+  // Written anew: it had not, and nothing else of the chat is waited for.
+  CHECK(acceptance(*p, msg("ana", "m1", "uno")) == errc::none);
+  CHECK(acceptance(*p, msg("ana", "m2", "dos")) == errc::none);
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{mtx};
+    return seen.size() == 2;
+  }));
+  b.stop();
+  std::lock_guard guard{mtx};
+  CHECK(seen == std::vector<std::string>{"uno", "dos"});
+  CHECK(b.stats().reprocessed == 0);
+}
+
 TEST_CASE("with durability a redelivery whose journal write fails does not "
           "free the first delivery's record while its turn runs") {
   auto backend = std::make_shared<test::gated_backend>();
