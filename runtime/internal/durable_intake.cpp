@@ -158,10 +158,6 @@ void durable_intake::journal(std::string key, inbound_message msg,
   }
   journal_record rec;
   rec.id = journal_id(key, delivery_id(msg));
-  if (holds_back(key, rec.id)) {
-    refuse_held_back(key, msg, cb);
-    return;
-  }
   rec.key = key;
   rec.message = to_json(msg);
   // Read before the write leaves: a gap found while it travels counts.
@@ -176,8 +172,6 @@ void durable_intake::journal(std::string key, inbound_message msg,
        cb = std::move(cb),
        finished](journal_put put, std::exception_ptr e) mutable {
         if (e) {
-          // Before the provider hears: the chat's next message waits.
-          hold_back(key, gen, id);
           failed(key,
                  fmt::format("recording message {} in the inbound journal",
                              msg.id),
@@ -214,23 +208,10 @@ void durable_intake::journal(std::string key, inbound_message msg,
           // handle it beside this one.
           suspect(gen);
           close_one(gen);
-        } else if (holds_back(key, id)) {
-          // An earlier write of the chat lost its reply while this one
-          // travelled: this one waits too. A record it wrote is left to
-          // the claim, after the earlier one (claims go in arrival order),
-          // and its retry is let through (a duplicate).
-          if (put != journal_put::duplicate) {
-            hold_back(key, gen, id);
-            suspect(gen);
-          }
-          close_one(gen);
-          refuse_held_back(key, msg, cb);
         } else if (put == journal_put::duplicate) {
-          // (A retry of a record held back: it landed, and is claimed.)
           close_one(gen);
           host_.duplicate(std::move(cb));
         } else {
-          landed_anew(key, id);
           chat_event ev{std::move(msg), 0, {}};
           ev.journal = std::move(id);
           ev.attempt = 1;
@@ -413,60 +394,6 @@ void durable_intake::close_one(std::uint32_t gen) {
     --i->second;
 }
 
-void durable_intake::hold_back(const std::string& key, std::uint32_t gen,
-                               const std::string& id) {
-  std::lock_guard guard{mtx_};
-  auto& h = held_back_[key];
-  h.gen = std::max(h.gen, gen);
-  if (std::find(h.ids.begin(), h.ids.end(), id) == h.ids.end())
-    h.ids.push_back(id);
-}
-
-bool durable_intake::holds_back(const std::string& key, const std::string& id) {
-  std::lock_guard guard{mtx_};
-  if (held_back_.empty())
-    return false;
-  auto i = held_back_.find(key);
-  return i != held_back_.end()
-         && std::find(i->second.ids.begin(), i->second.ids.end(), id)
-              == i->second.ids.end();
-}
-
-void durable_intake::landed_anew(const std::string& key, const std::string& id) {
-  std::lock_guard guard{mtx_};
-  if (held_back_.empty())
-    return;
-  auto i = held_back_.find(key);
-  if (i == held_back_.end())
-    return;
-  std::erase(i->second.ids, id);
-  if (i->second.ids.empty())
-    held_back_.erase(i);
-}
-
-void durable_intake::refuse_held_back(const std::string& key,
-                                      const inbound_message& msg,
-                                      delivery_callbacks& cb) {
-  host_.report(errc::store_error,
-               fmt::format("chat {}: message {} refused for a retry: an "
-                           "earlier message of the chat whose journal write "
-                           "lost its reply may be recorded, and runs first "
-                           "once a beat took it over",
-                           key, msg.id),
-               key);
-  if (!cb.accepted)
-    return;
-  try {
-    cb.accepted(errc::store_error);
-  } catch (...) {
-    log::error("durable",
-               fmt::format("chat {}: reporting message {}'s refusal to its "
-                           "provider threw: {}",
-                           key, msg.id,
-                           internal::what_of(std::current_exception())));
-  }
-}
-
 void durable_intake::suspect(std::uint32_t gen) {
   std::lock_guard guard{mtx_};
   if (gen == gen_)
@@ -581,18 +508,10 @@ void durable_intake::beat(std::function<void()> done) {
     return;
   }
   auto limit = host_.may_claim() ? claim_batch_ : 0;
-  // The generations below this one were retired before this beat left:
-  // what they held is claimable, and this beat's claim (or another
-  // replica's) takes it.
-  std::uint32_t retired_below = 0;
-  {
-    std::lock_guard guard{mtx_};
-    retired_below = open_.empty() ? gen_ : std::min(open_.begin()->first, gen_);
-  }
   op([&](std::function<void()> finished) {
     backend_->beat_and_claim(
       holder_of(gen), lease_, limit, max_attempts_,
-      [this, sent, gen, limit, retired_below, done = std::move(done),
+      [this, sent, gen, limit, done = std::move(done),
        finished](durable_backend::claim_result r, std::exception_ptr e) {
         if (e) {
           failed({}, "the journal beat (heartbeat and claim)", e);
@@ -600,11 +519,7 @@ void durable_intake::beat(std::function<void()> done) {
             suspect(gen); // it may have claimed records, its reply lost
         } else {
           renewed(sent, false);
-          claimed(std::move(r), gen); // (re-injected before the chats go on)
-          std::lock_guard guard{mtx_};
-          std::erase_if(held_back_, [&](auto& kv) {
-            return kv.second.gen < retired_below;
-          });
+          claimed(std::move(r), gen);
         }
         done();
         finished();

@@ -15,7 +15,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -247,26 +246,6 @@ class durable_intake {
   bool rotate_ = false;
   /// Per live generation: its records being written or in process.
   std::map<std::uint32_t, std::size_t> open_{{0, 0}};
-  // Chats one of whose records may be held here with nothing handling it
-  // (a write whose reply was lost): the latest generation that may hold
-  // one, and the ids of those records. The chat's other messages are
-  // refused for a retry until that generation was retired and a beat sent
-  // after claimed what it held: they never run before it. A retry of one
-  // of those ids goes through: written anew, the first write had not
-  // landed (nothing to wait for); a duplicate, it did (it is claimed).
-  struct held_back {
-    std::uint32_t gen = 0;
-    std::vector<std::string> ids{};
-  };
-  std::unordered_map<std::string, held_back> held_back_;
-  void hold_back(const std::string& key, std::uint32_t gen,
-                 const std::string& id);
-  // Whether the chat is held back for a message other than one of `id`.
-  bool holds_back(const std::string& key, const std::string& id);
-  // A retry of `id` was written anew: the chat is no longer held for it.
-  void landed_anew(const std::string& key, const std::string& id);
-  void refuse_held_back(const std::string& key, const inbound_message& msg,
-                        delivery_callbacks& cb);
   // A first attempt's send goes out before its outbox entry is known to be
   // written. Until every entry of the record landed, its settle is held
   // back (and its generation stays open): a replay must find the entries,
