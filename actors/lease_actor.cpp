@@ -594,20 +594,16 @@ void end_turn(lease_actor_t* self, const std::string& key, std::uint64_t fence,
 
 // A chat's turn is over and changed nothing (turn_token::changed_nothing):
 // given up as a grant that never ran, which leaves the chat's last holder
-// as it was before this turn. A lost reply repeats the leave (it names
-// this request only, never a later turn).
+// as it was before this turn. Also past its validity (a freeze): it wrote
+// nothing that could have been refused, and a release, which names this
+// replica the last holder, is what must not happen. A lost reply repeats
+// the leave (it names this request only, never a later turn).
 void pass_turn(lease_actor_t* self, const std::string& key,
                std::uint64_t fence) {
   auto& st = self->state;
   auto h = st.holds.find(key);
   if (h == st.holds.end() || h->second.token->fence() != fence)
     return; // lost and passed on already
-  auto t = now(self);
-  if (h->second.settle_at <= t || h->second.valid_until <= t) {
-    lose(self, key,
-         h->second.settle_at <= t ? turn_end::settle : turn_end::frozen);
-    return;
-  }
   auto req = h->second.req;
   passed_over(self, key, h->second);
   h->second.token->end(turn_end::released);

@@ -624,6 +624,8 @@ struct bot::impl final : chat_services,
       try {
         if (!refused_past_stop(key, ev->ev))
           coordinated_turn(key, ev->ev, first, turn);
+        else
+          turn->changed_nothing(); // (refused, or a timer skipped)
       } catch (...) {
         // Past every catch of its own (see the uncoordinated drain job):
         // logged, and the turn still ends, or the chat would wait for ever.
