@@ -1010,6 +1010,67 @@ TEST_CASE("a WhatsApp chat's messages accepted on the thread that hands "
   p->stop();
 }
 
+TEST_CASE("a WhatsApp chat's message refused inline while its chain is "
+          "handed over forgets the rest: the POST is answered 503") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  // The first acceptance comes later; then w1 is accepted inline and w2
+  // refused inline (its journal write failed).
+  struct inline_host final : botmesh::provider_host {
+    std::mutex mtx;
+    std::vector<std::string> ids;
+    botmesh::delivery_callbacks first;
+    void deliver(botmesh::inbound_message msg) override {
+      deliver(std::move(msg), {});
+    }
+    void deliver(botmesh::inbound_message msg,
+                 botmesh::delivery_callbacks cb) override {
+      std::size_t n = 0;
+      {
+        std::lock_guard guard{mtx};
+        ids.push_back(msg.id);
+        n = ids.size();
+        if (n == 1) {
+          first = std::move(cb);
+          return;
+        }
+      }
+      cb.accepted(n == 3 ? botmesh::errc::store_error : botmesh::errc::none);
+    }
+    std::size_t delivered() {
+      std::lock_guard guard{mtx};
+      return ids.size();
+    }
+    void state_changed(botmesh::provider_state) override {}
+    void input_closed() override {}
+  } host;
+  p->start(host);
+  signed_poster post{p->server().url() + "/whatsapp"};
+  std::string texts;
+  for (int i = 0; i < 5; ++i)
+    texts += (i ? "," : "") + wa_text("w" + std::to_string(i), "346", "a");
+  auto answer = std::async(std::launch::async,
+                           [&] { return post.post(wa_payload("[" + texts + "]")).status; });
+  REQUIRE(test::eventually([&] { return host.delivered() == 1; }));
+  std::this_thread::sleep_for(100ms); // the POST queues the chat's others
+  host.first.accepted(botmesh::errc::none);
+  CHECK(answer.get() == 503);
+  {
+    std::lock_guard guard{host.mtx};
+    // w3 and w4 were never handed over: Meta's retry brings them, after w2.
+    CHECK(host.ids == std::vector<std::string>{"w0", "w1", "w2"});
+  }
+  // The retry: w0 and w1 are duplicates; w2 on are handed over again.
+  signed_poster again{p->server().url() + "/whatsapp"};
+  auto retry = std::async(std::launch::async,
+                          [&] { return again.post(wa_payload("[" + texts + "]")).status; });
+  CHECK(retry.get() == 200);
+  std::lock_guard guard{host.mtx};
+  CHECK(host.ids
+        == std::vector<std::string>{"w0", "w1", "w2", "w2", "w3", "w4"});
+  p->stop();
+}
+
 TEST_CASE("a WhatsApp message whose acceptance is still coming when the "
           "provider stops gets that acceptance's answer on its redelivery "
           "after a restart") {
