@@ -135,6 +135,42 @@ struct holding_host final : botmesh::provider_host {
   void input_closed() override {}
 };
 
+// A host that holds the first delivery's acceptance (`first`, reported by
+// the test) and reports each later one inside deliver, on the provider's
+// thread: accepted, or refused for a retry at delivery `refuse_at`
+// (1-based; 0: never).
+struct inline_host final : botmesh::provider_host {
+  std::mutex mtx;
+  std::vector<std::string> ids;
+  botmesh::delivery_callbacks first;
+  std::size_t refuse_at = 0;
+
+  void deliver(botmesh::inbound_message msg) override {
+    deliver(std::move(msg), {});
+  }
+  void deliver(botmesh::inbound_message msg,
+               botmesh::delivery_callbacks cb) override {
+    std::size_t n = 0;
+    {
+      std::lock_guard guard{mtx};
+      ids.push_back(msg.id);
+      n = ids.size();
+      if (n == 1) {
+        first = std::move(cb);
+        return;
+      }
+    }
+    cb.accepted(n == refuse_at ? botmesh::errc::store_error
+                               : botmesh::errc::none);
+  }
+  std::size_t delivered() {
+    std::lock_guard guard{mtx};
+    return ids.size();
+  }
+  void state_changed(botmesh::provider_state) override {}
+  void input_closed() override {}
+};
+
 } // namespace
 
 TEST_CASE("the X-Hub-Signature-256 check accepts only the HMAC of the raw "
@@ -958,32 +994,7 @@ TEST_CASE("a WhatsApp chat's messages accepted on the thread that hands "
   // The first message's acceptance comes later (a journal write), once the
   // POST queued the chat's others; each of those is accepted at once,
   // inside deliver (a bot that needs no write).
-  struct inline_host final : botmesh::provider_host {
-    std::mutex mtx;
-    std::vector<std::string> ids;
-    botmesh::delivery_callbacks first;
-    void deliver(botmesh::inbound_message msg) override {
-      deliver(std::move(msg), {});
-    }
-    void deliver(botmesh::inbound_message msg,
-                 botmesh::delivery_callbacks cb) override {
-      {
-        std::lock_guard guard{mtx};
-        ids.push_back(msg.id);
-        if (ids.size() == 1) {
-          first = std::move(cb);
-          return;
-        }
-      }
-      cb.accepted(botmesh::errc::none);
-    }
-    std::size_t delivered() {
-      std::lock_guard guard{mtx};
-      return ids.size();
-    }
-    void state_changed(botmesh::provider_state) override {}
-    void input_closed() override {}
-  } host;
+  inline_host host;
   p->start(host);
   signed_poster post{p->server().url() + "/whatsapp"};
   constexpr int n = 60000;
@@ -1016,34 +1027,8 @@ TEST_CASE("a WhatsApp chat's message refused inline while its chain is "
   auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
   // The first acceptance comes later; then w1 is accepted inline and w2
   // refused inline (its journal write failed).
-  struct inline_host final : botmesh::provider_host {
-    std::mutex mtx;
-    std::vector<std::string> ids;
-    botmesh::delivery_callbacks first;
-    void deliver(botmesh::inbound_message msg) override {
-      deliver(std::move(msg), {});
-    }
-    void deliver(botmesh::inbound_message msg,
-                 botmesh::delivery_callbacks cb) override {
-      std::size_t n = 0;
-      {
-        std::lock_guard guard{mtx};
-        ids.push_back(msg.id);
-        n = ids.size();
-        if (n == 1) {
-          first = std::move(cb);
-          return;
-        }
-      }
-      cb.accepted(n == 3 ? botmesh::errc::store_error : botmesh::errc::none);
-    }
-    std::size_t delivered() {
-      std::lock_guard guard{mtx};
-      return ids.size();
-    }
-    void state_changed(botmesh::provider_state) override {}
-    void input_closed() override {}
-  } host;
+  inline_host host;
+  host.refuse_at = 3;
   p->start(host);
   signed_poster post{p->server().url() + "/whatsapp"};
   std::string texts;
