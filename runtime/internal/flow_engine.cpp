@@ -1143,8 +1143,14 @@ bool flow_engine::offer(const std::string& key, const inbound_message& msg,
           send(*c, *err);
           send(*c, c->question);
           // The refused answer saved above must not be given to a taker.
-          if (c->waiting_question == 0 && c->revision != 0 && !c->marker)
+          if (c->waiting_question == 0 && c->revision != 0 && !c->marker) {
             checkpoint(*c, true, 0);
+            if (c->superseded) {
+              // Moved on by another writer between the two writes: ended
+              // here, or it would take (and swallow) the next message.
+              finish(*c, false);
+            }
+          }
           return true;
         }
       }

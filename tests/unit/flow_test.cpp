@@ -398,6 +398,48 @@ TEST_CASE("a rejected checkpoint write ends the conversation as superseded") {
   CHECK(store->get_checkpoint("test:ana")->step == "cantidad");
 }
 
+TEST_CASE("a conversation superseded by the rewrite after a refused answer "
+          "ends there: the chat's next message reads the store") {
+  auto store = std::make_shared<botmesh::memory_store>();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  botmesh::bot b{{.provider = p, .store = store}};
+  errors.attach(b);
+  std::atomic<int> checks{0};
+  flow f{"numero"};
+  f.hears({"numero"})
+    .ask("n", "¿Número?",
+         [](flow_context& c, const answer& a) { c.send("ok " + a.text()); },
+         botmesh::ask_options{
+           .validate = [&](const answer&) -> std::optional<std::string> {
+             if (++checks > 1)
+               return std::nullopt;
+             // Another writer (a replica that took the chat) moves the
+             // checkpoint on between this turn's write of the answer and
+             // its rewrite without it.
+             auto other = *store->get_checkpoint("test:ana");
+             other.saved_answer.reset();
+             other.answer_ref.clear();
+             REQUIRE(store->set_checkpoint_if(other, other.revision));
+             return "no es un número";
+           }})
+    .persistent();
+  b.add_flow(f);
+  b.on_message([](botmesh::context& c) { c.reply("handler"); });
+  b.start();
+  p->inject("ana", "numero");
+  REQUIRE(p->wait_for_sent(1, 5s));
+  p->inject("ana", "x");
+  REQUIRE(p->wait_for_sent(3, 5s)); // the refusal and the question again
+  REQUIRE(test::eventually(
+    [&] { return errors.count(botmesh::errc::lease_lost) == 1; }));
+  // Superseded: nothing of it stays in memory to take the next message.
+  REQUIRE(test::eventually([&] { return b.stats().conversations == 0; }));
+  p->inject("ana", "7");
+  REQUIRE(p->wait_for_sent(4, 5s));
+  CHECK(texts(*p, "ana").back() == "ok 7");
+}
+
 TEST_CASE("a checkpoint of a changed flow notifies the user in the bot's "
           "language") {
   auto store = std::make_shared<botmesh::memory_store>();
