@@ -41,27 +41,9 @@ std::string_view to_string(outbox_verdict v) noexcept {
 }
 
 std::string journal_id(std::string_view chat_key, std::string_view message_id) {
-  auto plain = [](std::string_view v) {
-    return v.find_first_of("#\\") == std::string_view::npos;
-  };
-  if (plain(chat_key) && plain(message_id)) // every built-in provider's ids
-    return internal::join('#', {chat_key, message_id});
-  // Escaped, so "a#b" + "c" and "a" + "b#c" stay two ids (one of them
-  // would be taken for the other's duplicate). Such an id holds a backslash,
-  // which a plain one never does: the two forms never meet either.
-  std::string out;
-  out.reserve(chat_key.size() + message_id.size() + 8);
-  auto put = [&](std::string_view v) {
-    for (char c : v) {
-      if (c == '#' || c == '\\')
-        out += '\\';
-      out += c;
-    }
-  };
-  put(chat_key);
-  out += '#';
-  put(message_id);
-  return out;
+  // Escaped when a part holds '#': "a#b" + "c" and "a" + "b#c" stay two
+  // ids (one would be taken for the other's duplicate).
+  return internal::join_escaped('#', {chat_key, message_id});
 }
 
 // -- memory_durable_backend ---------------------------------------------------

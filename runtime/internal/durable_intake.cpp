@@ -17,23 +17,13 @@ namespace {
 
 thread_local durable_turn* current = nullptr;
 
-// The head of a record's outbox ids: its journal id, with a '/' or a
-// backslash in it preceded by a backslash when it holds one. The head ends
-// at the first plain '/', so a message whose id spells another's send
-// ("m/3:f\x1fs", a custom provider's) never makes one of that message's
-// send ids (the second send would be skipped as a duplicate). The
-// built-in providers' ids hold neither and keep the plain form.
+// The head of a record's outbox ids: its journal id, escaped by
+// join_escaped when it holds a '/'. The head then ends at the first plain
+// '/', so a message whose id spells another's send ("m/3:f\x1fs", a custom
+// provider's) never makes one of that message's send ids (the second send
+// would be skipped as a duplicate).
 std::string outbox_head(const std::string& record) {
-  if (record.find_first_of("/\\") == std::string::npos)
-    return record;
-  std::string out;
-  out.reserve(record.size() + 8);
-  for (char c : record) {
-    if (c == '/' || c == '\\')
-      out += '\\';
-    out += c;
-  }
-  return out;
+  return join_escaped('/', {record});
 }
 
 } // namespace

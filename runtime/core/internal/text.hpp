@@ -36,11 +36,12 @@ inline bool ascii_iequals(std::string_view a, std::string_view b) noexcept {
   return true;
 }
 
-/// `parts` with `sep` between them, in one allocation: for ids built per
-/// message, where a format string's parsing shows in profiles.
-inline std::string join(char sep,
-                        std::initializer_list<std::string_view> parts) {
-  std::size_t size = parts.size(); // the separators, and one spare
+// `parts` with `sep` between them, in one allocation, each part written
+// by `append(out, part)`, which adds at most `extra` bytes in all.
+template <class Append>
+std::string join_parts(char sep, std::initializer_list<std::string_view> parts,
+                       std::size_t extra, Append append) {
+  std::size_t size = parts.size() + extra; // the separators, and one spare
   for (auto p : parts)
     size += p.size();
   std::string out;
@@ -50,9 +51,41 @@ inline std::string join(char sep,
     if (!first)
       out.push_back(sep);
     first = false;
-    out.append(p);
+    append(out, p);
   }
   return out;
+}
+
+/// `parts` with `sep` between them, in one allocation: for ids built per
+/// message, where a format string's parsing shows in profiles.
+inline std::string join(char sep,
+                        std::initializer_list<std::string_view> parts) {
+  return join_parts(sep, parts, 0,
+                    [](std::string& out, std::string_view p) { out.append(p); });
+}
+
+/// As `join`, kept injective: when a part holds `sep` or a backslash, every
+/// `sep` and backslash of every part is preceded by a backslash, so two
+/// different lists of parts never make one string (a custom provider's ids
+/// may hold any byte). Parts that hold neither keep `join`'s plain form,
+/// which never holds a backslash: the two forms never meet either. The ids
+/// built from it (journal, delivery, outbox) are stored, so this form is
+/// their format.
+inline std::string join_escaped(char sep,
+                                std::initializer_list<std::string_view> parts) {
+  const char special[] = {sep, '\\', '\0'};
+  bool plain = true;
+  for (auto p : parts)
+    plain = plain && p.find_first_of(special) == std::string_view::npos;
+  if (plain)
+    return join(sep, parts);
+  return join_parts(sep, parts, 8, [sep](std::string& out, std::string_view p) {
+    for (char c : p) {
+      if (c == sep || c == '\\')
+        out.push_back('\\');
+      out.push_back(c);
+    }
+  });
 }
 
 /// Lower-cases the ASCII letters of `s` in place (HTTP header names).
