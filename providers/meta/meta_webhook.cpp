@@ -262,7 +262,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
         }
         chain->busy = true;
       }
-      hand_over(*h.get(), chain, std::move(msg), std::move(id), answer);
+      hand_over(chain, std::move(msg), std::move(id), answer);
     }
     answer->one_done(); // the POST's own part
   }
@@ -301,14 +301,14 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
 
   // Hands `msg` over, and then each next message of the chat accepted
   // meanwhile on this thread; an acceptance reported later (on a store's
-  // thread) hands the next one over there (next_of). A `deliver` that
-  // throws is logged and taken as a refusal for a retry: it and the rest
-  // of its chat are forgotten, and the POST is answered 503 once its other
-  // messages are decided (an answer now would have Meta retry while they
-  // are still pending).
-  void hand_over(provider_host& host, const std::shared_ptr<chat_chain>& chain,
-                 inbound_message msg, std::string id,
-                 const std::shared_ptr<payload_answer>& answer) {
+  // thread) hands the next one over there (next_of). Once the provider
+  // stops, the message and the rest of its chat are forgotten. A `deliver`
+  // that throws is logged and taken as a refusal for a retry: it and the
+  // rest of its chat are forgotten, and the POST is answered 503 once its
+  // other messages are decided (an answer now would have Meta retry while
+  // they are still pending).
+  void hand_over(const std::shared_ptr<chat_chain>& chain, inbound_message msg,
+                 std::string id, const std::shared_ptr<payload_answer>& answer) {
     pump me{chain.get()};
     auto* outer = std::exchange(pumping, &me);
     struct restore {
@@ -318,8 +318,14 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       }
     } back{outer};
     for (;;) {
+      botmesh::internal::host_slot::use h{hosts};
+      if (!h) { // stopped meanwhile
+        forget(id, *answer);
+        take_next(chain, true, *answer); // (forgets the rest)
+        return;
+      }
       me.due = false;
-      hand_over_one(host, chain, std::move(msg), std::move(id), answer);
+      hand_over_one(*h.get(), chain, std::move(msg), std::move(id), answer);
       if (!me.due)
         return;
       auto next = take_next(chain, me.failed, *answer);
@@ -365,7 +371,7 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
       if (!reported->exchange(true)) {
         decided(id, true);
         answer->retry = true;
-        next_of(chain, true, answer); // (hands nothing over: forgets)
+        take_next(chain, true, *answer); // (forgets the rest)
         answer->one_done();
       }
     }
@@ -376,22 +382,13 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
   // left is forgotten.
   void next_of(const std::shared_ptr<chat_chain>& chain, bool failed,
                const std::shared_ptr<payload_answer>& answer) {
-    auto next = take_next(chain, failed, *answer);
-    if (!next)
-      return;
-    botmesh::internal::host_slot::use h{hosts};
-    if (!h) { // stopped meanwhile
-      forget(next->id, *answer);
-      next_of(chain, true, answer); // (forgets the rest)
-      return;
-    }
-    hand_over(*h.get(), chain, std::move(next->msg), std::move(next->id),
-              answer);
+    if (auto next = take_next(chain, failed, *answer))
+      hand_over(chain, std::move(next->msg), std::move(next->id), answer);
   }
 
   // The chat's next message to hand over, or none: the chain is done, or
-  // after a failure (or a stop) every one left was forgotten. A message
-  // taken is the chain's one in flight (busy stays set).
+  // after a failure every one left was forgotten. A message taken is the
+  // chain's one in flight (busy stays set).
   std::optional<queued_message> take_next(const std::shared_ptr<chat_chain>& chain,
                                           bool failed, payload_answer& answer) {
     std::optional<queued_message> next;
@@ -412,11 +409,6 @@ struct webhook_provider::impl : std::enable_shared_from_this<impl> {
     }
     for (auto& q : dropped)
       forget(q.id, answer);
-    if (next && !botmesh::internal::host_slot::use{hosts}) {
-      // Stopped meanwhile: it and the rest are forgotten.
-      forget(next->id, answer);
-      return take_next(chain, true, answer);
-    }
     return next;
   }
 
