@@ -1177,7 +1177,10 @@ bool flow_engine::on_timer(const std::string& key, std::uint64_t id,
     drop(key);
     throw;
   }
-  note_handoff(key, turn);
+  // (A turn that ran nothing hands nothing over: it is given up, not
+  // released.)
+  if (ran)
+    note_handoff(key, turn);
   return ran;
 }
 
