@@ -615,13 +615,7 @@ TEST_CASE("a grant answering an enter its chat gave up on the way makes the "
 TEST_CASE("a failed release is repeated until the backend answers it") {
   lease_fixture f;
   f.hold(key_a, 1, 7);
-  int failures = 3;
-  f.coord->set_policy(op::release, [&](call& c) {
-    if (failures-- > 0)
-      sc::fail(c);
-    else
-      sc::answer(c, f.coord->released(c));
-  });
+  f.coord->fail_first(op::release, 3);
   f.release(key_a, 7);
   f.vs.advance(2000ms);
   CHECK(f.releases(key_a, 7) == 4);
@@ -647,13 +641,7 @@ TEST_CASE("a failed leave is repeated until the backend answers it") {
   lease_fixture f;
   f.acquire(key_a, 1);
   sc::answer(f.coord->last(op::enter), f.coord->waiting(key_a, 1));
-  int failures = 2;
-  f.coord->set_policy(op::leave, [&](call& c) {
-    if (failures-- > 0)
-      sc::fail(c);
-    else
-      sc::answer(c, true);
-  });
+  f.coord->fail_first(op::leave, 2);
   f.leave(key_a, 1);
   f.vs.advance(2000ms);
   CHECK(f.coord->count(op::leave, key_a, 1) == 3);
@@ -668,13 +656,7 @@ TEST_CASE("a turn that changed nothing is given up as a grant that never "
   lease_fixture f;
   auto token = f.hold(key_a, 1, 7);
   f.start(key_a, 7);
-  int failures = 2;
-  f.coord->set_policy(op::leave, [&](call& c) {
-    if (failures-- > 0)
-      sc::fail(c);
-    else
-      sc::answer(c, true);
-  });
+  f.coord->fail_first(op::leave, 2);
   f.pass(key_a, 6); // another fence of the chat: not this turn
   CHECK(f.coord->count(op::leave, key_a, 1) == 0);
   CHECK(token->valid());
@@ -696,13 +678,7 @@ TEST_CASE("a turn that changed nothing is given up as a grant that never "
 TEST_CASE("a failed unlead is repeated until the backend answers it") {
   lease_fixture f;
   auto [session, session_log] = f.elected_session(lead_name);
-  int failures = 2;
-  f.coord->set_policy(op::unlead, [&](call& c) {
-    if (failures-- > 0)
-      sc::fail(c);
-    else
-      sc::answer(c, true);
-  });
+  f.coord->fail_first(op::unlead, 2);
   f.tell(session, botmesh::unlead_atom::value, lead_name);
   f.vs.advance(2000ms);
   CHECK(f.coord->count(op::unlead, lead_name, 1) == 3);

@@ -365,6 +365,19 @@ class scripted_coordinator final : public botmesh::coordinator {
     set_policy(op::renew, nullptr);
   }
 
+  /// The first `failures` calls of `k` (a release, leave or unlead) fail;
+  /// later ones are answered at once, ok (nothing next).
+  void fail_first(op k, int failures) {
+    set_policy(k, [this, k, failures](call& c) mutable {
+      if (failures-- > 0)
+        fail(c);
+      else if (k == op::release)
+        answer(c, released(c));
+      else
+        answer(c, true);
+    });
+  }
+
   /// Releases, leaves and unleads answered at once (ok, nothing next).
   void answer_cleanups() {
     set_policy(op::release, [this](call& c) { answer(c, released(c)); });

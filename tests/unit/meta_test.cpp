@@ -55,6 +55,14 @@ struct signed_poster {
       req.headers.emplace_back("X-Hub-Signature-256", signature);
     return client->request(req);
   }
+
+  /// `post(body)` on a thread of its own (a POST whose answer waits for
+  /// acceptances the test gives): its status, once answered.
+  std::future<int> post_later(std::string body) {
+    return std::async(std::launch::async, [this, body = std::move(body)] {
+      return static_cast<int>(post(body).status);
+    });
+  }
 };
 
 std::unique_ptr<test::fake_api> fake_graph() {
@@ -698,12 +706,12 @@ TEST_CASE("with durability a WhatsApp message redelivered while it is being "
   signed_poster post{p->server().url() + "/whatsapp"};
   signed_poster again{p->server().url() + "/whatsapp"};
   auto m1 = wa_payload("[" + wa_text("w1", "346", "uno") + "]");
-  auto first = std::async(std::launch::async, [&] { return post.post(m1).status; });
+  auto first = post.post_later(m1);
   REQUIRE(test::eventually([&] {
     std::lock_guard guard{backend->mtx};
     return backend->held.size() == 1;
   }));
-  auto second = std::async(std::launch::async, [&] { return again.post(m1).status; });
+  auto second = again.post_later(m1);
   REQUIRE(test::eventually([&] { return p->stats().duplicates == 1; }));
   CHECK(second.wait_for(100ms) == std::future_status::timeout); // not yet
   backend->fail_held = true;
@@ -749,7 +757,7 @@ TEST_CASE("a WhatsApp POST hands a chat's messages over one after the "
   auto body = wa_payload("[" + wa_text("w1", "346", "uno") + ","
                          + wa_text("w2", "346", "dos") + ","
                          + wa_text("w3", "347", "otro chat") + "]");
-  auto first = std::async(std::launch::async, [&] { return post.post(body).status; });
+  auto first = post.post_later(body);
   REQUIRE(test::eventually([&] { return host.delivered() == 2; }));
   {
     std::lock_guard guard{host.mtx};
@@ -763,7 +771,7 @@ TEST_CASE("a WhatsApp POST hands a chat's messages over one after the "
   CHECK(first.get() == 503);
   CHECK(host.delivered() == 2);
   signed_poster again{p->server().url() + "/whatsapp"};
-  auto second = std::async(std::launch::async, [&] { return again.post(body).status; });
+  auto second = again.post_later(body);
   REQUIRE(host.accept_when_delivered(2, botmesh::errc::none));
   REQUIRE(host.accept_when_delivered(3, botmesh::errc::none));
   CHECK(second.get() == 200);
@@ -786,18 +794,18 @@ TEST_CASE("a WhatsApp retry whose earlier message is still pending holds "
   auto only_a1 = wa_payload("[" + wa_text("a1", "346", "uno") + "]");
   auto both = wa_payload("[" + wa_text("a1", "346", "uno") + ","
                          + wa_text("a2", "346", "dos") + "]");
-  auto first = std::async(std::launch::async, [&] { return post1.post(only_a1).status; });
+  auto first = post1.post_later(only_a1);
   REQUIRE(test::eventually([&] { return host.delivered() == 1; }));
   // Meta gave up on the first POST's answer and sends a batch with a1 (still
   // pending) and a2: a2 must not be handed over before a1 is decided.
-  auto second = std::async(std::launch::async, [&] { return post2.post(both).status; });
+  auto second = post2.post_later(both);
   REQUIRE(test::eventually([&] { return p->stats().duplicates == 1; }));
   CHECK(second.wait_for(200ms) == std::future_status::timeout);
   CHECK(host.delivered() == 1);
   host.accept(0, botmesh::errc::store_error); // a1's journal write failed
   CHECK(first.get() == 503);
   CHECK(second.get() == 503);
-  auto third = std::async(std::launch::async, [&] { return post3.post(both).status; });
+  auto third = post3.post_later(both);
   REQUIRE(host.accept_when_delivered(1, botmesh::errc::none));
   REQUIRE(host.accept_when_delivered(2, botmesh::errc::none));
   CHECK(third.get() == 200);
@@ -818,7 +826,7 @@ TEST_CASE("a WhatsApp message repeated within one POST is handed over once "
   auto body = wa_payload("[" + wa_text("a1", "346", "uno") + ","
                          + wa_text("a1", "346", "uno") + ","
                          + wa_text("a2", "346", "dos") + "]");
-  auto answer = std::async(std::launch::async, [&] { return post.post(body).status; });
+  auto answer = post.post_later(body);
   REQUIRE(host.accept_when_delivered(0, botmesh::errc::none));
   REQUIRE(host.accept_when_delivered(1, botmesh::errc::none));
   CHECK(answer.get() == 200);
@@ -886,7 +894,7 @@ TEST_CASE("with durability a WhatsApp chat's next message of a POST, handed "
   signed_poster post{p->server().url() + "/whatsapp"};
   auto body = wa_payload("[" + wa_text("w1", "346", "uno") + ","
                          + wa_text("w2", "346", "dos") + "]");
-  auto answer = std::async(std::launch::async, [&] { return post.post(body).status; });
+  auto answer = post.post_later(body);
   REQUIRE(test::eventually([&] {
     std::lock_guard guard{backend->mtx};
     return backend->held.size() == 1; // w1's write; w2 waits for it
@@ -920,7 +928,7 @@ TEST_CASE("with durability a WhatsApp chat's message found a duplicate by the "
   auto body = wa_payload("[" + wa_text("a1", "346", "uno") + ","
                          + wa_text("b1", "346", "antes") + ","
                          + wa_text("c1", "346", "dos") + "]");
-  auto answer = std::async(std::launch::async, [&] { return post.post(body).status; });
+  auto answer = post.post_later(body);
   REQUIRE(test::eventually([&] {
     std::lock_guard guard{backend->mtx};
     return backend->held.size() == 1;
@@ -976,7 +984,7 @@ TEST_CASE("a WhatsApp payload of 2 MiB (Meta sends up to 3 MB) is taken "
                                       std::string(4100, 'a'));
   auto body = wa_payload("[" + texts + "]");
   REQUIRE(body.size() > 2 * 1024 * 1024);
-  auto answer = std::async(std::launch::async, [&] { return post.post(body).status; });
+  auto answer = post.post_later(body);
   // One chat's: each is handed over once the one before was accepted.
   for (std::size_t i = 0; i < 512; ++i)
     REQUIRE(host.accept_when_delivered(i, botmesh::errc::none));
@@ -1001,8 +1009,7 @@ TEST_CASE("a WhatsApp chat's messages accepted on the thread that hands "
   std::string texts;
   for (int i = 0; i < n; ++i)
     texts += (i ? "," : "") + wa_text("w" + std::to_string(i), "346", "a");
-  auto answer = std::async(std::launch::async,
-                           [&] { return post.post(wa_payload("[" + texts + "]")).status; });
+  auto answer = post.post_later(wa_payload("[" + texts + "]"));
   REQUIRE(test::eventually([&] { return host.delivered() == 1; }));
   // Until the POST's loop is done, only the first is handed over (the
   // others wait for it); then its acceptance hands the rest over here.
@@ -1034,8 +1041,7 @@ TEST_CASE("a WhatsApp chat's message refused inline while its chain is "
   std::string texts;
   for (int i = 0; i < 5; ++i)
     texts += (i ? "," : "") + wa_text("w" + std::to_string(i), "346", "a");
-  auto answer = std::async(std::launch::async,
-                           [&] { return post.post(wa_payload("[" + texts + "]")).status; });
+  auto answer = post.post_later(wa_payload("[" + texts + "]"));
   REQUIRE(test::eventually([&] { return host.delivered() == 1; }));
   std::this_thread::sleep_for(100ms); // the POST queues the chat's others
   host.first.accepted(botmesh::errc::none);
@@ -1047,8 +1053,7 @@ TEST_CASE("a WhatsApp chat's message refused inline while its chain is "
   }
   // The retry: w0 and w1 are duplicates; w2 on are handed over again.
   signed_poster again{p->server().url() + "/whatsapp"};
-  auto retry = std::async(std::launch::async,
-                          [&] { return again.post(wa_payload("[" + texts + "]")).status; });
+  auto retry = again.post_later(wa_payload("[" + texts + "]"));
   CHECK(retry.get() == 200);
   std::lock_guard guard{host.mtx};
   CHECK(host.ids
@@ -1080,13 +1085,13 @@ TEST_CASE("a WhatsApp message whose acceptance is still coming when the "
   CHECK(first.get() != 200);
   p->start(host);
   signed_poster again{url};
-  auto second = std::async(std::launch::async, [&] { return again.post(m1).status; });
+  auto second = again.post_later(m1);
   REQUIRE(test::eventually([&] { return p->stats().duplicates == 1; }));
   // It waits for w1's acceptance, which fails: Meta must deliver it again.
   CHECK(second.wait_for(100ms) == std::future_status::timeout);
   host.accept(0, botmesh::errc::store_error);
   CHECK(second.get() == 503);
-  auto third = std::async(std::launch::async, [&] { return again.post(m1).status; });
+  auto third = again.post_later(m1);
   REQUIRE(host.accept_when_delivered(1, botmesh::errc::none));
   CHECK(third.get() == 200);
   p->stop();
