@@ -476,8 +476,10 @@ class session : public std::enable_shared_from_this<session> {
   /// Called by the sweep: closes the connection when its deadline passed.
   void check(steady::time_point now) {
     if (now >= deadline_) {
-      ++srv_->n_timeouts;
       close();
+      // Counted once closed: who reads the count may rely on the close
+      // (a client that sees it then finds its pooled connection shut).
+      ++srv_->n_timeouts;
     }
   }
 
