@@ -601,7 +601,10 @@ class bot {
   /// and `run()`, the next `stop()` from another thread and the destructor
   /// wait for it. The same from a listener that a provider's delivery runs
   /// on the provider's own thread (a refusal's error event): stopping the
-  /// provider there would wait for that very thread. (Not from a task on
+  /// provider there would wait for that very thread. And from a listener
+  /// that an event of the stop's own end runs on the thread reporting it
+  /// (a journal operation that fails after the handler pool stopped): the
+  /// stop waits for that operation. (Not from a task on
   /// `scheduler_options::executor`: those threads are not known, and such
   /// a task waits for itself.)
   void stop();

@@ -2054,3 +2054,54 @@ TEST_CASE("a bot that goes waits for a journal write still in flight, "
   CHECK(opened_at.load() != 0);
   CHECK(gone_at >= opened_at.load());
 }
+
+TEST_CASE("with durability a listener that stops the bot from a journal "
+          "failure reported after the handler pool stopped does not wait "
+          "for the stop that waits for it") {
+  auto g = std::make_shared<test::gated_backend>();
+  g->open();
+  auto p = std::make_shared<botmesh::testing_provider>();
+  auto d = durable(g);
+  d.lease = "3s"; // beats every second, each believed for 2.7 s
+  botmesh::bot b{{.provider = p, .stop_timeout = "50ms", .durability = d}};
+  std::promise<void> started, go;
+  auto resume = go.get_future().share();
+  b.on_message([&](botmesh::context&) {
+    started.set_value();
+    resume.wait(); // ignores its stop token: outlives the journal's end
+  });
+  std::mutex mtx;
+  std::vector<std::thread::id> ran_on;
+  std::atomic<int> stops_returned{0};
+  b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
+    if (e.code != errc::store_error)
+      return;
+    {
+      std::lock_guard guard{mtx};
+      ran_on.push_back(std::this_thread::get_id());
+    }
+    b.stop(); // an operator's rule: a broken journal stops the bot
+    ++stops_returned;
+  });
+  b.start();
+  p->inject(msg("ana", "m1", "hola"));
+  started.get_future().wait();
+  std::thread stopper{[&] {
+    test::run_or_abort([&] { b.stop(); }, 60s,
+                       "stop() and a listener's stop() wait for each other");
+  }};
+  // The retire landed: the stop is past the journal's operations it waits
+  // for before the chats end. The handler's confirm, made now, fails once
+  // the handler pool has stopped; its error event runs on the thread that
+  // reports it, which the stop waits for.
+  REQUIRE(test::eventually(
+    [&] { return !claim_as_other(g->inner).records.empty(); }, 5s));
+  g->late_settles = 1;
+  go.set_value();
+  stopper.join();
+  CHECK(stops_returned == 1);
+  std::lock_guard guard{mtx};
+  std::lock_guard guard2{g->mtx};
+  REQUIRE(g->late_threads.size() == 1);
+  CHECK(ran_on == std::vector<std::thread::id>{g->late_threads[0]});
+}

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include <botmesh/runtime/bot.hpp>
@@ -30,6 +31,15 @@ class gated_backend final : public botmesh::durable_backend {
   std::atomic<int> fail_settles{0}; // this many confirms/releases fail, unrun
   std::atomic<int> fail_outbox{0};  // this many outbox entry writes fail, unrun
   std::atomic<bool> fail_start{false}; // start() throws (a file it cannot open)
+  // This many confirms/releases fail late, unrun: answered 500 ms later
+  // on a thread of their own, whose ids `late_threads` keeps.
+  std::atomic<int> late_settles{0};
+  std::vector<std::thread::id> late_threads; // guarded by mtx
+
+  ~gated_backend() override {
+    for (auto& t : late)
+      t.join();
+  }
 
   void start() override {
     if (fail_start)
@@ -91,15 +101,35 @@ class gated_backend final : public botmesh::durable_backend {
   }
   void confirm(std::string_view id, std::string_view holder,
                completion<bool> done) override {
-    if (take(fail_settles))
-      return done(false, settle_failure());
+    if (settle_fails(done))
+      return;
     inner.confirm(id, holder, std::move(done));
   }
   void release(std::string_view id, std::string_view holder,
                completion<bool> done) override {
-    if (take(fail_settles))
-      return done(false, settle_failure());
+    if (settle_fails(done))
+      return;
     inner.release(id, holder, std::move(done));
+  }
+  // Answers `done` with a failure when one is due (fail_settles at once,
+  // late_settles later).
+  bool settle_fails(completion<bool>& done) {
+    if (take(fail_settles)) {
+      done(false, settle_failure());
+      return true;
+    }
+    if (!take(late_settles))
+      return false;
+    std::lock_guard guard{mtx};
+    late.emplace_back([this, done = std::move(done)] {
+      {
+        std::lock_guard guard{mtx};
+        late_threads.push_back(std::this_thread::get_id());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{500});
+      done(false, settle_failure());
+    });
+    return true;
   }
   void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
                       std::size_t limit, std::uint32_t max_attempts,
@@ -166,6 +196,9 @@ class gated_backend final : public botmesh::durable_backend {
                      completion<bool> done) override {
     inner.outbox_forget(send_id, writer, std::move(done));
   }
+
+ private:
+  std::vector<std::thread> late; // guarded by mtx
 };
 
 // An open gated backend whose journal writes fail until the test clears

@@ -30,22 +30,29 @@ inline bool eventually(const std::function<bool()>& pred,
   return true;
 }
 
-/// Resets `p` on this thread. A destructor that hangs longer than `limit`
-/// would hold the whole run: the process then says `what` and aborts.
-template <class T>
-void reset_or_abort(std::unique_ptr<T>& p, std::chrono::seconds limit,
-                    const char* what) {
-  std::atomic<bool> gone{false};
+/// Runs `fn` on this thread. A call that hangs longer than `limit` (a
+/// deadlock) would hold the whole run: the process then says `what` and
+/// aborts.
+inline void run_or_abort(const std::function<void()>& fn,
+                         std::chrono::seconds limit, const char* what) {
+  std::atomic<bool> done{false};
   std::thread watchdog{[&] {
-    if (!eventually([&] { return gone.load(); }, limit)) {
+    if (!eventually([&] { return done.load(); }, limit)) {
       std::fputs(what, stderr);
       std::fputs("\n", stderr);
       std::abort();
     }
   }};
-  p.reset();
-  gone = true;
+  fn();
+  done = true;
   watchdog.join();
+}
+
+/// Resets `p` on this thread, as run_or_abort: a destructor that hangs.
+template <class T>
+void reset_or_abort(std::unique_ptr<T>& p, std::chrono::seconds limit,
+                    const char* what) {
+  run_or_abort([&] { p.reset(); }, limit, what);
 }
 
 /// Sets `p` when opened or when it goes out of scope, whichever comes

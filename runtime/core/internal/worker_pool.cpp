@@ -11,8 +11,25 @@
 namespace botmesh::internal {
 
 namespace {
-// The pool whose worker this thread is (null elsewhere).
+// The pool whose worker this thread is, or whose job it runs after the
+// pool shut down (null elsewhere).
 thread_local const worker_pool* current_pool = nullptr;
+
+// A job of `pool` run on the caller's thread (the pool shut down).
+class running_for {
+ public:
+  explicit running_for(const worker_pool* pool) : previous_(current_pool) {
+    current_pool = pool;
+  }
+  ~running_for() {
+    current_pool = previous_;
+  }
+  running_for(const running_for&) = delete;
+  running_for& operator=(const running_for&) = delete;
+
+ private:
+  const worker_pool* previous_;
+};
 } // namespace
 
 worker_pool::worker_pool(std::size_t core, std::size_t max,
@@ -60,8 +77,10 @@ bool worker_pool::queue(std::size_t n, Push&& push) {
 }
 
 void worker_pool::post(std::function<void()> job) {
-  if (!queue(1, [&] { jobs_.push_back(std::move(job)); }))
+  if (!queue(1, [&] { jobs_.push_back(std::move(job)); })) {
+    running_for scope{this};
     job();
+  }
 }
 
 void worker_pool::post_batch(std::vector<std::function<void()>>& jobs) {
@@ -70,9 +89,11 @@ void worker_pool::post_batch(std::vector<std::function<void()>>& jobs) {
   if (!queue(jobs.size(), [&] {
         for (auto& job : jobs)
           jobs_.push_back(std::move(job));
-      }))
+      })) {
+    running_for scope{this};
     for (auto& job : jobs)
       job();
+  }
   jobs.clear();
 }
 

@@ -45,7 +45,10 @@ class worker_pool {
   worker_pool& operator=(const worker_pool&) = delete;
 
   /// Queues `job`. After `shutdown()` the job runs on the caller's thread,
-  /// so a late turn still completes and reports done.
+  /// so a late turn still completes and reports done. It runs there as
+  /// this pool's job: current_owner() names this pool's owner meanwhile
+  /// (a listener it runs that stops its owner must not wait for the
+  /// caller, which that stop may be waiting for).
   void post(std::function<void()> job);
 
   /// Queues `jobs` in order, as if each were posted, but under one lock and
