@@ -694,6 +694,10 @@ struct bot::impl final : chat_services,
       durable->give_back(key, ev);
   }
 
+  void acknowledge(delivery_callbacks& cb) override {
+    report_then_send(cb, nullptr);
+  }
+
   void reinject(chat_event ev) override {
     enqueued(ev);
     caf::anon_send(router_handle, make_event(std::move(ev)));

@@ -162,10 +162,6 @@ void durable_intake::journal(std::string key, inbound_message msg,
        cb = std::move(cb),
        finished](journal_put put, std::exception_ptr e) mutable {
         if (e) {
-          failed(key,
-                 fmt::format("recording message {} in the inbound journal",
-                             msg.id),
-                 e);
           errc code = errc::store_error;
           try {
             std::rethrow_exception(e);
@@ -174,6 +170,15 @@ void durable_intake::journal(std::string key, inbound_message msg,
           } catch (...) {
             // store_error
           }
+          // Before the provider hears (a chain's next message of the chat
+          // may come from its report): the chat's later messages wait. Not
+          // for a write the backend refused outright (it never landed).
+          if (code != errc::corrupted_record && code != errc::invalid_argument)
+            hold(key, id, gen);
+          failed(key,
+                 fmt::format("recording message {} in the inbound journal",
+                             msg.id),
+                 e);
           if (cb.accepted) {
             // Guarded: what follows (and finished()) must run, or stop()
             // would wait for this operation for good.
@@ -207,7 +212,8 @@ void durable_intake::journal(std::string key, inbound_message msg,
           ev.attempt = 1;
           ev.heartbeat_epoch = epoch;
           ev.journal_gen = gen;
-          host_.accept(std::move(ev), std::move(cb));
+          if (!held_back(key, ev, cb))
+            host_.accept(std::move(ev), std::move(cb));
         }
         finished();
       });
@@ -498,10 +504,23 @@ void durable_intake::beat(std::function<void()> done) {
     return;
   }
   auto limit = host_.may_claim() ? claim_batch_ : 0;
+  // Waited-for ids whose generation was retired before this beat left:
+  // a claim that takes all it may finds them, if they landed and no other
+  // replica took them first.
+  std::vector<std::pair<std::string, std::string>> findable;
+  if (limit > 0) {
+    std::lock_guard guard{mtx_};
+    for (auto& [key, h] : held_)
+      for (auto& item : h.items)
+        if (!item.ev && !item.settled && item.gen < gen
+            && !open_.contains(item.gen))
+          findable.emplace_back(key, item.id);
+  }
   op([&](std::function<void()> finished) {
     backend_->beat_and_claim(
       holder_of(gen), lease_, limit, max_attempts_,
-      [this, sent, gen, limit, done = std::move(done),
+      [this, sent, gen, limit, findable = std::move(findable),
+       done = std::move(done),
        finished](durable_backend::claim_result r, std::exception_ptr e) {
         if (e) {
           failed({}, "the journal beat (heartbeat and claim)", e);
@@ -509,12 +528,195 @@ void durable_intake::beat(std::function<void()> done) {
             suspect(gen); // it may have claimed records, its reply lost
         } else {
           renewed(sent, false);
+          bool whole = r.records.size() + r.dropped.size()
+                         + r.corrupted.size()
+                       < limit;
           claimed(std::move(r), gen);
+          // Not found: it never landed, or another replica took it.
+          if (whole)
+            for (auto& [key, id] : findable)
+              if (resolved(key, id))
+                release(key);
         }
+        expire_holds();
         done();
         finished();
       });
   });
+}
+
+// -- a chat held back behind a write that failed (see held_) ----------------
+
+void durable_intake::hold(const std::string& key, const std::string& id,
+                          std::uint32_t gen) {
+  std::lock_guard guard{mtx_};
+  if (!holding_)
+    return;
+  auto& h = held_[key];
+  h.until = steady::now() + 2 * lease_;
+  for (auto& item : h.items)
+    if (item.id == id) {
+      // Waited for already (its retry failed too), or parked: its record
+      // is held here and runs here.
+      if (!item.ev) {
+        item.gen = std::max(item.gen, gen);
+        item.settled = false;
+      }
+      return;
+    }
+  h.items.push_back(held_item{.id = id, .gen = gen});
+}
+
+durable_intake::held_item* durable_intake::waited_for(held_chat& h,
+                                                      const std::string& id) {
+  for (auto& item : h.items)
+    if (!item.ev && item.id == id)
+      return &item;
+  return nullptr;
+}
+
+// A message of a chat held back, journaled (`ev.journal` written anew
+// under `ev.journal_gen`): parked and acknowledged, or left to the claim.
+// False when its chat is not held back (the caller accepts it).
+bool durable_intake::held_back(const std::string& key, chat_event& ev,
+                               delivery_callbacks& cb) {
+  delivery_callbacks ack;
+  bool to_claim = false;
+  {
+    std::lock_guard guard{mtx_};
+    if (held_.empty())
+      return false;
+    auto i = held_.find(key);
+    if (i == held_.end())
+      return false;
+    auto& h = i->second;
+    if (auto* w = waited_for(h, ev.journal)) {
+      // A retry written anew: the first write had not landed. It runs in
+      // the place that one had, ahead of what came after it.
+      ack.accepted = std::exchange(cb.accepted, nullptr);
+      w->ev = std::move(ev);
+      w->cb = std::move(cb);
+    } else if (std::any_of(h.items.begin(), h.items.end(),
+                           [&](const held_item& x) {
+                             return !x.ev && !x.settled
+                                    && x.gen == ev.journal_gen;
+                           })) {
+      // Held by a generation the chat waits for: the claim that takes the
+      // earlier record over takes this one after it (arrival order).
+      h.items.push_back(held_item{.id = ev.journal, .gen = ev.journal_gen});
+      to_claim = true;
+    } else {
+      ack.accepted = std::exchange(cb.accepted, nullptr);
+      h.items.push_back(held_item{.ev = std::move(ev), .cb = std::move(cb)});
+    }
+    if (!to_claim)
+      ++h.acking;
+  }
+  if (to_claim) {
+    close_one(ev.journal_gen); // nothing here handles it
+    host_.acknowledge(cb);
+    if (cb.turn_ended)
+      cb.turn_ended(turn_outcome::untracked);
+    return true;
+  }
+  host_.acknowledge(ack);
+  acked(key);
+  return true;
+}
+
+// A waited-for id of `key` is settled; true when its chat may go on (the
+// caller releases it).
+bool durable_intake::resolved(const std::string& key, const std::string& id) {
+  std::lock_guard guard{mtx_};
+  if (held_.empty())
+    return false;
+  auto i = held_.find(key);
+  if (i == held_.end())
+    return false;
+  auto* w = waited_for(i->second, id);
+  if (!w || w->settled)
+    return false;
+  w->settled = true;
+  return true;
+}
+
+// A parked message's acceptance was reported: its turn may come.
+void durable_intake::acked(const std::string& key) {
+  {
+    std::lock_guard guard{mtx_};
+    auto i = held_.find(key);
+    if (i == held_.end() || --i->second.acking > 0)
+      return;
+  }
+  release(key);
+}
+
+// Routes the chat's parked messages, in order, up to the first id still
+// waited for, and while none is being acknowledged (a turn must not end
+// before its acceptance is reported). One thread at a time: one that
+// parks meanwhile leaves its message to the thread routing.
+void durable_intake::release(const std::string& key) {
+  bool mine = false;
+  for (;;) {
+    std::vector<held_item> batch;
+    {
+      std::lock_guard guard{mtx_};
+      auto i = held_.find(key);
+      if (i == held_.end())
+        return;
+      auto& h = i->second;
+      if (h.releasing && !mine)
+        return;
+      if (h.acking == 0)
+        while (!h.items.empty() && (h.items.front().ev || h.items.front().settled)) {
+          if (h.items.front().ev)
+            batch.push_back(std::move(h.items.front()));
+          h.items.pop_front();
+        }
+      if (batch.empty()) {
+        h.releasing = false;
+        if (h.items.empty() && h.acking == 0)
+          held_.erase(i);
+        return;
+      }
+      h.releasing = mine = true;
+    }
+    for (auto& item : batch)
+      host_.accept(std::move(*item.ev), std::move(item.cb));
+  }
+}
+
+// Chats held back for two leases: their parked messages run now, and an
+// error event names what they may overtake.
+void durable_intake::expire_holds() {
+  std::vector<std::pair<std::string, std::string>> expired;
+  {
+    std::lock_guard guard{mtx_};
+    auto now = steady::now();
+    for (auto& [key, h] : held_) {
+      if (now < h.until)
+        continue;
+      std::string ids;
+      for (auto& item : h.items)
+        if (!item.ev && !item.settled) {
+          ids += (ids.empty() ? "" : ", ") + item.id;
+          item.settled = true;
+        }
+      if (!ids.empty())
+        expired.emplace_back(key, std::move(ids));
+    }
+  }
+  for (auto& [key, ids] : expired) {
+    ++journal_errors_;
+    host_.report(errc::store_error,
+                 fmt::format("chat {}: its later messages run now, before "
+                             "journal record(s) {} if they were recorded: "
+                             "their writes failed and no beat took them over "
+                             "within two leases ({} ms)",
+                             key, ids, 2 * lease_.count()),
+                 key);
+    release(key);
+  }
 }
 
 void durable_intake::retire(std::function<void()> done) {
@@ -527,6 +729,20 @@ void durable_intake::retire(std::function<void()> done) {
   std::vector<std::uint32_t> gens;
   std::vector<std::pair<held_record, entry>> rewrite;
   std::function<void()> go;
+  // No beat comes after this: what is parked goes to the router, which
+  // refuses it as the bot stops (its record given back).
+  std::vector<std::string> parked;
+  {
+    std::lock_guard guard{mtx_};
+    holding_ = false;
+    for (auto& [key, h] : held_) {
+      for (auto& item : h.items)
+        item.settled = true;
+      parked.push_back(key);
+    }
+  }
+  for (auto& key : parked)
+    release(key);
   {
     std::lock_guard guard{mtx_};
     for (auto& [g, n] : open_)
@@ -617,7 +833,13 @@ void durable_intake::claimed(durable_backend::claim_result r,
   // record held by a holder that lapses, so the next one gives it up, and
   // reports it, again. Counted open in its generation until then, so the
   // generation is not retired under it (it would be given up twice).
+  std::vector<std::string> go_on; // held chats that wait for nothing more
+  auto settled = [&](const std::string& key, const std::string& id) {
+    if (resolved(key, id))
+      go_on.push_back(key);
+  };
   for (auto& rec : r.dropped) {
+    settled(rec.key, rec.id);
     open_in(gen);
     host_.report(
       errc::handler_failed,
@@ -640,11 +862,12 @@ void durable_intake::claimed(durable_backend::claim_result r,
                                rec.key, rec.id, e.what()),
                    rec.key);
       settle_as(rec.key, rec.id, true, gen, false);
+      settled(rec.key, rec.id);
       continue;
     }
     ++reprocessed_;
     chat_event ev{std::move(msg), 0, {}};
-    ev.journal = std::move(rec.id);
+    ev.journal = rec.id;
     ev.attempt = rec.attempts;
     // Never written ahead, even as attempt 1 (a record whose earlier
     // holders only refused it, release_unhandled): its sends wait for the
@@ -652,8 +875,12 @@ void durable_intake::claimed(durable_backend::claim_result r,
     ev.heartbeat_epoch = std::numeric_limits<std::uint64_t>::max();
     ev.journal_gen = gen;
     open_in(gen);
+    auto key = rec.key;
     host_.reinject(std::move(ev));
+    settled(key, rec.id); // its chat's parked messages go after it
   }
+  for (auto& key : go_on)
+    release(key);
 }
 
 // The validity is read first: renewed() counts a gap before it moves the

@@ -10,11 +10,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -98,6 +101,10 @@ class durable_host {
   virtual void duplicate(delivery_callbacks cb) = 0;
   /// A claimed record, to be routed like a new message.
   virtual void reinject(chat_event ev) = 0;
+  /// Tells the provider a journaled message was accepted whose turn comes
+  /// later (it waits behind an earlier message of its chat): `accept` then
+  /// routes it, given callbacks with no `accepted` left.
+  virtual void acknowledge(delivery_callbacks& cb) = 0;
   /// An error event (posted to the handler pool), and `then` (if any)
   /// once its listeners ran (on the handler pool, or inline once the pool
   /// shut down).
@@ -224,6 +231,13 @@ class durable_intake {
   void write_entry(const held_record& record, entry e);
   void failed(const std::string& key, std::string what, std::exception_ptr e);
   void claimed(durable_backend::claim_result r, std::uint32_t gen);
+  void hold(const std::string& key, const std::string& id, std::uint32_t gen);
+  bool held_back(const std::string& key, chat_event& ev,
+                 delivery_callbacks& cb);
+  bool resolved(const std::string& key, const std::string& id);
+  void acked(const std::string& key);
+  void release(const std::string& key);
+  void expire_holds();
 
   std::shared_ptr<durable_backend> backend_;
   std::uint32_t max_attempts_;
@@ -265,6 +279,37 @@ class durable_intake {
     std::string key{};
   };
   std::map<held_record, unlanded> unlanded_;
+  // Chats held back behind a message whose journal write failed: it may
+  // have landed (its reply lost), leaving a record held by a suspect
+  // generation that a beat takes over once that generation is retired.
+  // The platform's retry is then a duplicate; a later message of the
+  // chat, run at once, would overtake it. So the chat's later messages
+  // are journaled and acknowledged, but parked here, in order, behind
+  // each such id until it is settled: written anew (the first write had
+  // not landed: it runs in its place), taken over here (re-injected
+  // first), given up, not found by a claim made after its generation was
+  // retired (it never landed, or another replica took it), or two leases
+  // passed (an error event says so). A later message written under the
+  // very generation waited for is left to the claim too, which takes it
+  // after in arrival order (parked here, it would keep that generation
+  // from being retired). Parking, not refusing: a refusal would stop a
+  // Telegram poller's whole batch, and every chat with it.
+  struct held_item {
+    std::optional<chat_event> ev{}; // a parked message, else an id waited for
+    delivery_callbacks cb{};        // its `accepted` already called
+    std::string id{};               // (waited for) its record
+    std::uint32_t gen = 0;          // (waited for) the generation holding it
+    bool settled = false;           // (waited for) no longer
+  };
+  struct held_chat {
+    std::deque<held_item> items{};
+    steady::time_point until{};
+    std::size_t acking = 0; // parked, their acceptance not yet reported
+    bool releasing = false; // a thread is routing the parked ones
+  };
+  std::unordered_map<std::string, held_chat> held_;
+  static held_item* waited_for(held_chat& h, const std::string& id);
+  bool holding_ = true; // false once retired: nothing is held back after
   // A retire waiting for the outbox entries in flight (see retire()).
   std::function<void()> retiring_;
   bool retired_ = false; // retiring_ ran: no beat comes any more

@@ -1131,6 +1131,214 @@ TEST_CASE("with durability a journal write whose reply was lost is handled "
     [&] { backend->lose_record_replies = false; });
 }
 
+namespace {
+
+// A bot over `backend` whose handler records the texts it sees.
+struct recording_bot {
+  std::shared_ptr<botmesh::testing_provider> p =
+    std::make_shared<botmesh::testing_provider>();
+  test::error_log errors;
+  std::mutex mtx;
+  std::vector<std::string> seen;
+  std::function<void()> on_espera; // runs for "espera", which is not recorded
+  botmesh::bot b;
+
+  explicit recording_bot(botmesh::durability_options d)
+    : b{{.provider = p, .durability = std::move(d)}} {
+    errors.attach(b);
+    b.on_message([this](botmesh::context& c) {
+      if (c.text() == "espera" && on_espera) {
+        on_espera();
+        return;
+      }
+      std::lock_guard guard{mtx};
+      seen.push_back(c.text());
+    });
+  }
+
+  std::vector<std::string> texts() {
+    std::lock_guard guard{mtx};
+    return seen;
+  }
+
+  bool wait_seen(std::size_t n) {
+    return test::eventually([&] { return texts().size() >= n; });
+  }
+
+  // The texts of chat "ana" ("otra" is another chat's).
+  std::vector<std::string> ana() {
+    auto all = texts();
+    std::erase(all, std::string{"otra"});
+    return all;
+  }
+};
+
+} // namespace
+
+TEST_CASE("with durability a chat's next message does not overtake one whose "
+          "journal write lost its reply: it is accepted and parked until a "
+          "beat took that record over") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  recording_bot r{durable(backend)};
+  r.b.start();
+  backend->lose_record_replies = true;
+  CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::timeout);
+  backend->lose_record_replies = false;
+  // The chat's next message is taken (no refusal: a poller would stop its
+  // whole batch there); another chat runs at once.
+  CHECK(acceptance(*r.p, msg("ana", "m2", "dos")) == errc::none);
+  CHECK(acceptance(*r.p, msg("eva", "e1", "otra")) == errc::none);
+  // The platform's retry of m1: recorded already, a duplicate.
+  CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::none);
+  REQUIRE(r.wait_seen(3));
+  r.b.stop();
+  CHECK(r.ana() == std::vector<std::string>{"uno", "dos"});
+  // m1 taken over; m2 too when it was written under the generation m1's
+  // record waits in (before the next beat), else parked here.
+  CHECK(r.b.stats().reprocessed >= 1);
+  CHECK(r.b.stats().duplicates == 1);
+  CHECK(r.errors.count(errc::timeout) == 1); // the lost reply, nothing else
+  CHECK(r.errors.all().size() == 1);
+}
+
+TEST_CASE("with durability a retry written anew of a message whose journal "
+          "write failed runs in its place, ahead of the chat's messages "
+          "parked behind it") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  // A lease of 6 s: no beat settles the failed write while the test runs.
+  auto d = durable(backend);
+  d.lease = "6s";
+  recording_bot r{d};
+  r.b.start();
+  CHECK(acceptance(*r.p, msg("ana", "m0", "cero")) == errc::none);
+  REQUIRE(r.wait_seen(1));
+  backend->fail_next_records = 1;
+  CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::store_error);
+  // The next generation's first beat: what comes now is written under it,
+  // parked here (the beat after retires the first generation, and looks
+  // for m1).
+  REQUIRE(test::eventually([&] { return backend->beats_of_generation(1) >= 1; }));
+  CHECK(acceptance(*r.p, msg("ana", "m2", "dos")) == errc::none);
+  CHECK(acceptance(*r.p, msg("ana", "m3", "tres")) == errc::none);
+  CHECK(acceptance(*r.p, msg("eva", "e1", "otra")) == errc::none);
+  REQUIRE(r.wait_seen(2));
+  std::this_thread::sleep_for(200ms);
+  CHECK(r.ana() == std::vector<std::string>{"cero"}); // dos and tres wait
+  // Written anew: the first write had not landed.
+  CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::none);
+  REQUIRE(r.wait_seen(5));
+  r.b.stop();
+  CHECK(r.ana() == std::vector<std::string>{"cero", "uno", "dos", "tres"});
+  CHECK(r.b.stats().reprocessed == 0);
+}
+
+TEST_CASE("with durability a retry written anew of a message whose journal "
+          "write failed runs ahead of the chat's next message left to the "
+          "claim") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  auto d = durable(backend);
+  d.lease = "1s";
+  recording_bot r{d};
+  r.b.start();
+  backend->fail_next_records = 1;
+  CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::store_error);
+  // Most likely written under the generation the failed write was in (no
+  // beat came between): its record is left to the claim that retires it.
+  CHECK(acceptance(*r.p, msg("ana", "m2", "dos")) == errc::none);
+  CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::none);
+  REQUIRE(r.wait_seen(2));
+  r.b.stop();
+  CHECK(r.ana() == std::vector<std::string>{"uno", "dos"});
+}
+
+TEST_CASE("with durability a message whose failed journal write is never "
+          "retried holds its chat back only until a claim shows it was not "
+          "recorded") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  recording_bot r{durable(backend)}; // lease 300 ms
+  r.b.start();
+  backend->fail_next_records = 1;
+  CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::store_error);
+  CHECK(acceptance(*r.p, msg("ana", "m2", "dos")) == errc::none);
+  REQUIRE(r.wait_seen(1));
+  r.b.stop();
+  CHECK(r.ana() == std::vector<std::string>{"dos"});
+  // Only the failed write is reported: the claim settled the wait before
+  // its bound.
+  CHECK(r.errors.count(errc::store_error) == 1);
+  CHECK(r.errors.all().size() == 1);
+}
+
+TEST_CASE("with durability a chat waits for a record whose write lost its "
+          "reply at most two leases: then its parked messages run and an "
+          "error event names the record they may overtake") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  recording_bot r{durable(backend)}; // lease 300 ms
+  // Another chat's step keeps the first generation open: the record whose
+  // reply was lost stays held by it, and no beat takes it over.
+  std::promise<void> go;
+  auto go_f = go.get_future().share();
+  test::opener release_handler{go};
+  r.on_espera = [&] { go_f.wait(); };
+  r.b.start();
+  CHECK(acceptance(*r.p, msg("eva", "e1", "espera")) == errc::none);
+  backend->lose_record_replies = true;
+  CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::timeout);
+  backend->lose_record_replies = false;
+  // Written under the next generation (its second beat shows it is the
+  // current one): parked here, not left to the claim.
+  REQUIRE(test::eventually([&] { return backend->beats_of_generation(1) >= 2; }));
+  CHECK(acceptance(*r.p, msg("ana", "m2", "dos")) == errc::none);
+  REQUIRE(r.wait_seen(1));
+  CHECK(r.ana() == std::vector<std::string>{"dos"});
+  REQUIRE(test::eventually([&] { return r.errors.count(errc::store_error) == 1; }));
+  auto overtaken = r.errors.all();
+  std::erase_if(overtaken, [](auto& e) { return e.code != errc::store_error; });
+  CHECK(overtaken.at(0).what.find("its later messages run now") != std::string::npos);
+  CHECK(overtaken.at(0).what.find("m1") != std::string::npos);
+  CHECK(overtaken.at(0).key == "test:ana");
+  // Once the step ends, its generation is retired and m1 is taken over.
+  release_handler.open();
+  REQUIRE(r.wait_seen(2));
+  r.b.stop();
+  CHECK(r.ana() == std::vector<std::string>{"dos", "uno"});
+}
+
+TEST_CASE("with durability a message parked behind a failed journal write "
+          "when the bot stops is given back and handled by the next "
+          "replica") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  auto d = durable(backend);
+  d.lease = "6s";
+  {
+    recording_bot r{d};
+    r.b.start();
+    backend->fail_next_records = 1;
+    CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::store_error);
+    // Written under the next generation: parked here.
+    REQUIRE(test::eventually([&] { return backend->beats_of_generation(1) >= 1; }));
+    CHECK(acceptance(*r.p, msg("ana", "m2", "dos")) == errc::none);
+    std::this_thread::sleep_for(100ms);
+    CHECK(r.texts().empty());
+    r.b.stop();
+    CHECK(r.texts().empty());
+    CHECK(r.b.stats().refused_stopped == 1);
+  }
+  auto next = d;
+  next.instance_id = "r2";
+  recording_bot r{next};
+  r.b.start();
+  REQUIRE(r.wait_seen(1));
+  r.b.stop();
+  CHECK(r.texts() == std::vector<std::string>{"dos"});
+}
+
 TEST_CASE("with durability a redelivery whose journal write fails does not "
           "free the first delivery's record while its turn runs") {
   auto backend = std::make_shared<test::gated_backend>();

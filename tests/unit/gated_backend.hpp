@@ -3,10 +3,13 @@
 // A durable backend for tests whose journal writes can be held, failed, or
 // made to lose their reply; everything else goes to a memory backend.
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -35,6 +38,16 @@ class gated_backend final : public botmesh::durable_backend {
   // on a thread of their own, whose ids `late_threads` keeps.
   std::atomic<int> late_settles{0};
   std::vector<std::thread::id> late_threads; // guarded by mtx
+  std::vector<std::string> beats; // each beat's holder, guarded by mtx
+
+  // How many beats the holders of generation `gen` made ("<holder>~<gen>").
+  std::size_t beats_of_generation(int gen) {
+    auto tail = "~" + std::to_string(gen);
+    std::lock_guard guard{mtx};
+    return static_cast<std::size_t>(
+      std::count_if(beats.begin(), beats.end(),
+                    [&](const std::string& h) { return h.ends_with(tail); }));
+  }
 
   ~gated_backend() override {
     for (auto& t : late)
@@ -134,6 +147,10 @@ class gated_backend final : public botmesh::durable_backend {
   void beat_and_claim(std::string_view holder, std::chrono::milliseconds lease,
                       std::size_t limit, std::uint32_t max_attempts,
                       completion<claim_result> done) override {
+    {
+      std::lock_guard guard{mtx};
+      beats.emplace_back(holder);
+    }
     if (fail_beats)
       return done({}, std::make_exception_ptr(botmesh::error(
                         botmesh::errc::store_error, "simulated beat failure")));
