@@ -694,7 +694,9 @@ struct bot::impl final : chat_services,
       durable->give_back(key, ev);
   }
 
-  void acknowledge(delivery_callbacks& cb) override {
+  void acknowledge(delivery_callbacks& cb, const std::string& id) override {
+    if (auto* note = internal::receipt_of(cb))
+      note->id = id; // stamped when it came without one
     report_then_send(cb, nullptr);
   }
 

@@ -582,6 +582,7 @@ bool durable_intake::held_back(const std::string& key, chat_event& ev,
                                delivery_callbacks& cb) {
   delivery_callbacks ack;
   bool to_claim = false;
+  std::string msg_id;
   {
     std::lock_guard guard{mtx_};
     if (held_.empty())
@@ -589,6 +590,7 @@ bool durable_intake::held_back(const std::string& key, chat_event& ev,
     auto i = held_.find(key);
     if (i == held_.end())
       return false;
+    msg_id = ev.message.id;
     auto& h = i->second;
     if (auto* w = waited_for(h, ev.journal)) {
       // A retry written anew: the first write had not landed. It runs in
@@ -614,12 +616,12 @@ bool durable_intake::held_back(const std::string& key, chat_event& ev,
   }
   if (to_claim) {
     close_one(ev.journal_gen); // nothing here handles it
-    host_.acknowledge(cb);
+    host_.acknowledge(cb, msg_id);
     if (cb.turn_ended)
       cb.turn_ended(turn_outcome::untracked);
     return true;
   }
-  host_.acknowledge(ack);
+  host_.acknowledge(ack, msg_id);
   acked(key);
   return true;
 }

@@ -103,8 +103,9 @@ class durable_host {
   virtual void reinject(chat_event ev) = 0;
   /// Tells the provider a journaled message was accepted whose turn comes
   /// later (it waits behind an earlier message of its chat): `accept` then
-  /// routes it, given callbacks with no `accepted` left.
-  virtual void acknowledge(delivery_callbacks& cb) = 0;
+  /// routes it, given callbacks with no `accepted` left. `id`: its
+  /// message id (as stamped by the bot).
+  virtual void acknowledge(delivery_callbacks& cb, const std::string& id) = 0;
   /// An error event (posted to the handler pool), and `then` (if any)
   /// once its listeners ran (on the handler pool, or inline once the pool
   /// shut down).
