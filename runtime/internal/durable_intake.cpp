@@ -497,6 +497,7 @@ void durable_intake::beat(std::function<void()> done) {
             }
             renewed(sent, true);
           }
+          expire_holds();
           done();
           finished();
         });
@@ -507,14 +508,21 @@ void durable_intake::beat(std::function<void()> done) {
   // Waited-for ids whose generation was retired before this beat left:
   // a claim that takes all it may finds them, if they landed and no other
   // replica took them first.
-  std::vector<std::pair<std::string, std::string>> findable;
+  struct findable_id {
+    std::string key, id;
+    std::uint32_t holds;
+  };
+  std::vector<findable_id> findable;
   if (limit > 0) {
     std::lock_guard guard{mtx_};
+    auto retired = [&](std::uint32_t g) {
+      return g < gen && !open_.contains(g);
+    };
     for (auto& [key, h] : held_)
       for (auto& item : h.items)
-        if (!item.ev && !item.settled && item.gen < gen
-            && !open_.contains(item.gen))
-          findable.emplace_back(key, item.id);
+        if (!item.ev && !item.settled
+            && std::all_of(item.gens.begin(), item.gens.end(), retired))
+          findable.push_back({key, item.id, item.holds});
   }
   op([&](std::function<void()> finished) {
     backend_->beat_and_claim(
@@ -534,9 +542,9 @@ void durable_intake::beat(std::function<void()> done) {
           claimed(std::move(r), gen);
           // Not found: it never landed, or another replica took it.
           if (whole)
-            for (auto& [key, id] : findable)
-              if (resolved(key, id))
-                release(key);
+            for (auto& f : findable)
+              if (resolved(f.key, f.id, f.holds))
+                release(f.key);
         }
         expire_holds();
         done();
@@ -553,26 +561,40 @@ void durable_intake::hold(const std::string& key, const std::string& id,
   if (!holding_)
     return;
   auto& h = held_[key];
-  h.until = steady::now() + 2 * lease_;
-  for (auto& item : h.items)
-    if (item.id == id) {
-      // Waited for already (its retry failed too), or parked: its record
-      // is held here and runs here.
-      if (!item.ev) {
-        item.gen = std::max(item.gen, gen);
-        item.settled = false;
-      }
-      return;
+  if (auto* item = item_of(h, id)) {
+    if (item->ev)
+      return; // parked: its record is held here and runs here
+    // Its retry failed too: waited for under each generation it may be
+    // held by, and again if it was settled.
+    if (std::find(item->gens.begin(), item->gens.end(), gen)
+        == item->gens.end())
+      item->gens.push_back(gen);
+    ++item->holds;
+    if (item->settled) {
+      item->settled = false;
+      item->until = steady::now() + 2 * lease_;
     }
-  h.items.push_back(held_item{.id = id, .gen = gen});
+    return;
+  }
+  h.items.push_back(held_item{.id = id,
+                              .gens = {gen},
+                              .until = steady::now() + 2 * lease_,
+                              .holds = 1});
 }
 
-durable_intake::held_item* durable_intake::waited_for(held_chat& h,
-                                                      const std::string& id) {
+durable_intake::held_item* durable_intake::item_of(held_chat& h,
+                                                   const std::string& id) {
   for (auto& item : h.items)
-    if (!item.ev && item.id == id)
+    if (item.id == id)
       return &item;
   return nullptr;
+}
+
+bool durable_intake::waits_before(const held_chat& h,
+                                  std::deque<held_item>::const_iterator end,
+                                  std::uint32_t gen) {
+  return std::any_of(h.items.begin(), end,
+                     [&](const held_item& x) { return x.waits_in(gen); });
 }
 
 // A message of a chat held back, journaled (`ev.journal` written anew
@@ -590,35 +612,53 @@ bool durable_intake::held_back(const std::string& key, chat_event& ev,
     auto i = held_.find(key);
     if (i == held_.end())
       return false;
-    msg_id = ev.message.id;
     auto& h = i->second;
-    if (auto* w = waited_for(h, ev.journal)) {
+    msg_id = ev.message.id;
+    auto gen = ev.journal_gen;
+    auto* w = item_of(h, ev.journal);
+    if (w && w->ev) {
+      // Parked already (a redelivery that was recorded anew after its
+      // record was settled elsewhere): not run twice here.
+      w = nullptr;
+    }
+    if (w) {
       // A retry written anew: the first write had not landed. It runs in
-      // the place that one had, ahead of what came after it.
-      ack.accepted = std::exchange(cb.accepted, nullptr);
-      w->ev = std::move(ev);
-      w->cb = std::move(cb);
-    } else if (std::any_of(h.items.begin(), h.items.end(),
-                           [&](const held_item& x) {
-                             return !x.ev && !x.settled
-                                    && x.gen == ev.journal_gen;
-                           })) {
-      // Held by a generation the chat waits for: the claim that takes the
+      // the place that one had, ahead of what came after it; or, written
+      // under a generation an earlier id waits in, it is left to the
+      // claim there, as a new message would be.
+      auto at = h.items.begin() + (w - &h.items.front());
+      if (waits_before(h, at, gen)) {
+        if (std::find(w->gens.begin(), w->gens.end(), gen) == w->gens.end())
+          w->gens.push_back(gen);
+        to_claim = true;
+      } else {
+        ack.accepted = std::exchange(cb.accepted, nullptr);
+        w->ev = std::move(ev);
+        w->cb = std::move(cb);
+      }
+    } else if (waits_before(h, h.items.end(), gen)) {
+      // Held by a generation the chat waits in: the claim that takes the
       // earlier record over takes this one after it (arrival order).
-      h.items.push_back(held_item{.id = ev.journal, .gen = ev.journal_gen});
+      h.items.push_back(held_item{.id = ev.journal,
+                                  .gens = {gen},
+                                  .until = steady::now() + 2 * lease_,
+                                  .holds = 1});
       to_claim = true;
     } else {
       ack.accepted = std::exchange(cb.accepted, nullptr);
-      h.items.push_back(held_item{.ev = std::move(ev), .cb = std::move(cb)});
+      h.items.push_back(
+        held_item{.id = ev.journal, .ev = std::move(ev), .cb = std::move(cb)});
     }
     if (!to_claim)
       ++h.acking;
   }
   if (to_claim) {
-    close_one(ev.journal_gen); // nothing here handles it
     host_.acknowledge(cb, msg_id);
     if (cb.turn_ended)
       cb.turn_ended(turn_outcome::untracked);
+    // Only once the provider heard: from here a beat may retire the
+    // generation and the claim run it.
+    close_one(ev.journal_gen); // nothing here handles it
     return true;
   }
   host_.acknowledge(ack, msg_id);
@@ -626,17 +666,44 @@ bool durable_intake::held_back(const std::string& key, chat_event& ev,
   return true;
 }
 
-// A waited-for id of `key` is settled; true when its chat may go on (the
-// caller releases it).
-bool durable_intake::resolved(const std::string& key, const std::string& id) {
+// A record taken over here whose chat is held back: it waits in its
+// place (in that of its id, if waited for, else last) instead of
+// overtaking what is ahead. False when its chat is not held back.
+bool durable_intake::park_claimed(const std::string& key, chat_event& ev) {
   std::lock_guard guard{mtx_};
   if (held_.empty())
     return false;
   auto i = held_.find(key);
   if (i == held_.end())
     return false;
-  auto* w = waited_for(i->second, id);
-  if (!w || w->settled)
+  auto& h = i->second;
+  auto* w = item_of(h, ev.journal);
+  if (w && !w->ev) {
+    w->ev = std::move(ev);
+    w->claimed = true;
+  } else {
+    // (Parked here too: its generation's heartbeat lapsed while it waited,
+    // as a running turn's can. It runs again, as such a turn does; the
+    // outbox skips the sends it made.)
+    h.items.push_back(
+      held_item{.id = ev.journal, .ev = std::move(ev), .claimed = true});
+  }
+  return true;
+}
+
+// A waited-for id of `key` is settled (`holds`: only if no write of it
+// failed since the caller looked, when not 0); true when its chat may go
+// on (the caller releases it).
+bool durable_intake::resolved(const std::string& key, const std::string& id,
+                              std::uint32_t holds) {
+  std::lock_guard guard{mtx_};
+  if (held_.empty())
+    return false;
+  auto i = held_.find(key);
+  if (i == held_.end())
+    return false;
+  auto* w = item_of(i->second, id);
+  if (!w || w->ev || w->settled || (holds != 0 && w->holds != holds))
     return false;
   w->settled = true;
   return true;
@@ -670,7 +737,8 @@ void durable_intake::release(const std::string& key) {
       if (h.releasing && !mine)
         return;
       if (h.acking == 0)
-        while (!h.items.empty() && (h.items.front().ev || h.items.front().settled)) {
+        while (!h.items.empty()
+               && (h.items.front().ev || h.items.front().settled)) {
           if (h.items.front().ev)
             batch.push_back(std::move(h.items.front()));
           h.items.pop_front();
@@ -684,23 +752,26 @@ void durable_intake::release(const std::string& key) {
       h.releasing = mine = true;
     }
     for (auto& item : batch)
-      host_.accept(std::move(*item.ev), std::move(item.cb));
+      if (item.claimed)
+        host_.reinject(std::move(*item.ev));
+      else
+        host_.accept(std::move(*item.ev), std::move(item.cb));
   }
 }
 
-// Chats held back for two leases: their parked messages run now, and an
-// error event names what they may overtake.
+// Ids waited for two leases: what is parked behind them runs now, and an
+// error event names what it may overtake.
 void durable_intake::expire_holds() {
   std::vector<std::pair<std::string, std::string>> expired;
   {
     std::lock_guard guard{mtx_};
+    if (held_.empty())
+      return;
     auto now = steady::now();
     for (auto& [key, h] : held_) {
-      if (now < h.until)
-        continue;
       std::string ids;
       for (auto& item : h.items)
-        if (!item.ev && !item.settled) {
+        if (!item.ev && !item.settled && now >= item.until) {
           ids += (ids.empty() ? "" : ", ") + item.id;
           item.settled = true;
         }
@@ -835,7 +906,7 @@ void durable_intake::claimed(durable_backend::claim_result r,
   // record held by a holder that lapses, so the next one gives it up, and
   // reports it, again. Counted open in its generation until then, so the
   // generation is not retired under it (it would be given up twice).
-  std::vector<std::string> go_on; // held chats that wait for nothing more
+  std::vector<std::string> go_on; // held chats whose items moved
   auto settled = [&](const std::string& key, const std::string& id) {
     if (resolved(key, id))
       go_on.push_back(key);
@@ -877,9 +948,10 @@ void durable_intake::claimed(durable_backend::claim_result r,
     ev.heartbeat_epoch = std::numeric_limits<std::uint64_t>::max();
     ev.journal_gen = gen;
     open_in(gen);
-    auto key = rec.key;
-    host_.reinject(std::move(ev));
-    settled(key, rec.id); // its chat's parked messages go after it
+    if (park_claimed(rec.key, ev))
+      go_on.push_back(rec.key);
+    else
+      host_.reinject(std::move(ev));
   }
   for (auto& key : go_on)
     release(key);

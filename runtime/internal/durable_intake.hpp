@@ -235,7 +235,9 @@ class durable_intake {
   void hold(const std::string& key, const std::string& id, std::uint32_t gen);
   bool held_back(const std::string& key, chat_event& ev,
                  delivery_callbacks& cb);
-  bool resolved(const std::string& key, const std::string& id);
+  bool park_claimed(const std::string& key, chat_event& ev);
+  bool resolved(const std::string& key, const std::string& id,
+                std::uint32_t holds = 0);
   void acked(const std::string& key);
   void release(const std::string& key);
   void expire_holds();
@@ -287,29 +289,46 @@ class durable_intake {
   // chat, run at once, would overtake it. So the chat's later messages
   // are journaled and acknowledged, but parked here, in order, behind
   // each such id until it is settled: written anew (the first write had
-  // not landed: it runs in its place), taken over here (re-injected
-  // first), given up, not found by a claim made after its generation was
-  // retired (it never landed, or another replica took it), or two leases
-  // passed (an error event says so). A later message written under the
-  // very generation waited for is left to the claim too, which takes it
-  // after in arrival order (parked here, it would keep that generation
-  // from being retired). Parking, not refusing: a refusal would stop a
-  // Telegram poller's whole batch, and every chat with it.
+  // not landed: it runs in its place), taken over here (it waits in its
+  // place too, so a record taken over never overtakes what is ahead of
+  // it), given up, not found by a whole claim made after every
+  // generation it may be held by was retired (it never landed, or
+  // another replica took it), or two leases after its first failure (an
+  // error event says so). A message written under a generation an
+  // earlier id waits in is left to the claim, which takes it after that
+  // id in arrival order: parked here, it would keep that generation from
+  // being retired. Parking, not refusing: a refusal would stop a Telegram
+  // poller's whole batch, and every chat with it.
   struct held_item {
-    std::optional<chat_event> ev{}; // a parked message, else an id waited for
-    delivery_callbacks cb{};        // its `accepted` already called
-    std::string id{};               // (waited for) its record
-    std::uint32_t gen = 0;          // (waited for) the generation holding it
+    std::string id{};               // its record
+    std::optional<chat_event> ev{}; // parked, else an id waited for
+    delivery_callbacks cb{};        // (parked) its `accepted` already called
+    bool claimed = false;           // (parked) taken over: re-injected
+    // (Waited for) the generations its failed writes were made under: the
+    // first that landed holds the record.
+    std::vector<std::uint32_t> gens{};
+    steady::time_point until{};     // (waited for) its bound
+    std::uint32_t holds = 0;        // (waited for) its failed writes
     bool settled = false;           // (waited for) no longer
+    bool waits_in(std::uint32_t gen) const {
+      return !ev && !settled
+             && std::find(gens.begin(), gens.end(), gen) != gens.end();
+    }
   };
   struct held_chat {
     std::deque<held_item> items{};
-    steady::time_point until{};
     std::size_t acking = 0; // parked, their acceptance not yet reported
     bool releasing = false; // a thread is routing the parked ones
   };
   std::unordered_map<std::string, held_chat> held_;
-  static held_item* waited_for(held_chat& h, const std::string& id);
+  // The item of `id` in `h` (parked or waited for), or null.
+  static held_item* item_of(held_chat& h, const std::string& id);
+  // Whether an id waited for before `end` may be held by `gen`: a
+  // message written under it must not be parked behind it (kept open, it
+  // would keep that generation from being retired).
+  static bool waits_before(const held_chat& h,
+                           std::deque<held_item>::const_iterator end,
+                           std::uint32_t gen);
   bool holding_ = true; // false once retired: nothing is held back after
   // A retire waiting for the outbox entries in flight (see retire()).
   std::function<void()> retiring_;

@@ -1180,7 +1180,9 @@ TEST_CASE("with durability a chat's next message does not overtake one whose "
           "beat took that record over") {
   auto backend = std::make_shared<test::gated_backend>();
   backend->open();
-  recording_bot r{durable(backend)};
+  auto d = durable(backend);
+  d.lease = "1s"; // a beat every 333 ms: m1 is taken over long before 2 s
+  recording_bot r{d};
   r.b.start();
   backend->lose_record_replies = true;
   CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::timeout);
@@ -1216,10 +1218,10 @@ TEST_CASE("with durability a retry written anew of a message whose journal "
   REQUIRE(r.wait_seen(1));
   backend->fail_next_records = 1;
   CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::store_error);
-  // The next generation's first beat: what comes now is written under it,
-  // parked here (the beat after retires the first generation, and looks
-  // for m1).
-  REQUIRE(test::eventually([&] { return backend->beats_of_generation(1) >= 1; }));
+  // The next generation's first beat was answered: what comes now is
+  // written under it, parked here (the beat after retires the first
+  // generation, and looks for m1).
+  REQUIRE(test::eventually([&] { return backend->beats_of_generation(1, true) >= 1; }));
   CHECK(acceptance(*r.p, msg("ana", "m2", "dos")) == errc::none);
   CHECK(acceptance(*r.p, msg("ana", "m3", "tres")) == errc::none);
   CHECK(acceptance(*r.p, msg("eva", "e1", "otra")) == errc::none);
@@ -1243,15 +1245,19 @@ TEST_CASE("with durability a retry written anew of a message whose journal "
   d.lease = "1s";
   recording_bot r{d};
   r.b.start();
+  // No beat comes between: m2 is written under the generation the failed
+  // write was in, and left to the claim that retires it.
+  backend->pause_beats();
   backend->fail_next_records = 1;
   CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::store_error);
-  // Most likely written under the generation the failed write was in (no
-  // beat came between): its record is left to the claim that retires it.
   CHECK(acceptance(*r.p, msg("ana", "m2", "dos")) == errc::none);
   CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::none);
+  REQUIRE(r.wait_seen(1));
+  backend->resume_beats();
   REQUIRE(r.wait_seen(2));
   r.b.stop();
   CHECK(r.ana() == std::vector<std::string>{"uno", "dos"});
+  CHECK(r.b.stats().reprocessed == 1); // dos, taken over
 }
 
 TEST_CASE("with durability a message whose failed journal write is never "
@@ -1309,6 +1315,70 @@ TEST_CASE("with durability a chat waits for a record whose write lost its "
   CHECK(r.ana() == std::vector<std::string>{"dos", "uno"});
 }
 
+TEST_CASE("with durability a redelivery of a parked message whose journal "
+          "write fails does not hold its chat back behind itself") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  auto d = durable(backend);
+  d.lease = "3s"; // a beat a second
+  recording_bot r{d};
+  r.b.start();
+  backend->fail_next_records = 1;
+  CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::store_error);
+  // Parked under the next generation, with no beat to settle anything.
+  REQUIRE(test::eventually(
+    [&] { return backend->beats_of_generation(1, true) >= 1; }));
+  backend->pause_beats();
+  CHECK(acceptance(*r.p, msg("ana", "m2", "dos")) == errc::none);
+  backend->lose_record_replies = true;
+  CHECK(acceptance(*r.p, msg("ana", "m2", "dos")) == errc::timeout);
+  backend->lose_record_replies = false;
+  CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::none);
+  CHECK(acceptance(*r.p, msg("ana", "m3", "tres")) == errc::none);
+  bool all = r.wait_seen(3);
+  backend->resume_beats();
+  r.b.stop();
+  CHECK(all);
+  CHECK(r.ana() == std::vector<std::string>{"uno", "dos", "tres"});
+}
+
+TEST_CASE("with durability a message whose journal write failed under two "
+          "generations is waited for until both were retired, and what is "
+          "taken over meanwhile waits behind it") {
+  auto backend = std::make_shared<test::gated_backend>();
+  backend->open();
+  auto d = durable(backend);
+  d.lease = "3s"; // a beat a second; the bound is 6 s
+  recording_bot r{d};
+  // Another chat's step keeps the first generation open.
+  std::promise<void> go;
+  auto go_f = go.get_future().share();
+  test::opener release_handler{go};
+  r.on_espera = [&] { go_f.wait(); };
+  r.b.start();
+  CHECK(acceptance(*r.p, msg("eva", "e1", "espera")) == errc::none);
+  // m1 lands under generation 0, its reply lost...
+  backend->lose_record_replies = true;
+  CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::timeout);
+  backend->lose_record_replies = false;
+  // ...and its retry fails under generation 1.
+  REQUIRE(test::eventually(
+    [&] { return backend->beats_of_generation(1, true) >= 1; }));
+  backend->fail_next_records = 1;
+  CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::store_error);
+  CHECK(acceptance(*r.p, msg("ana", "m2", "dos")) == errc::none);
+  // Generation 1 is retired and claimed from (m2 taken over if it was
+  // written under it); m1 is still held by generation 0.
+  REQUIRE(test::eventually(
+    [&] { return backend->beats_of_generation(2, true) >= 2; }));
+  CHECK(r.ana().empty());
+  release_handler.open();
+  REQUIRE(r.wait_seen(2));
+  r.b.stop();
+  CHECK(r.ana() == std::vector<std::string>{"uno", "dos"});
+  CHECK(r.errors.count(errc::store_error) == 1); // the retry; no bound
+}
+
 TEST_CASE("with durability a message parked behind a failed journal write "
           "when the bot stops is given back and handled by the next "
           "replica") {
@@ -1322,7 +1392,7 @@ TEST_CASE("with durability a message parked behind a failed journal write "
     backend->fail_next_records = 1;
     CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::store_error);
     // Written under the next generation: parked here.
-    REQUIRE(test::eventually([&] { return backend->beats_of_generation(1) >= 1; }));
+    REQUIRE(test::eventually([&] { return backend->beats_of_generation(1, true) >= 1; }));
     CHECK(acceptance(*r.p, msg("ana", "m2", "dos")) == errc::none);
     std::this_thread::sleep_for(100ms);
     CHECK(r.texts().empty());

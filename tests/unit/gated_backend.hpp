@@ -40,13 +40,33 @@ class gated_backend final : public botmesh::durable_backend {
   std::vector<std::thread::id> late_threads; // guarded by mtx
   std::vector<std::string> beats; // each beat's holder, guarded by mtx
 
-  // How many beats the holders of generation `gen` made ("<holder>~<gen>").
-  std::size_t beats_of_generation(int gen) {
+  std::vector<std::string> answered; // beats answered, guarded by mtx
+
+  // How many beats the holders of generation `gen` made ("<holder>~<gen>"),
+  // or had answered.
+  std::size_t beats_of_generation(int gen, bool were_answered = false) {
     auto tail = "~" + std::to_string(gen);
     std::lock_guard guard{mtx};
+    auto& v = were_answered ? answered : beats;
     return static_cast<std::size_t>(
-      std::count_if(beats.begin(), beats.end(),
+      std::count_if(v.begin(), v.end(),
                     [&](const std::string& h) { return h.ends_with(tail); }));
+  }
+
+  // Beats wait (no heartbeat, no claim) until resume_beats().
+  void pause_beats() {
+    std::lock_guard guard{mtx};
+    beats_paused = true;
+  }
+  void resume_beats() {
+    std::vector<std::function<void()>> run;
+    {
+      std::lock_guard guard{mtx};
+      beats_paused = false;
+      run.swap(paused);
+    }
+    for (auto& f : run)
+      f();
   }
 
   ~gated_backend() override {
@@ -149,8 +169,23 @@ class gated_backend final : public botmesh::durable_backend {
                       completion<claim_result> done) override {
     {
       std::lock_guard guard{mtx};
+      if (beats_paused) {
+        paused.push_back([this, h = std::string{holder}, lease, limit,
+                          max_attempts, done = std::move(done)]() mutable {
+          beat_and_claim(h, lease, limit, max_attempts, std::move(done));
+        });
+        return;
+      }
       beats.emplace_back(holder);
     }
+    // Counted as answered once the caller's completion returned.
+    done = [this, h = std::string{holder},
+            inner_done = std::move(done)](claim_result r,
+                                          std::exception_ptr e) {
+      inner_done(std::move(r), e);
+      std::lock_guard guard{mtx};
+      answered.push_back(h);
+    };
     if (fail_beats)
       return done({}, std::make_exception_ptr(botmesh::error(
                         botmesh::errc::store_error, "simulated beat failure")));
@@ -216,6 +251,8 @@ class gated_backend final : public botmesh::durable_backend {
 
  private:
   std::vector<std::thread> late; // guarded by mtx
+  bool beats_paused = false;     // guarded by mtx
+  std::vector<std::function<void()>> paused; // guarded by mtx
 };
 
 // An open gated backend whose journal writes fail until the test clears
