@@ -702,7 +702,14 @@ struct bot::impl final : chat_services,
 
   void reinject(chat_event ev) override {
     enqueued(ev);
-    caf::anon_send(router_handle, make_event(std::move(ev)));
+    auto box = make_event(std::move(ev));
+    // Inside an acceptance report on this thread (a held chat's messages
+    // routed from it, accepted ones waiting there): after those, in order.
+    if (auto* outer = accepting_scope::of(this)) {
+      outer->push_back(std::move(box));
+      return;
+    }
+    caf::anon_send(router_handle, std::move(box));
   }
 
   void report(errc code, std::string what, std::string key,

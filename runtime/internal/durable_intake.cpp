@@ -510,7 +510,7 @@ void durable_intake::beat(std::function<void()> done) {
   // replica took them first.
   struct findable_id {
     std::string key, id;
-    std::uint32_t holds;
+    std::uint64_t serial;
   };
   std::vector<findable_id> findable;
   if (limit > 0) {
@@ -522,7 +522,7 @@ void durable_intake::beat(std::function<void()> done) {
       for (auto& item : h.items)
         if (!item.ev && !item.settled
             && std::all_of(item.gens.begin(), item.gens.end(), retired))
-          findable.push_back({key, item.id, item.holds});
+          findable.push_back({key, item.id, item.serial});
   }
   op([&](std::function<void()> finished) {
     backend_->beat_and_claim(
@@ -543,7 +543,7 @@ void durable_intake::beat(std::function<void()> done) {
           // Not found: it never landed, or another replica took it.
           if (whole)
             for (auto& f : findable)
-              if (resolved(f.key, f.id, f.holds))
+              if (resolved(f.key, f.id, f.serial))
                 release(f.key);
         }
         expire_holds();
@@ -561,33 +561,35 @@ void durable_intake::hold(const std::string& key, const std::string& id,
   if (!holding_)
     return;
   auto& h = held_[key];
-  if (auto* item = item_of(h, id)) {
+  if (auto item = item_of(h, id); item != h.items.end()) {
     if (item->ev)
       return; // parked: its record is held here and runs here
     // Its retry failed too: waited for under each generation it may be
     // held by, and again if it was settled.
-    if (std::find(item->gens.begin(), item->gens.end(), gen)
-        == item->gens.end())
-      item->gens.push_back(gen);
-    ++item->holds;
-    if (item->settled) {
-      item->settled = false;
-      item->until = steady::now() + 2 * lease_;
-    }
+    wait_again(*item, gen);
     return;
   }
   h.items.push_back(held_item{.id = id,
                               .gens = {gen},
                               .until = steady::now() + 2 * lease_,
-                              .holds = 1});
+                              .serial = ++held_serial_});
 }
 
-durable_intake::held_item* durable_intake::item_of(held_chat& h,
-                                                   const std::string& id) {
-  for (auto& item : h.items)
-    if (item.id == id)
-      return &item;
-  return nullptr;
+// `item` (waited for) may now be held by `gen` too (under mtx_).
+void durable_intake::wait_again(held_item& item, std::uint32_t gen) {
+  if (std::find(item.gens.begin(), item.gens.end(), gen) == item.gens.end())
+    item.gens.push_back(gen);
+  item.serial = ++held_serial_;
+  if (item.settled) {
+    item.settled = false;
+    item.until = steady::now() + 2 * lease_;
+  }
+}
+
+std::deque<durable_intake::held_item>::iterator
+durable_intake::item_of(held_chat& h, const std::string& id) {
+  return std::find_if(h.items.begin(), h.items.end(),
+                      [&](const held_item& x) { return x.id == id; });
 }
 
 bool durable_intake::waits_before(const held_chat& h,
@@ -615,21 +617,19 @@ bool durable_intake::held_back(const std::string& key, chat_event& ev,
     auto& h = i->second;
     msg_id = ev.message.id;
     auto gen = ev.journal_gen;
-    auto* w = item_of(h, ev.journal);
-    if (w && w->ev) {
+    auto w = item_of(h, ev.journal);
+    if (w != h.items.end() && w->ev) {
       // Parked already (a redelivery that was recorded anew after its
       // record was settled elsewhere): not run twice here.
-      w = nullptr;
+      w = h.items.end();
     }
-    if (w) {
+    if (w != h.items.end()) {
       // A retry written anew: the first write had not landed. It runs in
       // the place that one had, ahead of what came after it; or, written
       // under a generation an earlier id waits in, it is left to the
       // claim there, as a new message would be.
-      auto at = h.items.begin() + (w - &h.items.front());
-      if (waits_before(h, at, gen)) {
-        if (std::find(w->gens.begin(), w->gens.end(), gen) == w->gens.end())
-          w->gens.push_back(gen);
+      if (waits_before(h, w, gen)) {
+        wait_again(*w, gen);
         to_claim = true;
       } else {
         ack.accepted = std::exchange(cb.accepted, nullptr);
@@ -642,7 +642,7 @@ bool durable_intake::held_back(const std::string& key, chat_event& ev,
       h.items.push_back(held_item{.id = ev.journal,
                                   .gens = {gen},
                                   .until = steady::now() + 2 * lease_,
-                                  .holds = 1});
+                                  .serial = ++held_serial_});
       to_claim = true;
     } else {
       ack.accepted = std::exchange(cb.accepted, nullptr);
@@ -666,9 +666,10 @@ bool durable_intake::held_back(const std::string& key, chat_event& ev,
   return true;
 }
 
-// A record taken over here whose chat is held back: it waits in its
-// place (in that of its id, if waited for, else last) instead of
-// overtaking what is ahead. False when its chat is not held back.
+// A record taken over here that its held chat waits for: it waits in its
+// place, so it never overtakes what is ahead of it. False for any other
+// (re-injected at once: a record given back, or a dead replica's, came
+// before what is parked).
 bool durable_intake::park_claimed(const std::string& key, chat_event& ev) {
   std::lock_guard guard{mtx_};
   if (held_.empty())
@@ -677,33 +678,28 @@ bool durable_intake::park_claimed(const std::string& key, chat_event& ev) {
   if (i == held_.end())
     return false;
   auto& h = i->second;
-  auto* w = item_of(h, ev.journal);
-  if (w && !w->ev) {
-    w->ev = std::move(ev);
-    w->claimed = true;
-  } else {
-    // (Parked here too: its generation's heartbeat lapsed while it waited,
-    // as a running turn's can. It runs again, as such a turn does; the
-    // outbox skips the sends it made.)
-    h.items.push_back(
-      held_item{.id = ev.journal, .ev = std::move(ev), .claimed = true});
-  }
+  auto w = item_of(h, ev.journal);
+  if (w == h.items.end() || w->ev)
+    return false;
+  w->ev = std::move(ev);
+  w->claimed = true;
   return true;
 }
 
-// A waited-for id of `key` is settled (`holds`: only if no write of it
-// failed since the caller looked, when not 0); true when its chat may go
-// on (the caller releases it).
+// A waited-for id of `key` is settled (`serial`, when not 0: only if the
+// item is as the caller saw it); true when its chat may go on (the caller
+// releases it).
 bool durable_intake::resolved(const std::string& key, const std::string& id,
-                              std::uint32_t holds) {
+                              std::uint64_t serial) {
   std::lock_guard guard{mtx_};
   if (held_.empty())
     return false;
   auto i = held_.find(key);
   if (i == held_.end())
     return false;
-  auto* w = item_of(i->second, id);
-  if (!w || w->ev || w->settled || (holds != 0 && w->holds != holds))
+  auto w = item_of(i->second, id);
+  if (w == i->second.items.end() || w->ev || w->settled
+      || (serial != 0 && w->serial != serial))
     return false;
   w->settled = true;
   return true;
@@ -784,8 +780,9 @@ void durable_intake::expire_holds() {
     host_.report(errc::store_error,
                  fmt::format("chat {}: its later messages run now, before "
                              "journal record(s) {} if they were recorded: "
-                             "their writes failed and no beat took them over "
-                             "within two leases ({} ms)",
+                             "each one's write failed (or it was left to the "
+                             "claim behind one that did), and no beat took "
+                             "it over within two leases ({} ms)",
                              key, ids, 2 * lease_.count()),
                  key);
     release(key);

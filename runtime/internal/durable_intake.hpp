@@ -237,7 +237,7 @@ class durable_intake {
                  delivery_callbacks& cb);
   bool park_claimed(const std::string& key, chat_event& ev);
   bool resolved(const std::string& key, const std::string& id,
-                std::uint32_t holds = 0);
+                std::uint64_t serial = 0);
   void acked(const std::string& key);
   void release(const std::string& key);
   void expire_holds();
@@ -290,8 +290,7 @@ class durable_intake {
   // are journaled and acknowledged, but parked here, in order, behind
   // each such id until it is settled: written anew (the first write had
   // not landed: it runs in its place), taken over here (it waits in its
-  // place too, so a record taken over never overtakes what is ahead of
-  // it), given up, not found by a whole claim made after every
+  // place too, so it never overtakes what is ahead of it), given up, not found by a whole claim made after every
   // generation it may be held by was retired (it never landed, or
   // another replica took it), or two leases after its first failure (an
   // error event says so). A message written under a generation an
@@ -308,7 +307,10 @@ class durable_intake {
     // first that landed holds the record.
     std::vector<std::uint32_t> gens{};
     steady::time_point until{};     // (waited for) its bound
-    std::uint32_t holds = 0;        // (waited for) its failed writes
+    // (Waited for) changed with each failure or claim left to it, from a
+    // counter of the intake's: a claim's "not found" counts only for the
+    // item as the beat saw it.
+    std::uint64_t serial = 0;
     bool settled = false;           // (waited for) no longer
     bool waits_in(std::uint32_t gen) const {
       return !ev && !settled
@@ -321,8 +323,11 @@ class durable_intake {
     bool releasing = false; // a thread is routing the parked ones
   };
   std::unordered_map<std::string, held_chat> held_;
-  // The item of `id` in `h` (parked or waited for), or null.
-  static held_item* item_of(held_chat& h, const std::string& id);
+  std::uint64_t held_serial_ = 0;
+  // The item of `id` in `h` (parked or waited for), or its end.
+  static std::deque<held_item>::iterator item_of(held_chat& h,
+                                                 const std::string& id);
+  void wait_again(held_item& item, std::uint32_t gen);
   // Whether an id waited for before `end` may be held by `gen`: a
   // message written under it must not be parked behind it (kept open, it
   // would keep that generation from being retired).

@@ -53,6 +53,24 @@ class gated_backend final : public botmesh::durable_backend {
                     [&](const std::string& h) { return h.ends_with(tail); }));
   }
 
+  // Beats wait (no heartbeat, no claim) while it lives: declared after
+  // the bot, it resumes them before the bot stops (a stop waits for its
+  // last beat), also when a REQUIRE fails.
+  class beats_pause {
+   public:
+    explicit beats_pause(gated_backend& b) : b_(b) {
+      b_.pause_beats();
+    }
+    ~beats_pause() {
+      b_.resume_beats();
+    }
+    beats_pause(const beats_pause&) = delete;
+    beats_pause& operator=(const beats_pause&) = delete;
+
+   private:
+    gated_backend& b_;
+  };
+
   // Beats wait (no heartbeat, no claim) until resume_beats().
   void pause_beats() {
     std::lock_guard guard{mtx};

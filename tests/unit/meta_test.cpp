@@ -921,6 +921,8 @@ TEST_CASE("with durability a WhatsApp chat's message found a duplicate by the "
   signed_poster post{p->server().url() + "/whatsapp"};
   CHECK(post.post(wa_payload("[" + wa_text("b1", "346", "antes") + "]")).status
         == 200);
+  // (Two chats: handled in parallel, so one after the other here.)
+  REQUIRE(test::eventually([&] { return b.bot.stats().handled == 1; }));
   CHECK(post.post(wa_payload("[" + wa_text("x1", "999", "otro") + "]")).status
         == 200);
   REQUIRE(test::eventually([&] { return b.bot.stats().handled == 2; }));
