@@ -709,7 +709,19 @@ struct bot::impl final : chat_services,
       outer->push_back(std::move(box));
       return;
     }
-    caf::anon_send(router_handle, std::move(box));
+    to_router(std::move(box)); // (refused once the router ended)
+  }
+
+  void refuse_parked(const std::string& key, chat_event ev,
+                     delivery_callbacks cb, bool taken_over) override {
+    if (!taken_over)
+      ++received; // (a claimed record counts as reprocessed)
+    enqueued(ev);
+    ev.on_end = std::move(cb.turn_ended);
+    refused(key, std::move(ev), errc::stopped,
+            fmt::format("chat {}: a message held behind a failed journal "
+                        "write when the bot stopped",
+                        key));
   }
 
   void report(errc code, std::string what, std::string key,

@@ -666,23 +666,40 @@ bool durable_intake::held_back(const std::string& key, chat_event& ev,
   return true;
 }
 
-// A record taken over here that its held chat waits for: it waits in its
-// place, so it never overtakes what is ahead of it. False for any other
+// A record taken over here that its held chat waits for (or has parked):
+// it waits in its place, so it never overtakes what is ahead of it. False
+// for any other
 // (re-injected at once: a record given back, or a dead replica's, came
 // before what is parked).
 bool durable_intake::park_claimed(const std::string& key, chat_event& ev) {
-  std::lock_guard guard{mtx_};
-  if (held_.empty())
-    return false;
-  auto i = held_.find(key);
-  if (i == held_.end())
-    return false;
-  auto& h = i->second;
-  auto w = item_of(h, ev.journal);
-  if (w == h.items.end() || w->ev)
-    return false;
-  w->ev = std::move(ev);
-  w->claimed = true;
+  std::optional<std::uint32_t> dropped_gen;
+  delivery_callbacks dropped;
+  {
+    std::lock_guard guard{mtx_};
+    if (held_.empty())
+      return false;
+    auto i = held_.find(key);
+    if (i == held_.end())
+      return false;
+    auto& h = i->second;
+    auto w = item_of(h, ev.journal);
+    if (w == h.items.end() || w->claimed)
+      return false;
+    if (w->ev) {
+      // Parked here, and taken over by this replica: the generation that
+      // held it lapsed (its beats failed for a lease). The claim holds it
+      // now; it runs once, in its place, as the claimed copy.
+      dropped_gen = w->ev->journal_gen;
+      dropped = std::exchange(w->cb, {});
+    }
+    w->ev = std::move(ev);
+    w->claimed = true;
+  }
+  if (dropped_gen) {
+    if (dropped.turn_ended)
+      dropped.turn_ended(turn_outcome::untracked);
+    close_one(*dropped_gen);
+  }
   return true;
 }
 
@@ -799,19 +816,35 @@ void durable_intake::retire(std::function<void()> done) {
   std::vector<std::uint32_t> gens;
   std::vector<std::pair<held_record, entry>> rewrite;
   std::function<void()> go;
-  // No beat comes after this: what is parked goes to the router, which
-  // refuses it as the bot stops (its record given back).
-  std::vector<std::string> parked;
+  // No beat comes after this: what is parked is refused as the bot stops,
+  // its record given back before the generations are retired (given back
+  // after, another replica could claim it first and spend an attempt).
+  // A chat whose message is being acknowledged, or routed, right now
+  // routes the rest itself, to the draining router, which refuses it.
+  std::vector<std::pair<std::string, held_item>> parked;
+  std::vector<std::string> busy;
   {
     std::lock_guard guard{mtx_};
     holding_ = false;
-    for (auto& [key, h] : held_) {
+    for (auto i = held_.begin(); i != held_.end();) {
+      auto& h = i->second;
       for (auto& item : h.items)
         item.settled = true;
-      parked.push_back(key);
+      if (h.acking > 0 || h.releasing) {
+        busy.push_back(i->first);
+        ++i;
+        continue;
+      }
+      for (auto& item : h.items)
+        if (item.ev)
+          parked.emplace_back(i->first, std::move(item));
+      i = held_.erase(i);
     }
   }
-  for (auto& key : parked)
+  for (auto& [key, item] : parked)
+    host_.refuse_parked(key, std::move(*item.ev), std::move(item.cb),
+                        item.claimed);
+  for (auto& key : busy)
     release(key);
   {
     std::lock_guard guard{mtx_};

@@ -106,6 +106,11 @@ class durable_host {
   /// routes it, given callbacks with no `accepted` left. `id`: its
   /// message id (as stamped by the bot).
   virtual void acknowledge(delivery_callbacks& cb, const std::string& id) = 0;
+  /// A message parked in the intake when it stops (journaled; its
+  /// acceptance reported, unless `taken_over`: a claimed record): refused
+  /// as the bot stops, its record given back now.
+  virtual void refuse_parked(const std::string& key, chat_event ev,
+                             delivery_callbacks cb, bool taken_over) = 0;
   /// An error event (posted to the handler pool), and `then` (if any)
   /// once its listeners ran (on the handler pool, or inline once the pool
   /// shut down).

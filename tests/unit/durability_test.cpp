@@ -1430,6 +1430,19 @@ TEST_CASE("with durability a message parked behind a failed journal write "
     r.b.stop();
     CHECK(r.texts().empty());
     CHECK(r.b.stats().refused_stopped == 1);
+    // Given back before its holder was retired: no other replica's claim
+    // can take it first and spend an attempt.
+    std::lock_guard guard{backend->mtx};
+    auto& calls = backend->calls;
+    auto given_back = std::find_if(calls.begin(), calls.end(), [](auto& c) {
+      return c.starts_with("release test:ana#m2 ") && c.ends_with("~1");
+    });
+    auto retired = std::find_if(calls.begin(), calls.end(), [](auto& c) {
+      return c.starts_with("retire ") && c.ends_with("~1");
+    });
+    REQUIRE(given_back != calls.end());
+    REQUIRE(retired != calls.end());
+    CHECK(given_back < retired);
   }
   auto next = d;
   next.instance_id = "r2";

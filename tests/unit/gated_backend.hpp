@@ -41,6 +41,12 @@ class gated_backend final : public botmesh::durable_backend {
   std::vector<std::string> beats; // each beat's holder, guarded by mtx
 
   std::vector<std::string> answered; // beats answered, guarded by mtx
+  std::vector<std::string> calls; // releases and retires, guarded by mtx
+
+  void note(std::string call) {
+    std::lock_guard guard{mtx};
+    calls.push_back(std::move(call));
+  }
 
   // How many beats the holders of generation `gen` made ("<holder>~<gen>"),
   // or had answered.
@@ -158,6 +164,7 @@ class gated_backend final : public botmesh::durable_backend {
   }
   void release(std::string_view id, std::string_view holder,
                completion<bool> done) override {
+    note("release " + std::string{id} + " " + std::string{holder});
     if (settle_fails(done))
       return;
     inner.release(id, holder, std::move(done));
@@ -228,6 +235,7 @@ class gated_backend final : public botmesh::durable_backend {
       botmesh::error(botmesh::errc::store_error, "simulated settle failure"));
   }
   void retire(std::string_view holder, completion<bool> done) override {
+    note("retire " + std::string{holder});
     inner.retire(holder, std::move(done));
   }
   void outbox_claim(std::string_view send_id, std::string_view key,

@@ -11,24 +11,28 @@
 namespace botmesh::internal {
 
 namespace {
-// The pool whose worker this thread is, or whose job it runs after the
-// pool shut down (null elsewhere).
+// The pool whose worker this thread is (null elsewhere): it is joined
+// before its pool goes.
 thread_local const worker_pool* current_pool = nullptr;
 
-// A job of `pool` run on the caller's thread (the pool shut down).
+// The owner of a shut-down pool whose job this thread runs inline (null
+// elsewhere). The owner's tag, not the pool: the pool may go meanwhile.
+thread_local const void* inline_owner = nullptr;
+
+// A job of a shut-down pool run on the caller's thread.
 class running_for {
  public:
-  explicit running_for(const worker_pool* pool) : previous_(current_pool) {
-    current_pool = pool;
+  explicit running_for(const void* owner) : previous_(inline_owner) {
+    inline_owner = owner;
   }
   ~running_for() {
-    current_pool = previous_;
+    inline_owner = previous_;
   }
   running_for(const running_for&) = delete;
   running_for& operator=(const running_for&) = delete;
 
  private:
-  const worker_pool* previous_;
+  const void* previous_;
 };
 } // namespace
 
@@ -78,7 +82,7 @@ bool worker_pool::queue(std::size_t n, Push&& push) {
 
 void worker_pool::post(std::function<void()> job) {
   if (!queue(1, [&] { jobs_.push_back(std::move(job)); })) {
-    running_for scope{this};
+    running_for scope{owner_.load()};
     job();
   }
 }
@@ -90,7 +94,7 @@ void worker_pool::post_batch(std::vector<std::function<void()>>& jobs) {
         for (auto& job : jobs)
           jobs_.push_back(std::move(job));
       })) {
-    running_for scope{this};
+    running_for scope{owner_.load()};
     for (auto& job : jobs)
       job();
   }
@@ -136,6 +140,8 @@ void worker_pool::spawn_worker(bool extra) {
 }
 
 const void* worker_pool::current_owner() noexcept {
+  if (inline_owner)
+    return inline_owner;
   return current_pool ? current_pool->owner_.load() : nullptr;
 }
 
