@@ -586,6 +586,13 @@ void durable_intake::wait_again(held_item& item, std::uint32_t gen) {
   }
 }
 
+durable_intake::held_chat* durable_intake::held_of(const std::string& key) {
+  if (held_.empty())
+    return nullptr;
+  auto i = held_.find(key);
+  return i == held_.end() ? nullptr : &i->second;
+}
+
 std::deque<durable_intake::held_item>::iterator
 durable_intake::item_of(held_chat& h, const std::string& id) {
   return std::find_if(h.items.begin(), h.items.end(),
@@ -609,12 +616,10 @@ bool durable_intake::held_back(const std::string& key, chat_event& ev,
   std::string msg_id;
   {
     std::lock_guard guard{mtx_};
-    if (held_.empty())
+    auto* held = held_of(key);
+    if (!held)
       return false;
-    auto i = held_.find(key);
-    if (i == held_.end())
-      return false;
-    auto& h = i->second;
+    auto& h = *held;
     msg_id = ev.message.id;
     auto gen = ev.journal_gen;
     auto w = item_of(h, ev.journal);
@@ -668,20 +673,17 @@ bool durable_intake::held_back(const std::string& key, chat_event& ev,
 
 // A record taken over here that its held chat waits for (or has parked):
 // it waits in its place, so it never overtakes what is ahead of it. False
-// for any other
-// (re-injected at once: a record given back, or a dead replica's, came
-// before what is parked).
+// for any other (re-injected at once: a record given back, or a dead
+// replica's, came before what is parked).
 bool durable_intake::park_claimed(const std::string& key, chat_event& ev) {
   std::optional<std::uint32_t> dropped_gen;
   delivery_callbacks dropped;
   {
     std::lock_guard guard{mtx_};
-    if (held_.empty())
+    auto* held = held_of(key);
+    if (!held)
       return false;
-    auto i = held_.find(key);
-    if (i == held_.end())
-      return false;
-    auto& h = i->second;
+    auto& h = *held;
     auto w = item_of(h, ev.journal);
     if (w == h.items.end() || w->claimed)
       return false;
@@ -709,13 +711,11 @@ bool durable_intake::park_claimed(const std::string& key, chat_event& ev) {
 bool durable_intake::resolved(const std::string& key, const std::string& id,
                               std::uint64_t serial) {
   std::lock_guard guard{mtx_};
-  if (held_.empty())
+  auto* h = held_of(key);
+  if (!h)
     return false;
-  auto i = held_.find(key);
-  if (i == held_.end())
-    return false;
-  auto w = item_of(i->second, id);
-  if (w == i->second.items.end() || w->ev || w->settled
+  auto w = item_of(*h, id);
+  if (w == h->items.end() || w->ev || w->settled
       || (serial != 0 && w->serial != serial))
     return false;
   w->settled = true;

@@ -329,6 +329,8 @@ class durable_intake {
   };
   std::unordered_map<std::string, held_chat> held_;
   std::uint64_t held_serial_ = 0;
+  // The held chat `key` (under mtx_), or null.
+  held_chat* held_of(const std::string& key);
   // The item of `id` in `h` (parked or waited for), or its end.
   static std::deque<held_item>::iterator item_of(held_chat& h,
                                                  const std::string& id);

@@ -1143,6 +1143,21 @@ struct recording_bot {
   std::function<void()> on_espera; // runs for "espera", which is not recorded
   botmesh::bot b;
 
+  // Over `backend` (opened here), with lease `lease`.
+  recording_bot(const std::shared_ptr<test::gated_backend>& backend,
+                const char* lease)
+    : recording_bot(with_lease(backend, lease)) {
+    // nop
+  }
+
+  static botmesh::durability_options with_lease(
+    const std::shared_ptr<test::gated_backend>& backend, const char* lease) {
+    backend->open();
+    auto d = durable(backend);
+    d.lease = lease;
+    return d;
+  }
+
   explicit recording_bot(botmesh::durability_options d)
     : b{{.provider = p, .durability = std::move(d)}} {
     errors.attach(b);
@@ -1179,10 +1194,8 @@ TEST_CASE("with durability a chat's next message does not overtake one whose "
           "journal write lost its reply: it is accepted and parked until a "
           "beat took that record over") {
   auto backend = std::make_shared<test::gated_backend>();
-  backend->open();
-  auto d = durable(backend);
-  d.lease = "1s"; // a beat every 333 ms: m1 is taken over long before 2 s
-  recording_bot r{d};
+  // A beat every 333 ms: m1 is taken over long before the 2 s bound.
+  recording_bot r{backend, "1s"};
   r.b.start();
   backend->lose_record_replies = true;
   CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::timeout);
@@ -1208,11 +1221,8 @@ TEST_CASE("with durability a retry written anew of a message whose journal "
           "write failed runs in its place, ahead of the chat's messages "
           "parked behind it") {
   auto backend = std::make_shared<test::gated_backend>();
-  backend->open();
   // A lease of 6 s: no beat settles the failed write while the test runs.
-  auto d = durable(backend);
-  d.lease = "6s";
-  recording_bot r{d};
+  recording_bot r{backend, "6s"};
   r.b.start();
   CHECK(acceptance(*r.p, msg("ana", "m0", "cero")) == errc::none);
   REQUIRE(r.wait_seen(1));
@@ -1240,10 +1250,7 @@ TEST_CASE("with durability a retry written anew of a message whose journal "
           "write failed runs ahead of the chat's next message left to the "
           "claim") {
   auto backend = std::make_shared<test::gated_backend>();
-  backend->open();
-  auto d = durable(backend);
-  d.lease = "1s";
-  recording_bot r{d};
+  recording_bot r{backend, "1s"};
   r.b.start();
   // No beat comes between: m2 is written under the generation the failed
   // write was in, and left to the claim that retires it.
@@ -1265,10 +1272,7 @@ TEST_CASE("with durability two failed messages of a chat, retried in "
           "reverse order, run in their first order, and what came after "
           "them runs last") {
   auto backend = std::make_shared<test::gated_backend>();
-  backend->open();
-  auto d = durable(backend);
-  d.lease = "1s";
-  recording_bot r{d};
+  recording_bot r{backend, "1s"};
   r.b.start();
   {
     // All under one generation: the retries and tres are left to the
@@ -1295,8 +1299,7 @@ TEST_CASE("with durability a message whose failed journal write is never "
           "retried holds its chat back only until a claim shows it was not "
           "recorded") {
   auto backend = std::make_shared<test::gated_backend>();
-  backend->open();
-  recording_bot r{durable(backend)}; // lease 300 ms
+  recording_bot r{backend, "300ms"};
   r.b.start();
   backend->fail_next_records = 1;
   CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::store_error);
@@ -1314,8 +1317,7 @@ TEST_CASE("with durability a chat waits for a record whose write lost its "
           "reply at most two leases: then its parked messages run and an "
           "error event names the record they may overtake") {
   auto backend = std::make_shared<test::gated_backend>();
-  backend->open();
-  recording_bot r{durable(backend)}; // lease 300 ms
+  recording_bot r{backend, "300ms"};
   // Another chat's step keeps the first generation open: the record whose
   // reply was lost stays held by it, and no beat takes it over.
   std::promise<void> go;
@@ -1349,10 +1351,7 @@ TEST_CASE("with durability a chat waits for a record whose write lost its "
 TEST_CASE("with durability a redelivery of a parked message whose journal "
           "write fails does not hold its chat back behind itself") {
   auto backend = std::make_shared<test::gated_backend>();
-  backend->open();
-  auto d = durable(backend);
-  d.lease = "3s"; // a beat a second
-  recording_bot r{d};
+  recording_bot r{backend, "3s"}; // a beat a second
   r.b.start();
   backend->fail_next_records = 1;
   CHECK(acceptance(*r.p, msg("ana", "m1", "uno")) == errc::store_error);
@@ -1377,10 +1376,7 @@ TEST_CASE("with durability a message whose journal write failed under two "
           "generations is waited for until both were retired, and what is "
           "taken over meanwhile waits behind it") {
   auto backend = std::make_shared<test::gated_backend>();
-  backend->open();
-  auto d = durable(backend);
-  d.lease = "3s"; // a beat a second; the bound is 6 s
-  recording_bot r{d};
+  recording_bot r{backend, "3s"}; // a beat a second, the bound 6 s
   // Another chat's step keeps the first generation open.
   std::promise<void> go;
   auto go_f = go.get_future().share();
