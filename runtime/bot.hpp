@@ -292,6 +292,13 @@ struct coordination_options {
 ///   the messages it holds in process are settled; what the old one still
 ///   held is then claimed and handled again (a failed confirm: handled
 ///   twice, its sends skipped by the outbox).
+/// - A journal write that fails may have landed (its reply lost): the
+///   provider hears the error, and the chat's later messages are still
+///   recorded and accepted but wait until that message is settled (its
+///   retry recorded anew, its record taken over, or shown never to have
+///   landed), or at most two `lease`s, then an `errc::store_error` event
+///   names what they may overtake. So a chat keeps its order across a
+///   journal outage without holding up a poller's other chats.
 /// - Outbox: every send of a journaled turn has a deterministic id (the
 ///   record and the send's position in the turn) and the turn's fence; a
 ///   replayed step skips the sends it made before (`bot_stats::
