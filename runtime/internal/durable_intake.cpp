@@ -561,6 +561,7 @@ void durable_intake::hold(const std::string& key, const std::string& id,
   if (!holding_)
     return;
   auto& h = held_[key];
+  any_held_ = true;
   if (auto item = item_of(h, id); item != h.items.end()) {
     if (item->ev)
       return; // parked: its record is held here and runs here
@@ -611,6 +612,8 @@ bool durable_intake::waits_before(const held_chat& h,
 // False when its chat is not held back (the caller accepts it).
 bool durable_intake::held_back(const std::string& key, chat_event& ev,
                                delivery_callbacks& cb) {
+  if (!any_held_.load())
+    return false;
   delivery_callbacks ack;
   bool to_claim = false;
   std::string msg_id;
@@ -676,6 +679,8 @@ bool durable_intake::held_back(const std::string& key, chat_event& ev,
 // for any other (re-injected at once: a record given back, or a dead
 // replica's, came before what is parked).
 bool durable_intake::park_claimed(const std::string& key, chat_event& ev) {
+  if (!any_held_.load())
+    return false;
   std::optional<std::uint32_t> dropped_gen;
   delivery_callbacks dropped;
   {
@@ -758,8 +763,10 @@ void durable_intake::release(const std::string& key) {
         }
       if (batch.empty()) {
         h.releasing = false;
-        if (h.items.empty() && h.acking == 0)
+        if (h.items.empty() && h.acking == 0) {
           held_.erase(i);
+          any_held_ = !held_.empty();
+        }
         return;
       }
       h.releasing = mine = true;
@@ -840,6 +847,7 @@ void durable_intake::retire(std::function<void()> done) {
           parked.emplace_back(i->first, std::move(item));
       i = held_.erase(i);
     }
+    any_held_ = !held_.empty();
   }
   for (auto& [key, item] : parked)
     host_.refuse_parked(key, std::move(*item.ev), std::move(item.cb),

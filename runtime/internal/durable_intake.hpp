@@ -328,6 +328,11 @@ class durable_intake {
     bool releasing = false; // a thread is routing the parked ones
   };
   std::unordered_map<std::string, held_chat> held_;
+  // !held_.empty(), readable without mtx_: a journal write's completion
+  // and a claim look at it first, so the common case (no chat held) takes
+  // no lock. A hold of a chat happens before that chat's next completion
+  // (the backend completes one chat's calls in order), which sees it.
+  std::atomic<bool> any_held_{false};
   std::uint64_t held_serial_ = 0;
   // The held chat `key` (under mtx_), or null.
   held_chat* held_of(const std::string& key);
