@@ -144,6 +144,17 @@ class store {
   /// Removes the checkpoint of `key` unconditionally (no-op when absent).
   virtual void clear_checkpoint(std::string_view key) = 0;
 
+  /// Removes the checkpoint of `key` only while its revision cannot be read
+  /// (missing, or not a revision): what a turn does with a checkpoint it
+  /// found damaged that way, so a readable one another holder wrote
+  /// meanwhile stays. True when removed. By default unconditional, for a
+  /// store where such a checkpoint refuses every later write of its key
+  /// (nothing newer can be there).
+  virtual bool clear_damaged_checkpoint(std::string_view key) {
+    clear_checkpoint(key);
+    return true;
+  }
+
   /// False for a store whose checkpoint writes cannot be conditional; with
   /// coordination on, the bot warns at start and keeps only a local fence.
   virtual bool supports_compare_and_set() const noexcept {

@@ -935,15 +935,16 @@ bool flow_engine::restore(const std::string& key, const inbound_message& msg,
                       key, &msg);
     if (turn)
       turn->check();
-    // At the damaged record's revision when the store could read it: a
-    // replica that took the chat while this turn stalled may have written
-    // a newer checkpoint, and an unconditional clear would remove it (its
-    // next write refused, its conversation lost as superseded).
+    // At the damaged record's revision when the store could read it, else
+    // only while its revision still cannot be read: a replica that took
+    // the chat while this turn stalled may have written a newer
+    // checkpoint, and an unconditional clear would remove it (its next
+    // write refused, its conversation lost as superseded).
     auto* damaged = dynamic_cast<const corrupted_checkpoint_error*>(&e);
     if (damaged && damaged->revision())
       host_.flow_store().clear_checkpoint_if(key, *damaged->revision());
     else
-      host_.flow_store().clear_checkpoint(key);
+      host_.flow_store().clear_damaged_checkpoint(key);
     return false;
   }
   if (!cp)

@@ -216,6 +216,9 @@ bool redis_store::clear_checkpoint_if(std::string_view key,
 void redis_store::clear_checkpoint(std::string_view key) {
   impl_->clear_checkpoint(key);
 }
+bool redis_store::clear_damaged_checkpoint(std::string_view key) {
+  return impl_->clear_damaged_checkpoint(key);
+}
 std::optional<std::string>
 redis_store::get_user_data(std::string_view user, std::string_view ns,
                            std::string_view key) {

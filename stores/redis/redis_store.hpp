@@ -106,6 +106,7 @@ class redis_store final : public store {
   bool clear_checkpoint_if(std::string_view key,
                            std::uint64_t expected_revision) override;
   void clear_checkpoint(std::string_view key) override;
+  bool clear_damaged_checkpoint(std::string_view key) override;
 
   std::optional<std::string> get_user_data(std::string_view user,
                                            std::string_view ns,

@@ -121,7 +121,14 @@ class recording_store final : public botmesh::store {
           "checkpoint " + std::string{k} + ": field \"state\" is not JSON",
           cp->revision);
       }
-    return inner_->get_checkpoint(k);
+    try {
+      return inner_->get_checkpoint(k);
+    } catch (const botmesh::error& e) {
+      // Damaged in the inner store itself (a test wrote garbage there).
+      if (e.code() == botmesh::errc::corrupted_record && after_corrupt_read)
+        after_corrupt_read();
+      throw;
+    }
   }
   std::uint64_t set_checkpoint(const botmesh::flow_checkpoint& c) override {
     check_write();
@@ -179,6 +186,15 @@ class recording_store final : public botmesh::store {
     inner_->clear_checkpoint(k);
     ++checkpoint_writes;
     ++checkpoint_clears;
+  }
+  bool clear_damaged_checkpoint(std::string_view k) override {
+    check_write();
+    auto out = inner_->clear_damaged_checkpoint(k);
+    if (out) {
+      ++checkpoint_writes;
+      ++checkpoint_clears;
+    }
+    return out;
   }
   std::optional<std::string> get_user_data(std::string_view u,
                                            std::string_view n,

@@ -38,3 +38,37 @@ struct redis_env {
 } // namespace
 
 BOTMESH_HANDOVER_SUITE(redis_env)
+
+TEST_CASE("handover on Redis: a checkpoint whose revision is damaged is "
+          "cleared only while it is: a newer checkpoint written while the "
+          "reader stalled stays") {
+  using namespace test::handover;
+  redis_env env;
+  replica a{env, "a", reading_store()};
+  replica b{env, "b", reading_store()};
+  auto cp = order_started_on_a(env, a, b);
+  REQUIRE(cp);
+  // While b's read of the damaged record stalls, another replica writes
+  // the next revision (its compare-and-set reads an unreadable revision
+  // as no live checkpoint).
+  std::optional<std::uint64_t> newer;
+  bool once = false;
+  env.store->after_corrupt_read = [&] {
+    if (std::exchange(once, true))
+      return;
+    auto next = *cp;
+    next.step = "cantidad";
+    newer = env.store->set_checkpoint_if(next, 0);
+  };
+  env.client->call({"HSET", env.prefix + ":cp:test:x", "rev", "x1"});
+  REQUIRE(b.say("café", 1));
+  CHECK(b.last() == "nuevo: café");
+  CHECK(b.error_text(botmesh::errc::corrupted_record).find("test:x")
+        != std::string::npos);
+  REQUIRE(newer);
+  // Cleared unconditionally, it was gone.
+  auto now = env.store->get_checkpoint("test:x");
+  REQUIRE(now);
+  CHECK(now->revision == *newer);
+  CHECK(now->step == "cantidad");
+}

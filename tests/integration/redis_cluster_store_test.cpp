@@ -176,6 +176,18 @@ TEST_CASE("cluster: a cluster-layout store writes every kind of record under "
   CHECK(exists(*c, L.record(kind::schedule, "daily")));
   CHECK(s.leases()->try_acquire("sched", "me", botmesh::from_unix_ms(0), 10s));
   CHECK(exists(*c, L.lease("sched")));
+  // A checkpoint whose revision is damaged is cleared, with its index
+  // entry, only while it is.
+  c->call({"HSET", L.record(kind::checkpoint, "tg:42"), "rev", "oops"});
+  REQUIRE(s.set_checkpoint_if(cp, 0)); // (read as no live checkpoint)
+  CHECK_FALSE(s.clear_damaged_checkpoint("tg:42"));
+  c->call({"HSET", L.record(kind::checkpoint, "tg:42"), "rev", "-1"});
+  CHECK(s.clear_damaged_checkpoint("tg:42"));
+  CHECK_FALSE(exists(*c, L.record(kind::checkpoint, "tg:42")));
+  CHECK(c->call({"ZSCORE", L.record_index_of(kind::checkpoint, "tg:42"),
+                 "tg:42"})
+          .is_nil());
+  REQUIRE(s.set_checkpoint_if(cp, 0));
   // Clearing a checkpoint leaves its index; its revision key stays.
   s.clear_checkpoint("tg:42");
   CHECK(c->call({"ZSCORE", L.record_index_of(kind::checkpoint, "tg:42"),

@@ -252,6 +252,21 @@ TEST_CASE("corrupted records read back as errors naming the key") {
   // The chat can go on: a new write replaces the broken record.
   auto rev = s.set_checkpoint(cp);
   CHECK(s.get_checkpoint("test:x")->revision == rev);
+  // A damaged revision: cleared only while it is unreadable.
+  c->call({"HSET", prefix + ":cp:test:x", "rev", "abc"});
+  CHECK(code_of([&] { s.get_checkpoint("test:x"); })
+        == botmesh::errc::corrupted_record);
+  REQUIRE(s.set_checkpoint_if(cp, 0)); // (read as no live checkpoint)
+  CHECK_FALSE(s.clear_damaged_checkpoint("test:x")); // readable now
+  REQUIRE(s.get_checkpoint("test:x"));
+  c->call({"HSET", prefix + ":cp:test:x", "rev", "1.5"});
+  CHECK(s.clear_damaged_checkpoint("test:x"));
+  REQUIRE(s.set_checkpoint(cp));
+  c->call({"HDEL", prefix + ":cp:test:x", "rev"});
+  CHECK(s.clear_damaged_checkpoint("test:x"));
+  CHECK_FALSE(s.get_checkpoint("test:x").has_value());
+  CHECK_FALSE(s.clear_damaged_checkpoint("test:x")); // (none left)
+  rev = s.set_checkpoint(cp);
   auto sched = s.schedules();
   sched->register_task("job", "every 1000", botmesh::from_unix_ms(1),
                        botmesh::from_unix_ms(0));

@@ -227,6 +227,14 @@ class cluster_store final : public store {
                                std::string{key}}));
   }
 
+  bool clear_damaged_checkpoint(std::string_view key) override {
+    return flag("script checkpoint_clear_if",
+                client_->eval(lua().checkpoint_clear_if,
+                              {L_.record(rk::checkpoint, key),
+                               L_.record_index_of(rk::checkpoint, key)},
+                              {"damaged", std::string{key}}));
+  }
+
   void clear_checkpoint(std::string_view key) override {
     client_->eval(lua().record_delete,
                   {L_.record(rk::checkpoint, key),

@@ -51,6 +51,7 @@ class legacy_store final : public store {
   bool clear_checkpoint_if(std::string_view key,
                            std::uint64_t expected_revision) override;
   void clear_checkpoint(std::string_view key) override;
+  bool clear_damaged_checkpoint(std::string_view key) override;
 
   std::optional<std::string> get_user_data(std::string_view user,
                                            std::string_view ns,
@@ -262,6 +263,12 @@ bool legacy_store::clear_checkpoint_if(std::string_view key,
               client_->eval(lua().checkpoint_clear_if,
                             {layout_->checkpoint(key)},
                             {std::to_string(expected_revision)}));
+}
+
+bool legacy_store::clear_damaged_checkpoint(std::string_view key) {
+  return flag("script checkpoint_clear_if",
+              client_->eval(lua().checkpoint_clear_if,
+                            {layout_->checkpoint(key)}, {"damaged"}));
 }
 
 void legacy_store::clear_checkpoint(std::string_view key) {
