@@ -700,6 +700,10 @@ struct bot::impl final : chat_services,
     report_then_send(cb, nullptr);
   }
 
+  void refuse_write(delivery_callbacks& cb, errc code) override {
+    report_then_send(cb, nullptr, code);
+  }
+
   void reinject(chat_event ev) override {
     enqueued(ev);
     auto box = make_event(std::move(ev));
@@ -996,20 +1000,22 @@ struct bot::impl final : chat_services,
     report_then_send(cb, std::move(box));
   }
 
-  // Reports an acceptance (or a duplicate's, with no `box`), then sends
-  // `box` and what was accepted during the report, in that order. Inside
-  // another report on this thread, `box` waits with that one's events.
-  void report_then_send(delivery_callbacks& cb, event_ptr box) {
+  // Reports an acceptance (or a duplicate's, with no `box`; or with
+  // `code`, a refusal), then sends `box` and what was accepted during the
+  // report, in that order. Inside another report on this thread, `box`
+  // waits with that one's events.
+  void report_then_send(delivery_callbacks& cb, event_ptr box,
+                        errc code = errc::none) {
     if (auto* outer = accepting_scope::of(this)) {
       if (box)
         outer->push_back(std::move(box));
-      report_acceptance(cb, errc::none);
+      report_acceptance(cb, code);
       return;
     }
     std::vector<event_ptr> after;
     if (cb.accepted) { // (nothing is handed over from no report)
       accepting_scope scope{this, after};
-      report_acceptance(cb, errc::none);
+      report_acceptance(cb, code);
     }
     if (box)
       to_router(std::move(box));

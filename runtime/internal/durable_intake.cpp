@@ -179,19 +179,9 @@ void durable_intake::journal(std::string key, inbound_message msg,
                  fmt::format("recording message {} in the inbound journal",
                              msg.id),
                  e);
-          if (cb.accepted) {
-            // Guarded: what follows (and finished()) must run, or stop()
-            // would wait for this operation for good.
-            try {
-              cb.accepted(code);
-            } catch (...) {
-              log::error("durable",
-                         fmt::format("chat {}: reporting message {}'s refusal "
-                                     "to its provider threw: {}",
-                                     key, msg.id,
-                                     internal::what_of(std::current_exception())));
-            }
-          }
+          // Logged if it throws: what follows (and finished()) must run,
+          // or stop() would wait for this operation for good.
+          host_.refuse_write(cb, code);
           // The write may have landed with its reply lost (a timeout, a
           // dropped connection), leaving a record held here that nothing
           // handles while the platform's retry is dropped as a duplicate.

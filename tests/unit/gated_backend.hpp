@@ -108,6 +108,8 @@ class gated_backend final : public botmesh::durable_backend {
   std::atomic<int> lose_outbox_replies{0}; // this many outbox claims run,
                                            // their replies lost
   std::atomic<bool> fail_held{false}; // held writes fail when the gate opens
+  // What a held write that fails throws (a store error unless told).
+  std::atomic<botmesh::errc> fail_held_code{botmesh::errc::store_error};
 
   void close() { // later writes wait again
     std::lock_guard guard{mtx};
@@ -144,7 +146,7 @@ class gated_backend final : public botmesh::durable_backend {
       if (fail_held)
         return done(botmesh::journal_put::duplicate,
                     std::make_exception_ptr(botmesh::error(
-                      botmesh::errc::store_error, "simulated journal failure")));
+                      fail_held_code.load(), "simulated journal failure")));
       inner.record(std::move(rec), h, ttl, std::move(done));
     };
     {

@@ -2,10 +2,12 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <future>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <tuple>
 
 #include <botmesh/providers/http/http_server.hpp>
@@ -907,6 +909,60 @@ TEST_CASE("with durability a WhatsApp chat's next message of a POST, handed "
   REQUIRE(test::eventually([&] { return bot.stats().handled == 2; }));
   bot.stop();
   CHECK(b.texts() == std::vector<std::string>{"uno", "dos"});
+}
+
+TEST_CASE("with durability a WhatsApp chat's next message, handed over from "
+          "the report of a journal write that failed for good, raises its "
+          "error events off the backend's thread") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  auto backend = std::make_shared<test::gated_backend>(); // writes wait
+  backend->fail_held_code = botmesh::errc::corrupted_record;
+  botmesh::bot bot{{.provider = p,
+                    .limits = {.max_id_bytes = 16},
+                    .durability = test::durable_over(backend)}};
+  std::mutex mtx;
+  std::vector<std::pair<botmesh::errc, std::thread::id>> errors;
+  bot.on<botmesh::events::error>([&](const botmesh::events::error& e) {
+    std::lock_guard guard{mtx};
+    errors.emplace_back(e.code, std::this_thread::get_id());
+  });
+  bot.on_message([](botmesh::context&) {});
+  bot.start();
+  signed_poster post{p->server().url() + "/whatsapp"};
+  // w2's id is over the bot's limit: refused when it is handed over.
+  auto body = wa_payload("[" + wa_text("w1", "346", "uno") + ","
+                         + wa_text("w2-" + std::string(40, 'x'), "346", "dos")
+                         + "]");
+  auto answer = post.post_later(body);
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{backend->mtx};
+    return backend->held.size() == 1; // w1's write; w2 waits for it
+  }));
+  // w1's write fails for good on this thread; its report hands w2 over
+  // here. Before, w2's refusal ran the listener on this (the backend's)
+  // thread, inside the failed write's completion.
+  backend->fail_held = true;
+  backend->open();
+  // Neither is worth Meta's retry: a damaged record, a message over limits.
+  CHECK(answer.get() == 200);
+  REQUIRE(test::eventually([&] {
+    std::lock_guard guard{mtx};
+    return errors.size() == 2;
+  }));
+  bot.stop();
+  std::lock_guard guard{mtx};
+  std::vector<botmesh::errc> codes;
+  for (auto& [code, thread] : errors) {
+    codes.push_back(code);
+    CHECK(thread != std::this_thread::get_id());
+  }
+  std::sort(codes.begin(), codes.end());
+  auto want = std::vector<botmesh::errc>{botmesh::errc::corrupted_record,
+                                         botmesh::errc::invalid_argument};
+  std::sort(want.begin(), want.end());
+  CHECK(codes == want);
+  CHECK(bot.stats().handled == 0);
 }
 
 TEST_CASE("with durability a WhatsApp chat's message found a duplicate by the "
