@@ -98,7 +98,8 @@ struct chat_event {
   /// which the end of its turn confirms or releases; empty otherwise.
   std::string journal{};
   /// With durability: how many holders took the record so far (1 for a
-  /// message that just arrived, more when it is handled again).
+  /// message that just arrived, more when it is handled again). For a
+  /// timer: how many times it got no turn before (its retries back off).
   std::uint32_t attempt = 0;
   /// With durability, on a first attempt: the intake's heartbeat gap count
   /// when the record was written (see durable_intake::hb_gaps_).

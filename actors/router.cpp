@@ -235,8 +235,11 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
   // A timer goes as an event box, as a message does: one that its chat
   // actor ends before taking comes back (event_box::via) instead of being
   // freed with the mailbox, and a flow waiting for it would wait forever.
-  auto forward_timer = [=](const std::string& key, std::uint64_t id) {
-    auto box = make_event(key, chat_event{{}, id, {}});
+  auto forward_timer = [=](const std::string& key, std::uint64_t id,
+                           std::uint32_t retries) {
+    chat_event ev{{}, id, {}};
+    ev.attempt = retries;
+    auto box = make_event(key, std::move(ev));
     forward(box);
   };
   // A bounced event: sent on again. Each time the chat's actor ended by an
@@ -325,11 +328,12 @@ caf::behavior router(router_actor_t* self, router_config cfg) {
       }
       resend(ev);
     },
-    [=](timer_atom, const std::string& key, std::uint64_t id) {
+    [=](timer_atom, const std::string& key, std::uint64_t id,
+        std::uint32_t retries) {
       // A timer that can do nothing more takes no turn (see
       // chat_services::timer_live).
       if (self->state.cfg->services->timer_live(id))
-        forward_timer(key, id);
+        forward_timer(key, id, retries);
     },
     [=](sweep_atom) {
       auto& st = self->state;

@@ -28,7 +28,8 @@ namespace botmesh {
 /// - `(drain_atom, milliseconds)`      -> bool: stops intake, waits until every
 ///   chat finished its queue; chats still busy after the bound are abandoned
 ///   (their queued messages refused with `errc::stopped`) and the reply is false.
-/// - `(timer_atom, key, id)`           -> forwarded to the chat as a timer event
+/// - `(timer_atom, key, id, retries)` -> forwarded to the chat as a timer event
+///                                     (`attempt` = how often its turn failed)
 caf::actor spawn_router(caf::actor_system& sys, router_config cfg);
 
 /// Registers botmesh's error category and message types in a CAF config.

@@ -69,6 +69,12 @@ class delivering {
 
 thread_local const void* delivering::current_ = nullptr;
 
+// How long a flow timer that got no turn waits before it tries again,
+// after `retries` earlier failures: 1 s, doubling, at most 30 s.
+std::chrono::seconds timer_retry_delay(std::uint32_t retries) {
+  return std::chrono::seconds{retries >= 5 ? 30 : 1 << retries};
+}
+
 // While a bot reports an acceptance to its provider on this thread: the
 // events it accepts meanwhile (handed over from that report) wait here, to
 // be sent after the one being reported.
@@ -364,7 +370,14 @@ struct bot::impl final : chat_services,
 
   void arm_timer(const std::string& key, std::chrono::milliseconds after,
                  std::uint64_t id) override {
-    caf::delayed_anon_send(router_handle, after, timer_atom::value, key, id);
+    arm_timer(key, after, id, 0);
+  }
+
+  // `retries`: how many times the timer got no turn so far.
+  void arm_timer(const std::string& key, std::chrono::milliseconds after,
+                 std::uint64_t id, std::uint32_t retries) {
+    caf::delayed_anon_send(router_handle, after, timer_atom::value, key, id,
+                           retries);
   }
 
   void raise_error(errc code, std::string what, const std::string& key,
@@ -758,15 +771,21 @@ struct bot::impl final : chat_services,
     // block) run on the handler pool, or a burst of failed turns while
     // Redis is down would hold the CAF workers the lease actor needs.
     if (ev.is_timer()) {
-      // Tried again a second later while its conversation still waits on
-      // it: dropped, the wait would never end (until the user wrote).
+      // Tried again later while its conversation still waits on it:
+      // dropped, the wait would never end (until the user wrote). After 1 s,
+      // doubling up to 30 s: while the coordination is down, every waiting
+      // conversation's timer fails, each with an error event.
       bool again = !stopped.load() && flows.timer_live(ev.timer);
+      auto delay = timer_retry_delay(ev.attempt);
       raise_later(errc::coordination_unavailable,
-                  fmt::format("chat {}: a flow timer got no turn {}{}", key, why,
-                              again ? " (tried again in 1s)" : ""),
+                  fmt::format("chat {}: a flow timer got no turn {}{}", key,
+                              why,
+                              again ? fmt::format(" (tried again in {}s)",
+                                                  delay.count())
+                                    : std::string{}),
                   key, std::nullopt);
       if (again)
-        arm_timer(key, std::chrono::seconds{1}, ev.timer);
+        arm_timer(key, delay, ev.timer, ev.attempt + 1);
       return;
     }
     settle_record(key, ev, false);

@@ -236,6 +236,49 @@ TEST_CASE("a wait timeout whose turn could not be had fires once a turn "
   b.stop();
 }
 
+TEST_CASE("a wait timeout that keeps getting no turn tries again after 1 s, "
+          "then 2 s, then 4 s") {
+  botmesh::memory_coordination_hub hub;
+  auto coord = std::make_shared<failing_enters>(
+    std::make_shared<botmesh::memory_coordinator>(
+      hub, botmesh::memory_coordinator_options{.replica_id = "a", .lease = "2s"}));
+  botmesh::coordination_options co;
+  co.coordinator = coord;
+  co.turn_wait = "300ms";
+  auto p = std::make_shared<botmesh::testing_provider>();
+  flow f{"lento"};
+  f.hears({"empezar"}).ask("nombre", "¿Nombre?", nullptr, {.timeout = "2s"});
+  botmesh::bot b{{.provider = p, .coordination = co, .lang = "es"}};
+  std::mutex mtx;
+  std::vector<std::string> no_turn;
+  b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
+    std::lock_guard guard{mtx};
+    if (e.what.find("a flow timer got no turn") != std::string::npos)
+      no_turn.push_back(e.what);
+  });
+  b.add_flow(f);
+  b.start();
+  p->inject("ana", "empezar");
+  REQUIRE(p->wait_for_sent(1, 5s));
+  coord->down = true; // from the timeout on, no turn can be had
+  REQUIRE(test::eventually(
+    [&] {
+      std::lock_guard guard{mtx};
+      return no_turn.size() >= 3;
+    },
+    15s));
+  b.stop();
+  std::lock_guard guard{mtx};
+  // Before, every second: with the coordination down, each waiting
+  // conversation raised an error event a second for as long as it lasted.
+  int i = 0;
+  for (auto delay : {"1s", "2s", "4s"}) {
+    CAPTURE(no_turn[i]);
+    CHECK(no_turn[i++].find(std::string{"(tried again in "} + delay + ")")
+          != std::string::npos);
+  }
+}
+
 TEST_CASE("an idle watcher registered again on each pass of a loop fires "
           "once on silence, not once per pass") {
   auto p = std::make_shared<botmesh::testing_provider>();
