@@ -259,9 +259,24 @@ TEST_CASE("corrupted records read back as errors naming the key") {
   REQUIRE(s.set_checkpoint_if(cp, 0)); // (read as no live checkpoint)
   CHECK_FALSE(s.clear_damaged_checkpoint("test:x")); // readable now
   REQUIRE(s.get_checkpoint("test:x"));
-  c->call({"HSET", prefix + ":cp:test:x", "rev", "1.5"});
-  CHECK(s.clear_damaged_checkpoint("test:x"));
+  // Whatever the store cannot read is damaged, also what Lua's tonumber
+  // would take (a point, an exponent, a sign, hex, past 64 bits).
+  for (auto bad : {"1.5", "7.0", "7e0", "+7", "0x7", " 7", "-1",
+                   "9223372036854775808", "99999999999999999999"}) {
+    CAPTURE(bad);
+    REQUIRE(s.set_checkpoint(cp));
+    c->call({"HSET", prefix + ":cp:test:x", "rev", bad});
+    CHECK(code_of([&] { s.get_checkpoint("test:x"); })
+          == botmesh::errc::corrupted_record);
+    CHECK(s.clear_damaged_checkpoint("test:x"));
+  }
   REQUIRE(s.set_checkpoint(cp));
+  for (auto good : {"7", "007", "9223372036854775807"}) {
+    CAPTURE(good);
+    c->call({"HSET", prefix + ":cp:test:x", "rev", good});
+    CHECK(s.get_checkpoint("test:x").has_value());
+    CHECK_FALSE(s.clear_damaged_checkpoint("test:x"));
+  }
   c->call({"HDEL", prefix + ":cp:test:x", "rev"});
   CHECK(s.clear_damaged_checkpoint("test:x"));
   CHECK_FALSE(s.get_checkpoint("test:x").has_value());

@@ -202,6 +202,13 @@ flow_checkpoint decode_body(std::string_view key, const fields& f) {
 
 flow_checkpoint read_checkpoint(std::string_view key, const fields& f) {
   auto rev = int_field(f, key, "rev");
+  // Taken as is, it would read as a revision past every real one, which no
+  // compare-and-set ever matches again.
+  if (rev < 0)
+    throw corrupted_checkpoint_error(
+      fmt::format("redis store: record {}: field \"rev\" is negative: {}",
+                  key, rev),
+      std::nullopt);
   try {
     auto created = int_field(f, key, "created");
     auto cp = decode_body(key, f);

@@ -2,19 +2,25 @@
 -- Removes a checkpoint only at the expected revision (the revision key stays),
 -- and its index entry in the cluster:v1 layout. With "damaged" for the
 -- revision: only while its revision cannot be read (missing, or not a
--- revision), so a readable one written since (another holder's) stays.
+-- non-negative integer as the store reads it), so a readable one written
+-- since (another holder's) stays.
 -- KEYS[1] checkpoint hash  KEYS[2] (cluster:v1 only) bucket index
 -- ARGV[1] expected revision, or "damaged"  ARGV[2] (with KEYS[2]) the
 --   checkpoint key
 -- Returns 1 when removed, else 0. Cost: O(1); O(log n) with the index.
+-- Readable as the store reads a revision: digits only (no sign, point,
+-- exponent, space or hex, which tonumber would take), within a signed
+-- 64-bit integer (compared as text: a double cannot tell its last digits).
+local function readable(v)
+  if not v or not string.match(v, '^%d+$') then return false end
+  local digits = string.match(v, '^0*(%d*)$')
+  return #digits < 19
+         or (#digits == 19 and digits <= '9223372036854775807')
+end
 local rev = redis.call('HGET', KEYS[1], 'rev')
 local match
 if ARGV[1] == 'damaged' then
-  local n = nil
-  if rev then n = tonumber(rev) end
-  match = redis.call('EXISTS', KEYS[1]) == 1
-          and (n == nil or n < 0 or n > 9007199254740990
-               or n ~= math.floor(n))
+  match = redis.call('EXISTS', KEYS[1]) == 1 and not readable(rev)
 else
   match = rev and tonumber(rev) == tonumber(ARGV[1])
 end
