@@ -142,8 +142,7 @@ void durable_intake::journal(std::string key, inbound_message msg,
                              "heartbeat yet (its beats failed)",
                              msg.id),
                  key);
-    if (cb.accepted)
-      cb.accepted(errc::store_error);
+    host_.refuse_write(cb, errc::store_error);
     return;
   }
   journal_record rec;

@@ -106,7 +106,8 @@ class durable_host {
   /// routes it, given callbacks with no `accepted` left. `id`: its
   /// message id (as stamped by the bot).
   virtual void acknowledge(delivery_callbacks& cb, const std::string& id) = 0;
-  /// Tells the provider a message's journal write failed (`code`). What
+  /// Tells the provider a message's journal write failed, or was not made
+  /// (`code`). What
   /// the provider hands over from that report (a chain's next message of
   /// the chat) is taken as from any acceptance report: no error listener
   /// runs on the backend's thread, and what it accepts is routed after.
