@@ -1732,7 +1732,7 @@ TEST_CASE("a flow timer waiting in a chat that ends by an exception goes to "
   f.services.throw_on_run = true;
   f.inject("uno");
   caf::anon_send(f.router, botmesh::timer_atom::value, f.key,
-                 std::uint64_t{42});
+                 std::uint64_t{42}, std::uint32_t{0});
   f.vs.run();
   auto enters = f.coord->all(op::enter);
   REQUIRE(enters.size() == 2); // "uno", then the timer behind it
@@ -1757,7 +1757,7 @@ TEST_CASE("a flow timer sent on to a chat that ends by an exception before "
   f.grant_unread(7);
   auto& sched = f.vs.sched();
   caf::anon_send(f.router, botmesh::timer_atom::value, f.key,
-                 std::uint64_t{42});
+                 std::uint64_t{42}, std::uint32_t{0});
   REQUIRE(sched.prioritize(f.router));
   sched.run_once(); // the router sends the timer on to the chat
   f.vs.run();
