@@ -337,6 +337,16 @@ TEST_CASE("a leadership whose term key is gone or damaged gets a new, higher "
     botmesh::redis_client admin{{.url = server.url()}};
     auto keys = admin.call({"KEYS", "bmterm:*scheduler*:term"});
     REQUIRE(keys.elements.size() == 1);
+    // A term made anew is floored by the server's clock (ms * 1024): in the
+    // millisecond of the first one it would equal it. A key evicted or
+    // damaged by an operator is so at least a millisecond later.
+    auto server_ms = [&] {
+      auto t = admin.call({"TIME"});
+      return std::stoll(t.elements[0].str) * 1000
+             + std::stoll(t.elements[1].str) / 1000;
+    };
+    while (static_cast<std::uint64_t>(server_ms()) <= first->fence / 1024)
+      std::this_thread::sleep_for(std::chrono::milliseconds{1});
     if (damage.empty())
       admin.call({"DEL", keys.elements[0].str}); // evicted: it has no TTL
     else

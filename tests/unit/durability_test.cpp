@@ -2414,6 +2414,9 @@ TEST_CASE("with durability a listener that stops the bot from a journal "
   // reports it, which the stop waits for.
   REQUIRE(test::eventually(
     [&] { return !claim_as_other(g->inner).records.empty(); }, 5s));
+  // Late enough for the stop to shut the handler pool down first, also
+  // on a loaded machine (it did not within 500 ms once, under ctest -j2).
+  g->late_after = std::chrono::seconds{2};
   g->late_settles = 1;
   go.set_value();
   stopper.join();
