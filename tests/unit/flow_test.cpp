@@ -201,20 +201,39 @@ class failing_enters final : public botmesh::forwarding_coordinator {
 
 } // namespace
 
-TEST_CASE("a wait timeout whose turn could not be had fires once a turn "
-          "can be had again") {
+// A bot whose chat enters fail while `coord->down`, with a flow that
+// waits 2 s for a name after "empezar" (long enough for a test to take the
+// backend down first, under load).
+struct failing_enters_bot {
   botmesh::memory_coordination_hub hub;
-  auto coord = std::make_shared<failing_enters>(
+  std::shared_ptr<failing_enters> coord = std::make_shared<failing_enters>(
     std::make_shared<botmesh::memory_coordinator>(
       hub, botmesh::memory_coordinator_options{.replica_id = "a", .lease = "2s"}));
-  botmesh::coordination_options co;
-  co.coordinator = coord;
-  co.turn_wait = "300ms";
-  auto p = std::make_shared<botmesh::testing_provider>();
+  std::shared_ptr<botmesh::testing_provider> p =
+    std::make_shared<botmesh::testing_provider>();
+  botmesh::bot b{options(coord, p)};
   flow f{"lento"};
-  // Long enough for the test to take the backend down first, under load.
-  f.hears({"empezar"}).ask("nombre", "¿Nombre?", nullptr, {.timeout = "2s"});
-  botmesh::bot b{{.provider = p, .coordination = co, .lang = "es"}};
+
+  failing_enters_bot() {
+    f.hears({"empezar"}).ask("nombre", "¿Nombre?", nullptr, {.timeout = "2s"});
+  }
+
+  static botmesh::bot_options options(std::shared_ptr<failing_enters> coord,
+                                      std::shared_ptr<botmesh::testing_provider> p) {
+    botmesh::coordination_options co;
+    co.coordinator = std::move(coord);
+    co.turn_wait = "300ms";
+    return {.provider = std::move(p), .coordination = co, .lang = "es"};
+  }
+};
+
+TEST_CASE("a wait timeout whose turn could not be had fires once a turn "
+          "can be had again") {
+  failing_enters_bot fx;
+  auto& coord = fx.coord;
+  auto& p = fx.p;
+  auto& b = fx.b;
+  auto& f = fx.f;
   std::atomic<int> no_turn{0};
   b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
     if (e.what.find("a flow timer got no turn") != std::string::npos)
@@ -238,17 +257,11 @@ TEST_CASE("a wait timeout whose turn could not be had fires once a turn "
 
 TEST_CASE("a wait timeout that keeps getting no turn tries again after 1 s, "
           "then 2 s, then 4 s") {
-  botmesh::memory_coordination_hub hub;
-  auto coord = std::make_shared<failing_enters>(
-    std::make_shared<botmesh::memory_coordinator>(
-      hub, botmesh::memory_coordinator_options{.replica_id = "a", .lease = "2s"}));
-  botmesh::coordination_options co;
-  co.coordinator = coord;
-  co.turn_wait = "300ms";
-  auto p = std::make_shared<botmesh::testing_provider>();
-  flow f{"lento"};
-  f.hears({"empezar"}).ask("nombre", "¿Nombre?", nullptr, {.timeout = "2s"});
-  botmesh::bot b{{.provider = p, .coordination = co, .lang = "es"}};
+  failing_enters_bot fx;
+  auto& coord = fx.coord;
+  auto& p = fx.p;
+  auto& b = fx.b;
+  auto& f = fx.f;
   std::mutex mtx;
   std::vector<std::string> no_turn;
   b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
