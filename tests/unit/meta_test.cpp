@@ -1001,6 +1001,53 @@ TEST_CASE("with durability a WhatsApp chat's message found a duplicate by the "
   CHECK(b.texts() == std::vector<std::string>{"antes", "otro", "uno", "dos"});
 }
 
+TEST_CASE("a WhatsApp provider stopped while a POST's chat is being handed "
+          "over forgets the rest of the chat: Meta's retry brings it after "
+          "a restart, in order") {
+  auto api = fake_graph();
+  auto p = std::make_shared<meta::webhook_provider>(wa_options(*api));
+  holding_host host;
+  p->start(host);
+  auto url = p->server().url() + "/whatsapp";
+  std::string items;
+  for (int i = 0; i < 5; ++i)
+    items += (i ? "," : "")
+             + wa_text("s" + std::to_string(i), "346", "t" + std::to_string(i));
+  auto body = wa_payload("[" + items + "]");
+  signed_poster post{url};
+  auto first = post.post_later(body);
+  REQUIRE(host.accept_when_delivered(0, botmesh::errc::none));
+  REQUIRE(host.accept_when_delivered(1, botmesh::errc::none));
+  // s2 is handed over and waits for its acceptance; s3 and s4 behind it.
+  REQUIRE(test::eventually([&] { return host.delivered() == 3; }));
+  p->stop();
+  // s2's acceptance comes after the stop: the loop finds the provider
+  // stopped and forgets s3 and s4 instead of handing them to a host that
+  // is gone.
+  host.accept(2, botmesh::errc::none);
+  int status = 0;
+  try {
+    status = first.get(); // 503, or its connection closed by the stop
+  } catch (const std::exception&) {
+    status = -1;
+  }
+  CHECK(status != 200);
+  CHECK(host.delivered() == 3);
+  p->start(host);
+  signed_poster again{url};
+  auto second = again.post_later(body);
+  // What came before the stop is not handed over again; s3 and s4 are, in
+  // order.
+  REQUIRE(host.accept_when_delivered(3, botmesh::errc::none));
+  REQUIRE(host.accept_when_delivered(4, botmesh::errc::none));
+  CHECK(second.get() == 200);
+  p->stop();
+  std::lock_guard guard{host.mtx};
+  CHECK(host.ids
+        == std::vector<std::string>{"s0", "s1", "s2", "s3", "s4"});
+  CHECK(p->stats().duplicates == 3);
+}
+
 TEST_CASE("a WhatsApp provider stopped and started again (a leadership lost "
           "and won back) listens again, on the same port") {
   auto api = fake_graph();
