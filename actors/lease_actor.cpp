@@ -703,8 +703,10 @@ void renew_now(lease_actor_t* self) {
   for (auto& [key, h] : st.holds)
     r.turns.push_back(turn_ref{key, h.token->fence()});
   for (auto& [name, l] : st.leads)
-    if (!st.unleading.contains(name))
+    if (!st.unleading.contains(name)) {
       r.leads.push_back(name);
+      r.known_terms.push_back(l.fence.value_or(0));
+    }
   send_renew(self, std::move(r));
 }
 
@@ -1097,6 +1099,7 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
         if (!st.unleading.contains(d.name)) {
           renewal r;
           r.leads.push_back(d.name);
+          r.known_terms.push_back(l->second.fence.value_or(0));
           send_renew(self, std::move(r));
         }
       } else if (!d.error.empty()) {
@@ -1156,6 +1159,7 @@ caf::behavior lease_actor(lease_actor_t* self, lease_config cfg) {
         return; // elected once no unlead of it is on its way
       renewal r;
       r.leads.push_back(name);
+      r.known_terms.push_back(l.fence.value_or(0));
       send_renew(self, std::move(r)); // elect now, not at the next tick
     },
     [=](unlead_atom, const std::string& name) {

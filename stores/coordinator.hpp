@@ -94,6 +94,11 @@ struct renewal {
   std::vector<turn_ref> turns{};
   /// Names to take or keep leading.
   std::vector<std::string> leads{};
+  /// Per name of `leads` (missing or 0: none): the term this incarnation
+  /// last held it at. A backend that lost the name's term, or finds it
+  /// damaged, makes the new one above it too, so a holder never gets its
+  /// own term back within the one clock tick the floor cannot tell apart.
+  std::vector<std::uint64_t> known_terms{};
 };
 
 struct renewal_result {

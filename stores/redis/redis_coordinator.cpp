@@ -287,9 +287,13 @@ struct redis_coordinator::impl : std::enable_shared_from_this<impl> {
                       layout->turn(t.key, "q"), incarnation,
                       std::to_string(t.fence), lease_arg, ttl_arg});
     auto [lead_verb, lead_code] = script(s.co_lead);
-    for (auto& name : r.leads)
+    for (std::size_t n = 0; n < r.leads.size(); ++n) {
+      auto& name = r.leads[n];
+      auto known = n < r.known_terms.size() ? r.known_terms[n] : 0;
       cmds.push_back({lead_verb, lead_code, "2", layout->lead(name),
-                      layout->lead_term(name), incarnation, lease_arg});
+                      layout->lead_term(name), incarnation, lease_arg,
+                      std::to_string(known)});
+    }
     auto self = shared_from_this();
     client->async_batch(
       std::move(cmds),

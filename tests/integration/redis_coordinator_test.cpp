@@ -366,6 +366,35 @@ TEST_CASE("a leadership whose term key is gone or damaged gets a new, higher "
   }
 }
 
+TEST_CASE("a leadership whose term key is lost or damaged in the millisecond "
+          "its term was made gets a term above the one its holder knew") {
+  auto prefix = test::unique_prefix("bmterm2");
+  botmesh::redis_coordinator c{{.url = test::redis_url(),
+                                .prefix = prefix,
+                                .replica_id = "a",
+                                .lease = std::chrono::milliseconds{5000}}};
+  botmesh::blocking_coordinator b{c};
+  botmesh::redis_client admin{{.url = test::redis_url()}};
+  // At once after the term was made: most rounds fall in its millisecond,
+  // where the clock floor alone gives the same term again.
+  for (int round = 0; round < 40; ++round) {
+    CAPTURE(round);
+    auto name = "job" + std::to_string(round);
+    auto first = b.lead(name);
+    REQUIRE(first);
+    auto keys = admin.call({"KEYS", prefix + ":*" + name + "*:term"});
+    REQUIRE(keys.elements.size() == 1);
+    if (round % 2 == 0)
+      admin.call({"DEL", keys.elements[0].str});
+    else
+      admin.call({"SET", keys.elements[0].str, "garbage"});
+    auto r = b.renew({.leads = {name}, .known_terms = {first->fence}});
+    REQUIRE(r.leads.size() == 1);
+    REQUIRE(r.leads[0].has_value());
+    CHECK(r.leads[0]->fence > first->fence);
+  }
+}
+
 namespace {
 
 // Chat keys for a client of one connection: a submit of them is one

@@ -212,6 +212,10 @@ TEST_CASE("every lease/3 one batch renews every held turn and every "
   auto& batch = f.coord->last(op::renew);
   CHECK(batch.renewal.turns.size() == 2);
   CHECK(batch.renewal.leads == std::vector<std::string>{lead_name});
+  // With the term it leads at: a backend that lost the term makes the
+  // next one above it.
+  CHECK(batch.renewal.known_terms
+        == std::vector<std::uint64_t>{session_log->leaders[0].second});
   f.vs.advance_to(3000);
   CHECK(f.coord->count(op::renew) == before + 3);
   caf::anon_send_exit(session, caf::exit_reason::user_shutdown);

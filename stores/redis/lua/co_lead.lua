@@ -2,7 +2,8 @@
 -- Takes or renews a leadership. The lead key expires after the lease, so a
 -- dead leader's leadership frees itself.
 -- KEYS[1] lead (string: incarnation, PX lease)  KEYS[2] term
--- ARGV[1] incarnation  ARGV[2] lease ms
+-- ARGV[1] incarnation  ARGV[2] lease ms  ARGV[3] the term this incarnation
+--   last held the name at, or 0
 -- Returns {term, deadline, now} (server ms) when held, or {0, 0, now}
 -- while another incarnation leads. Cost: O(1).
 local t = redis.call('TIME')
@@ -21,9 +22,13 @@ if not holder or not sound(term) then
   -- A new holder's term: the last one + 1, floored by the server's clock
   -- as a chat's fence is, so a Redis that lost the counter (restarted
   -- without persistence, a failover that lost the last writes) never hands
-  -- out a term a holder had. Written with %d (a Lua number would print
-  -- 1.8e+15).
-  term = math.max(sound(term) and term + 1 or 1, now * 1024)
+  -- out a term a holder had. Within one millisecond the floor cannot tell
+  -- terms apart: a term lost or damaged in the millisecond it was made
+  -- is made above the one the caller last held (ARGV[3]). Written with %d
+  -- (a Lua number would print 1.8e+15).
+  local known = tonumber(ARGV[3] or '0') or 0
+  term = math.max(sound(term) and term + 1 or 1, now * 1024,
+                  sound(known) and known + 1 or 1)
   redis.call('SET', KEYS[2], string.format('%d', term))
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
