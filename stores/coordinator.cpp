@@ -74,9 +74,11 @@ renewal_result blocking_coordinator::renew(renewal r) {
     [&](auto done) { c_.renew(std::move(r), std::move(done)); });
 }
 
-std::optional<leadership> blocking_coordinator::lead(std::string_view name) {
+std::optional<leadership> blocking_coordinator::lead(std::string_view name,
+                                                     std::uint64_t known_term) {
   renewal r;
   r.leads.emplace_back(name);
+  r.known_terms.push_back(known_term);
   auto res = renew(std::move(r));
   if (res.lead_failed(0))
     throw coordination_unavailable_error(
@@ -104,8 +106,14 @@ class coordinator_lease final : public lease_provider {
                                            std::string_view, time_point,
                                            std::chrono::milliseconds) override {
     std::optional<leadership> l;
+    std::uint64_t known = 0;
+    {
+      std::lock_guard guard{mtx_};
+      if (auto i = fences_.find(std::string{name}); i != fences_.end())
+        known = i->second.value_or(0);
+    }
     try {
-      l = blocking_coordinator{*c_}.lead(name);
+      l = blocking_coordinator{*c_}.lead(name, known);
     } catch (...) {
       // Its reply lost, the call may have won: release() must still be
       // able to give it back.

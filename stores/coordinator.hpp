@@ -286,8 +286,11 @@ class blocking_coordinator {
   bool leave(std::string_view key, std::uint64_t req);
   bool skip_if_dead(std::string_view key, std::string_view incarnation);
   renewal_result renew(renewal r);
-  /// Takes or keeps the leadership of `name` (renewing the heartbeat).
-  std::optional<leadership> lead(std::string_view name);
+  /// Takes or keeps the leadership of `name` (renewing the heartbeat);
+  /// `known_term`: the term this incarnation last held it at, if any (see
+  /// renewal::known_terms).
+  std::optional<leadership> lead(std::string_view name,
+                                 std::uint64_t known_term = 0);
   bool unlead(std::string_view name, std::uint64_t fence);
 
  private:

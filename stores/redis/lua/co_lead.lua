@@ -22,10 +22,13 @@ if not holder or not sound(term) then
   -- A new holder's term: the last one + 1, floored by the server's clock
   -- as a chat's fence is, so a Redis that lost the counter (restarted
   -- without persistence, a failover that lost the last writes) never hands
-  -- out a term a holder had. Within one millisecond the floor cannot tell
-  -- terms apart: a term lost or damaged in the millisecond it was made
-  -- is made above the one the caller last held (ARGV[3]). Written with %d
-  -- (a Lua number would print 1.8e+15).
+  -- out a term a holder had in an earlier millisecond (on a clock that
+  -- does not go back). Within one millisecond the floor cannot tell terms
+  -- apart: a term lost or damaged there is made above the one the caller
+  -- last held (ARGV[3]), which covers a holder that still knows its term;
+  -- another incarnation taking the name in that millisecond, after both
+  -- keys were lost, can still get the same term. Written with %d (a Lua
+  -- number would print 1.8e+15).
   local known = tonumber(ARGV[3] or '0') or 0
   term = math.max(sound(term) and term + 1 or 1, now * 1024,
                   sound(known) and known + 1 or 1)
