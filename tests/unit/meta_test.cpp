@@ -84,6 +84,14 @@ meta::webhook_options wa_options(const test::fake_api& api) {
   return o;
 }
 
+// For a test that stops the provider with a POST still held: its stop
+// does not wait the default 10 s for that POST.
+meta::webhook_options wa_options_quick_stop(const test::fake_api& api) {
+  auto o = wa_options(api);
+  o.listen.shutdown_timeout = "100ms";
+  return o;
+}
+
 } // namespace
 
 namespace {
@@ -1005,9 +1013,8 @@ TEST_CASE("a WhatsApp provider stopped while a POST's chat is being handed "
           "over forgets the rest of the chat: Meta's retry brings it after "
           "a restart, in order") {
   auto api = fake_graph();
-  auto o = wa_options(*api);
-  o.listen.shutdown_timeout = "100ms"; // the held POST is not waited for
-  auto p = std::make_shared<meta::webhook_provider>(o);
+  auto p =
+    std::make_shared<meta::webhook_provider>(wa_options_quick_stop(*api));
   holding_host host;
   p->start(host);
   auto url = p->server().url() + "/whatsapp";
@@ -1168,9 +1175,8 @@ TEST_CASE("a WhatsApp message whose acceptance is still coming when the "
           "provider stops gets that acceptance's answer on its redelivery "
           "after a restart") {
   auto api = fake_graph();
-  auto o = wa_options(*api);
-  o.listen.shutdown_timeout = "100ms"; // the held POST is not waited for
-  auto p = std::make_shared<meta::webhook_provider>(o);
+  auto p =
+    std::make_shared<meta::webhook_provider>(wa_options_quick_stop(*api));
   holding_host host;
   p->start(host);
   auto url = p->server().url() + "/whatsapp";
