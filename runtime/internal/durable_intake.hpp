@@ -107,11 +107,10 @@ class durable_host {
   /// message id (as stamped by the bot).
   virtual void acknowledge(delivery_callbacks& cb, const std::string& id) = 0;
   /// Tells the provider a message's journal write failed, or was not made
-  /// (`code`). What
-  /// the provider hands over from that report (a chain's next message of
-  /// the chat) is taken as from any acceptance report: no error listener
-  /// runs on the backend's thread, and what it accepts is routed after.
-  /// A report that throws is logged.
+  /// (`code`). What the provider hands over from that report (a chain's
+  /// next message of the chat) is taken as from any acceptance report: no
+  /// error listener runs on the backend's thread, and what it accepts is
+  /// routed after. A report that throws is logged.
   virtual void refuse_write(delivery_callbacks& cb, errc code) = 0;
   /// A message parked in the intake when it stops (journaled; its
   /// acceptance reported, unless `taken_over`: a claimed record): refused

@@ -212,10 +212,19 @@ struct failing_enters_bot {
   std::shared_ptr<botmesh::testing_provider> p =
     std::make_shared<botmesh::testing_provider>();
   botmesh::bot b{options(coord, p)};
-  flow f{"lento"};
 
   failing_enters_bot() {
+    flow f{"lento"};
     f.hears({"empezar"}).ask("nombre", "¿Nombre?", nullptr, {.timeout = "2s"});
+    b.add_flow(f);
+  }
+
+  // Starts the bot (listeners registered) and its conversation with "ana";
+  // false when the question did not go out.
+  bool start() {
+    b.start();
+    p->inject("ana", "empezar");
+    return p->wait_for_sent(1, 5s);
   }
 
   static botmesh::bot_options options(std::shared_ptr<failing_enters> coord,
@@ -230,57 +239,43 @@ struct failing_enters_bot {
 TEST_CASE("a wait timeout whose turn could not be had fires once a turn "
           "can be had again") {
   failing_enters_bot fx;
-  auto& coord = fx.coord;
-  auto& p = fx.p;
-  auto& b = fx.b;
-  auto& f = fx.f;
   std::atomic<int> no_turn{0};
-  b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
+  fx.b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
     if (e.what.find("a flow timer got no turn") != std::string::npos)
       ++no_turn;
   });
-  b.add_flow(f);
-  b.start();
-  p->inject("ana", "empezar");
-  REQUIRE(p->wait_for_sent(1, 5s));
-  coord->down = true; // the timeout comes while no turn can be had
+  REQUIRE(fx.start());
+  fx.coord->down = true; // the timeout comes while no turn can be had
   REQUIRE(test::eventually([&] { return no_turn.load() >= 1; }));
-  coord->down = false;
+  fx.coord->down = false;
   // Before, the timer was dropped with its failed turn: the conversation
   // waited for good.
-  REQUIRE(p->wait_for_sent(2, 10s));
-  CHECK(texts(*p, "ana")
+  REQUIRE(fx.p->wait_for_sent(2, 10s));
+  CHECK(texts(*fx.p, "ana")
         == std::vector<std::string>{"¿Nombre?",
                                     "Se acabó el tiempo para responder."});
-  b.stop();
+  fx.b.stop();
 }
 
 TEST_CASE("a wait timeout that keeps getting no turn tries again after 1 s, "
           "then 2 s, then 4 s") {
   failing_enters_bot fx;
-  auto& coord = fx.coord;
-  auto& p = fx.p;
-  auto& b = fx.b;
-  auto& f = fx.f;
   std::mutex mtx;
   std::vector<std::string> no_turn;
-  b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
+  fx.b.on<botmesh::events::error>([&](const botmesh::events::error& e) {
     std::lock_guard guard{mtx};
     if (e.what.find("a flow timer got no turn") != std::string::npos)
       no_turn.push_back(e.what);
   });
-  b.add_flow(f);
-  b.start();
-  p->inject("ana", "empezar");
-  REQUIRE(p->wait_for_sent(1, 5s));
-  coord->down = true; // from the timeout on, no turn can be had
+  REQUIRE(fx.start());
+  fx.coord->down = true; // from the timeout on, no turn can be had
   REQUIRE(test::eventually(
     [&] {
       std::lock_guard guard{mtx};
       return no_turn.size() >= 3;
     },
     15s));
-  b.stop();
+  fx.b.stop();
   std::lock_guard guard{mtx};
   // Before, every second: with the coordination down, each waiting
   // conversation raised an error event a second for as long as it lasted.

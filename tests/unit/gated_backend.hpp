@@ -34,10 +34,9 @@ class gated_backend final : public botmesh::durable_backend {
   std::atomic<int> fail_settles{0}; // this many confirms/releases fail, unrun
   std::atomic<int> fail_outbox{0};  // this many outbox entry writes fail, unrun
   std::atomic<bool> fail_start{false}; // start() throws (a file it cannot open)
-  // This many confirms/releases fail late, unrun: answered `late_after`
-  // later on a thread of their own, whose ids `late_threads` keeps.
+  // This many confirms/releases fail late, unrun: answered 500 ms later
+  // on a thread of their own, whose ids `late_threads` keeps.
   std::atomic<int> late_settles{0};
-  std::chrono::milliseconds late_after{500};
   std::vector<std::thread::id> late_threads; // guarded by mtx
   std::vector<std::string> beats; // each beat's holder, guarded by mtx
 
@@ -187,7 +186,7 @@ class gated_backend final : public botmesh::durable_backend {
         std::lock_guard guard{mtx};
         late_threads.push_back(std::this_thread::get_id());
       }
-      std::this_thread::sleep_for(late_after);
+      std::this_thread::sleep_for(std::chrono::milliseconds{500});
       done(false, settle_failure());
     });
     return true;

@@ -12,10 +12,11 @@
 -- exponent, space or hex, which tonumber would take), within a signed
 -- 64-bit integer (compared as text: a double cannot tell its last digits).
 local function readable(v)
-  if not v or not string.match(v, '^%d+$') then return false end
-  local digits = string.match(v, '^0*(%d*)$')
-  return #digits < 19
-         or (#digits == 19 and digits <= '9223372036854775807')
+  if not v then return false end -- (missing: HGET gives false)
+  local digits = string.match(v, '^0*(%d+)$') -- (leading zeros off)
+  return digits ~= nil
+         and (#digits < 19
+              or (#digits == 19 and digits <= '9223372036854775807'))
 end
 local rev = redis.call('HGET', KEYS[1], 'rev')
 local match
